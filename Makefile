@@ -1,0 +1,46 @@
+# pgbox — the two commands a newcomer needs are `make demo` and `make test`.
+# Every target that needs PostgreSQL uses DATABASE_URL when set, and otherwise
+# starts (or reuses) a private cluster for this checkout: see scripts/devdb.sh.
+
+SHELL := /bin/bash
+GO ?= go
+DEVDB := scripts/devdb.sh
+# Packages to test; `make test PKG=./inbox/...` narrows it.
+PKG ?= ./...
+BENCH ?= .
+BENCHTIME ?= 1x
+
+.PHONY: demo test test-short bench vet fmt db-url db-stop db-wipe build clean
+
+demo: ## run the orders→payments demo on an embedded Kafka broker
+	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) run ./cmd/relay demo $(DEMO_ARGS)
+
+test: ## the whole suite, with the race detector, against real PostgreSQL
+	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) test -race -count=1 -timeout 40m $(PKG)
+
+bench: ## benchmarks, printed as a table against the same run's baselines
+	@url=$$($(DEVDB) url) && set -o pipefail && DATABASE_URL="$$url" \
+		$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -timeout 60m $(PKG) \
+		| $(GO) run ./internal/tools/benchtable
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+build:
+	$(GO) build -o bin/pgbox-relay ./cmd/relay
+
+db-url: ## print the DATABASE_URL the targets use
+	@$(DEVDB) url
+
+db-stop: ## stop the private PostgreSQL cluster (data kept)
+	@$(DEVDB) stop
+
+db-wipe: ## stop it and delete its data
+	@$(DEVDB) wipe
+
+clean:
+	rm -rf bin

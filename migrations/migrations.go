@@ -1,0 +1,110 @@
+// Package migrations holds pgbox's database schema as goose SQL files embedded in
+// the package, and runs them through a goose Provider: no goose globals, pgbox's
+// own version table, and a session lock so that two processes migrating at once
+// is safe (the second waits, then finds nothing to do).
+//
+// The same files work from the goose CLI:
+//
+//	goose -dir migrations -table pgbox_migrations postgres "$DATABASE_URL" up
+//
+// Tables are created unqualified, in the first schema of the connection's
+// search_path; the library's queries find them the same way.
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+// TableName is the goose version table pgbox records its migrations in.
+const TableName = "pgbox_migrations"
+
+//go:embed *.sql
+var files embed.FS
+
+// FS returns the embedded migration files (for callers that run goose themselves).
+func FS() fs.FS { return files }
+
+// Options tunes how migrations run. The zero value is what most callers want.
+type Options struct {
+	// LockID is the advisory lock key that serializes concurrent migrators.
+	// Defaults to a constant derived from TableName, so every pgbox process
+	// migrating the same database waits for the others.
+	LockID int64
+}
+
+func lockIDDefault() int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("pgbox:" + TableName))
+	return int64(h.Sum64() >> 1)
+}
+
+// NewProvider returns a goose Provider over pgbox's migrations for db (a
+// *sql.DB from github.com/jackc/pgx/v5/stdlib).
+func NewProvider(db *sql.DB, opts Options) (*goose.Provider, error) {
+	if db == nil {
+		return nil, errors.New("migrations: nil *sql.DB (open one with sql.Open(\"pgx\", url) after importing github.com/jackc/pgx/v5/stdlib)")
+	}
+	if opts.LockID == 0 {
+		opts.LockID = lockIDDefault()
+	}
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(opts.LockID))
+	if err != nil {
+		return nil, fmt.Errorf("migrations: session locker: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, files,
+		goose.WithTableName(TableName),
+		goose.WithSessionLocker(locker),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	return p, nil
+}
+
+// Up applies every pending migration.
+func Up(ctx context.Context, db *sql.DB) error {
+	p, err := NewProvider(db, Options{})
+	if err != nil {
+		return err
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("migrations: up: %w", err)
+	}
+	return nil
+}
+
+// Down rolls back every applied migration, newest first. It drops pgbox's
+// tables and their data.
+func Down(ctx context.Context, db *sql.DB) error {
+	p, err := NewProvider(db, Options{})
+	if err != nil {
+		return err
+	}
+	if _, err := p.DownTo(ctx, 0); err != nil {
+		return fmt.Errorf("migrations: down: %w", err)
+	}
+	return nil
+}
+
+// Status reports each migration and whether it is applied.
+func Status(ctx context.Context, db *sql.DB) ([]*goose.MigrationStatus, error) {
+	p, err := NewProvider(db, Options{})
+	if err != nil {
+		return nil, err
+	}
+	st, err := p.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: status: %w", err)
+	}
+	return st, nil
+}
