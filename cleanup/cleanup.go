@@ -1,0 +1,322 @@
+package cleanup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Cleaner prunes pgbox tables. It is safe for concurrent use; passes of
+// cleaners sharing a database (in any number of processes) run one at a time.
+type Cleaner struct {
+	cfg Config
+
+	mu    sync.Mutex
+	stats Stats
+
+	// Test hooks (internal tests only): called with the lock held, and after
+	// every delete batch.
+	hookLocked func()
+	hookBatch  func()
+}
+
+// New validates cfg and returns a Cleaner.
+func New(cfg Config) (*Cleaner, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("cleanup: invalid config: %w", err)
+	}
+	return &Cleaner{cfg: cfg.withDefaults(), stats: Stats{Topics: map[string]TopicStats{}}}, nil
+}
+
+// Run runs a pass now and then every Config.Interval until ctx is done, and
+// then returns nil. Errors of a pass are logged and counted in Stats, and the
+// next pass runs as scheduled.
+func (c *Cleaner) Run(ctx context.Context) error {
+	for {
+		_, err := c.RunOnce(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			c.cfg.Logger.ErrorContext(ctx, "cleanup pass failed", "error", err)
+		}
+		t := time.NewTimer(c.cfg.Interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// RunOnce runs one pass: for every topic with keys in pgbox_inbox, it reads the
+// topic's retention from Kafka and deletes the keys Kafka can no longer
+// redeliver, in batches; then it prunes the other pgbox tables by their
+// configured retention. When another cleaner is running, it returns at once
+// with Report.Locked set and a nil error.
+//
+// Kafka problems are not errors: the topics concerned are skipped and listed
+// with a Reason. A database error ends the pass with an error; what was deleted
+// before stays deleted (each batch is its own transaction) and is in the
+// Report. When ctx is cancelled the pass stops within one batch and returns
+// ctx's error.
+func (c *Cleaner) RunOnce(ctx context.Context) (Report, error) {
+	rep := Report{Start: time.Now(), DryRun: c.cfg.DryRun}
+	err := c.runOnce(ctx, &rep)
+	rep.Duration = time.Since(rep.Start)
+	c.record(ctx, rep, err)
+	if err != nil {
+		return rep, fmt.Errorf("cleanup: %w", err)
+	}
+	return rep, nil
+}
+
+func (c *Cleaner) runOnce(ctx context.Context, rep *Report) error {
+	conn, err := c.cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquire connection: %w", err)
+	}
+	defer conn.Release()
+
+	// A session lock on a connection held for the whole pass. It needs a
+	// session-pooled connection: behind pgbouncer in transaction mode it
+	// would not exclude anything.
+	var locked bool
+	if err := conn.QueryRow(ctx, sqlTryLock).Scan(&locked); err != nil {
+		return fmt.Errorf("take the cleanup lock: %w", err)
+	}
+	if !locked {
+		rep.Locked = true
+		c.cfg.Logger.InfoContext(ctx, "cleanup skipped: another cleaner holds the lock")
+		return nil
+	}
+	defer c.unlock(ctx, conn)
+	if c.hookLocked != nil {
+		c.hookLocked()
+	}
+
+	if c.cfg.Now != nil {
+		rep.Now = c.cfg.Now()
+	} else if err := conn.QueryRow(ctx, sqlNow).Scan(&rep.Now); err != nil {
+		return fmt.Errorf("read the database clock: %w", err)
+	}
+
+	topics, err := listTopics(ctx, conn)
+	if err != nil {
+		return err
+	}
+	kafka := describeTopics(ctx, c.cfg.Admin, c.cfg.KafkaTimeout, topics)
+	for _, name := range topics {
+		tr := c.plan(name, kafka[name], rep.Now)
+		if tr.Skipped {
+			c.cfg.Logger.WarnContext(ctx, "cleanup skipped topic", "topic", name, "reason", string(tr.Reason), "error", tr.Err)
+		}
+		err := c.pruneTopic(ctx, conn, rep, &tr)
+		rep.Topics = append(rep.Topics, tr)
+		if err != nil {
+			return err
+		}
+	}
+
+	if err := c.pruneTables(ctx, conn, rep); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (c *Cleaner) unlock(ctx context.Context, conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(ctx, sqlUnlock); err != nil {
+		// Closing the session is the other way to release a session lock.
+		c.cfg.Logger.WarnContext(ctx, "cleanup: release lock failed, closing the connection", "error", err)
+		_ = conn.Conn().Close(ctx)
+	}
+}
+
+func listTopics(ctx context.Context, conn *pgxpool.Conn) ([]string, error) {
+	rows, err := conn.Query(ctx, sqlTopics)
+	if err != nil {
+		return nil, fmt.Errorf("list inbox topics: %w", err)
+	}
+	topics, err := pgxCollectStrings(rows)
+	if err != nil {
+		return nil, fmt.Errorf("list inbox topics: %w", err)
+	}
+	return topics, nil
+}
+
+// plan turns what Kafka said about a topic into its window and cutoff.
+func (c *Cleaner) plan(name string, k kafkaTopic, now time.Time) TopicReport {
+	buffer, forced := c.cfg.topic(name)
+	tr := TopicReport{
+		Topic:         name,
+		RetentionMs:   k.retentionMs,
+		SegmentMs:     k.segmentMs,
+		CleanupPolicy: k.policy,
+		Reason:        k.reason,
+		Err:           k.err,
+	}
+	switch {
+	case k.reason == "":
+		tr.Window = satAdd(satAdd(k.retention, k.segment), buffer)
+		if forced > tr.Window {
+			tr.Window, tr.Forced = forced, true
+		}
+	case forced > 0:
+		tr.Window, tr.Forced = forced, true
+	default:
+		tr.Skipped = true
+		return tr
+	}
+	tr.Cutoff = now.Add(-tr.Window)
+	return tr
+}
+
+func satAdd(a, b time.Duration) time.Duration {
+	if s := a + b; s >= a {
+		return s
+	}
+	return time.Duration(1<<63 - 1)
+}
+
+func (c *Cleaner) pruneTopic(ctx context.Context, conn *pgxpool.Conn, rep *Report, tr *TopicReport) error {
+	if !tr.Skipped {
+		if c.cfg.DryRun {
+			if err := conn.QueryRow(ctx, sqlCountInboxExpired, tr.Topic, tr.Cutoff).Scan(&tr.WouldDelete); err != nil {
+				return fmt.Errorf("count expired keys of topic %q: %w", tr.Topic, err)
+			}
+		} else {
+			lower := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+			for {
+				var n int64
+				var newest pgtype.Timestamptz
+				err := c.batch(ctx, rep, func() error {
+					return conn.QueryRow(ctx, sqlDeleteInboxBatch, tr.Topic, lower, tr.Cutoff, c.cfg.BatchSize).Scan(&n, &newest)
+				})
+				tr.Deleted += n
+				rep.Deleted += n
+				if err != nil {
+					return fmt.Errorf("delete expired keys of topic %q: %w", tr.Topic, err)
+				}
+				if n < int64(c.cfg.BatchSize) {
+					break
+				}
+				lower = newest
+				if err := c.pause(ctx); err != nil {
+					return err
+				}
+			}
+		}
+	}
+
+	var oldest pgtype.Timestamptz
+	err := conn.QueryRow(ctx, sqlOldestInbox, tr.Topic).Scan(&oldest)
+	switch {
+	case err == nil:
+		tr.Oldest = oldest.Time
+		tr.OldestAge = rep.Now.Sub(oldest.Time)
+		if !tr.Skipped {
+			tr.Margin = tr.Window - tr.OldestAge
+		}
+	case errors.Is(err, errNoRows):
+	default:
+		return fmt.Errorf("read oldest key of topic %q: %w", tr.Topic, err)
+	}
+	return nil
+}
+
+// batch runs one delete transaction and times it.
+func (c *Cleaner) batch(ctx context.Context, rep *Report, f func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	err := f()
+	d := time.Since(t0)
+	rep.Batches++
+	rep.MaxBatch = max(rep.MaxBatch, d)
+	if c.hookBatch != nil {
+		c.hookBatch()
+	}
+	return err
+}
+
+func (c *Cleaner) pause(ctx context.Context) error {
+	if c.cfg.Pause <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(c.cfg.Pause)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// record updates Stats and logs the pass.
+func (c *Cleaner) record(ctx context.Context, rep Report, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := &c.stats
+	if rep.Locked {
+		s.PassesLocked++
+		return
+	}
+	s.Passes++
+	if err != nil && !errors.Is(err, context.Canceled) {
+		s.PassErrors++
+	}
+	s.Deleted += rep.Deleted
+	s.LastPass, s.LastDuration = rep.Start, rep.Duration
+	s.MaxBatch = max(s.MaxBatch, rep.MaxBatch)
+	for _, t := range rep.Topics {
+		ts := s.Topics[t.Topic]
+		ts.Deleted += t.Deleted
+		ts.Reason = ""
+		if t.Skipped {
+			s.TopicsSkipped++
+			ts.Reason = t.Reason
+		}
+		ts.Window, ts.OldestAge, ts.Margin = t.Window, t.OldestAge, t.Margin
+		s.Topics[t.Topic] = ts
+	}
+
+	attrs := []any{
+		"deleted", rep.Deleted, "topics", len(rep.Topics), "skipped", len(rep.Skipped()),
+		"batches", rep.Batches, "max_batch", rep.MaxBatch, "duration", rep.Duration, "dry_run", rep.DryRun,
+	}
+	switch {
+	case err == nil:
+		c.cfg.Logger.InfoContext(ctx, "cleanup pass done", attrs...)
+	case errors.Is(err, context.Canceled):
+		c.cfg.Logger.InfoContext(ctx, "cleanup pass cancelled", attrs...)
+	default:
+		c.cfg.Logger.ErrorContext(ctx, "cleanup pass failed", append(attrs, "error", err)...)
+	}
+}
+
+// Stats returns the cleaner's counters.
+func (c *Cleaner) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.stats
+	s.Topics = maps.Clone(c.stats.Topics)
+	return s
+}
+
+var errNoRows = pgx.ErrNoRows
+
+func pgxCollectStrings(rows pgx.Rows) ([]string, error) {
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}

@@ -1,0 +1,181 @@
+package cleanup
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults for Config fields left zero.
+const (
+	// BufferDefault is the safety margin added to every topic's Kafka window.
+	BufferDefault = 24 * time.Hour
+	// BatchSizeDefault is how many rows one delete transaction removes at most.
+	BatchSizeDefault = 10_000
+	// BatchSizeMax bounds BatchSize so that no transaction holds row locks for long.
+	BatchSizeMax = 100_000
+	// IntervalDefault is how often Run runs a pass.
+	IntervalDefault = time.Hour
+	// KafkaTimeoutDefault bounds the DescribeConfigs call of one pass.
+	KafkaTimeoutDefault = 30 * time.Second
+)
+
+// ConfigDescriber is the part of sarama.ClusterAdmin the cleaner uses: a
+// sarama.ClusterAdmin satisfies it.
+type ConfigDescriber interface {
+	DescribeConfigs(resources []*sarama.ConfigResource, options sarama.DescribeConfigsOptions) ([]*sarama.ConfigResourceResult, error)
+}
+
+// Topic overrides the cleaner's settings for one source topic.
+type Topic struct {
+	// Buffer replaces Config.Buffer for this topic. Defaults to Config.Buffer.
+	Buffer time.Duration
+
+	// Window forces a fixed retention window for this topic's inbox keys, for
+	// topics whose Kafka config gives none: retention.ms = -1, a compact
+	// cleanup.policy, a topic Kafka does not know, or Kafka unreachable or its
+	// config unreadable. Keys are then deleted once older than Window (no
+	// buffer is added: Window is the operator's whole promise). When Kafka does
+	// give a finite window, the longer of the two is used, so Window never
+	// shortens what Kafka may redeliver. Defaults to Config.Window.
+	Window time.Duration
+}
+
+// Config configures a Cleaner. Pool and Admin are required.
+type Config struct {
+	// Pool is the database holding the pgbox tables (found through the
+	// connections' search_path). The cleaner holds one connection for the
+	// length of a pass.
+	Pool *pgxpool.Pool
+
+	// Admin reads each inbox topic's retention.ms, segment.ms and
+	// cleanup.policy. A sarama.ClusterAdmin; all topics are described in one
+	// DescribeConfigs request per pass.
+	Admin ConfigDescriber
+
+	// Buffer is added to every topic's retention.ms + segment.ms: it covers the
+	// broker's retention check interval, clock skew and consumers that lag.
+	// Defaults to BufferDefault (24h).
+	Buffer time.Duration
+
+	// Topics overrides settings per source topic. Defaults to none.
+	Topics map[string]Topic
+
+	// Window forces a fixed window for every topic whose Kafka config gives
+	// none (see Topic.Window). Zero means such topics are never pruned.
+	// Defaults to 0.
+	Window time.Duration
+
+	// BatchSize is the most rows one delete transaction removes. At most
+	// BatchSizeMax. Defaults to BatchSizeDefault (10,000).
+	BatchSize int
+
+	// Pause is slept between two delete batches, to leave the database
+	// breathing room (replication, vacuum). Defaults to 0.
+	Pause time.Duration
+
+	// Interval is the time between two passes of Run. Defaults to
+	// IntervalDefault (1h).
+	Interval time.Duration
+
+	// KafkaTimeout bounds the DescribeConfigs call of one pass; when it runs
+	// out, every topic is skipped as Kafka unreachable. Defaults to
+	// KafkaTimeoutDefault (30s).
+	KafkaTimeout time.Duration
+
+	// DryRun makes a pass count what it would delete and delete nothing.
+	// Defaults to false.
+	DryRun bool
+
+	// Tables sets the retention of the rows the relay and the consumer adapter
+	// leave behind. Defaults to TablesDefault's values for fields left zero.
+	Tables Tables
+
+	// Logger receives one line per pass and per skipped topic. Defaults to a
+	// logger that discards everything.
+	Logger *slog.Logger
+
+	// Now is the clock cutoffs are computed from. Defaults to the database's
+	// clock (SELECT now()), the clock that stamps received_at.
+	Now func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	if c.Buffer == 0 {
+		c.Buffer = BufferDefault
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = BatchSizeDefault
+	}
+	if c.Interval == 0 {
+		c.Interval = IntervalDefault
+	}
+	if c.KafkaTimeout == 0 {
+		c.KafkaTimeout = KafkaTimeoutDefault
+	}
+	c.Tables = c.Tables.withDefaults()
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.Pool == nil {
+		errs = append(errs, errors.New("missing Pool (pass the *pgxpool.Pool of the database holding the pgbox tables)"))
+	}
+	if c.Admin == nil {
+		errs = append(errs, errors.New("missing Admin (pass a sarama.ClusterAdmin, e.g. from sarama.NewClusterAdmin(brokers, cfg))"))
+	}
+	if c.Buffer < 0 {
+		errs = append(errs, fmt.Errorf("Buffer %v is negative (use a positive duration, or leave it zero for %v)", c.Buffer, BufferDefault))
+	}
+	if c.Window < 0 {
+		errs = append(errs, fmt.Errorf("Window %v is negative (use a positive duration, or zero to never prune topics without a Kafka window)", c.Window))
+	}
+	if c.BatchSize < 0 || c.BatchSize > BatchSizeMax {
+		errs = append(errs, fmt.Errorf("BatchSize %d is out of range (use 1..%d, or zero for %d)", c.BatchSize, BatchSizeMax, BatchSizeDefault))
+	}
+	if c.Pause < 0 {
+		errs = append(errs, fmt.Errorf("Pause %v is negative (use zero for no pause)", c.Pause))
+	}
+	if c.Interval < 0 {
+		errs = append(errs, fmt.Errorf("Interval %v is negative (use a positive duration, or zero for %v)", c.Interval, IntervalDefault))
+	}
+	if c.KafkaTimeout < 0 {
+		errs = append(errs, fmt.Errorf("KafkaTimeout %v is negative (use a positive duration, or zero for %v)", c.KafkaTimeout, KafkaTimeoutDefault))
+	}
+	for name, t := range c.Topics {
+		if name == "" {
+			errs = append(errs, errors.New("Topics has an empty topic name"))
+		}
+		if t.Buffer < 0 {
+			errs = append(errs, fmt.Errorf("Topics[%q].Buffer %v is negative", name, t.Buffer))
+		}
+		if t.Window < 0 {
+			errs = append(errs, fmt.Errorf("Topics[%q].Window %v is negative", name, t.Window))
+		}
+	}
+	if err := c.Tables.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) topic(name string) (buffer, window time.Duration) {
+	buffer, window = c.Buffer, c.Window
+	if t, ok := c.Topics[name]; ok {
+		if t.Buffer != 0 {
+			buffer = t.Buffer
+		}
+		if t.Window != 0 {
+			window = t.Window
+		}
+	}
+	return buffer, window
+}
