@@ -1,0 +1,34 @@
+// Package outbox writes events into the transactional outbox table
+// (pgbox_outbox) inside the caller's business transaction. The relay package
+// publishes committed rows to Kafka; a rolled-back transaction leaves nothing.
+//
+//	tx, _ := pool.Begin(ctx)
+//	// ... business writes ...
+//	err := outbox.Write(ctx, tx, outbox.Message{Topic: "payments.v1", Key: []byte(orderID), Value: payload})
+//	err = tx.Commit(ctx)
+//
+// Write validates every message first (Kafka topic-name rules, size limit,
+// header keys) and then inserts all of them in one round trip. An invalid
+// message makes Write return an error wrapping ErrInvalidMessage that names it
+// (index, topic, key); nothing is written and the transaction stays usable.
+//
+// Each row gets an EventID, a UUIDv7 made in Go, which the relay sends as the
+// "pgbox-event-id" header: a consumer dedupes on it (pgbox's inbox with
+// inbox.ByHeader("pgbox-event-id")), which absorbs the duplicates an
+// at-least-once relay can produce.
+//
+// Each row also gets a slot, fnv1a32(key) % Slots, computed at write time. The
+// relay maps slots to lanes (slot % Lanes) and gives each lane to one relay
+// instance at a time, which is what keeps one key's events in order.
+//
+// Order. Rows of one key are published in id order. Ids are taken at insert
+// time, so for "id order = commit order" two transactions writing events of
+// the same key must serialize on something before they write the outbox row
+// (typically the business row they both update: UPDATE ... or SELECT ... FOR
+// UPDATE first, then outbox.Write). That is what a ledger or order service
+// does anyway; unrelated concurrent transactions have no meaningful order.
+//
+// Wake-up. With Config.Notify, Write also issues pg_notify on Config.Channel
+// so a listening relay publishes at once; without it the relay finds the rows
+// at its next poll. Correctness never depends on notifications.
+package outbox

@@ -1,0 +1,232 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Header is one Kafka record header. The JSON tags are the storage format of
+// the outbox's headers column: [{"k": name, "v": base64 value}].
+type Header struct {
+	Key   string `json:"k"`
+	Value []byte `json:"v"`
+}
+
+// Message is one event to publish. A nil Key publishes a record without a key
+// (no ordering); a nil Value publishes a tombstone.
+type Message struct {
+	Topic   string
+	Key     []byte
+	Value   []byte
+	Headers []Header
+}
+
+// Slots is the fixed number of slots rows are spread over: a row's slot is
+// fnv1a32(key) % Slots, stored at write time. The relay groups slots into
+// lanes (lane = slot % Lanes), so the relay's lane count can change without
+// rewriting rows, and all rows of one key share a slot, hence a lane.
+const Slots = 256
+
+// Defaults of Config.
+const (
+	// MaxBytesDefault is Config.MaxBytes' default: 1 MiB, Kafka's default
+	// message.max.bytes (give or take the record overhead).
+	MaxBytesDefault = 1 << 20
+	// ChannelDefault is the LISTEN/NOTIFY channel writers notify and the relay listens on.
+	ChannelDefault = "pgbox_outbox"
+	// maxTopicLen is Kafka's limit on topic names.
+	maxTopicLen = 249
+)
+
+var (
+	// ErrInvalidMessage is returned (wrapped, naming the message) when a
+	// message breaks a rule; nothing was written.
+	ErrInvalidMessage = errors.New("outbox: invalid message")
+	// ErrNilTx is returned when Write is given a nil transaction.
+	ErrNilTx = errors.New("outbox: nil transaction (pass the pgx.Tx of the business transaction the events belong to)")
+)
+
+// Execer is the part of pgx.Tx that Write needs. Pass the caller's pgx.Tx so
+// the rows commit or roll back with the business write; a pool or connection
+// also satisfies it, but then the rows commit on their own.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Config tunes a Writer. The zero value is valid.
+type Config struct {
+	// MaxBytes bounds a message's key + value + header keys and values, in
+	// bytes. Larger messages are rejected by Write (the broker would reject
+	// them anyway, after the business transaction committed). Defaults to
+	// MaxBytesDefault (1 MiB).
+	MaxBytes int
+	// Notify makes Write send a NOTIFY on Channel, delivered when the caller
+	// commits, so a listening relay publishes at once instead of at its next
+	// poll. PostgreSQL folds repeats within one transaction into one
+	// notification, but commits of notifying transactions serialize on a
+	// global lock: leave it off for very busy writers and rely on polling.
+	// Defaults to false.
+	Notify bool
+	// Channel is the NOTIFY channel. Defaults to ChannelDefault ("pgbox_outbox").
+	Channel string
+}
+
+// Writer writes outbox rows with a fixed Config.
+type Writer struct {
+	cfg    Config
+	insert string
+}
+
+// NewWriter validates cfg and returns a Writer.
+func NewWriter(cfg Config) (*Writer, error) {
+	if cfg.MaxBytes < 0 {
+		return nil, fmt.Errorf("outbox: Config.MaxBytes is %d: use a positive size in bytes, or 0 for the default %d", cfg.MaxBytes, MaxBytesDefault)
+	}
+	if cfg.MaxBytes == 0 {
+		cfg.MaxBytes = MaxBytesDefault
+	}
+	if cfg.Channel == "" {
+		cfg.Channel = ChannelDefault
+	}
+	if len(cfg.Channel) > 63 {
+		return nil, fmt.Errorf("outbox: Config.Channel %q is longer than PostgreSQL's 63-byte identifier limit", cfg.Channel)
+	}
+	w := &Writer{cfg: cfg, insert: insertSQL}
+	if cfg.Notify {
+		w.insert = "WITH ins AS (" + insertSQL + ") SELECT pg_notify($7, '')"
+	}
+	return w, nil
+}
+
+var defaultWriter, _ = NewWriter(Config{})
+
+// Write inserts msgs into the outbox with the default Config (1 MiB limit,
+// no NOTIFY), inside tx. See Writer.Write.
+func Write(ctx context.Context, tx Execer, msgs ...Message) error {
+	return defaultWriter.Write(ctx, tx, msgs...)
+}
+
+// insertSQL inserts every message in one round trip: one array per column.
+const insertSQL = `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value, headers)
+SELECT * FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::bytea[], $5::bytea[], $6::jsonb[])`
+
+// Write validates every message, then inserts them all in one statement inside
+// tx, each with a fresh event id. If any message is invalid it returns an
+// error wrapping ErrInvalidMessage that names the message (index, topic,
+// key), writes nothing, and leaves tx usable. The rows become visible to the
+// relay when tx commits; if tx rolls back, they never existed.
+func (w *Writer) Write(ctx context.Context, tx Execer, msgs ...Message) error {
+	if tx == nil {
+		return ErrNilTx
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	for i := range msgs {
+		if err := w.validate(&msgs[i]); err != nil {
+			return fmt.Errorf("%w: message %d (topic %q, key %s): %s", ErrInvalidMessage, i, msgs[i].Topic, showKey(msgs[i].Key), err)
+		}
+	}
+	eventIDs := make([]EventID, len(msgs))
+	ids.fill(eventIDs)
+	var (
+		uuids   = make([][16]byte, len(msgs))
+		slots   = make([]int16, len(msgs))
+		topics  = make([]string, len(msgs))
+		keys    = make([][]byte, len(msgs))
+		values  = make([][]byte, len(msgs))
+		headers = make([]*string, len(msgs))
+	)
+	for i, m := range msgs {
+		uuids[i] = eventIDs[i]
+		slots[i] = int16(SlotOf(m.Key, eventIDs[i]))
+		topics[i] = m.Topic
+		keys[i] = m.Key
+		values[i] = m.Value
+		if len(m.Headers) > 0 {
+			b, err := json.Marshal(m.Headers)
+			if err != nil { // cannot happen for valid headers
+				return fmt.Errorf("outbox: message %d (topic %q): encode headers: %w", i, m.Topic, err)
+			}
+			s := string(b)
+			headers[i] = &s
+		}
+	}
+	args := []any{uuids, slots, topics, keys, values, headers}
+	if w.cfg.Notify {
+		args = append(args, w.cfg.Channel)
+	}
+	if _, err := tx.Exec(ctx, w.insert, args...); err != nil {
+		return fmt.Errorf("outbox: insert %d message(s), first to topic %q: %w", len(msgs), msgs[0].Topic, err)
+	}
+	return nil
+}
+
+// SlotOf returns the slot of a row with this key: fnv1a32(key) % Slots. Rows
+// without a key are spread by their event id.
+func SlotOf(key []byte, id EventID) int {
+	h := fnv.New32a()
+	if key == nil {
+		_, _ = h.Write(id[8:])
+	} else {
+		_, _ = h.Write(key)
+	}
+	return int(h.Sum32() % Slots)
+}
+
+func (w *Writer) validate(m *Message) error {
+	if err := ValidateTopic(m.Topic); err != nil {
+		return err
+	}
+	size := len(m.Key) + len(m.Value)
+	for j, h := range m.Headers {
+		if h.Key == "" {
+			return fmt.Errorf("header %d has an empty key", j)
+		}
+		if !utf8.ValidString(h.Key) {
+			return fmt.Errorf("header %d key %q is not valid UTF-8", j, h.Key)
+		}
+		size += len(h.Key) + len(h.Value)
+	}
+	if size > w.cfg.MaxBytes {
+		return fmt.Errorf("size %d bytes (key + value + headers) exceeds the limit of %d bytes (Config.MaxBytes)", size, w.cfg.MaxBytes)
+	}
+	return nil
+}
+
+// ValidateTopic applies Kafka's topic-name rules: 1 to 249 characters from
+// [a-zA-Z0-9._-], and not "." or "..".
+func ValidateTopic(topic string) error {
+	switch {
+	case topic == "":
+		return errors.New("empty topic")
+	case len(topic) > maxTopicLen:
+		return fmt.Errorf("topic is %d characters long, Kafka allows at most %d", len(topic), maxTopicLen)
+	case topic == "." || topic == "..":
+		return fmt.Errorf("topic %q is not allowed by Kafka", topic)
+	}
+	for i := 0; i < len(topic); i++ {
+		c := topic[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("topic has character %q at byte %d; Kafka allows only [a-zA-Z0-9._-]", rune(c), i)
+		}
+	}
+	return nil
+}
+
+// showKey renders a key for error messages: quoted, truncated to 64 bytes.
+func showKey(k []byte) string {
+	if k == nil {
+		return "<nil>"
+	}
+	if len(k) > 64 {
+		return fmt.Sprintf("%q…(%d bytes)", k[:64], len(k))
+	}
+	return fmt.Sprintf("%q", k)
+}
