@@ -1,0 +1,362 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// errUsage marks errors that exit with code 2: a bad flag, environment
+// variable or argument. The message has already named the setting.
+var errUsage = errors.New("usage error")
+
+// usageError wraps a message so that main exits with code 2.
+func usageError(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, args...))
+}
+
+// setting is one configuration knob: a flag, the environment variable that
+// sets it when the flag is absent, and a default used when neither is given.
+// Precedence is flag > environment > default.
+type setting struct {
+	name   string // flag name, without dashes
+	env    string // environment variable
+	def    string // default, as text
+	usage  string
+	allow  string // what values are allowed, for errors and --help
+	secret bool   // never printed
+	dsn    bool   // printed with its password redacted
+	set    func(string) error
+	group  string
+}
+
+// settings is an ordered set of settings bound to a flag.FlagSet.
+type settings struct {
+	list []*setting
+	// source records where each value came from ("flag" or "env"); values
+	// the raw text given.
+	source map[string]string
+	values map[string]string
+	// flagErr is the last flag error, already naming the setting (the flag
+	// package's own message would print a secret value).
+	flagErr error
+}
+
+func newSettings() *settings {
+	return &settings{source: map[string]string{}, values: map[string]string{}}
+}
+
+func (s *settings) add(st *setting) { s.list = append(s.list, st) }
+
+func (s *settings) str(p *string, group, name, env, def, usage string) *setting {
+	st := &setting{name: name, env: env, def: def, usage: usage, group: group, set: func(v string) error { *p = v; return nil }}
+	s.add(st)
+	return st
+}
+
+func (s *settings) enum(p *string, group, name, env, def, usage string, allowed ...string) *setting {
+	st := &setting{name: name, env: env, def: def, usage: usage, group: group, allow: "one of " + strings.Join(quoteAll(allowed), ", ")}
+	st.set = func(v string) error {
+		for _, a := range allowed {
+			if strings.EqualFold(v, a) {
+				*p = a
+				return nil
+			}
+		}
+		return errors.New("must be " + st.allow)
+	}
+	s.add(st)
+	return st
+}
+
+func (s *settings) integer(p *int, group, name, env string, def, min, max int, usage string) *setting {
+	st := &setting{name: name, env: env, def: strconv.Itoa(def), usage: usage, group: group,
+		allow: fmt.Sprintf("an integer from %d to %d", min, max)}
+	st.set = func(v string) error {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < min || n > max {
+			return errors.New("must be " + st.allow)
+		}
+		*p = n
+		return nil
+	}
+	s.add(st)
+	return st
+}
+
+func (s *settings) duration(p *time.Duration, group, name, env string, def, min time.Duration, usage string) *setting {
+	st := &setting{name: name, env: env, def: fmtDuration(def), usage: usage, group: group,
+		allow: fmt.Sprintf("a duration of at least %v, like 500ms, 30s or 2h", min)}
+	if min == 0 {
+		st.allow = "a duration like 500ms, 30s or 2h (0 allowed)"
+	}
+	st.set = func(v string) error {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || d < min {
+			return errors.New("must be " + st.allow)
+		}
+		*p = d
+		return nil
+	}
+	s.add(st)
+	return st
+}
+
+func (s *settings) boolean(p *bool, group, name, env string, def bool, usage string) *setting {
+	st := &setting{name: name, env: env, def: strconv.FormatBool(def), usage: usage, group: group, allow: "true or false"}
+	st.set = func(v string) error {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return errors.New("must be true or false")
+		}
+		*p = b
+		return nil
+	}
+	s.add(st)
+	return st
+}
+
+func (s *settings) list_(p *[]string, group, name, env, def, usage string) *setting {
+	st := &setting{name: name, env: env, def: def, usage: usage, group: group, allow: "a comma-separated list"}
+	st.set = func(v string) error {
+		*p = splitList(v)
+		return nil
+	}
+	s.add(st)
+	return st
+}
+
+func splitList(v string) []string {
+	var out []string
+	for _, part := range strings.Split(v, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+func quoteAll(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = strconv.Quote(s)
+	}
+	return out
+}
+
+// flagValue adapts a setting to flag.Value.
+type flagValue struct {
+	st *setting
+	s  *settings
+}
+
+func (f flagValue) String() string {
+	if f.st == nil {
+		return ""
+	}
+	return f.st.def
+}
+
+func (f flagValue) Set(v string) error {
+	if err := f.st.set(v); err != nil {
+		f.s.flagErr = fmt.Errorf("invalid value %s for --%s (env %s): %v", f.s.quoted(f.st, v), f.st.name, f.st.env, err)
+		return f.s.flagErr
+	}
+	f.s.source[f.st.name] = "flag"
+	f.s.values[f.st.name] = v
+	return nil
+}
+
+func (f flagValue) IsBoolFlag() bool { return f.st.allow == "true or false" }
+
+// parse applies defaults, then flags, then the environment for settings no flag
+// set. It returns the positional arguments. Flags and positional arguments may
+// be interleaved (`migrate up --database-url ...`). Every error wraps errUsage.
+func (s *settings) parse(cmd string, args []string, getenv func(string) string, out io.Writer) ([]string, error) {
+	for _, st := range s.list {
+		if err := st.set(st.def); err != nil {
+			panic(fmt.Sprintf("default %q of --%s: %v", st.def, st.name, err))
+		}
+	}
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	for _, st := range s.list {
+		fs.Var(flagValue{st: st, s: s}, st.name, st.usage)
+	}
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				s.usage(out, cmd)
+				return nil, flag.ErrHelp
+			}
+			if s.flagErr != nil {
+				err = s.flagErr
+			}
+			return nil, usageError("%s: %v (run `relay %s --help` for the settings)", cmd, err, cmd)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		if args[0] == "--" {
+			pos = append(pos, args[1:]...)
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	for _, st := range s.list {
+		if s.source[st.name] == "flag" || st.env == "" {
+			continue
+		}
+		v, ok := lookupEnv(getenv, st.env)
+		if !ok {
+			continue
+		}
+		if err := st.set(v); err != nil {
+			return nil, usageError("invalid value %s for %s (--%s): %v", s.quoted(st, v), st.env, st.name, err)
+		}
+		s.source[st.name] = "env"
+		s.values[st.name] = v
+	}
+	return pos, nil
+}
+
+func lookupEnv(getenv func(string) string, name string) (string, bool) {
+	v := getenv(name)
+	return v, v != ""
+}
+
+func (s *settings) quoted(st *setting, v string) string {
+	if st.secret {
+		return `"(redacted)"`
+	}
+	if st.dsn {
+		return strconv.Quote(redactDSN(v))
+	}
+	return strconv.Quote(v)
+}
+
+// usage prints every setting of the command with its environment variable and
+// default.
+func (s *settings) usage(out io.Writer, cmd string) {
+	fmt.Fprintf(out, "Usage: relay %s [flags]\n\n", cmdSynopsis(cmd))
+	if d := cmdDoc(cmd); d != "" {
+		fmt.Fprintf(out, "%s\n\n", d)
+	}
+	fmt.Fprintln(out, "Each flag may also be set by its environment variable; a flag wins over the environment.")
+	printSettings(out, s.list)
+}
+
+func printSettings(out io.Writer, list []*setting) {
+	groups := []string{}
+	seen := map[string]bool{}
+	for _, st := range list {
+		if !seen[st.group] {
+			seen[st.group] = true
+			groups = append(groups, st.group)
+		}
+	}
+	for _, g := range groups {
+		fmt.Fprintf(out, "\n%s:\n", g)
+		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		for _, st := range list {
+			if st.group != g {
+				continue
+			}
+			def := st.def
+			if def == "" {
+				def = `""`
+			}
+			u := st.usage
+			if strings.HasPrefix(st.allow, "one of") {
+				u += " (" + st.allow + ")"
+			}
+			fmt.Fprintf(tw, "  --%s\t%s\tdefault %s\t%s\n", st.name, st.env, def, u)
+		}
+		_ = tw.Flush()
+	}
+}
+
+// redacted returns every setting's effective value as printable text, with
+// secrets removed and passwords in DSNs masked.
+func (s *settings) redacted() map[string]string {
+	out := map[string]string{}
+	for _, st := range s.list {
+		v, ok := s.values[st.name]
+		if !ok {
+			v = st.def
+		}
+		switch {
+		case st.secret && v != "":
+			v = "(redacted)"
+		case st.dsn:
+			v = redactDSN(v)
+		}
+		out[st.name] = v
+	}
+	return out
+}
+
+// sortedKeys is for deterministic logging.
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+var kvPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// redactDSN masks the password of a PostgreSQL URL or key=value DSN, and of
+// any URL (the password=... query parameter too). Text it cannot parse is
+// returned with anything after "://" up to "@" masked, to be safe.
+func redactDSN(dsn string) string {
+	if dsn == "" {
+		return ""
+	}
+	if strings.Contains(dsn, "://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			if i, j := strings.Index(dsn, "://"), strings.LastIndex(dsn, "@"); j > i {
+				return dsn[:i+3] + "xxxxx" + dsn[j:]
+			}
+			return "(unparseable, redacted)"
+		}
+		if u.User != nil {
+			if _, has := u.User.Password(); has {
+				u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			}
+		}
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", "xxxxx")
+			u.RawQuery = q.Encode()
+		}
+		return u.String()
+	}
+	return kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
+}
+
+// fmtDuration prints 1h instead of 1h0m0s.
+func fmtDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}

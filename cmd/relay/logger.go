@@ -1,0 +1,42 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"strings"
+)
+
+// logger is the process's slog logger.
+type logger = slog.Logger
+
+// newLogger returns a text or JSON slog logger writing to w at the given
+// level. Keys are snake_case; secrets never reach it (settings are logged
+// through settings.redacted).
+func newLogger(w io.Writer, format, level string) *slog.Logger {
+	var lv slog.Level
+	switch strings.ToLower(level) {
+	case "debug":
+		lv = slog.LevelDebug
+	case "warn":
+		lv = slog.LevelWarn
+	case "error":
+		lv = slog.LevelError
+	default:
+		lv = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// logSettings logs the effective settings once at start, secrets redacted.
+func (a *app) logSettings(msg string) {
+	vals := a.set.redacted()
+	attrs := make([]any, 0, 2*len(vals))
+	for _, k := range sortedKeys(vals) {
+		attrs = append(attrs, strings.ReplaceAll(k, "-", "_"), vals[k])
+	}
+	a.log.Info(msg, attrs...)
+}

@@ -1,0 +1,185 @@
+// Command relay is pgbox's one binary: it drains the outbox to Kafka, prunes
+// the inbox and outbox on a schedule, migrates the schema, reports backlog,
+// and runs a self-contained demo.
+//
+//	relay run                 relay + cleanup on a schedule, /metrics, /healthz, /readyz
+//	relay migrate up|down|status
+//	relay cleanup [--dry-run] one cleanup pass, for an external cron
+//	relay status [--json]     backlog, lanes, parked rows, inbox ages
+//	relay demo                orders→payments on an embedded Kafka broker
+//	relay version
+//
+// Settings come from flags or environment variables (DATABASE_URL,
+// KAFKA_BROKERS, PGBOX_…); `relay <command> --help` lists them with their
+// defaults. Exit codes: 0 success, 1 failure, 2 bad flags, environment or
+// arguments.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := realMain(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// command is one subcommand: the option groups it reads and what it runs.
+type command struct {
+	name     string
+	synopsis string
+	doc      string
+	groups   []string
+	run      func(ctx context.Context, a *app, args []string) error
+}
+
+var commands []*command
+
+func init() {
+	commands = []*command{
+		{name: "run", synopsis: "run", doc: "Publish the outbox to Kafka (relay) and prune old rows on a schedule (cleanup).\nServes /metrics, /healthz and /readyz on --http-addr. Stops on SIGINT/SIGTERM within --shutdown-timeout.",
+			groups: []string{groupDB, groupKafka, groupRelay, groupCleanup, groupHTTP, groupLog}, run: cmdRun},
+		{name: "migrate", synopsis: "migrate up|down|status", doc: "Apply (up), roll back all (down) or list (status) pgbox's migrations.\n`down` drops pgbox's tables and their data.",
+			groups: []string{groupDB, groupLog}, run: cmdMigrate},
+		{name: "cleanup", synopsis: "cleanup [--dry-run]", doc: "Run one cleanup pass and print its report: inbox keys past their topic's\nretention window (retention.ms + segment.ms + buffer), published outbox rows.",
+			groups: []string{groupDB, groupKafka, groupCleanup, groupCleanupOnce, groupLog}, run: cmdCleanup},
+		{name: "status", synopsis: "status [--json]", doc: "Print the outbox backlog per topic and lane, the oldest unpublished row, parked\nrows, lane owners, and inbox keys per consumer and topic. With Kafka brokers\nset, each topic's oldest key is compared with its cleanup cutoff.",
+			groups: []string{groupDB, groupKafkaOptional, groupCleanup, groupStatus, groupLog}, run: cmdStatus},
+		{name: "demo", synopsis: "demo", doc: "Run an orders→payments flow end to end: a producer with injected duplicates,\na consumer-group service using the inbox and the outbox, the relay, one\ncleanup pass; then check and print a summary. Uses an embedded Kafka broker\nunless KAFKA_BROKERS is set, and its own schema (reset at start).",
+			groups: []string{groupDB, groupKafkaOptional, groupDemo, groupHTTP, groupLog}, run: cmdDemo},
+		{name: "version", synopsis: "version", doc: "Print the version of this binary and of the schema it ships.",
+			groups: nil, run: cmdVersion},
+	}
+}
+
+func findCommand(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+func cmdSynopsis(name string) string {
+	if c := findCommand(name); c != nil {
+		return c.synopsis
+	}
+	return name
+}
+
+func cmdDoc(name string) string {
+	if c := findCommand(name); c != nil {
+		return c.doc
+	}
+	return ""
+}
+
+// app is what a subcommand runs with.
+type app struct {
+	opts   *options
+	set    *settings
+	stdout io.Writer
+	stderr io.Writer
+	getenv func(string) string
+	log    *logger
+}
+
+func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) == 0 {
+		topUsage(stderr)
+		return 2
+	}
+	name := args[0]
+	switch name {
+	case "-h", "-help", "--help", "help":
+		topUsage(stdout)
+		return 0
+	case "-v", "--version":
+		name = "version"
+	}
+	c := findCommand(name)
+	if c == nil {
+		fmt.Fprintf(stderr, "relay: unknown command %q (allowed: run, migrate, cleanup, status, demo, version; see `relay --help`)\n", name)
+		return 2
+	}
+	opts := &options{}
+	set := newSettings()
+	opts.bind(set, c.groups...)
+	pos, err := set.parse(c.name, args[1:], getenv, stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err == nil {
+		err = opts.validate(c.name)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "relay: %v\n", trimUsage(err))
+		return 2
+	}
+	a := &app{opts: opts, set: set, stdout: stdout, stderr: stderr, getenv: getenv}
+	a.log = newLogger(stderr, opts.LogFormat, opts.LogLevel)
+	if err := c.run(ctx, a, pos); err != nil {
+		if errors.Is(err, errUsage) {
+			fmt.Fprintf(stderr, "relay: %v\n", trimUsage(err))
+			return 2
+		}
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			return 0
+		}
+		a.log.Error("relay "+c.name+" failed", "err", err)
+		fmt.Fprintf(stderr, "relay %s: %v\n", c.name, err)
+		return 1
+	}
+	return 0
+}
+
+// trimUsage drops the "usage error: " prefix from messages.
+func trimUsage(err error) string {
+	msg := err.Error()
+	const p = "usage error: "
+	if len(msg) > len(p) && msg[:len(p)] == p {
+		return msg[len(p):]
+	}
+	return msg
+}
+
+func topUsage(out io.Writer) {
+	fmt.Fprint(out, `relay — pgbox's operator binary: outbox relay, cleanup, migrations, status, demo.
+
+Usage: relay <command> [flags]
+
+Commands:
+`)
+	for _, c := range commands {
+		fmt.Fprintf(out, "  %-24s %s\n", c.synopsis, firstLine(c.doc))
+	}
+	fmt.Fprint(out, `
+Every setting is a flag and an environment variable (the flag wins).
+Exit codes: 0 success, 1 failure, 2 bad flags, environment or arguments.
+`)
+	// List every setting once, grouped, so one --help shows them all.
+	opts := &options{}
+	set := newSettings()
+	opts.bind(set, allGroups...)
+	printSettings(out, set.list)
+	fmt.Fprintln(out, "\n`relay <command> --help` shows the settings one command reads.")
+}
+
+func firstLine(s string) string {
+	for i, r := range s {
+		if r == '\n' {
+			return s[:i]
+		}
+	}
+	return s
+}

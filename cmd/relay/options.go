@@ -1,0 +1,249 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+)
+
+// Option groups: each subcommand reads some of them.
+const (
+	groupDB            = "Database"
+	groupKafka         = "Kafka"
+	groupKafkaOptional = "Kafka (optional)"
+	groupRelay         = "Relay"
+	groupCleanup       = "Cleanup"
+	groupSchedule      = "Cleanup schedule"
+	groupCleanupOnce   = "Cleanup pass"
+	groupHTTP          = "HTTP"
+	groupStatus        = "Status"
+	groupDemo          = "Demo"
+	groupLog           = "Process"
+)
+
+var allGroups = []string{groupDB, groupKafka, groupRelay, groupSchedule, groupCleanup, groupCleanupOnce, groupHTTP, groupStatus, groupDemo, groupLog}
+
+// Defaults of the binary's own settings (the libraries' defaults are reused
+// where a setting passes straight through).
+const (
+	httpAddrDefault        = ":8080"
+	shutdownTimeoutDefault = 30 * time.Second
+	kafkaVersionDefault    = "3.6.0"
+	kafkaClientIDDefault   = "pgbox-relay"
+	kafkaTimeoutDefault    = 10 * time.Second
+	dbMaxConnsDefault      = 10
+	cleanupIntervalDefault = time.Hour
+	cleanupBufferDefault   = 24 * time.Hour
+	cleanupBatchDefault    = 10_000
+	demoSchemaDefault      = "pgbox_demo"
+	demoOrdersDefault      = 2000
+	demoDurationDefault    = 50 * time.Second
+)
+
+// options is every setting of the binary; a subcommand fills the groups it
+// reads.
+type options struct {
+	DatabaseURL string
+	Schema      string
+	DBMaxConns  int
+
+	Kafka         kafkaOptions
+	kafkaRequired bool
+	kafkaBound    bool
+
+	Relay relayOptions
+
+	CleanupInterval  time.Duration
+	CleanupBuffer    time.Duration
+	CleanupWindow    time.Duration
+	CleanupBatchSize int
+	CleanupPause     time.Duration
+	DryRun           bool
+
+	HTTPAddr string
+	JSON     bool
+
+	Demo demoOptions
+
+	LogFormat       string
+	LogLevel        string
+	ShutdownTimeout time.Duration
+}
+
+type kafkaOptions struct {
+	Brokers       []string
+	Version       string
+	ClientID      string
+	Timeout       time.Duration
+	SASLMechanism string
+	SASLUser      string
+	SASLPassword  string
+	TLS           bool
+	TLSCA         string
+	TLSCert       string
+	TLSKey        string
+	TLSSkipVerify bool
+}
+
+type demoOptions struct {
+	Schema       string
+	Orders       int
+	DupPercent   int
+	Replay       int
+	Rate         int
+	Partitions   int
+	Consumers    int
+	Duration     time.Duration
+	KeepSchema   bool
+	PaymentTopic string
+	OrderTopic   string
+}
+
+func (o *options) bind(s *settings, groups ...string) {
+	has := map[string]bool{}
+	for _, g := range groups {
+		has[g] = true
+	}
+	if has[groupDB] {
+		s.str(&o.DatabaseURL, groupDB, "database-url", "DATABASE_URL", "",
+			"PostgreSQL URL or key=value DSN of the service's database (required)").dsn = true
+		s.str(&o.Schema, groupDB, "schema", "PGBOX_SCHEMA", "",
+			"schema holding the pgbox tables, set as search_path (empty: the connection's own search_path)")
+		s.integer(&o.DBMaxConns, groupDB, "db-max-conns", "PGBOX_DB_MAX_CONNS", dbMaxConnsDefault, 2, 1000,
+			"most database connections the process opens")
+	}
+	if has[groupKafka] || has[groupKafkaOptional] {
+		g := groupKafka
+		brokersDoc := "comma-separated Kafka bootstrap brokers, host:port (required)"
+		if !has[groupKafka] {
+			g = groupKafkaOptional
+			brokersDoc = "comma-separated Kafka bootstrap brokers, host:port"
+		}
+		o.kafkaBound = true
+		o.kafkaRequired = has[groupKafka]
+		k := &o.Kafka
+		s.list_(&k.Brokers, g, "kafka-brokers", "KAFKA_BROKERS", "", brokersDoc)
+		s.str(&k.Version, g, "kafka-version", "PGBOX_KAFKA_VERSION", kafkaVersionDefault, "Kafka protocol version the client speaks (the oldest broker's version or lower)")
+		s.str(&k.ClientID, g, "kafka-client-id", "PGBOX_KAFKA_CLIENT_ID", kafkaClientIDDefault, "client.id sent to the brokers")
+		s.duration(&k.Timeout, g, "kafka-timeout", "PGBOX_KAFKA_TIMEOUT", kafkaTimeoutDefault, time.Millisecond, "dial, read and write timeout of Kafka requests")
+		s.enum(&k.SASLMechanism, g, "kafka-sasl-mechanism", "PGBOX_KAFKA_SASL_MECHANISM", "", "SASL mechanism (empty: no SASL)", "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+		s.str(&k.SASLUser, g, "kafka-sasl-user", "PGBOX_KAFKA_SASL_USER", "", "SASL user name")
+		s.str(&k.SASLPassword, g, "kafka-sasl-password", "PGBOX_KAFKA_SASL_PASSWORD", "", "SASL password (never printed; prefer the environment variable)").secret = true
+		s.boolean(&k.TLS, g, "kafka-tls", "PGBOX_KAFKA_TLS", false, "connect with TLS (implied by the other TLS settings)")
+		s.str(&k.TLSCA, g, "kafka-tls-ca", "PGBOX_KAFKA_TLS_CA", "", "PEM file of the CA certificates that sign the brokers' certificates (empty: system roots)")
+		s.str(&k.TLSCert, g, "kafka-tls-cert", "PGBOX_KAFKA_TLS_CERT", "", "PEM file of the client certificate (with --kafka-tls-key)")
+		s.str(&k.TLSKey, g, "kafka-tls-key", "PGBOX_KAFKA_TLS_KEY", "", "PEM file of the client certificate's private key")
+		s.boolean(&k.TLSSkipVerify, g, "kafka-tls-skip-verify", "PGBOX_KAFKA_TLS_SKIP_VERIFY", false, "do not verify the brokers' certificates (testing only)")
+	}
+	if has[groupRelay] {
+		o.Relay.bind(s)
+	}
+	if has[groupSchedule] || has[groupRelay] {
+		s.duration(&o.CleanupInterval, groupSchedule, "cleanup-interval", "PGBOX_CLEANUP_INTERVAL", cleanupIntervalDefault, 0,
+			"time between cleanup passes while running (0 disables cleanup in this process)")
+	}
+	if has[groupCleanup] || has[groupRelay] || has[groupCleanupOnce] {
+		s.duration(&o.CleanupBuffer, groupCleanup, "cleanup-buffer", "PGBOX_CLEANUP_BUFFER", cleanupBufferDefault, 0,
+			"kept beyond each topic's retention.ms + segment.ms before an inbox key is deleted")
+		s.duration(&o.CleanupWindow, groupCleanup, "cleanup-window", "PGBOX_CLEANUP_WINDOW", 0, 0,
+			"forced window for topics whose Kafka config gives none (retention.ms=-1, compact, unreadable); 0 never prunes them")
+		s.integer(&o.CleanupBatchSize, groupCleanup, "cleanup-batch-size", "PGBOX_CLEANUP_BATCH_SIZE", cleanupBatchDefault, 1, 100_000,
+			"most rows one delete transaction removes")
+		s.duration(&o.CleanupPause, groupCleanup, "cleanup-pause", "PGBOX_CLEANUP_PAUSE", 0, 0,
+			"pause between two delete batches")
+	}
+	if has[groupCleanupOnce] {
+		s.boolean(&o.DryRun, groupCleanupOnce, "dry-run", "PGBOX_CLEANUP_DRY_RUN", false, "count what would be deleted; delete nothing")
+	}
+	if has[groupHTTP] {
+		def := httpAddrDefault
+		if !has[groupRelay] {
+			def = "" // the demo serves HTTP only when asked
+		}
+		s.str(&o.HTTPAddr, groupHTTP, "http-addr", "PGBOX_HTTP_ADDR", def, "listen address of /metrics, /healthz and /readyz (empty: no HTTP server)")
+	}
+	if has[groupStatus] {
+		s.boolean(&o.JSON, groupStatus, "json", "PGBOX_STATUS_JSON", false, "print the status as JSON")
+	}
+	if has[groupDemo] {
+		d := &o.Demo
+		s.str(&d.Schema, groupDemo, "demo-schema", "PGBOX_DEMO_SCHEMA", demoSchemaDefault, "schema the demo drops and recreates at start")
+		s.integer(&d.Orders, groupDemo, "orders", "PGBOX_DEMO_ORDERS", demoOrdersDefault, 1, 10_000_000, "unique orders the producer sends")
+		s.integer(&d.DupPercent, groupDemo, "duplicate-percent", "PGBOX_DEMO_DUPLICATE_PERCENT", 10, 0, 100, "percent of orders resent at once with the same order id")
+		s.integer(&d.Replay, groupDemo, "replay", "PGBOX_DEMO_REPLAY", 200, 0, 10_000_000, "records replayed from an earlier offset (the consumer group is rewound)")
+		s.integer(&d.Rate, groupDemo, "rate", "PGBOX_DEMO_RATE", 400, 0, 1_000_000, "orders per second the producer sends (0: as fast as it can)")
+		s.integer(&d.Partitions, groupDemo, "partitions", "PGBOX_DEMO_PARTITIONS", 4, 1, 256, "partitions of the demo's topics")
+		s.integer(&d.Consumers, groupDemo, "consumers", "PGBOX_DEMO_CONSUMERS", 2, 1, 64, "consumer-group members of the payment service")
+		s.duration(&d.Duration, groupDemo, "duration", "PGBOX_DEMO_DURATION", demoDurationDefault, time.Second, "the demo fails if it has not finished within this time")
+		s.boolean(&d.KeepSchema, groupDemo, "keep-schema", "PGBOX_DEMO_KEEP_SCHEMA", true, "leave the demo schema in place at the end, to look at")
+		d.OrderTopic, d.PaymentTopic = "demo.orders.v1", "demo.payments.v1"
+	}
+	if len(groups) > 0 {
+		s.enum(&o.LogFormat, groupLog, "log-format", "PGBOX_LOG_FORMAT", "text", "log format", "text", "json")
+		s.enum(&o.LogLevel, groupLog, "log-level", "PGBOX_LOG_LEVEL", "info", "least severe log level printed", "debug", "info", "warn", "error")
+		if has[groupRelay] || has[groupDemo] {
+			s.duration(&o.ShutdownTimeout, groupLog, "shutdown-timeout", "PGBOX_SHUTDOWN_TIMEOUT", shutdownTimeoutDefault, time.Millisecond,
+				"after SIGINT/SIGTERM, how long in-flight work may take before the process exits anyway")
+		}
+	}
+}
+
+// validate checks what single settings cannot: required values and
+// combinations. Errors name the setting and wrap errUsage.
+func (o *options) validate(cmd string) error {
+	var errs []error
+	if cmd != "version" && o.DatabaseURL == "" {
+		errs = append(errs, usageError("missing database: set DATABASE_URL or --database-url (a PostgreSQL URL like postgres://user:pass@host:5432/db)"))
+	}
+	if o.Schema != "" && strings.ContainsAny(o.Schema, ",\"") {
+		errs = append(errs, usageError("invalid value %q for PGBOX_SCHEMA (--schema): must be one schema name, without commas or quotes", o.Schema))
+	}
+	if o.kafkaBound {
+		k := o.Kafka
+		if o.kafkaRequired && len(k.Brokers) == 0 {
+			errs = append(errs, usageError("missing Kafka brokers: set KAFKA_BROKERS or --kafka-brokers (comma-separated host:port)"))
+		}
+		for _, b := range k.Brokers {
+			if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
+				errs = append(errs, usageError("invalid value %q in KAFKA_BROKERS (--kafka-brokers): each broker must be host:port", b))
+			}
+		}
+		if _, err := parseKafkaVersion(k.Version); err != nil {
+			errs = append(errs, usageError("invalid value %q for PGBOX_KAFKA_VERSION (--kafka-version): %v", k.Version, err))
+		}
+		if k.SASLMechanism != "" && (k.SASLUser == "" || k.SASLPassword == "") {
+			errs = append(errs, usageError("--kafka-sasl-mechanism %s needs both PGBOX_KAFKA_SASL_USER (--kafka-sasl-user) and PGBOX_KAFKA_SASL_PASSWORD (--kafka-sasl-password)", k.SASLMechanism))
+		}
+		if k.SASLMechanism == "" && (k.SASLUser != "" || k.SASLPassword != "") {
+			errs = append(errs, usageError("a SASL user or password is set but PGBOX_KAFKA_SASL_MECHANISM (--kafka-sasl-mechanism) is empty: set it to PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"))
+		}
+		if (k.TLSCert == "") != (k.TLSKey == "") {
+			errs = append(errs, usageError("PGBOX_KAFKA_TLS_CERT (--kafka-tls-cert) and PGBOX_KAFKA_TLS_KEY (--kafka-tls-key) must be set together"))
+		}
+	}
+	if err := o.Relay.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if cmd == "demo" && o.Demo.Schema == "" {
+		errs = append(errs, usageError("invalid value \"\" for PGBOX_DEMO_SCHEMA (--demo-schema): must be a schema name"))
+	}
+	if cmd == "demo" && o.Demo.Replay > o.Demo.Orders {
+		errs = append(errs, usageError("invalid value %d for PGBOX_DEMO_REPLAY (--replay): must be at most --orders (%d)", o.Demo.Replay, o.Demo.Orders))
+	}
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	if len(errs) > 1 {
+		msgs := make([]string, len(errs))
+		for i, e := range errs {
+			msgs[i] = trimUsage(e)
+		}
+		return usageError("%s", strings.Join(msgs, "\n  "))
+	}
+	return nil
+}
+
+var _ = fmt.Sprintf
+var _ = errors.New

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"runtime"
+	"runtime/debug"
+	"sort"
+	"strings"
+
+	"github.com/pgbox/pgbox/migrations"
+)
+
+// version is set at build time: go build -ldflags "-X main.version=v1.2.3".
+var version = ""
+
+func binaryVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}
+
+// schemaVersion is the newest migration the binary ships.
+func schemaVersion() string {
+	names, _ := fs.Glob(migrations.FS(), "*.sql")
+	sort.Strings(names)
+	if len(names) == 0 {
+		return "none"
+	}
+	last := names[len(names)-1]
+	if i := strings.IndexByte(last, '_'); i > 0 {
+		return strings.TrimLeft(last[:i], "0")
+	}
+	return last
+}
+
+func cmdVersion(_ context.Context, a *app, args []string) error {
+	if len(args) > 0 {
+		return usageError("version takes no arguments (got %q)", args)
+	}
+	fmt.Fprintf(a.stdout, "relay %s\nschema %s (migrations in table %s)\n%s %s/%s\n",
+		binaryVersion(), schemaVersion(), migrations.TableName, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return nil
+}
