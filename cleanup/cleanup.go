@@ -21,10 +21,10 @@ type Cleaner struct {
 	mu    sync.Mutex
 	stats Stats
 
-	// Test hooks (internal tests only): called with the lock held, and after
-	// every delete batch.
-	hookLocked func()
-	hookBatch  func()
+	// Test hooks (internal tests only): called once the lock is taken, just
+	// before it is released, and after every delete batch.
+	hookLocked, hookUnlock func()
+	hookBatch              func()
 }
 
 // New validates cfg and returns a Cleaner.
@@ -133,6 +133,9 @@ func (c *Cleaner) runOnce(ctx context.Context, rep *Report) error {
 }
 
 func (c *Cleaner) unlock(ctx context.Context, conn *pgxpool.Conn) {
+	if c.hookUnlock != nil {
+		c.hookUnlock()
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if _, err := conn.Exec(ctx, sqlUnlock); err != nil {
