@@ -1,0 +1,469 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+)
+
+// maxPending bounds the messages read ahead from a claim while a message is
+// waiting to be retried (read only to notice a revoked claim).
+const maxPending = 1024
+
+// claimRun is the state of one ConsumeClaim call: one partition, one session.
+type claimRun struct {
+	h     *ConsumerGroupHandler
+	sess  sarama.ConsumerGroupSession
+	claim sarama.ConsumerGroupClaim
+
+	// work is the context of database work. It outlives the session by up
+	// to DrainTimeout, so a transaction in flight at a rebalance can commit.
+	work       context.Context
+	cancelWork context.CancelFunc
+	stopDrain  func() bool
+
+	topicID string
+	// attempted holds offsets that have a row in pgbox_consumer_attempts,
+	// deleted in the transaction that finally processes them.
+	attempted map[int64]struct{}
+
+	pending []*sarama.ConsumerMessage // read ahead, not yet handled
+	closed  bool                      // claim.Messages() is closed: revoked
+}
+
+func newClaimRun(h *ConsumerGroupHandler, sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) *claimRun {
+	work, cancel := context.WithCancel(context.WithoutCancel(sess.Context()))
+	c := &claimRun{h: h, sess: sess, claim: claim, work: work, cancelWork: cancel, attempted: map[int64]struct{}{}}
+	c.stopDrain = context.AfterFunc(sess.Context(), func() {
+		t := time.AfterFunc(h.opts.DrainTimeout, cancel)
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	return c
+}
+
+func (c *claimRun) close() {
+	c.stopDrain()
+	c.cancelWork()
+}
+
+// stopped reports whether no new transaction may start: the session ended,
+// the drain timeout passed, or the claim was revoked (its Messages channel
+// closed, in a cooperative rebalance).
+func (c *claimRun) stopped() bool {
+	return c.closed || c.sess.Context().Err() != nil || c.work.Err() != nil
+}
+
+// start reads the topic id and the partition's pending attempts, retrying
+// until it succeeds or the session ends.
+func (c *claimRun) start() bool {
+	topic, partition := c.claim.Topic(), c.claim.Partition()
+	for n := 1; ; n++ {
+		err := c.load()
+		if err == nil {
+			return true
+		}
+		if c.stopped() {
+			return false
+		}
+		c.h.log.ErrorContext(c.work, "pgbox: starting claim failed, retrying",
+			"topic", topic, "partition", partition, "attempt", n, "error", err)
+		if !c.sleep(c.h.backoff(n)) {
+			return false
+		}
+	}
+}
+
+func (c *claimRun) load() error {
+	topic, partition := c.claim.Topic(), c.claim.Partition()
+	if c.h.opts.Client != nil {
+		id, err := fetchTopicID(c.h.opts.Client, topic)
+		if err != nil {
+			return err
+		}
+		c.topicID = id
+	}
+	rows, err := c.h.pool.Query(c.work, sqlLoadAttempts, c.h.ib.Consumer(), topic, partition, c.claim.InitialOffset(), c.topicID)
+	if err != nil {
+		return fmt.Errorf("read pgbox_consumer_attempts of %s/%d: %w", topic, partition, err)
+	}
+	offsets, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return fmt.Errorf("read pgbox_consumer_attempts of %s/%d: %w", topic, partition, err)
+	}
+	for _, o := range offsets {
+		c.attempted[o] = struct{}{}
+	}
+	return nil
+}
+
+// watch is the claim's message channel while read-ahead has room, else nil.
+func (c *claimRun) watch() <-chan *sarama.ConsumerMessage {
+	if c.closed || len(c.pending) >= maxPending {
+		return nil
+	}
+	return c.claim.Messages()
+}
+
+// sleep waits d, reading ahead from the claim meanwhile; false when the
+// session ended or the claim was revoked.
+func (c *claimRun) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			return true
+		case <-c.sess.Context().Done():
+			return false
+		case m, ok := <-c.watch():
+			if !ok {
+				c.closed = true
+				return false
+			}
+			c.pending = append(c.pending, m)
+		}
+	}
+}
+
+// next collects the next batch: the first message blocks, the rest fill up
+// to BatchSize from what is buffered or arrives within BatchWait. ok is false
+// when the session ended or the claim was revoked.
+func (c *claimRun) next() (batch []*sarama.ConsumerMessage, ok bool) {
+	size := c.h.opts.BatchSize
+	n := min(size, len(c.pending))
+	batch = append(batch, c.pending[:n]...)
+	c.pending = c.pending[n:]
+	if len(batch) == 0 {
+		if c.stopped() {
+			return nil, false
+		}
+		select {
+		case <-c.sess.Context().Done():
+			return nil, false
+		case m, ok := <-c.claim.Messages():
+			if !ok {
+				c.closed = true
+				return nil, false
+			}
+			batch = append(batch, m)
+		}
+	}
+	var timer <-chan time.Time
+fill:
+	for len(batch) < size && !c.closed {
+		// Take what is buffered without waiting...
+		select {
+		case m, ok := <-c.claim.Messages():
+			if !ok {
+				c.closed = true
+				break fill
+			}
+			batch = append(batch, m)
+			continue
+		default:
+		}
+		// ...then wait up to BatchWait for more.
+		if timer == nil {
+			t := time.NewTimer(c.h.opts.BatchWait)
+			defer t.Stop()
+			timer = t.C
+		}
+		select {
+		case m, ok := <-c.claim.Messages():
+			if !ok {
+				c.closed = true
+				break fill
+			}
+			batch = append(batch, m)
+		case <-timer:
+			break fill
+		case <-c.sess.Context().Done():
+			return nil, false
+		}
+	}
+	return batch, !c.stopped()
+}
+
+// handle processes one batch; false when the claim must stop.
+func (c *claimRun) handle(batch []*sarama.ConsumerMessage) bool {
+	if len(batch) == 1 {
+		return c.handleOne(batch[0])
+	}
+	for _, m := range batch {
+		if _, ok := c.attempted[m.Offset]; ok {
+			// A message that failed before: process each on its own, so its
+			// attempts row is maintained.
+			return c.handleEach(batch)
+		}
+	}
+	msgs := make([]Message, len(batch))
+	for i, m := range batch {
+		msgs[i] = c.message(m)
+	}
+	for n := 1; ; n++ {
+		if c.stopped() {
+			return false
+		}
+		var herr error
+		var res []Result
+		err := c.inTx(func(tx pgx.Tx) error {
+			var err error
+			res, err = c.h.ib.ProcessBatch(c.work, tx, msgs, c.wrap(&herr))
+			return err
+		})
+		if err == nil {
+			for _, r := range res {
+				c.count(r)
+			}
+			c.committed(msgs, batch[len(batch)-1])
+			return true
+		}
+		if c.work.Err() != nil {
+			return false
+		}
+		switch classify(err, herr) {
+		case errTransient, errInfra:
+			c.h.stats.transient.Add(1)
+			c.h.stats.retries.Add(1)
+			c.logRetry(msgs[0], n, err, "batch of "+fmt.Sprint(len(msgs)))
+			if !c.sleep(c.h.backoff(n)) {
+				return false
+			}
+		default:
+			// A handler (or message) failed: isolate it.
+			c.h.stats.fallbacks.Add(1)
+			c.h.log.WarnContext(c.work, "pgbox: batch failed, processing its messages one by one",
+				"topic", msgs[0].Topic, "partition", msgs[0].Partition, "first_offset", msgs[0].Offset,
+				"size", len(msgs), "error", err)
+			return c.handleEach(batch)
+		}
+	}
+}
+
+func (c *claimRun) handleEach(batch []*sarama.ConsumerMessage) bool {
+	for _, m := range batch {
+		if !c.handleOne(m) {
+			return false
+		}
+	}
+	return true
+}
+
+// handleOne processes one message until it commits or is dead-lettered;
+// false when the claim must stop.
+func (c *claimRun) handleOne(sm *sarama.ConsumerMessage) bool {
+	m := c.message(sm)
+	for n := 1; ; n++ {
+		if c.stopped() {
+			return false
+		}
+		_, hadAttempts := c.attempted[m.Offset]
+		var herr error
+		var res Result
+		err := c.inTx(func(tx pgx.Tx) error {
+			var err error
+			res, err = c.h.ib.Process(c.work, tx, m, c.wrap(&herr))
+			if err == nil && hadAttempts {
+				_, err = tx.Exec(c.work, sqlDeleteAttempts, c.h.ib.Consumer(), m.Topic, m.TopicID, m.Partition, m.Offset)
+				if err != nil {
+					err = fmt.Errorf("delete from pgbox_consumer_attempts: %w", err)
+				}
+			}
+			return err
+		})
+		if err == nil {
+			delete(c.attempted, m.Offset)
+			c.count(res)
+			c.committed([]Message{m}, sm)
+			return true
+		}
+		if c.work.Err() != nil {
+			return false
+		}
+		kind := classify(err, herr)
+		switch kind {
+		case errTransient, errInfra:
+			c.h.stats.transient.Add(1)
+			c.h.stats.retries.Add(1)
+			c.logRetry(m, n, err, "")
+			if !c.sleep(c.h.backoff(n)) {
+				return false
+			}
+			continue
+		}
+		// A failed attempt: count it in its own short transaction.
+		c.h.stats.failures.Add(1)
+		attempts, aerr := c.recordAttempt(m, err)
+		if aerr != nil {
+			if c.work.Err() != nil {
+				return false
+			}
+			c.h.stats.retries.Add(1)
+			c.logRetry(m, n, aerr, "")
+			if !c.sleep(c.h.backoff(n)) {
+				return false
+			}
+			continue
+		}
+		c.attempted[m.Offset] = struct{}{}
+		if kind == errPermanent || attempts >= c.h.opts.MaxAttempts {
+			return c.deadLetter(sm, m, err, attempts)
+		}
+		c.h.stats.retries.Add(1)
+		c.h.log.WarnContext(c.work, "pgbox: handler failed, retrying",
+			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+			"attempt", attempts, "max_attempts", c.h.opts.MaxAttempts, "error", err)
+		if !c.sleep(c.h.backoff(attempts)) {
+			return false
+		}
+	}
+}
+
+func (c *claimRun) recordAttempt(m Message, cause error) (int, error) {
+	var n int
+	err := c.h.pool.QueryRow(c.work, sqlRecordAttempt, c.h.ib.Consumer(), m.Topic, m.TopicID, m.Partition, m.Offset,
+		errorText(cause)).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("record attempt of %s in pgbox_consumer_attempts: %w", m, err)
+	}
+	return n, nil
+}
+
+// deadLetter dead-letters m, retrying database errors until it commits;
+// false when the claim must stop first.
+func (c *claimRun) deadLetter(sm *sarama.ConsumerMessage, m Message, cause error, attempts int) bool {
+	for n := 1; ; n++ {
+		if c.stopped() {
+			return false
+		}
+		var dup, written bool
+		var dlq string
+		err := c.inTx(func(tx pgx.Tx) error {
+			var err error
+			dup, written, dlq, err = c.writeDeadLetter(tx, m, cause, attempts)
+			return err
+		})
+		if err == nil {
+			delete(c.attempted, m.Offset)
+			switch {
+			case dup:
+				c.h.stats.duplicates.Add(1)
+			case written:
+				c.h.stats.dead.Add(1)
+				c.h.log.ErrorContext(c.work, "pgbox: message dead-lettered",
+					"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+					"attempts", attempts, "dead_letter_topic", dlq, "error", cause)
+			}
+			c.committed([]Message{m}, sm)
+			return true
+		}
+		if c.work.Err() != nil {
+			return false
+		}
+		c.h.stats.retries.Add(1)
+		c.h.log.ErrorContext(c.work, "pgbox: dead-lettering failed, retrying",
+			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempt", n, "error", err)
+		if !c.sleep(c.h.backoff(n)) {
+			return false
+		}
+	}
+}
+
+// inTx runs fn in a transaction on the pool and commits it.
+func (c *claimRun) inTx(fn func(pgx.Tx) error) error {
+	tx, err := c.h.pool.Begin(c.work)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		rollback(c.work, tx)
+		return err
+	}
+	if err := tx.Commit(c.work); err != nil {
+		return &commitError{err: err}
+	}
+	return nil
+}
+
+func rollback(ctx context.Context, tx pgx.Tx) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_ = tx.Rollback(ctx)
+}
+
+// commitError marks an error of COMMIT itself.
+type commitError struct{ err error }
+
+func (e *commitError) Error() string { return "commit: " + e.err.Error() }
+func (e *commitError) Unwrap() error { return e.err }
+
+// wrap adapts the user's handler: it records the handler's own error in
+// *herr (to tell it from the inbox's) and turns a panic into an error.
+func (c *claimRun) wrap(herr *error) HandlerFunc {
+	fn := c.h.fn
+	return func(ctx context.Context, tx pgx.Tx, m Message) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("handler panicked: %v", r)
+			}
+			if err != nil {
+				*herr = err
+			}
+		}()
+		return fn(ctx, tx, m)
+	}
+}
+
+func (c *claimRun) message(sm *sarama.ConsumerMessage) Message {
+	m := FromSarama(sm)
+	m.TopicID = c.topicID
+	return m
+}
+
+func (c *claimRun) count(r Result) {
+	if r.Duplicate {
+		c.h.stats.duplicates.Add(1)
+	} else {
+		c.h.stats.processed.Add(1)
+	}
+}
+
+// committed runs after a commit: the hook, then the offset mark.
+func (c *claimRun) committed(msgs []Message, last *sarama.ConsumerMessage) {
+	if c.h.afterCommit != nil {
+		c.h.afterCommit(msgs)
+	}
+	c.sess.MarkMessage(last, "")
+	if c.h.opts.CommitOffsets {
+		c.sess.Commit()
+	}
+}
+
+func (c *claimRun) logRetry(m Message, n int, err error, what string) {
+	if what == "" {
+		what = "message"
+	}
+	c.h.log.WarnContext(c.work, "pgbox: transient database error, retrying",
+		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "what", what, "retry", n, "error", err)
+}
+
+// errorText is an error's message fit for a text column and a header.
+func errorText(err error) string {
+	s := err.Error()
+	const maxLen = 4096
+	if len(s) > maxLen {
+		s = s[:maxLen]
+	}
+	b := []byte(s)
+	out := b[:0]
+	for _, ch := range b {
+		if ch != 0 {
+			out = append(out, ch)
+		}
+	}
+	return strings.ToValidUTF8(string(out), "\uFFFD")
+}
