@@ -185,11 +185,11 @@ func TestRedactDSN(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
 		"postgres://alice:hunter2@db:5432/app?sslmode=disable": "postgres://alice:xxxxx@db:5432/app?sslmode=disable",
-		"postgres://alice@db/app":                             "postgres://alice@db/app",
-		"postgres://db/app?password=hunter2&user=a":           "postgres://db/app?password=xxxxx&user=a",
-		"host=db user=alice password=hunter2 dbname=app":      "host=db user=alice password=xxxxx dbname=app",
-		"host=db password='hun ter2' dbname=app":              "host=db password=xxxxx dbname=app",
-		"":                                                    "",
+		"postgres://alice@db/app":                              "postgres://alice@db/app",
+		"postgres://db/app?password=hunter2&user=a":            "postgres://db/app?password=xxxxx&user=a",
+		"host=db user=alice password=hunter2 dbname=app":       "host=db user=alice password=xxxxx dbname=app",
+		"host=db password='hun ter2' dbname=app":               "host=db password=xxxxx dbname=app",
+		"":                                                     "",
 	} {
 		got := redactDSN(in)
 		require.Equal(t, want, got, in)
