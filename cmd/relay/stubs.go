@@ -12,6 +12,5 @@ func (r *relayOptions) bind(s *settings) {}
 func (r *relayOptions) validate() error  { return nil }
 
 func cmdRun(ctx context.Context, a *app, args []string) error     { return errors.New("not yet") }
-func cmdCleanup(ctx context.Context, a *app, args []string) error { return errors.New("not yet") }
 func cmdStatus(ctx context.Context, a *app, args []string) error  { return errors.New("not yet") }
 func cmdDemo(ctx context.Context, a *app, args []string) error    { return errors.New("not yet") }

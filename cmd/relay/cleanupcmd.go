@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgbox/pgbox/cleanup"
+)
+
+// newAdmin connects a Kafka cluster admin with the binary's client settings.
+func (a *app) newAdmin() (sarama.ClusterAdmin, error) {
+	cfg, err := a.opts.Kafka.saramaConfig()
+	if err != nil {
+		return nil, err
+	}
+	admin, err := sarama.NewClusterAdmin(a.opts.Kafka.Brokers, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kafka admin (%s): %w", a.opts.Kafka.redacted(), err)
+	}
+	return admin, nil
+}
+
+// cleanupConfig maps the cleanup settings onto cleanup.Config.
+func (a *app) cleanupConfig(pool *pgxpool.Pool, admin cleanup.ConfigDescriber, dryRun bool) cleanup.Config {
+	o := a.opts
+	return cleanup.Config{
+		Pool:         pool,
+		Admin:        admin,
+		Buffer:       o.CleanupBuffer,
+		Window:       o.CleanupWindow,
+		BatchSize:    o.CleanupBatchSize,
+		Pause:        o.CleanupPause,
+		Interval:     o.CleanupInterval,
+		KafkaTimeout: o.Kafka.Timeout,
+		DryRun:       dryRun,
+		Logger:       a.log.With("component", "cleanup"),
+	}
+}
+
+func cmdCleanup(ctx context.Context, a *app, args []string) error {
+	if len(args) > 0 {
+		return usageError("cleanup takes no arguments (got %q)", args)
+	}
+	pool, err := a.openPool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	admin, err := a.newAdmin()
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	c, err := cleanup.New(a.cleanupConfig(pool, admin, a.opts.DryRun))
+	if err != nil {
+		return err
+	}
+	rep, err := c.RunOnce(ctx)
+	printCleanupReport(a.stdout, rep)
+	return err
+}
+
+func printCleanupReport(w io.Writer, rep cleanup.Report) {
+	what := "deleted"
+	if rep.DryRun {
+		what = "would delete (dry run)"
+	}
+	if rep.Locked {
+		fmt.Fprintln(w, "cleanup: another cleaner holds the lock; this pass did nothing")
+		return
+	}
+	fmt.Fprintf(w, "cleanup pass at %s took %s: %d rows deleted in %d batches (longest %s)\n",
+		rep.Start.UTC().Format(time.RFC3339), rep.Duration.Round(time.Millisecond), rep.Deleted, rep.Batches, rep.MaxBatch.Round(time.Millisecond))
+	if len(rep.Topics) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(tw, "\nINBOX TOPIC\tRETENTION\tSEGMENT\tPOLICY\tWINDOW\t%s\tOLDEST KEY AGE\tMARGIN\tNOTE\n", upper(what))
+		for _, t := range rep.Topics {
+			n := t.Deleted
+			if rep.DryRun {
+				n = t.WouldDelete
+			}
+			note := ""
+			switch {
+			case t.Skipped:
+				note = "skipped: " + string(t.Reason)
+			case t.Forced:
+				note = "forced window (" + string(t.Reason) + ")"
+			}
+			if t.Err != nil {
+				note += ": " + t.Err.Error()
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.Topic, msText(t.RetentionMs), msText(t.SegmentMs), dash(t.CleanupPolicy),
+				durText(t.Window), n, durText(t.OldestAge), durText(t.Margin), note)
+		}
+		_ = tw.Flush()
+	}
+	if len(rep.Tables) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(tw, "\nTABLE\tKEEP\tCUTOFF\t%s\n", upper(what))
+		for _, t := range rep.Tables {
+			n := t.Deleted
+			if rep.DryRun {
+				n = t.WouldDelete
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", t.Name, durText(t.Keep), t.Cutoff.UTC().Format(time.RFC3339), n)
+		}
+		_ = tw.Flush()
+	}
+}
+
+func upper(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'a' && c <= 'z' {
+			b[i] = c - 32
+		}
+	}
+	return string(b)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func msText(ms int64) string {
+	switch {
+	case ms == 0:
+		return "-"
+	case ms < 0:
+		return "forever"
+	}
+	return durText(time.Duration(ms) * time.Millisecond)
+}
+
+// durText prints a duration rounded for people: 3d4h, 2h5m, 41s, 120ms.
+func durText(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	neg := ""
+	if d < 0 {
+		neg, d = "-", -d
+	}
+	switch {
+	case d >= 48*time.Hour:
+		days := d / (24 * time.Hour)
+		h := (d % (24 * time.Hour)) / time.Hour
+		return fmt.Sprintf("%s%dd%dh", neg, days, h)
+	case d >= time.Hour:
+		return neg + fmtDuration(d.Round(time.Minute))
+	case d >= time.Second:
+		return neg + d.Round(time.Second).String()
+	}
+	return neg + d.Round(time.Millisecond).String()
+}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestUsageErrorsExitTwo(t *testing.T) {
+	t.Parallel()
+	db := []string{"DATABASE_URL=postgres://alice:hunter2@127.0.0.1:1/db"}
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+		want []string // all must appear in stderr
+	}{
+		{"no command", nil, nil, []string{"Usage: relay <command>"}},
+		{"unknown command", nil, []string{"frobnicate"}, []string{`unknown command "frobnicate"`, "run, migrate"}},
+		{"unknown flag", db, []string{"migrate", "up", "--lanes", "3"}, []string{"-lanes", "relay migrate --help"}},
+		{"missing database", nil, []string{"migrate", "up"}, []string{"DATABASE_URL", "--database-url"}},
+		{"migrate without action", db, []string{"migrate"}, []string{"up, down or status"}},
+		{"migrate bad action", db, []string{"migrate", "sideways"}, []string{"up, down or status", "sideways"}},
+		{"bad env enum", append(db, "PGBOX_LOG_FORMAT=xml"), []string{"migrate", "status"},
+			[]string{`"xml"`, "PGBOX_LOG_FORMAT", "--log-format", `"text", "json"`}},
+		{"bad flag enum", db, []string{"migrate", "status", "--log-level=loud"},
+			[]string{`"loud"`, "--log-level", "PGBOX_LOG_LEVEL", `"debug", "info", "warn", "error"`}},
+		{"bad duration env", append(db, "KAFKA_BROKERS=127.0.0.1:9092", "PGBOX_CLEANUP_INTERVAL=soon"), []string{"run"},
+			[]string{`"soon"`, "PGBOX_CLEANUP_INTERVAL", "a duration"}},
+		{"negative duration", append(db, "KAFKA_BROKERS=127.0.0.1:9092"), []string{"run", "--shutdown-timeout=-1s"},
+			[]string{"--shutdown-timeout", "PGBOX_SHUTDOWN_TIMEOUT", "at least"}},
+		{"int out of range", append(db, "KAFKA_BROKERS=127.0.0.1:9092", "PGBOX_CLEANUP_BATCH_SIZE=0"), []string{"cleanup"},
+			[]string{"PGBOX_CLEANUP_BATCH_SIZE", "from 1 to 100000"}},
+		{"missing brokers", db, []string{"run"}, []string{"KAFKA_BROKERS", "--kafka-brokers"}},
+		{"broker without port", append(db, "KAFKA_BROKERS=kafka1"), []string{"cleanup"}, []string{`"kafka1"`, "host:port"}},
+		{"bad kafka version", append(db, "KAFKA_BROKERS=k:9092", "PGBOX_KAFKA_VERSION=banana"), []string{"cleanup"},
+			[]string{"PGBOX_KAFKA_VERSION", "like 2.8.0"}},
+		{"sasl mechanism unknown", append(db, "KAFKA_BROKERS=k:9092", "PGBOX_KAFKA_SASL_MECHANISM=GSSAPI"), []string{"cleanup"},
+			[]string{"PGBOX_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512"}},
+		{"sasl without password", append(db, "KAFKA_BROKERS=k:9092", "PGBOX_KAFKA_SASL_MECHANISM=PLAIN", "PGBOX_KAFKA_SASL_USER=u"), []string{"cleanup"},
+			[]string{"PGBOX_KAFKA_SASL_PASSWORD"}},
+		{"tls cert without key", append(db, "KAFKA_BROKERS=k:9092", "PGBOX_KAFKA_TLS_CERT=/c.pem"), []string{"cleanup"},
+			[]string{"PGBOX_KAFKA_TLS_KEY", "together"}},
+		{"bad bool", append(db, "KAFKA_BROKERS=k:9092"), []string{"cleanup", "--dry-run=perhaps"},
+			[]string{"--dry-run", "true or false"}},
+		{"demo replay > orders", db, []string{"demo", "--orders", "10", "--replay", "11"}, []string{"--replay", "at most --orders"}},
+		{"version with args", nil, []string{"version", "extra"}, []string{"no arguments"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := runRelay(t, time.Minute, tc.env, tc.args...)
+			require.Equal(t, 2, r.code, "stderr: %s", r.stderr)
+			for _, w := range tc.want {
+				require.Contains(t, r.stderr, w)
+			}
+			require.NotContains(t, r.stderr+r.stdout, "hunter2", "a password reached the output")
+		})
+	}
+}
+
+func TestSecretsNeverPrinted(t *testing.T) {
+	t.Parallel()
+	env := []string{"DATABASE_URL=postgres://alice:hunter2@127.0.0.1:1/db", "KAFKA_BROKERS=k:9092",
+		"PGBOX_KAFKA_SASL_MECHANISM=PLAIN", "PGBOX_KAFKA_SASL_USER=u", "PGBOX_KAFKA_SASL_PASSWORD=sw0rdfish"}
+	// A bad value in a secret setting: the message names it, not its value.
+	r := runRelay(t, time.Minute, env, "cleanup", "--kafka-sasl-password=", "--kafka-sasl-mechanism=SCRAM-SHA-1")
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "--kafka-sasl-mechanism")
+
+	// Unreachable database: the error is printed with the DSN redacted.
+	r = runRelay(t, time.Minute, env, "cleanup", "--log-format=json")
+	require.Equal(t, 1, r.code, r.stderr)
+	out := r.stdout + r.stderr
+	require.NotContains(t, out, "hunter2")
+	require.NotContains(t, out, "sw0rdfish")
+}
+
+func TestHelpListsEverySetting(t *testing.T) {
+	t.Parallel()
+	r := runRelay(t, time.Minute, nil, "--help")
+	require.Equal(t, 0, r.code, r.stderr)
+	opts := &options{}
+	set := newSettings()
+	opts.bind(set, allGroups...)
+	require.Greater(t, len(set.list), 30)
+	for _, st := range set.list {
+		line := ""
+		for _, l := range strings.Split(r.stdout, "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), "--"+st.name+" ") {
+				line = l
+			}
+		}
+		require.NotEmpty(t, line, "--help does not list --%s", st.name)
+		require.Contains(t, line, st.env)
+		require.Contains(t, line, "default ")
+	}
+	for _, c := range commands {
+		require.Contains(t, r.stdout, c.synopsis)
+		sub := runRelay(t, time.Minute, nil, c.name, "--help")
+		require.Equal(t, 0, sub.code, sub.stderr)
+		require.Contains(t, sub.stdout, "Usage: relay "+c.synopsis)
+	}
+}
+
+func TestFlagBeatsEnv(t *testing.T) {
+	t.Parallel()
+	opts := &options{}
+	set := newSettings()
+	opts.bind(set, allGroups...)
+	env := map[string]string{"PGBOX_CLEANUP_INTERVAL": "5m", "PGBOX_LOG_FORMAT": "json", "KAFKA_BROKERS": "a:1, b:2"}
+	pos, err := set.parse("run", []string{"migrate-arg", "--cleanup-interval=0", "x"}, func(k string) string { return env[k] }, nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"migrate-arg", "x"}, pos)
+	require.Equal(t, time.Duration(0), opts.CleanupInterval, "the flag wins over the environment")
+	require.Equal(t, "json", opts.LogFormat, "the environment wins over the default")
+	require.Equal(t, []string{"a:1", "b:2"}, opts.Kafka.Brokers)
+	require.Equal(t, cleanupBufferDefault, opts.CleanupBuffer, "default when neither is set")
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	r := runRelay(t, time.Minute, nil, "version")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "relay ")
+	require.Contains(t, r.stdout, "schema "+schemaVersion())
+	require.NotEqual(t, "none", schemaVersion())
+}
