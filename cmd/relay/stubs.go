@@ -11,6 +11,6 @@ type relayOptions struct{}
 func (r *relayOptions) bind(s *settings) {}
 func (r *relayOptions) validate() error  { return nil }
 
-func cmdRun(ctx context.Context, a *app, args []string) error     { return errors.New("not yet") }
-func cmdStatus(ctx context.Context, a *app, args []string) error  { return errors.New("not yet") }
-func cmdDemo(ctx context.Context, a *app, args []string) error    { return errors.New("not yet") }
+func cmdRun(ctx context.Context, a *app, args []string) error    { return errors.New("not yet") }
+func cmdStatus(ctx context.Context, a *app, args []string) error { return errors.New("not yet") }
+func cmdDemo(ctx context.Context, a *app, args []string) error   { return errors.New("not yet") }
