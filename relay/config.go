@@ -1,0 +1,224 @@
+package relay
+
+import (
+	"cmp"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgbox/pgbox/outbox"
+)
+
+// Defaults of Config.
+const (
+	LanesDefault             = 16
+	BatchSizeDefault         = 500
+	PollIntervalDefault      = time.Second
+	BusyPollIntervalDefault  = 25 * time.Millisecond
+	HeartbeatIntervalDefault = 2 * time.Second
+	LeaseTTLDefault          = 6 * time.Second
+	MaxAttemptsDefault       = 5
+	MaxBackoffDefault        = 10 * time.Second
+	StopTimeoutDefault       = 5 * time.Second
+	// MaxMessageBytesDefault is Producer.MaxMessageBytes in NewKafkaConfig:
+	// Kafka's default broker message.max.bytes, so every message outbox.Write
+	// accepts by default fits.
+	MaxMessageBytesDefault = 1048588
+)
+
+// Header names the relay adds to every record. Row headers with these names
+// are replaced by the relay's.
+const (
+	// EventIDHeader carries the row's event id (a UUIDv7 string). Consumers
+	// dedupe on it: inbox.ByHeader(relay.EventIDHeader).
+	EventIDHeader = "pgbox-event-id"
+	// CreatedAtHeader carries the row's creation time (database clock),
+	// RFC 3339 with nanoseconds, UTC.
+	CreatedAtHeader = "pgbox-created-at"
+)
+
+// busyWindow is how long the relay keeps polling at BusyPollInterval after a
+// pass that found rows.
+const busyWindow = 2 * time.Second
+
+// backlogCap bounds the backlog count the heartbeat makes, so it stays cheap
+// on a huge table.
+const backlogCap = 1_000_000
+
+// Config configures a Relay. Pool and Brokers are required.
+type Config struct {
+	// Pool connects to the database holding pgbox_outbox. Its search_path must
+	// resolve the pgbox tables. Required. Behind pgbouncer in transaction mode,
+	// set NoListen (LISTEN needs a session) or give the relay a direct pool.
+	Pool *pgxpool.Pool
+	// Brokers are the Kafka bootstrap addresses. Required.
+	Brokers []string
+	// Kafka is the sarama configuration of the relay's producer. It must keep
+	// the idempotent producer on (Producer.Idempotent, RequiredAcks =
+	// WaitForAll, Net.MaxOpenRequests = 1, Producer.Return.Successes and
+	// Errors): New names the setting that breaks this. Producer.Partitioner is
+	// overwritten by Partitioner. Defaults to NewKafkaConfig().
+	Kafka *sarama.Config
+	// Partitioner picks a record's partition from its key. It must send equal
+	// keys to equal partitions. Defaults to NewMurmur2Partitioner, the Java
+	// client's default (so pgbox and Java producers agree on where a key
+	// goes); sarama.NewHashPartitioner (FNV-1a) is the sarama-compatible choice.
+	Partitioner sarama.PartitionerConstructor
+	// Lanes is how many lanes the outbox's slots are grouped into (lane =
+	// slot % Lanes). A lane is owned by one instance at a time, so Lanes bounds
+	// how many instances share the work. Every instance must use the same
+	// value: New refuses to start next to live instances using another.
+	// At most outbox.Slots (256). Defaults to LanesDefault (16).
+	Lanes int
+	// Instance names this relay instance in the lease tables; it must be
+	// unique among running instances. Defaults to hostname-pid-random.
+	Instance string
+	// BatchSize is the most rows one pass claims and sends. Defaults to
+	// BatchSizeDefault (500).
+	BatchSize int
+	// PollInterval is how often an idle relay looks for rows when no
+	// notification wakes it. Defaults to PollIntervalDefault (1s).
+	PollInterval time.Duration
+	// BusyPollInterval is the poll interval for two seconds after a pass that
+	// found rows, so steady traffic without NOTIFY is still picked up quickly.
+	// Defaults to BusyPollIntervalDefault (25ms).
+	BusyPollInterval time.Duration
+	// HeartbeatInterval is how often the instance renews its leases and
+	// rebalances lanes (one statement). Defaults to HeartbeatIntervalDefault (2s).
+	HeartbeatInterval time.Duration
+	// LeaseTTL is how long a lease lasts without renewal. A dead instance's
+	// lanes are taken over within LeaseTTL + HeartbeatInterval. At least twice
+	// HeartbeatInterval. Defaults to LeaseTTLDefault (6s).
+	LeaseTTL time.Duration
+	// MaxAttempts is how many permanent publish failures (unknown topic,
+	// message too large, invalid record...) a row may have before it is
+	// parked. Broker outages never count. Defaults to MaxAttemptsDefault (5).
+	MaxAttempts int
+	// MaxBackoff caps the exponential backoff after failed passes. Defaults to
+	// MaxBackoffDefault (10s).
+	MaxBackoff time.Duration
+	// NoListen turns off LISTEN on Channel; the relay then only polls.
+	// Defaults to false (listening).
+	NoListen bool
+	// Channel is the LISTEN channel; it must match outbox.Config.Channel.
+	// Defaults to outbox.ChannelDefault.
+	Channel string
+	// StopTimeout bounds how long Run waits, once ctx is canceled, for an
+	// in-flight send to finish (the batch is then released, not marked).
+	// Defaults to StopTimeoutDefault (5s).
+	StopTimeout time.Duration
+	// Logger receives the relay's logs. Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+// NewKafkaConfig returns the sarama config the relay uses when Config.Kafka is
+// nil: sarama's defaults plus an idempotent producer (WaitForAll acks, one
+// open request per broker, successes returned) and MaxMessageBytesDefault.
+// Set Version, Net.SASL, Net.TLS etc. on it as your cluster needs.
+func NewKafkaConfig() *sarama.Config {
+	c := sarama.NewConfig()
+	c.ClientID = "pgbox-relay"
+	c.Producer.Idempotent = true
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Net.MaxOpenRequests = 1
+	c.Producer.Return.Successes = true
+	c.Producer.Return.Errors = true
+	c.Producer.Retry.Max = 5
+	c.Producer.MaxMessageBytes = MaxMessageBytesDefault
+	return c
+}
+
+func (c Config) withDefaults() Config {
+	if c.Kafka == nil {
+		c.Kafka = NewKafkaConfig()
+	}
+	if c.Partitioner == nil {
+		c.Partitioner = NewMurmur2Partitioner
+	}
+	c.Lanes = cmp.Or(c.Lanes, LanesDefault)
+	if c.Instance == "" {
+		host, _ := os.Hostname()
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		c.Instance = fmt.Sprintf("%s-%d-%s", cmp.Or(host, "relay"), os.Getpid(), hex.EncodeToString(b))
+	}
+	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
+	c.BusyPollInterval = cmp.Or(c.BusyPollInterval, BusyPollIntervalDefault)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, HeartbeatIntervalDefault)
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, LeaseTTLDefault)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, MaxBackoffDefault)
+	c.Channel = cmp.Or(c.Channel, outbox.ChannelDefault)
+	c.StopTimeout = cmp.Or(c.StopTimeout, StopTimeoutDefault)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if c.Pool == nil {
+		return errors.New("relay: Config.Pool is nil (pass a *pgxpool.Pool whose search_path finds the pgbox tables)")
+	}
+	if len(c.Brokers) == 0 {
+		return errors.New("relay: Config.Brokers is empty (pass the Kafka bootstrap addresses, e.g. []string{\"localhost:9092\"})")
+	}
+	if c.Lanes < 1 || c.Lanes > outbox.Slots {
+		return fmt.Errorf("relay: Config.Lanes is %d: use 1..%d (outbox.Slots)", c.Lanes, outbox.Slots)
+	}
+	if c.BatchSize < 1 {
+		return fmt.Errorf("relay: Config.BatchSize is %d: use a positive number of rows", c.BatchSize)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"PollInterval", c.PollInterval}, {"BusyPollInterval", c.BusyPollInterval}, {"HeartbeatInterval", c.HeartbeatInterval},
+		{"LeaseTTL", c.LeaseTTL}, {"MaxBackoff", c.MaxBackoff}, {"StopTimeout", c.StopTimeout}} {
+		if d.v < 0 {
+			return fmt.Errorf("relay: Config.%s is %s: use a positive duration, or 0 for the default", d.name, d.v)
+		}
+	}
+	if c.LeaseTTL < 2*c.HeartbeatInterval {
+		return fmt.Errorf("relay: Config.LeaseTTL (%s) is less than twice Config.HeartbeatInterval (%s): a lease must survive one missed heartbeat", c.LeaseTTL, c.HeartbeatInterval)
+	}
+	if c.MaxAttempts < 1 {
+		return fmt.Errorf("relay: Config.MaxAttempts is %d: use at least 1", c.MaxAttempts)
+	}
+	if len(c.Channel) > 63 {
+		return fmt.Errorf("relay: Config.Channel %q is longer than PostgreSQL's 63-byte identifier limit", c.Channel)
+	}
+	return validateKafka(c.Kafka)
+}
+
+// validateKafka checks the settings per-key order and no-loss depend on.
+func validateKafka(k *sarama.Config) error {
+	const fix = " (the relay needs sarama's idempotent producer to keep one key's records in order across retries; or leave Config.Kafka nil to use NewKafkaConfig())"
+	switch {
+	case !k.Producer.Idempotent:
+		return errors.New("relay: Config.Kafka.Producer.Idempotent is false: set it to true" + fix)
+	case k.Producer.RequiredAcks != sarama.WaitForAll:
+		return fmt.Errorf("relay: Config.Kafka.Producer.RequiredAcks is %d: set it to sarama.WaitForAll%s", k.Producer.RequiredAcks, fix)
+	case k.Net.MaxOpenRequests != 1:
+		return fmt.Errorf("relay: Config.Kafka.Net.MaxOpenRequests is %d: set it to 1%s", k.Net.MaxOpenRequests, fix)
+	case !k.Producer.Return.Successes:
+		return errors.New("relay: Config.Kafka.Producer.Return.Successes is false: set it to true (the relay deletes a row only after its record is acknowledged)")
+	case !k.Producer.Return.Errors:
+		return errors.New("relay: Config.Kafka.Producer.Return.Errors is false: set it to true (the relay must see failed records to retry them)")
+	case k.Producer.Retry.Max < 1:
+		return fmt.Errorf("relay: Config.Kafka.Producer.Retry.Max is %d: set it to at least 1%s", k.Producer.Retry.Max, fix)
+	case !k.Version.IsAtLeast(sarama.V0_11_0_0):
+		return fmt.Errorf("relay: Config.Kafka.Version is %s: the idempotent producer needs at least 0.11.0.0", k.Version)
+	}
+	if err := k.Validate(); err != nil {
+		return fmt.Errorf("relay: Config.Kafka: %w", err)
+	}
+	return nil
+}

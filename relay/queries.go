@@ -1,0 +1,109 @@
+package relay
+
+// All of the relay's SQL. Tables are unqualified (search_path). Every time
+// comparison uses the database clock.
+
+// lanesStateSQL reads the lane table's shape under a lock that serializes
+// relays starting at once.
+const lanesStateSQL = `SELECT count(*)::int, coalesce(min(lanes), 0)::int, coalesce(max(lanes), 0)::int,
+	count(*) FILTER (WHERE owner IS NOT NULL AND owner <> $1 AND expires_at > now())::int
+FROM pgbox_relay_lanes`
+
+const lockLanesSQL = `LOCK TABLE pgbox_relay_lanes IN SHARE ROW EXCLUSIVE MODE`
+
+const resetLanesSQL = `DELETE FROM pgbox_relay_lanes`
+
+const createLanesSQL = `INSERT INTO pgbox_relay_lanes (lane, lanes) SELECT g, $1 FROM generate_series(0, $1 - 1) g`
+
+// heartbeatSQL is the instance's one periodic statement: it renews the
+// instance row, computes this instance's share of the lanes (the live
+// instances sorted by name; instance #rank of n gets lane % n = rank),
+// releases owned lanes outside that share, renews or takes the lanes inside
+// it that are free, expired or already its own (a new owner gets a new
+// epoch), prunes long-dead instance rows, and counts the backlog.
+//
+// $1 instance, $2 lease TTL, $3 lane count, $4 backlog cap.
+const heartbeatSQL = `WITH me AS (
+	INSERT INTO pgbox_relay_instances (instance, expires_at) VALUES ($1, now() + $2::interval)
+	ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at
+	RETURNING instance
+), live AS (
+	SELECT instance FROM pgbox_relay_instances WHERE expires_at > now() AND instance <> $1
+	UNION ALL
+	SELECT instance FROM me
+), ranked AS (
+	SELECT instance, (row_number() OVER (ORDER BY instance))::int - 1 AS rank, (count(*) OVER ())::int AS n FROM live
+), target AS (
+	SELECT l.lane FROM pgbox_relay_lanes l JOIN ranked r ON r.instance = $1
+	WHERE l.lanes = $3 AND l.lane % r.n = r.rank
+), released AS (
+	UPDATE pgbox_relay_lanes SET owner = NULL, expires_at = now()
+	WHERE owner = $1 AND lane NOT IN (SELECT lane FROM target)
+	RETURNING lane
+), held AS (
+	UPDATE pgbox_relay_lanes l SET owner = $1, expires_at = now() + $2::interval,
+		epoch = CASE WHEN l.owner = $1 AND l.expires_at > now() THEN l.epoch ELSE nextval('pgbox_relay_epoch') END
+	WHERE l.lane IN (SELECT lane FROM target)
+	  AND (l.owner = $1 OR l.owner IS NULL OR l.expires_at <= now())
+	RETURNING l.lane
+), gone AS (
+	DELETE FROM pgbox_relay_instances WHERE expires_at < now() - interval '1 hour'
+)
+SELECT (SELECT count(*) FROM held)::int,
+       (SELECT count(*) FROM live)::int,
+       (SELECT count(*) FROM (SELECT 1 FROM pgbox_outbox WHERE parked_at IS NULL LIMIT $4) b)::bigint`
+
+// releaseSQL gives up every lane and the instance row on shutdown, so the
+// others take over at their next heartbeat instead of after LeaseTTL.
+const releaseSQL = `WITH rel AS (
+	UPDATE pgbox_relay_lanes SET owner = NULL, expires_at = now() WHERE owner = $1
+)
+DELETE FROM pgbox_relay_instances WHERE instance = $1`
+
+// claimSQL reads, for every slot of every lane this instance owns right now,
+// the slot's oldest unparked rows in id order: one index range scan per slot
+// (pgbox_outbox_claim_idx), so its cost does not grow with the table or with
+// other lanes' backlogs. Slots are visited round robin from $4 so a busy
+// slot cannot starve the others. No cursor: a row whose transaction
+// committed late with a lower id is simply found on the next pass (the
+// sequence-gap race cannot skip it), because rows leave the table only once
+// published.
+//
+// $1 instance, $2 batch size, $3 lane count, $4 first slot.
+const claimSQL = `SELECT o.id, o.event_id, o.slot, o.topic, o.key, o.value, o.headers, o.created_at, o.attempts, s.epoch
+FROM (
+	SELECT g.slot, l.epoch
+	FROM pgbox_relay_lanes l, generate_series(l.lane, 255, l.lanes) AS g(slot)
+	WHERE l.owner = $1 AND l.expires_at > now() AND l.lanes = $3
+	ORDER BY (g.slot + 256 - $4) % 256
+) s
+CROSS JOIN LATERAL (
+	SELECT id, event_id, slot, topic, key, value, headers, created_at, attempts
+	FROM pgbox_outbox
+	WHERE slot = s.slot AND parked_at IS NULL
+	ORDER BY id
+	LIMIT $2
+) o
+LIMIT $2`
+
+// finishSQL records a batch's outcome in one round trip: published rows are
+// deleted; rows that failed permanently get attempts + 1 and their error, and
+// are parked at MaxAttempts. Both are fenced: they only touch rows whose lane
+// still has the epoch the rows were claimed under, so an instance that lost
+// the lane meanwhile changes nothing.
+//
+// $1 published ids, $2 their epochs, $3 failed ids, $4 their epochs, $5 errors, $6 max attempts.
+const finishSQL = `WITH del AS (
+	DELETE FROM pgbox_outbox o
+	USING unnest($1::bigint[], $2::bigint[]) AS d(id, epoch), pgbox_relay_lanes l
+	WHERE o.id = d.id AND l.epoch = d.epoch AND l.lane = o.slot % l.lanes
+	RETURNING o.id
+), failed AS (
+	UPDATE pgbox_outbox o
+	SET attempts = o.attempts + 1, last_error = f.err,
+	    parked_at = CASE WHEN o.attempts + 1 >= $6 THEN now() END
+	FROM unnest($3::bigint[], $4::bigint[], $5::text[]) AS f(id, epoch, err), pgbox_relay_lanes l
+	WHERE o.id = f.id AND l.epoch = f.epoch AND l.lane = o.slot % l.lanes
+	RETURNING o.parked_at IS NOT NULL AS parked
+)
+SELECT (SELECT count(*) FROM del)::int, (SELECT count(*) FROM failed WHERE parked)::int`

@@ -1,0 +1,541 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgbox/pgbox/outbox"
+)
+
+var (
+	// ErrLaneCountMismatch is returned by Run when live relay instances use a
+	// different Config.Lanes than this one.
+	ErrLaneCountMismatch = errors.New("relay: lane count differs from the running instances'")
+	// ErrRunning is returned by Run when the Relay is already running.
+	ErrRunning = errors.New("relay: Run called while already running")
+)
+
+// Relay publishes committed outbox rows to Kafka. Make one with New and call
+// Run; several instances (processes) may run against one database.
+type Relay struct {
+	cfg     Config
+	log     *slog.Logger
+	running atomic.Bool
+	wake    chan struct{}
+
+	published, retried, parked, batches atomic.Uint64
+	latLast, latMax, latTotal           atomic.Int64
+	backlog                             atomic.Int64
+	lanes, instances                    atomic.Int64
+}
+
+// Stats are the relay's counters since New. A metrics exporter reads them.
+type Stats struct {
+	// Published counts records Kafka acknowledged whose rows were deleted.
+	Published uint64
+	// Retried counts row sends that failed and were left for a later pass
+	// (broker outages and permanent failures below MaxAttempts).
+	Retried uint64
+	// Parked counts rows parked after MaxAttempts permanent failures.
+	Parked uint64
+	// Batches counts non-empty passes (claim, send, delete).
+	Batches uint64
+	// BatchLatency* describe non-empty passes, claim to delete.
+	BatchLatencyLast, BatchLatencyMax, BatchLatencyTotal time.Duration
+	// Backlog is the number of unpublished, unparked rows in the whole outbox
+	// at the last heartbeat (counted up to 1,000,000).
+	Backlog int64
+	// Lanes is how many lanes this instance held at its last heartbeat.
+	Lanes int
+	// Instances is how many live relay instances the last heartbeat saw.
+	Instances int
+}
+
+// New validates cfg, fills in defaults and returns a Relay. It does no I/O.
+func New(cfg Config) (*Relay, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	k := *cfg.Kafka // shallow copy: the caller's config stays untouched
+	k.Producer.Partitioner = cfg.Partitioner
+	cfg.Kafka = &k
+	return &Relay{cfg: cfg, log: cfg.Logger.With("instance", cfg.Instance), wake: make(chan struct{}, 1)}, nil
+}
+
+// Instance returns the instance name this relay registers under.
+func (r *Relay) Instance() string { return r.cfg.Instance }
+
+// Stats returns a snapshot of the counters.
+func (r *Relay) Stats() Stats {
+	return Stats{
+		Published:         r.published.Load(),
+		Retried:           r.retried.Load(),
+		Parked:            r.parked.Load(),
+		Batches:           r.batches.Load(),
+		BatchLatencyLast:  time.Duration(r.latLast.Load()),
+		BatchLatencyMax:   time.Duration(r.latMax.Load()),
+		BatchLatencyTotal: time.Duration(r.latTotal.Load()),
+		Backlog:           r.backlog.Load(),
+		Lanes:             int(r.lanes.Load()),
+		Instances:         int(r.instances.Load()),
+	}
+}
+
+// Run publishes until ctx is canceled, then finishes or releases the
+// in-flight batch (waiting at most StopTimeout for a send), gives up its
+// lanes and returns nil. It returns an error only when it cannot start:
+// ErrLaneCountMismatch, or ErrRunning. Database and broker failures are
+// logged and retried with backoff, never returned.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer r.running.Store(false)
+
+	if err := retry(ctx, r, "prepare lanes", r.ensureLanes); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	var producer sarama.SyncProducer
+	err := retry(ctx, r, "connect to Kafka", func(ctx context.Context) error {
+		p, err := sarama.NewSyncProducer(r.cfg.Brokers, r.cfg.Kafka)
+		producer = p
+		return err
+	})
+	if err != nil { // only ctx ends the retries
+		return nil
+	}
+	r.log.InfoContext(ctx, "relay started", "lanes", r.cfg.Lanes, "brokers", r.cfg.Brokers)
+
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { r.heartbeatLoop(runCtx) })
+	if !r.cfg.NoListen {
+		wg.Go(func() { r.listenLoop(runCtx) })
+	}
+	sendDone := r.workLoop(runCtx, producer)
+	cancel()
+	wg.Wait()
+
+	stopCtx, stopCancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StopTimeout)
+	defer stopCancel()
+	if _, err := r.cfg.Pool.Exec(stopCtx, releaseSQL, r.cfg.Instance); err != nil {
+		r.log.WarnContext(stopCtx, "release lanes", "error", err)
+	}
+	r.lanes.Store(0)
+	// Close the producer once no send uses it (a send abandoned at stop
+	// finishes in the background).
+	go func() {
+		<-sendDone
+		if err := producer.Close(); err != nil {
+			r.log.Warn("close producer", "error", err)
+		}
+	}()
+	r.log.InfoContext(stopCtx, "relay stopped")
+	return nil
+}
+
+// retry runs fn until it succeeds, returns ErrLaneCountMismatch, or ctx ends.
+func retry(ctx context.Context, r *Relay, what string, fn func(context.Context) error) error {
+	var b backoff
+	for {
+		err := fn(ctx)
+		if err == nil || errors.Is(err, ErrLaneCountMismatch) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		d := b.next(r.cfg.MaxBackoff)
+		r.log.WarnContext(ctx, what+" failed, retrying", "error", err, "backoff", d)
+		if !sleep(ctx, d) {
+			return ctx.Err()
+		}
+	}
+}
+
+// ensureLanes makes pgbox_relay_lanes hold exactly Lanes rows, reshaping it
+// only when no other live instance holds a lane.
+func (r *Relay) ensureLanes(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, lockLanesSQL); err != nil {
+			return err
+		}
+		var count, minLanes, maxLanes, liveOthers int
+		if err := tx.QueryRow(ctx, lanesStateSQL, r.cfg.Instance).Scan(&count, &minLanes, &maxLanes, &liveOthers); err != nil {
+			return err
+		}
+		if count == r.cfg.Lanes && minLanes == r.cfg.Lanes && maxLanes == r.cfg.Lanes {
+			return nil
+		}
+		if count > 0 && liveOthers > 0 {
+			return fmt.Errorf("%w: live instances use %d lanes, Config.Lanes is %d: give every instance the same Lanes, or stop the others first",
+				ErrLaneCountMismatch, maxLanes, r.cfg.Lanes)
+		}
+		if _, err := tx.Exec(ctx, resetLanesSQL); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, createLanesSQL, r.cfg.Lanes); err != nil {
+			return err
+		}
+		if count > 0 {
+			r.log.InfoContext(ctx, "lane count changed", "from", maxLanes, "to", r.cfg.Lanes)
+		}
+		return nil
+	})
+}
+
+func (r *Relay) heartbeatLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		r.heartbeat(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Relay) heartbeat(ctx context.Context) {
+	// A heartbeat slower than the lease is worthless; don't let one hang.
+	hctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL/2)
+	defer cancel()
+	var held, live int
+	var backlog int64
+	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.cfg.Instance, r.cfg.LeaseTTL, r.cfg.Lanes, backlogCap).Scan(&held, &live, &backlog)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.WarnContext(ctx, "heartbeat failed", "error", err)
+		}
+		return
+	}
+	if prev := r.lanes.Swap(int64(held)); prev != int64(held) {
+		r.log.InfoContext(ctx, "lanes changed", "lanes_held", held, "instances", live)
+		if int64(held) > prev {
+			r.wakeUp()
+		}
+	}
+	r.instances.Store(int64(live))
+	r.backlog.Store(backlog)
+}
+
+func (r *Relay) wakeUp() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// listenLoop holds a dedicated connection LISTENing on Channel and turns
+// any number of notifications into at most one pending wake-up.
+func (r *Relay) listenLoop(ctx context.Context) {
+	var b backoff
+	for ctx.Err() == nil {
+		err := r.listen(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		d := b.next(r.cfg.MaxBackoff)
+		r.log.WarnContext(ctx, "listen failed, polling meanwhile", "error", err, "backoff", d)
+		sleep(ctx, d)
+	}
+}
+
+func (r *Relay) listen(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, r.cfg.Pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.Channel}.Sanitize()); err != nil {
+		return err
+	}
+	r.wakeUp() // notifications sent while we were not listening are lost
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		r.wakeUp()
+	}
+}
+
+// workLoop runs passes until ctx ends. It returns a channel closed when no
+// send is in flight any more.
+func (r *Relay) workLoop(ctx context.Context, p sarama.SyncProducer) <-chan struct{} {
+	var (
+		b         backoff
+		busyUntil time.Time
+		nextSlot  int
+		idle      = make(chan struct{})
+	)
+	close(idle)
+	for {
+		if ctx.Err() != nil {
+			return idle
+		}
+		res := r.pass(ctx, p, &nextSlot)
+		if res.abandoned != nil {
+			return res.abandoned
+		}
+		var wait time.Duration
+		switch {
+		case res.err != nil || (res.failed > 0 && res.published == 0):
+			wait = b.next(r.cfg.MaxBackoff)
+			if res.err != nil && ctx.Err() == nil {
+				r.log.WarnContext(ctx, "pass failed", "error", res.err, "backoff", wait)
+			}
+		case res.failed > 0:
+			b = backoff{}
+			wait = backoffMin // some rows went out: retry the rest soon
+		case res.claimed > 0:
+			b = backoff{}
+			busyUntil = time.Now().Add(busyWindow)
+			continue // drain again at once
+		default:
+			wait = r.cfg.PollInterval
+			if time.Now().Before(busyUntil) {
+				wait = r.cfg.BusyPollInterval
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-r.wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+type row struct {
+	id        int64
+	eventID   outbox.EventID
+	slot      int16
+	topic     string
+	key       []byte
+	value     []byte
+	headers   []outbox.Header
+	createdAt time.Time
+	attempts  int32
+	epoch     int64
+}
+
+type passResult struct {
+	claimed, published, failed int
+	err                        error
+	abandoned                  <-chan struct{} // set when stop abandoned an in-flight send
+}
+
+// pass claims one batch, sends it and records the outcome.
+func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) passResult {
+	start := time.Now()
+	rows, err := r.claim(ctx, *nextSlot)
+	if err != nil {
+		return passResult{err: fmt.Errorf("claim: %w", err)}
+	}
+	if len(rows) == 0 {
+		return passResult{}
+	}
+	*nextSlot = (int(rows[len(rows)-1].slot) + 1) % outbox.Slots
+
+	msgs := make([]*sarama.ProducerMessage, len(rows))
+	for i := range rows {
+		msgs[i] = toMessage(&rows[i], i)
+	}
+	done := make(chan error, 1)
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		done <- p.SendMessages(msgs)
+	}()
+	var sendErr error
+	select {
+	case sendErr = <-done:
+	case <-ctx.Done():
+		// Stopping: give the send StopTimeout to finish, then release the
+		// batch (its rows stay and are sent again by whoever owns the lane next).
+		t := time.NewTimer(r.cfg.StopTimeout)
+		defer t.Stop()
+		select {
+		case sendErr = <-done:
+		case <-t.C:
+			r.log.Warn("stop: abandoned in-flight batch, its rows stay in the outbox", "rows", len(rows))
+			return passResult{claimed: len(rows), abandoned: sent}
+		}
+	}
+
+	// Sort out what Kafka acknowledged.
+	failedErr := make(map[int]error)
+	if sendErr != nil {
+		var perrs sarama.ProducerErrors
+		if errors.As(sendErr, &perrs) {
+			for _, pe := range perrs {
+				if i, ok := pe.Msg.Metadata.(int); ok {
+					failedErr[i] = pe.Err
+				}
+			}
+		} else {
+			for i := range msgs {
+				failedErr[i] = sendErr
+			}
+		}
+	}
+	var (
+		okIDs, okEpochs, badIDs, badEpochs []int64
+		badErrs                            []string
+		transient                          int
+		firstErr                           error
+	)
+	for i := range rows {
+		e, failed := failedErr[i]
+		switch {
+		case !failed:
+			okIDs = append(okIDs, rows[i].id)
+			okEpochs = append(okEpochs, rows[i].epoch)
+		case permanent(e):
+			badIDs = append(badIDs, rows[i].id)
+			badEpochs = append(badEpochs, rows[i].epoch)
+			badErrs = append(badErrs, e.Error())
+			r.log.Warn("publish failed permanently", "topic", rows[i].topic, "row_id", rows[i].id,
+				"event_id", rows[i].eventID.String(), "attempt", rows[i].attempts+1, "error", e)
+		default:
+			transient++
+			if firstErr == nil {
+				firstErr = e
+			}
+		}
+	}
+	// Record the outcome even when stopping: these records are in Kafka.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	defer cancel()
+	var deleted, parked int
+	if len(okIDs)+len(badIDs) > 0 {
+		if err := r.cfg.Pool.QueryRow(fctx, finishSQL, okIDs, okEpochs, badIDs, badEpochs, badErrs, r.cfg.MaxAttempts).Scan(&deleted, &parked); err != nil {
+			// The records went out but the rows stay: they will be sent again
+			// (same event ids). That is the at-least-once window.
+			return passResult{claimed: len(rows), err: fmt.Errorf("record outcome of %d rows: %w", len(rows), err)}
+		}
+	}
+	if deleted < len(okIDs) {
+		r.log.Info("lane changed hands during the batch; the new owner may send some rows again", "sent", len(okIDs), "deleted", deleted)
+	}
+	lat := time.Since(start)
+	r.published.Add(uint64(len(okIDs)))
+	r.retried.Add(uint64(transient + len(badIDs) - parked))
+	r.parked.Add(uint64(parked))
+	r.batches.Add(1)
+	r.latLast.Store(int64(lat))
+	r.latTotal.Add(int64(lat))
+	for {
+		m := r.latMax.Load()
+		if int64(lat) <= m || r.latMax.CompareAndSwap(m, int64(lat)) {
+			break
+		}
+	}
+	if parked > 0 {
+		r.log.Error("rows parked after repeated permanent failures", "rows", parked, "max_attempts", r.cfg.MaxAttempts)
+	}
+	res := passResult{claimed: len(rows), published: len(okIDs), failed: transient + len(badIDs)}
+	if transient > 0 {
+		res.err = fmt.Errorf("send: %d of %d records failed, will retry: %w", transient, len(rows), firstErr)
+	}
+	return res
+}
+
+func (r *Relay) claim(ctx context.Context, firstSlot int) ([]row, error) {
+	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.cfg.Instance, r.cfg.BatchSize, r.cfg.Lanes, firstSlot)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]row, 0, 64)
+	for rows.Next() {
+		var x row
+		if err := rows.Scan(&x.id, &x.eventID, &x.slot, &x.topic, &x.key, &x.value, &x.headers, &x.createdAt, &x.attempts, &x.epoch); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out = append(out, x)
+	}
+	return out, rows.Err()
+}
+
+func toMessage(x *row, i int) *sarama.ProducerMessage {
+	m := &sarama.ProducerMessage{Topic: x.topic, Metadata: i}
+	if x.key != nil {
+		m.Key = sarama.ByteEncoder(x.key)
+	}
+	if x.value != nil {
+		m.Value = sarama.ByteEncoder(x.value)
+	}
+	m.Headers = make([]sarama.RecordHeader, 0, len(x.headers)+2)
+	for _, h := range x.headers {
+		if h.Key == EventIDHeader || h.Key == CreatedAtHeader {
+			continue
+		}
+		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
+	}
+	m.Headers = append(m.Headers,
+		sarama.RecordHeader{Key: []byte(EventIDHeader), Value: []byte(x.eventID.String())},
+		sarama.RecordHeader{Key: []byte(CreatedAtHeader), Value: []byte(x.createdAt.UTC().Format(time.RFC3339Nano))},
+	)
+	return m
+}
+
+// permanent reports whether a send error will not go away by retrying: the
+// record or its topic is wrong. Everything else (broker down, leader
+// moving, timeouts) is transient and never parks a row.
+func permanent(err error) bool {
+	var cerr sarama.ConfigurationError
+	if errors.As(err, &cerr) { // e.g. larger than Producer.MaxMessageBytes
+		return true
+	}
+	for _, k := range []sarama.KError{
+		sarama.ErrMessageSizeTooLarge, sarama.ErrUnknownTopicOrPartition, sarama.ErrInvalidTopic,
+		sarama.ErrTopicAuthorizationFailed, sarama.ErrMessageSetSizeTooLarge, sarama.ErrInvalidRecord,
+		sarama.ErrPolicyViolation,
+	} {
+		if errors.Is(err, k) {
+			return true
+		}
+	}
+	return false
+}
+
+const backoffMin = 100 * time.Millisecond
+
+// backoff is capped exponential backoff with jitter.
+type backoff struct{ d time.Duration }
+
+func (b *backoff) next(limit time.Duration) time.Duration {
+	if b.d == 0 {
+		b.d = backoffMin
+	} else {
+		b.d = min(2*b.d, limit)
+	}
+	return b.d/2 + rand.N(b.d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
