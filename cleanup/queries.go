@@ -14,6 +14,14 @@ const sqlLockKey = `(hashtext('pgbox_cleanup')::bigint << 32) | 'pgbox_inbox'::r
 
 const sqlNow = `SELECT now()`
 
+// sqlBatchSettings makes a delete batch's commit asynchronous and bounds its
+// lock waits (see deleteTx).
+const sqlBatchSettings = `SET LOCAL synchronous_commit = off; SET LOCAL lock_timeout = '` + batchLockTimeout + `'`
+
+// batchLockTimeout bounds how long a delete batch waits for a row lock
+// before it is retried skipping locked rows.
+const batchLockTimeout = "200ms"
+
 // sqlTopics lists the distinct topics of pgbox_inbox with a loose index scan
 // over pgbox_inbox_topic_age_idx: one index probe per topic, however many keys.
 const sqlTopics = `
@@ -27,28 +35,42 @@ SELECT topic FROM t WHERE topic IS NOT NULL`
 
 // sqlDeleteInboxBatch deletes one batch of a topic's expired keys, oldest
 // first, walking pgbox_inbox_topic_age_idx from $2 (the previous batch's
-// newest age, so dead index entries of earlier batches are not rescanned) to
-// the cutoff $3 (exclusive). Rows a writer holds locked are skipped, so the
-// cleaner never waits on a writer, and a writer waits at most for one batch.
+// newest age, so the dead index entries of earlier batches are not scanned
+// again) to the cutoff $3 (exclusive), and deleting the rows found by ctid.
 // The DELETE re-checks the predicate next to the ctid, so a ctid can never
-// name another row. It returns the batch's size and newest age.
-const sqlDeleteInboxBatch = `
-WITH batch AS (
-    SELECT ctid FROM pgbox_inbox
+// name another row. It returns how many rows the batch selected, the newest
+// age among them, and how many it deleted.
+//
+// The inbox never locks a committed key, so this runs with a short
+// lock_timeout and no row locking of its own; should a row be locked all the
+// same (an application's own UPDATE), the batch is retried with
+// sqlDeleteInboxBatchSkipLocked, which leaves locked rows for the next pass:
+// the cleaner never waits on a writer for long, and a writer waits at most
+// for one batch.
+var sqlDeleteInboxBatch = inboxDeleteBatch("")
+
+// sqlDeleteInboxBatchSkipLocked is sqlDeleteInboxBatch skipping locked rows.
+var sqlDeleteInboxBatchSkipLocked = inboxDeleteBatch("FOR UPDATE SKIP LOCKED")
+
+func inboxDeleteBatch(locking string) string {
+	return `
+WITH batch AS MATERIALIZED (
+    SELECT ctid, GREATEST(received_at, record_at) AS age FROM pgbox_inbox
     WHERE topic = $1
       AND GREATEST(received_at, record_at) >= $2
       AND GREATEST(received_at, record_at) < $3
     ORDER BY GREATEST(received_at, record_at)
     LIMIT $4
-    FOR UPDATE SKIP LOCKED
+    ` + locking + `
 ), gone AS (
     DELETE FROM pgbox_inbox
     WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch))
       AND topic = $1
       AND GREATEST(received_at, record_at) < $3
-    RETURNING GREATEST(received_at, record_at) AS age
+    RETURNING 1
 )
-SELECT count(*), max(age) FROM gone`
+SELECT (SELECT count(*) FROM batch), (SELECT max(age) FROM batch), (SELECT count(*) FROM gone)`
+}
 
 // sqlCountInboxExpired counts a topic's keys past the cutoff (dry runs).
 const sqlCountInboxExpired = `
