@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pgbox/pgbox/relay"
+)
+
+// lazyKafka is a Kafka client and admin made on first use and kept (sarama
+// reconnects by itself), so that the process starts while Kafka is down and
+// becomes ready once it is up.
+type lazyKafka struct {
+	brokers []string
+	cfg     *sarama.Config
+
+	mu     sync.Mutex
+	client sarama.Client
+	admin  sarama.ClusterAdmin
+}
+
+func (l *lazyKafka) connect() (sarama.Client, sarama.ClusterAdmin, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.client != nil {
+		return l.client, l.admin, nil
+	}
+	c, err := sarama.NewClient(l.brokers, l.cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	a, err := sarama.NewClusterAdminFromClient(c)
+	if err != nil {
+		_ = c.Close()
+		return nil, nil, err
+	}
+	l.client, l.admin = c, a
+	return c, a, nil
+}
+
+// DescribeConfigs makes lazyKafka a cleanup.ConfigDescriber.
+func (l *lazyKafka) DescribeConfigs(res []*sarama.ConfigResource, opts sarama.DescribeConfigsOptions) ([]*sarama.ConfigResourceResult, error) {
+	_, a, err := l.connect()
+	if err != nil {
+		return nil, err
+	}
+	return a.DescribeConfigs(res, opts)
+}
+
+// ping refreshes the cluster metadata: Kafka is reachable if it answers.
+func (l *lazyKafka) ping(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() {
+		c, _, err := l.connect()
+		if err == nil {
+			err = c.RefreshMetadata()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *lazyKafka) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.admin != nil {
+		_ = l.admin.Close() // closes the client too
+	}
+	l.client, l.admin = nil, nil
+}
+
+// readiness answers /readyz: the database and Kafka answer, and the relay
+// holds lanes (or is a standby because more instances run than there are
+// lanes).
+type readiness struct {
+	pool  *pgxpool.Pool
+	kafka *lazyKafka
+	relay *relay.Relay
+	lanes int
+}
+
+type readyReport struct {
+	Ready    bool   `json:"ready"`
+	Database string `json:"database"`
+	Kafka    string `json:"kafka"`
+	Lanes    string `json:"lanes"`
+}
+
+func (r *readiness) check(ctx context.Context) readyReport {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	rep := readyReport{Ready: true, Database: "ok", Kafka: "ok", Lanes: "ok"}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := r.pool.Ping(ctx); err != nil {
+			rep.Database, rep.Ready = "unreachable: "+err.Error(), false
+		}
+	})
+	if r.kafka != nil {
+		wg.Go(func() {
+			if err := r.kafka.ping(ctx); err != nil {
+				rep.Kafka = "unreachable: " + err.Error()
+			}
+		})
+	}
+	wg.Wait()
+	if rep.Kafka != "ok" {
+		rep.Ready = false
+	}
+	if r.relay != nil {
+		s := r.relay.Stats()
+		switch {
+		case s.Lanes > 0:
+			rep.Lanes = "holding " + itoa(s.Lanes) + " of " + itoa(r.lanes)
+		case s.Instances > r.lanes:
+			rep.Lanes = "standby: " + itoa(s.Instances) + " instances for " + itoa(r.lanes) + " lanes"
+		default:
+			rep.Lanes, rep.Ready = "no lanes held yet", false
+		}
+	}
+	return rep
+}
+
+// serveHTTP serves /metrics, /healthz and /readyz on addr until ctx ends.
+// It returns once the listener is bound (or failed to bind).
+func serveHTTP(ctx context.Context, addr string, e *exporter, ready *readiness, log *logger) (bound string, done <-chan error, err error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{Registry: e.reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, req *http.Request) {
+		rep := ready.check(req.Context())
+		w.Header().Set("Content-Type", "application/json")
+		if !rep.Ready {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(rep)
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, usageError("PGBOX_HTTP_ADDR (--http-addr) %q: %v", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	ch := make(chan error, 1)
+	go func() {
+		err := srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		ch <- err
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	log.Info("http listening", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
+	return ln.Addr().String(), ch, nil
+}
