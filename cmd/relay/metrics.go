@@ -82,8 +82,8 @@ var (
 func newExporter(src statsSources) *exporter {
 	e := &exporter{src: src, reg: prometheus.NewRegistry()}
 	e.latency = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name: "pgbox_relay_batch_latency_seconds",
-		Help: "Relay pass latency, claim to delete. Fed every 250ms from the relay's counters: passes within one poll are observed at their mean.",
+		Name:    "pgbox_relay_batch_latency_seconds",
+		Help:    "Relay pass latency, claim to delete. Fed every 250ms from the relay's counters: passes within one poll are observed at their mean.",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	})
 	e.reg.MustRegister(e, e.latency, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
