@@ -271,7 +271,6 @@ func pgText(t *testing.T, db *testdb.DB, ts time.Time) string {
 	return s
 }
 
-
 // A transaction holding an expired key locked (an application's own UPDATE)
 // does not stall the pass: the batch is retried without that key, which the
 // next pass deletes.
