@@ -10,6 +10,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -48,8 +49,12 @@ func kafkaConfig() *sarama.Config {
 // config is a relay config for tests: fast heartbeats and leases, the test's
 // own NOTIFY channel.
 func (b *testBundle) config(name string) relay.Config {
+	return b.configWithPool(b.db.Pool, name)
+}
+
+func (b *testBundle) configWithPool(pool *pgxpool.Pool, name string) relay.Config {
 	return relay.Config{
-		Pool:              b.db.Pool,
+		Pool:              pool,
 		Brokers:           b.addrs,
 		Kafka:             kafkaConfig(),
 		Instance:          name,

@@ -22,7 +22,12 @@ const createLanesSQL = `INSERT INTO pgbox_relay_lanes (lane, lanes) SELECT g, $1
 // it that are free, expired or already its own (a new owner gets a new
 // epoch), prunes long-dead instance rows, and counts the backlog.
 //
-// $1 instance, $2 lease TTL, $3 lane count, $4 backlog cap.
+// A released lane stays unclaimable for a grace period ($5, one heartbeat
+// interval): the releasing instance no longer claims from it, but its
+// in-flight batch can still finish and delete its rows (the epoch is
+// unchanged), so a rebalance does not normally cause duplicates.
+//
+// $1 instance, $2 lease TTL, $3 lane count, $4 backlog cap, $5 release grace.
 const heartbeatSQL = `WITH me AS (
 	INSERT INTO pgbox_relay_instances (instance, expires_at) VALUES ($1, now() + $2::interval)
 	ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at
@@ -37,14 +42,14 @@ const heartbeatSQL = `WITH me AS (
 	SELECT l.lane FROM pgbox_relay_lanes l JOIN ranked r ON r.instance = $1
 	WHERE l.lanes = $3 AND l.lane % r.n = r.rank
 ), released AS (
-	UPDATE pgbox_relay_lanes SET owner = NULL, expires_at = now()
+	UPDATE pgbox_relay_lanes SET owner = NULL, expires_at = now() + $5::interval
 	WHERE owner = $1 AND lane NOT IN (SELECT lane FROM target)
 	RETURNING lane
 ), held AS (
 	UPDATE pgbox_relay_lanes l SET owner = $1, expires_at = now() + $2::interval,
 		epoch = CASE WHEN l.owner = $1 AND l.expires_at > now() THEN l.epoch ELSE nextval('pgbox_relay_epoch') END
 	WHERE l.lane IN (SELECT lane FROM target)
-	  AND (l.owner = $1 OR l.owner IS NULL OR l.expires_at <= now())
+	  AND (l.owner = $1 OR l.expires_at <= now()) -- free lanes and released ones past their grace have expired too
 	RETURNING l.lane
 ), gone AS (
 	DELETE FROM pgbox_relay_instances WHERE expires_at < now() - interval '1 hour'

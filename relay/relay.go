@@ -216,7 +216,7 @@ func (r *Relay) heartbeat(ctx context.Context) {
 	defer cancel()
 	var held, live int
 	var backlog int64
-	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.cfg.Instance, r.cfg.LeaseTTL, r.cfg.Lanes, backlogCap).Scan(&held, &live, &backlog)
+	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.cfg.Instance, r.cfg.LeaseTTL, r.cfg.Lanes, backlogCap, r.cfg.HeartbeatInterval).Scan(&held, &live, &backlog)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.WarnContext(ctx, "heartbeat failed", "error", err)

@@ -1,0 +1,84 @@
+package relay_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A relay running as a real process is killed with SIGKILL mid-run while
+// writers keep writing. Another instance takes its lanes over; nothing is
+// lost, per-key order holds, and the only duplicates are the killed
+// process's in-flight batch (sent, not yet deleted), each with the same
+// event id as the original.
+func TestKilledRelayProcessIsTakenOver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	const keys, childBatch = 10, 32
+	createCounters(t, b, keys)
+
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = b.childEnv("child", childBatch)
+	if os.Getenv("PGBOX_TEST_LOG") != "" {
+		child.Stderr = os.Stderr
+	}
+	require.NoError(t, child.Start())
+	exited := make(chan struct{})
+	go func() { _ = child.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = child.Process.Kill(); <-exited })
+
+	ownedBy := func(owner string) int {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx,
+			`SELECT count(*) FROM pgbox_relay_lanes WHERE owner = $1 AND expires_at > now()`, owner).Scan(&n))
+		return n
+	}
+	waitFor(t, "child holds lanes", func() bool { return ownedBy("child") == 8 })
+	parent := start(t, b.config("parent"))
+	waitFor(t, "lanes split", func() bool { return ownedBy("child") > 0 && parent.r.Stats().Lanes > 0 })
+
+	// Writers run throughout.
+	var (
+		stop    atomic.Bool
+		written atomic.Int64
+		wg      sync.WaitGroup
+	)
+	for w := range 4 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for !stop.Load() {
+				if err := writeCounted(ctx, b, keyed(rng.IntN(keys))); err != nil {
+					t.Error(err)
+					return
+				}
+				written.Add(1)
+			}
+		})
+	}
+	// Kill the child while it is publishing its share.
+	waitFor(t, "traffic", func() bool { return written.Load() > 300 })
+	require.NoError(t, child.Process.Kill()) // SIGKILL
+	killedAt := time.Now()
+	<-exited
+	waitFor(t, "parent takes every lane", func() bool { return parent.r.Stats().Lanes == 8 })
+	t.Logf("lanes taken over %s after SIGKILL (bound: LeaseTTL + HeartbeatInterval = 1.1s)", time.Since(killedAt).Round(time.Millisecond))
+	time.Sleep(200 * time.Millisecond) // more traffic after the takeover
+	stop.Store(true)
+	wg.Wait()
+
+	total := int(written.Load())
+	got := readTopic(t, b, b.topic, total)
+	require.GreaterOrEqual(t, len(got), total)
+	dups := checkOrder(t, b, got)
+	t.Logf("%d events, %d records, %d duplicates", total, len(got), dups)
+	require.LessOrEqual(t, dups, childBatch, "duplicates only from the killed process's in-flight batch")
+	waitFor(t, "outbox emptied", func() bool { return b.outboxCount(t, "true") == 0 })
+}
