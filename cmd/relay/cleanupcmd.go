@@ -4,27 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/cleanup"
 )
-
-// newAdmin connects a Kafka cluster admin with the binary's client settings.
-func (a *app) newAdmin() (sarama.ClusterAdmin, error) {
-	cfg, err := a.opts.Kafka.saramaConfig()
-	if err != nil {
-		return nil, err
-	}
-	admin, err := sarama.NewClusterAdmin(a.opts.Kafka.Brokers, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("kafka admin (%s): %w", a.opts.Kafka.redacted(), err)
-	}
-	return admin, nil
-}
 
 // cleanupConfig maps the cleanup settings onto cleanup.Config.
 func (a *app) cleanupConfig(pool *pgxpool.Pool, admin cleanup.ConfigDescriber, dryRun bool) cleanup.Config {
@@ -52,12 +39,15 @@ func cmdCleanup(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	admin, err := a.newAdmin()
+	kcfg, err := a.opts.Kafka.saramaConfig()
 	if err != nil {
 		return err
 	}
-	defer admin.Close()
-	c, err := cleanup.New(a.cleanupConfig(pool, admin, a.opts.DryRun))
+	// Kafka unreachable is not a failure of the pass: its topics are skipped
+	// with the reason (nothing is deleted for them) and the pass goes on.
+	lk := &lazyKafka{brokers: a.opts.Kafka.Brokers, cfg: kcfg}
+	defer lk.Close()
+	c, err := cleanup.New(a.cleanupConfig(pool, lk, a.opts.DryRun))
 	if err != nil {
 		return err
 	}
@@ -114,15 +104,7 @@ func printCleanupReport(w io.Writer, rep cleanup.Report) {
 	}
 }
 
-func upper(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if c >= 'a' && c <= 'z' {
-			b[i] = c - 32
-		}
-	}
-	return string(b)
-}
+func upper(s string) string { return strings.ToUpper(s) }
 
 func dash(s string) string {
 	if s == "" {

@@ -279,12 +279,14 @@ func cmdStatus(ctx context.Context, a *app, args []string) error {
 	if len(a.opts.Kafka.Brokers) == 0 {
 		rep.Cutoffs = "unknown: set KAFKA_BROKERS to compare inbox ages with each topic's retention window"
 	} else if len(rep.Inbox) > 0 {
-		admin, err := a.newAdmin()
+		kcfg, err := a.opts.Kafka.saramaConfig()
 		if err != nil {
-			rep.Cutoffs = "unknown: " + err.Error()
-		} else {
-			defer admin.Close()
-			c, err := cleanup.New(a.cleanupConfig(pool, admin, true))
+			return err
+		}
+		lk := &lazyKafka{brokers: a.opts.Kafka.Brokers, cfg: kcfg}
+		defer lk.Close()
+		{
+			c, err := cleanup.New(a.cleanupConfig(pool, lk, true))
 			if err != nil {
 				return err
 			}

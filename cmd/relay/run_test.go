@@ -1,0 +1,288 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/outbox"
+	"github.com/pgbox/pgbox/relay"
+)
+
+// proc is a running `relay run` whose stderr is watched.
+type proc struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	logs strings.Builder
+	addr chan string
+	done chan struct{}
+	err  error
+}
+
+var listenRE = regexp.MustCompile(`msg="http listening" addr=(\S+)`)
+
+// startRelay starts the binary with args; the HTTP server listens on a free
+// loopback port, returned by proc.httpAddr.
+func startRelay(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(relayBin, args...)
+	cmd.Env = append(cleanEnv(), env...)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	cmd.Stdout = io.Discard
+	require.NoError(t, cmd.Start())
+	p := &proc{cmd: cmd, addr: make(chan string, 1), done: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			p.logs.WriteString(line + "\n")
+			p.mu.Unlock()
+			if m := listenRE.FindStringSubmatch(line); m != nil {
+				p.addr <- m[1]
+			}
+		}
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+func (p *proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.logs.String()
+}
+
+func (p *proc) httpAddr(t *testing.T) string {
+	t.Helper()
+	select {
+	case a := <-p.addr:
+		return a
+	case <-p.done:
+		t.Fatalf("relay exited before listening: %v\n%s", p.err, p.output())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("relay did not start listening\n%s", p.output())
+	}
+	return ""
+}
+
+// stop sends SIGTERM and returns the exit code.
+func (p *proc) stop(t *testing.T) int {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-p.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("relay did not exit after SIGTERM\n%s", p.output())
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// writeRows commits n outbox rows for topic in one transaction each batch.
+func writeRows(t *testing.T, db *testdb.DB, topic string, from, n int) {
+	t.Helper()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		msgs := make([]outbox.Message, 0, n)
+		for i := from; i < from+n; i++ {
+			msgs = append(msgs, outbox.Message{Topic: topic, Key: fmt.Appendf(nil, "k%d", i%7), Value: fmt.Appendf(nil, "v%d", i)})
+		}
+		return outbox.Write(ctx, tx, msgs...)
+	})
+	require.NoError(t, err)
+}
+
+func runEnv(db *testdb.DB, c *kfake.Cluster, extra ...string) []string {
+	return append([]string{
+		"DATABASE_URL=" + db.URL,
+		"KAFKA_BROKERS=" + strings.Join(c.ListenAddrs(), ","),
+		"PGBOX_HTTP_ADDR=127.0.0.1:0",
+		"PGBOX_LANES=4",
+		"PGBOX_HEARTBEAT_INTERVAL=200ms",
+		"PGBOX_LEASE_TTL=1s",
+		"PGBOX_POLL_INTERVAL=100ms",
+		"PGBOX_KAFKA_TIMEOUT=2s",
+	}, extra...)
+}
+
+func eventIDs(t *testing.T, c *kfake.Cluster, topic string, want int) map[string]int {
+	t.Helper()
+	recs := kafkatest.ReadAll(t, c.ListenAddrs(), topic, want, 60*time.Second)
+	ids := map[string]int{}
+	for _, r := range recs {
+		for _, h := range r.Headers {
+			if string(h.Key) == relay.EventIDHeader {
+				ids[string(h.Value)]++
+			}
+		}
+	}
+	return ids
+}
+
+func outboxCount(t *testing.T, db *testdb.DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgbox_outbox`).Scan(&n))
+	return n
+}
+
+func TestRunPublishesServesMetricsAndStops(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	c := kafkatest.New(t, kfake.SeedTopics(3, "payments"))
+	writeRows(t, db, "payments", 0, 50)
+
+	p := startRelay(t, runEnv(db, c, "PGBOX_LOG_FORMAT=text", "PGBOX_MAX_ATTEMPTS=2", "PGBOX_MAX_BACKOFF=300ms"), "run")
+	base := "http://" + p.httpAddr(t)
+
+	code, body := httpGet(t, base+"/healthz")
+	require.Equal(t, 200, code)
+	require.Equal(t, "ok\n", body)
+
+	ids := eventIDs(t, c, "payments", 50)
+	require.Len(t, ids, 50, "every row is published with its own event id")
+	waitFor(t, "outbox drained", 30*time.Second, func() bool { return outboxCount(t, db) == 0 })
+
+	waitFor(t, "ready", 30*time.Second, func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
+	_, body = httpGet(t, base+"/readyz")
+	require.Contains(t, body, `"lanes":"holding 4 of 4"`)
+
+	waitFor(t, "published counter", 30*time.Second, func() bool {
+		_, m := httpGet(t, base+"/metrics")
+		return strings.Contains(m, "pgbox_relay_published_total 50")
+	})
+	_, m := httpGet(t, base+"/metrics")
+	for _, want := range []string{
+		"pgbox_relay_batches_total", "pgbox_relay_batch_latency_seconds_bucket", "pgbox_relay_batch_latency_seconds_count",
+		"pgbox_relay_lanes_held 4", "pgbox_relay_retried_total 0", "pgbox_relay_parked_total 0",
+		"pgbox_outbox_oldest_unpublished_age_seconds 0", "pgbox_relay_lane_owner{lane=\"3\"", "pgbox_scrape_database_up 1",
+		"pgbox_cleanup_passes_total 1", "pgbox_cleanup_deleted_total",
+	} {
+		require.Contains(t, m, want)
+	}
+	// A row that can never be published (unknown topic) is parked and shows.
+	writeRows(t, db, "no-such-topic", 0, 1)
+	waitFor(t, "parked metric", 60*time.Second, func() bool {
+		_, m := httpGet(t, base+"/metrics")
+		return strings.Contains(m, `pgbox_outbox_parked_rows{topic="no-such-topic"} 1`) && strings.Contains(m, "pgbox_relay_parked_total 1")
+	})
+
+	require.Equal(t, 0, p.stop(t), p.output())
+	require.Contains(t, p.output(), "relay stopped")
+	require.Contains(t, p.output(), `level=ERROR msg="rows parked after repeated permanent failures"`)
+}
+
+func TestRunNotReadyWithoutKafka(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	env := append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS=127.0.0.1:1") // nothing listens on port 1
+	p := startRelay(t, env, "run")
+	base := "http://" + p.httpAddr(t)
+	code, _ := httpGet(t, base+"/healthz")
+	require.Equal(t, 200, code, "the process is up")
+	code, body := httpGet(t, base+"/readyz")
+	require.Equal(t, 503, code, body)
+	require.Contains(t, body, `"kafka":"unreachable`)
+	require.Equal(t, 0, p.stop(t), p.output())
+}
+
+// TestRunSIGTERMUnderLoad stops the relay while writers keep committing rows:
+// it must exit 0 (within its shutdown deadline, or it would exit 1), and after
+// a restart every row written during the run reaches Kafka.
+func TestRunSIGTERMUnderLoad(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	c := kafkatest.New(t, kfake.SeedTopics(3, "load"))
+	env := runEnv(db, c, "PGBOX_SHUTDOWN_TIMEOUT=15s", "PGBOX_BATCH_SIZE=50")
+
+	var written atomic.Int64
+	stopWriting := make(chan struct{})
+	writersDone := make(chan struct{})
+	go func() {
+		defer close(writersDone)
+		for i := 0; ; i += 10 {
+			select {
+			case <-stopWriting:
+				return
+			default:
+			}
+			writeRows(t, db, "load", i, 10)
+			written.Add(10)
+		}
+	}()
+
+	// Three runs, each stopped by SIGTERM while writers commit and the relay
+	// publishes.
+	for run := range 3 {
+		p := startRelay(t, env, "run")
+		p.httpAddr(t)
+		floor := written.Load()
+		waitFor(t, "the relay publishing", 60*time.Second, func() bool {
+			var published int64
+			_ = db.Pool.QueryRow(context.Background(), `SELECT $1::bigint - count(*) FROM pgbox_outbox`, written.Load()).Scan(&published)
+			return published > floor+100
+		})
+		code := p.stop(t)
+		require.Equal(t, 0, code, "run %d: SIGTERM under load must exit cleanly within the deadline\n%s", run, p.output())
+		require.Contains(t, p.output(), "shutting down")
+	}
+	close(stopWriting)
+	<-writersDone
+	total := int(written.Load())
+
+	// Restart: everything written reaches Kafka, each row at least once.
+	p2 := startRelay(t, env, "run")
+	p2.httpAddr(t)
+	waitFor(t, "outbox drained after restart", 90*time.Second, func() bool { return outboxCount(t, db) == 0 })
+	ids := eventIDs(t, c, "load", total)
+	require.Len(t, ids, total, "every committed row reached Kafka")
+	require.Equal(t, 0, p2.stop(t), p2.output())
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testdb"
+)
+
+func tableExists(t *testing.T, db *testdb.DB, name string) bool {
+	t.Helper()
+	var ok bool
+	require.NoError(t, db.Pool.QueryRow(context.Background(),
+		`SELECT EXISTS (SELECT 1 FROM information_schema.tables WHERE table_schema = $1 AND table_name = $2)`, db.Schema, name).Scan(&ok))
+	return ok
+}
+
+func TestMigrateUpStatusDown(t *testing.T) {
+	t.Parallel()
+	db := testdb.Empty(t)
+	// The server URL plus --schema, as an operator would pass it.
+	env := []string{"DATABASE_URL=" + testdb.ServerURL(t), "PGBOX_SCHEMA=" + db.Schema}
+
+	r := runRelay(t, time.Minute, env, "migrate", "status")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "pending")
+	require.NotContains(t, r.stdout, "applied")
+
+	r = runRelay(t, time.Minute, env, "migrate", "up")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "version "+schemaVersion())
+	for _, tbl := range []string{"pgbox_inbox", "pgbox_outbox", "pgbox_relay_lanes"} {
+		require.True(t, tableExists(t, db, tbl), tbl)
+	}
+
+	r = runRelay(t, time.Minute, env, "migrate", "status")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.NotContains(t, r.stdout, "pending")
+	require.Contains(t, r.stdout, "00001_inbox.sql")
+
+	r = runRelay(t, time.Minute, env, "migrate", "up")
+	require.Equal(t, 0, r.code, "up twice is a no-op: %s", r.stderr)
+
+	r = runRelay(t, time.Minute, env, "migrate", "down")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.False(t, tableExists(t, db, "pgbox_inbox"))
+	require.False(t, tableExists(t, db, "pgbox_outbox"))
+
+	r = runRelay(t, time.Minute, env, "migrate", "up")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.True(t, tableExists(t, db, "pgbox_outbox"))
+}
+
+func TestStatusWithoutSchemaSaysMigrate(t *testing.T) {
+	t.Parallel()
+	db := testdb.Empty(t)
+	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + db.URL}, "status")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "relay migrate up")
+}
+
+// seedInbox adds keys for topic "orders" received age ago.
+func seedInbox(t *testing.T, db *testdb.DB, consumer, topic string, ages ...time.Duration) {
+	t.Helper()
+	for i, age := range ages {
+		_, err := db.Pool.Exec(context.Background(), `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at)
+			VALUES ($1, $2, $3, 0, $4, now() - $5::interval)`, consumer, topic+"-"+age.String()+"-"+itoa(i), topic, i, age.String())
+		require.NoError(t, err)
+	}
+}
+
+func inboxKeys(t *testing.T, db *testdb.DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgbox_inbox`).Scan(&n))
+	return n
+}
+
+func TestCleanupAndStatusCommands(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	c := kafkatest.New(t)
+	hour, tenMin := "3600000", "600000"
+	kafkatest.CreateTopic(t, c.ListenAddrs(), "orders", 1, map[string]*string{"retention.ms": &hour, "segment.ms": &tenMin})
+	forever := "-1"
+	kafkatest.CreateTopic(t, c.ListenAddrs(), "ledger", 1, map[string]*string{"retention.ms": &forever})
+	// Window for orders: 1h retention + 10m segment + 1h buffer = 2h10m.
+	seedInbox(t, db, "payments-svc", "orders", 3*time.Hour, 4*time.Hour, time.Hour)
+	seedInbox(t, db, "payments-svc", "ledger", 100*time.Hour)
+	writeRows(t, db, "payments", 0, 3)
+
+	env := []string{"DATABASE_URL=" + db.URL, "KAFKA_BROKERS=" + strings.Join(c.ListenAddrs(), ","), "PGBOX_CLEANUP_BUFFER=1h"}
+
+	// status: the overdue keys show a negative margin against the cutoff.
+	r := runRelay(t, time.Minute, env, "status", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var st statusReport
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
+	require.EqualValues(t, 3, st.Unsent)
+	require.NotNil(t, st.OldestAge)
+	require.Len(t, st.Inbox, 2)
+	byTopic := map[string]inboxRow{}
+	for _, in := range st.Inbox {
+		byTopic[in.Topic] = in
+	}
+	orders := byTopic["orders"]
+	require.EqualValues(t, 3, orders.Keys)
+	require.NotNil(t, orders.Window)
+	require.InDelta(t, (2*time.Hour + 10*time.Minute).Seconds(), *orders.Window, 1)
+	require.Less(t, *orders.Margin, 0.0, "the 4h-old key is past the 2h10m window")
+	require.Contains(t, byTopic["ledger"].Note, "infinite_retention")
+
+	r = runRelay(t, time.Minute, env, "status")
+	require.Equal(t, 0, r.code, r.stderr)
+	for _, want := range []string{"OUTBOX: 3 unpublished, 0 parked", "payments", "INBOX", "orders", "2h10m", "never pruned: infinite_retention"} {
+		require.Contains(t, r.stdout, want)
+	}
+
+	// A dry run counts and deletes nothing.
+	r = runRelay(t, time.Minute, env, "cleanup", "--dry-run")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "WOULD DELETE (DRY RUN)")
+	require.Equal(t, 4, inboxKeys(t, db))
+
+	r = runRelay(t, time.Minute, env, "cleanup")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "2 rows deleted")
+	require.Contains(t, r.stdout, "skipped: infinite_retention")
+	require.Equal(t, 2, inboxKeys(t, db), "the 1h-old orders key and the ledger key stay")
+
+	// Kafka unreachable: nothing is deleted, the reason is printed, exit 0.
+	seedInbox(t, db, "payments-svc", "orders", 10*time.Hour)
+	down := []string{"DATABASE_URL=" + db.URL, "KAFKA_BROKERS=127.0.0.1:1", "PGBOX_KAFKA_TIMEOUT=500ms"}
+	r = runRelay(t, time.Minute, down, "cleanup")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "kafka_unreachable")
+	require.Equal(t, 3, inboxKeys(t, db))
+}
