@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -110,9 +111,18 @@ func (c *Cleaner) runOnce(ctx context.Context, rep *Report) error {
 		return fmt.Errorf("read the database clock: %w", err)
 	}
 
-	topics, err := listTopics(ctx, conn)
+	topics, err := listTopics(ctx, conn, sqlTopics)
 	if err != nil {
 		return err
+	}
+	if c.cfg.Tables.DeadLetters != Forever {
+		// Dead letters follow their topic's window, also once the topic's
+		// inbox keys are gone.
+		dead, err := listTopics(ctx, conn, sqlDeadTopics)
+		if err != nil {
+			return err
+		}
+		topics = slices.Compact(slices.Sorted(slices.Values(append(topics, dead...))))
 	}
 	kafka := describeTopics(ctx, c.cfg.Admin, c.cfg.KafkaTimeout, topics)
 	for _, name := range topics {
@@ -146,8 +156,8 @@ func (c *Cleaner) unlock(ctx context.Context, conn *pgxpool.Conn) {
 	}
 }
 
-func listTopics(ctx context.Context, conn *pgxpool.Conn) ([]string, error) {
-	rows, err := conn.Query(ctx, sqlTopics)
+func listTopics(ctx context.Context, conn *pgxpool.Conn, query string) ([]string, error) {
+	rows, err := conn.Query(ctx, query)
 	if err != nil {
 		return nil, fmt.Errorf("list inbox topics: %w", err)
 	}

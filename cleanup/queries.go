@@ -1,5 +1,7 @@
 package cleanup
 
+import "strings"
+
 // All of the cleaner's SQL. Tables are unqualified: they resolve through the
 // connection's search_path, like every other pgbox query.
 
@@ -32,6 +34,10 @@ WITH RECURSIVE t AS (
     FROM t WHERE t.topic IS NOT NULL
 )
 SELECT topic FROM t WHERE topic IS NOT NULL`
+
+// sqlDeadTopics is sqlTopics for pgbox_consumer_dead, over
+// pgbox_consumer_dead_topic_age_idx.
+var sqlDeadTopics = strings.ReplaceAll(sqlTopics, "pgbox_inbox", "pgbox_consumer_dead")
 
 // sqlDeleteInboxBatch deletes one batch of a topic's expired keys, oldest
 // first, walking pgbox_inbox_topic_age_idx from $2 (the previous batch's
@@ -83,3 +89,43 @@ SELECT GREATEST(received_at, record_at) FROM pgbox_inbox
 WHERE topic = $1
 ORDER BY GREATEST(received_at, record_at)
 LIMIT 1`
+
+// Batch deletes of the other pgbox tables, by age along an index; the same
+// shape as the inbox's (ctid batch, predicate re-checked, lock-skipping
+// variant), without keyset paging: these tables hold only failures.
+// Arguments: $1 cutoff (exclusive), then $2 topic for per-topic ones, then the
+// batch size.
+func tableDeleteBatch(table, pred, order, limitArg, locking string) string {
+	return `
+WITH batch AS MATERIALIZED (
+    SELECT ctid FROM ` + table + ` WHERE ` + pred + ` ORDER BY ` + order + ` LIMIT ` + limitArg + ` ` + locking + `
+), gone AS (
+    DELETE FROM ` + table + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch)) AND ` + pred + `
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM gone)`
+}
+
+const (
+	predParked   = `parked_at IS NOT NULL AND parked_at < $1`
+	predDead     = `topic = $2 AND dead_at < $1`
+	predAttempts = `updated_at < $1`
+	skipLocked   = `FOR UPDATE SKIP LOCKED`
+)
+
+var (
+	// Parked outbox rows, along pgbox_outbox_parked_idx.
+	sqlDeleteParked           = tableDeleteBatch("pgbox_outbox", predParked, "parked_at", "$2", "")
+	sqlDeleteParkedSkipLocked = tableDeleteBatch("pgbox_outbox", predParked, "parked_at", "$2", skipLocked)
+	sqlCountParked            = `SELECT count(*) FROM pgbox_outbox WHERE ` + predParked
+
+	// Dead letters of one source topic, along pgbox_consumer_dead_topic_age_idx.
+	sqlDeleteDead           = tableDeleteBatch("pgbox_consumer_dead", predDead, "dead_at", "$3", "")
+	sqlDeleteDeadSkipLocked = tableDeleteBatch("pgbox_consumer_dead", predDead, "dead_at", "$3", skipLocked)
+	sqlCountDead            = `SELECT count(*) FROM pgbox_consumer_dead WHERE ` + predDead
+
+	// Stale attempt rows, along pgbox_consumer_attempts_age_idx.
+	sqlDeleteAttempts           = tableDeleteBatch("pgbox_consumer_attempts", predAttempts, "updated_at", "$2", "")
+	sqlDeleteAttemptsSkipLocked = tableDeleteBatch("pgbox_consumer_attempts", predAttempts, "updated_at", "$2", skipLocked)
+	sqlCountAttempts            = `SELECT count(*) FROM pgbox_consumer_attempts WHERE ` + predAttempts
+)

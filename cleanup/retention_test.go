@@ -343,7 +343,7 @@ func TestListTopicsUsesLooseIndexScan(t *testing.T) {
 	conn, err := b.db.Pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	topics, err := listTopics(ctx, conn)
+	topics, err := listTopics(ctx, conn, sqlTopics)
 	require.NoError(t, err)
 	require.Equal(t, []string{"a", "b", "c"}, topics)
 
