@@ -1,0 +1,281 @@
+package inbox
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Sentinel errors, for errors.Is. Errors returned by Process and
+// ProcessBatch that concern one message are *MessageError values wrapping one
+// of these (or the handler's own error).
+var (
+	// ErrInvalidMessage: the message cannot be keyed or stored (empty topic,
+	// negative partition or offset, missing or empty key header, empty,
+	// over-long or non-UTF-8 key). Nothing was written. Redelivery will fail
+	// the same way: dead-letter or skip the message.
+	ErrInvalidMessage = errors.New("invalid message")
+	// ErrFingerprintMismatch: the key was seen before with a different payload
+	// (sha256 of Message.Value). Nothing was written. A producer reused an
+	// event id, or a ByFunc strategy keys too coarsely: processing it as a
+	// duplicate would silently drop a different event.
+	ErrFingerprintMismatch = errors.New("payload fingerprint differs from the first delivery of this key")
+	// ErrInFlight: another transaction holds the key uncommitted, and the wait
+	// exceeded Config.LockTimeout (or the caller's own lock_timeout). Nothing
+	// was written; back off and redeliver.
+	ErrInFlight = errors.New("key is being processed by another transaction")
+)
+
+// HandlerFunc does a message's business work inside the caller's
+// transaction. It runs only for a key not processed before. Its ctx carries a
+// slot for SetResult.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, m Message) error
+
+const (
+	// LockTimeoutDefault is Config.LockTimeout's default: wait for an
+	// in-flight duplicate as long as it takes.
+	LockTimeoutDefault time.Duration = 0
+	// MaxConsumerLen is the longest Config.Consumer accepted, in bytes.
+	MaxConsumerLen = 255
+)
+
+// Config configures an Inbox.
+type Config struct {
+	// Consumer names whose keys these are, usually the Kafka consumer group
+	// id. Keys are deduplicated per consumer: two consumers that see the same
+	// key both process it. Required; valid UTF-8, at most MaxConsumerLen bytes.
+	Consumer string
+
+	// Key derives each message's dedup key. Defaults to ByOffset().
+	Key KeyStrategy
+
+	// DisableFingerprint turns off payload fingerprints. With fingerprints on,
+	// the sha256 of Message.Value is stored with the key, and a later message
+	// with the same key but a different value fails with
+	// ErrFingerprintMismatch instead of being skipped as a duplicate. Rows
+	// stored without a fingerprint are never compared. Defaults to false
+	// (fingerprints on).
+	DisableFingerprint bool
+
+	// LockTimeout bounds how long Process waits when another transaction holds
+	// the same key uncommitted; past it, Process returns ErrInFlight and the
+	// caller's transaction stays usable. Zero waits until the other
+	// transaction ends (then reports a duplicate, or processes if it rolled
+	// back). Set as a transaction-local lock_timeout around the dedup insert
+	// only; the caller's own setting is restored before the handler runs.
+	// Defaults to LockTimeoutDefault (0, wait).
+	LockTimeout time.Duration
+}
+
+func (c Config) validate() error {
+	if c.Consumer == "" {
+		return errors.New("inbox: Config.Consumer is empty (set it to the Kafka consumer group id, e.g. \"payments-svc\")")
+	}
+	if len(c.Consumer) > MaxConsumerLen {
+		return fmt.Errorf("inbox: Config.Consumer is %d bytes, longer than MaxConsumerLen (%d)", len(c.Consumer), MaxConsumerLen)
+	}
+	if err := checkText(c.Consumer); err != nil {
+		return fmt.Errorf("inbox: Config.Consumer %q: %w", c.Consumer, err)
+	}
+	if c.Key.fn == nil && c.Key.name != "" {
+		return fmt.Errorf("inbox: Config.Key %s has a nil func (pass a function to ByFunc)", c.Key.name)
+	}
+	if c.LockTimeout < 0 {
+		return fmt.Errorf("inbox: Config.LockTimeout is negative (%v): use 0 to wait, or a positive duration", c.LockTimeout)
+	}
+	return nil
+}
+
+// Inbox deduplicates consumed messages inside the caller's transaction. It
+// holds no connection and is safe for concurrent use.
+type Inbox struct {
+	consumer    string
+	key         KeyStrategy
+	fingerprint bool
+	lockTimeout string // milliseconds, for set_config; "" when waiting
+
+	stats struct {
+		processed, duplicates, mismatches, inFlight, invalid, handlerErrors atomic.Uint64
+	}
+}
+
+// New returns an Inbox for cfg.
+func New(cfg Config) (*Inbox, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Key.fn == nil {
+		cfg.Key = ByOffset()
+	}
+	ib := &Inbox{consumer: cfg.Consumer, key: cfg.Key, fingerprint: !cfg.DisableFingerprint}
+	if cfg.LockTimeout > 0 {
+		ms := (cfg.LockTimeout + time.Millisecond - 1) / time.Millisecond // round up: never 0 (= wait forever)
+		ib.lockTimeout = strconv.FormatInt(int64(ms), 10)
+	}
+	return ib, nil
+}
+
+// Consumer returns Config.Consumer.
+func (ib *Inbox) Consumer() string { return ib.consumer }
+
+// Key returns the dedup key of m under this inbox's strategy, or an error
+// wrapping ErrInvalidMessage. It touches no database.
+func (ib *Inbox) Key(m Message) (string, error) {
+	k, err := ib.key.key(m)
+	if err != nil {
+		return "", &MessageError{Consumer: ib.consumer, Message: m, Err: fmt.Errorf("%w: %w", ErrInvalidMessage, err)}
+	}
+	return k, nil
+}
+
+// Result reports what Process did with one message.
+type Result struct {
+	// Key is the message's dedup key.
+	Key string
+	// Duplicate is true when the key was processed before (or earlier in the
+	// same batch): the handler was skipped. Commit and mark the offset as
+	// usual.
+	Duplicate bool
+	// Stored is the result the first processing of the key handed to
+	// SetResult (nil if none): for duplicates, what was stored; for new
+	// messages, what the handler just set.
+	Stored []byte
+}
+
+// MessageError is the error for one message of a Process or ProcessBatch
+// call. It wraps ErrInvalidMessage, ErrFingerprintMismatch, ErrInFlight, the
+// handler's error, or a database error.
+type MessageError struct {
+	Consumer string
+	// Index is the message's position in ProcessBatch's input (0 for Process).
+	Index   int
+	Message Message
+	// Key is the message's dedup key, "" when it could not be derived.
+	Key string
+	Err error
+}
+
+func (e *MessageError) Error() string {
+	if e.Key == "" {
+		return fmt.Sprintf("inbox: consumer %q, message %s: %v", e.Consumer, e.Message, e.Err)
+	}
+	return fmt.Sprintf("inbox: consumer %q, message %s, key %q: %v", e.Consumer, e.Message, e.Key, e.Err)
+}
+
+func (e *MessageError) Unwrap() error { return e.Err }
+
+// Stats counts what an Inbox did since New. Counts are of calls, not of
+// commits: a message processed in a transaction the caller then rolled back
+// counts as processed, and its redelivery counts again.
+type Stats struct {
+	Processed             uint64 // handler ran and returned nil
+	Duplicates            uint64 // handler skipped: key seen before or earlier in the batch
+	FingerprintMismatches uint64 // ErrFingerprintMismatch
+	InFlight              uint64 // ErrInFlight
+	InvalidMessages       uint64 // ErrInvalidMessage
+	HandlerErrors         uint64 // handler returned an error
+}
+
+// Stats returns the counters so far.
+func (ib *Inbox) Stats() Stats {
+	return Stats{
+		Processed:             ib.stats.processed.Load(),
+		Duplicates:            ib.stats.duplicates.Load(),
+		FingerprintMismatches: ib.stats.mismatches.Load(),
+		InFlight:              ib.stats.inFlight.Load(),
+		InvalidMessages:       ib.stats.invalid.Load(),
+		HandlerErrors:         ib.stats.handlerErrors.Load(),
+	}
+}
+
+type resultSlot struct {
+	b   []byte
+	set bool
+}
+
+type resultSlotKey struct{}
+
+// SetResult stores result with the key of the message whose handler received
+// ctx; later duplicates of the key get it back in Result.Stored (a cached
+// response, e.g. the id of the payment the first delivery created). It is
+// written in the same transaction as the handler's work. Calling it again
+// replaces the value. It returns an error when ctx is not a handler's.
+func SetResult(ctx context.Context, result []byte) error {
+	s, ok := ctx.Value(resultSlotKey{}).(*resultSlot)
+	if !ok {
+		return errors.New("inbox: SetResult called with a context that is not an inbox handler's (pass the ctx the handler received)")
+	}
+	s.b = bytes.Clone(result)
+	s.set = true
+	return nil
+}
+
+func (ib *Inbox) sum(v []byte) []byte {
+	if !ib.fingerprint {
+		return nil
+	}
+	s := sha256.Sum256(v)
+	return s[:]
+}
+
+// mismatch reports whether a stored fingerprint contradicts ours. A side
+// without a fingerprint (turned off when it was written, or now) matches.
+func mismatch(ours, stored []byte) bool {
+	return ours != nil && stored != nil && !bytes.Equal(ours, stored)
+}
+
+func recordAt(t time.Time) pgtype.Timestamptz {
+	return pgtype.Timestamptz{Time: t, Valid: !t.IsZero()}
+}
+
+// cleanupTimeout bounds the statements that undo our savepoint after a
+// failure; they run even when ctx is already cancelled, so that a cancelled
+// handler never leaves the inbox row behind.
+const cleanupTimeout = 10 * time.Second
+
+func rollbackToSavepoint(ctx context.Context, tx pgx.Tx) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if _, err := tx.Exec(ctx, sqlRollbackRelease); err != nil {
+		return fmt.Errorf("inbox: roll back to savepoint %s (roll the transaction back): %w", savepointName, err)
+	}
+	return nil
+}
+
+func release(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, sqlRelease); err != nil {
+		return fmt.Errorf("inbox: release savepoint %s: %w", savepointName, err)
+	}
+	return nil
+}
+
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// dedupErr turns an error of the dedup step (after ROLLBACK TO SAVEPOINT)
+// into what the caller sees.
+func (ib *Inbox) dedupErr(err error) error {
+	if isLockTimeout(err) {
+		ib.stats.inFlight.Add(1)
+		return fmt.Errorf("%w (lock timeout %sms): %w", ErrInFlight, cmpOr(ib.lockTimeout, "caller's"), err)
+	}
+	return fmt.Errorf("dedup insert into pgbox_inbox: %w", err)
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

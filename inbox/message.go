@@ -1,0 +1,76 @@
+package inbox
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// Header is one Kafka record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Message is the part of a Kafka record the inbox needs. Topic, Partition and
+// Offset are stored with the key (cleanup prunes by topic); Value is
+// fingerprinted; Timestamp is stored as the record's own time.
+type Message struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   []Header
+	// Timestamp is the record's timestamp; the zero time stores NULL.
+	Timestamp time.Time
+	// TopicID is the topic's id from Kafka metadata (Kafka ≥ 2.8), optional.
+	// When set, ByOffset keys include it, so that a topic deleted and
+	// recreated under the same name does not collide with its old offsets.
+	TopicID string
+}
+
+// FromSarama converts a record consumed with sarama. TopicID is left empty:
+// sarama's ConsumerMessage does not carry it.
+func FromSarama(m *sarama.ConsumerMessage) Message {
+	if m == nil {
+		return Message{}
+	}
+	var hs []Header
+	if len(m.Headers) > 0 {
+		hs = make([]Header, 0, len(m.Headers))
+		for _, h := range m.Headers {
+			if h == nil {
+				continue
+			}
+			hs = append(hs, Header{Key: string(h.Key), Value: h.Value})
+		}
+	}
+	return Message{
+		Topic:     m.Topic,
+		Partition: m.Partition,
+		Offset:    m.Offset,
+		Key:       m.Key,
+		Value:     m.Value,
+		Headers:   hs,
+		Timestamp: m.Timestamp,
+	}
+}
+
+// Header returns the value of the last header named name (Kafka allows
+// repeats; the last one wins, as in the Java client's lastHeader) and whether
+// one was found. Names are case-sensitive.
+func (m Message) Header(name string) ([]byte, bool) {
+	for i := len(m.Headers) - 1; i >= 0; i-- {
+		if m.Headers[i].Key == name {
+			return m.Headers[i].Value, true
+		}
+	}
+	return nil, false
+}
+
+// String names the record as topic/partition@offset, for errors and logs.
+func (m Message) String() string {
+	return fmt.Sprintf("%s/%d@%d", m.Topic, m.Partition, m.Offset)
+}

@@ -1,0 +1,66 @@
+package inbox
+
+// All of the package's SQL. Tables are unqualified: they resolve through the
+// connection's search_path, like the migrations that create them.
+
+const (
+	savepointName = "pgbox_inbox"
+
+	sqlSavepoint = `SAVEPOINT ` + savepointName
+	sqlRelease   = `RELEASE SAVEPOINT ` + savepointName
+	// One simple-protocol Exec (no arguments) runs both statements.
+	sqlRollbackRelease = `ROLLBACK TO SAVEPOINT ` + savepointName + `; RELEASE SAVEPOINT ` + savepointName
+
+	// Sets lock_timeout for the dedup insert only, keeping the caller's value
+	// in a custom setting so sqlRestoreLockTimeout can put it back within the
+	// same pipeline. Both are transaction-local (is_local = true); if the
+	// insert fails, ROLLBACK TO SAVEPOINT undoes them anyway.
+	sqlSetLockTimeout = `SELECT set_config('pgbox.saved_lock_timeout', current_setting('lock_timeout'), true),
+	set_config('lock_timeout', $1, true)`
+	sqlRestoreLockTimeout = `SELECT set_config('lock_timeout', current_setting('pgbox.saved_lock_timeout'), true)`
+
+	// The dedup step: insert the key, or on conflict return the stored
+	// fingerprint and result, in one statement. Under READ COMMITTED a row
+	// committed by a concurrent transaction that this statement waited for is
+	// not visible to the statement's snapshot: then no row comes back and
+	// sqlSelectOne (a new statement, a new snapshot) reads it.
+	sqlInsertOne = `WITH ins AS (
+	INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7)
+	ON CONFLICT (consumer, key) DO NOTHING
+	RETURNING 1
+)
+SELECT true, NULL::bytea, NULL::bytea FROM ins
+UNION ALL
+SELECT false, fingerprint, result FROM pgbox_inbox
+WHERE consumer = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`
+
+	sqlSelectOne = `SELECT fingerprint, result FROM pgbox_inbox WHERE consumer = $1 AND key = $2`
+
+	sqlSetResult = `UPDATE pgbox_inbox SET result = $3 WHERE consumer = $1 AND key = $2`
+
+	// The batch dedup step. Rows are inserted in key order so that two
+	// batches with overlapping keys lock them in the same order and cannot
+	// deadlock. Keys that conflicted come back with their stored fingerprint
+	// and result, except (as above) rows committed concurrently after the
+	// statement's snapshot, which sqlSelectMany reads.
+	sqlInsertMany = `WITH input AS (
+	SELECT * FROM unnest($2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::timestamptz[])
+		AS u(key, topic, partition, "offset", fingerprint, record_at)
+), ins AS (
+	INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at)
+	SELECT $1, key, topic, partition, "offset", fingerprint, record_at FROM input ORDER BY key
+	ON CONFLICT (consumer, key) DO NOTHING
+	RETURNING key
+)
+SELECT key, true, NULL::bytea, NULL::bytea FROM ins
+UNION ALL
+SELECT p.key, false, p.fingerprint, p.result FROM pgbox_inbox p
+WHERE p.consumer = $1 AND p.key = ANY($2) AND p.key NOT IN (SELECT key FROM ins)`
+
+	sqlSelectMany = `SELECT key, fingerprint, result FROM pgbox_inbox WHERE consumer = $1 AND key = ANY($2)`
+
+	sqlSetResults = `UPDATE pgbox_inbox p SET result = u.result
+FROM unnest($2::text[], $3::bytea[]) AS u(key, result)
+WHERE p.consumer = $1 AND p.key = u.key`
+)
