@@ -1,3 +1,56 @@
 // Package cleanup deletes the inbox keys that Kafka can no longer redeliver,
 // and the rows the relay and the consumer adapter leave behind.
+//
+// An inbox key (a row of pgbox_inbox) is what makes a redelivered message a
+// duplicate. Deleted too early, a redelivery is processed twice; never deleted,
+// the table grows forever. Kafka deletes a topic's records a whole segment at
+// a time, once the segment's newest record is older than retention.ms, so a
+// record can outlive retention.ms by up to segment.ms (plus the broker's
+// retention check interval). The cleaner therefore keeps every key for
+//
+//	window = retention.ms + segment.ms + Buffer   (Buffer defaults to 24h)
+//
+// of its source topic, read from Kafka on every pass, and deletes a key when
+//
+//	GREATEST(received_at, record_at) < now − window
+//
+// strictly: a key exactly at the cutoff is kept. The later of the receive time
+// and the record's own timestamp counts, because Kafka ages a segment by its
+// records' timestamps and a producer's clock can run ahead. "now" is the
+// database's clock (the one that stamped received_at) unless Config.Now is set.
+//
+// A topic is never pruned, and the Report says why (Reason), when its
+// retention.ms is -1, its cleanup.policy contains compact, Kafka does not know
+// it, Kafka cannot be reached, or its config cannot be read. Config.Window or a
+// per-topic Topic.Window forces a fixed window for such topics; it never
+// shortens a window Kafka gives.
+//
+// All topics are described in one DescribeConfigs request per pass (sarama's
+// batch ClusterAdmin.DescribeConfigs), asking only for retention.ms,
+// segment.ms and cleanup.policy. The topics come from pgbox_inbox by a loose
+// index scan: one index probe per topic, whatever the number of keys.
+//
+// Deletes run in short transactions of at most BatchSize rows (10,000 by
+// default), oldest first along the (topic, age) index, with an optional Pause
+// between them. Each batch commits asynchronously (losing one in a crash only
+// means deleting it again) and never waits long on a row lock: concurrent
+// inbox writers wait at most for one batch, and only for a key they redeliver
+// at the very moment it expires. A cancelled ctx stops a pass within a batch.
+//
+// One pass runs at a time per database schema: a pass takes a session
+// advisory lock on a connection it holds throughout, and a cleaner that finds
+// it taken skips its pass (Report.Locked). A session lock needs a
+// session-pooled connection: behind pgbouncer in transaction mode it excludes
+// nothing, so point the cleaner's pool at PostgreSQL directly.
+//
+// The same pass prunes, each after its own retention (Config.Tables): parked
+// outbox rows (kept by default: they are events never published),
+// pgbox_consumer_dead rows (30 days, and never before their topic's inbox
+// keys, since they dedupe redeliveries of records without a usable key), and
+// pgbox_consumer_attempts rows nobody has updated for 7 days. Published outbox
+// rows need nothing: the relay deletes them.
+//
+// Run a pass from cron with RunOnce, or keep a Cleaner running with Run (the
+// relay binary does, on a schedule). A DryRun pass counts what it would delete
+// and deletes nothing. Stats returns counters for metrics.
 package cleanup
