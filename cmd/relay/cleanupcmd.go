@@ -136,6 +136,9 @@ func durText(d time.Duration) string {
 	case d >= 48*time.Hour:
 		days := d / (24 * time.Hour)
 		h := (d % (24 * time.Hour)) / time.Hour
+		if h == 0 {
+			return fmt.Sprintf("%s%dd", neg, days)
+		}
 		return fmt.Sprintf("%s%dd%dh", neg, days, h)
 	case d >= time.Hour:
 		return neg + fmtDuration(d.Round(time.Minute))
