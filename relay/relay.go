@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -356,43 +357,9 @@ func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) 
 	for i := range rows {
 		msgs[i] = toMessage(&rows[i], i)
 	}
-	done := make(chan error, 1)
-	sent := make(chan struct{})
-	go func() {
-		defer close(sent)
-		done <- p.SendMessages(msgs)
-	}()
-	var sendErr error
-	select {
-	case sendErr = <-done:
-	case <-ctx.Done():
-		// Stopping: give the send StopTimeout to finish, then release the
-		// batch (its rows stay and are sent again by whoever owns the lane next).
-		t := time.NewTimer(r.cfg.StopTimeout)
-		defer t.Stop()
-		select {
-		case sendErr = <-done:
-		case <-t.C:
-			r.log.Warn("stop: abandoned in-flight batch, its rows stay in the outbox", "rows", len(rows))
-			return passResult{claimed: len(rows), abandoned: sent}
-		}
-	}
-
-	// Sort out what Kafka acknowledged.
-	failedErr := make(map[int]error)
-	if sendErr != nil {
-		var perrs sarama.ProducerErrors
-		if errors.As(sendErr, &perrs) {
-			for _, pe := range perrs {
-				if i, ok := pe.Msg.Metadata.(int); ok {
-					failedErr[i] = pe.Err
-				}
-			}
-		} else {
-			for i := range msgs {
-				failedErr[i] = sendErr
-			}
-		}
+	outcome, abandoned := r.sendWaves(ctx, p, rows, msgs)
+	if abandoned != nil {
+		return passResult{claimed: len(rows), abandoned: abandoned}
 	}
 	var (
 		okIDs, okEpochs, badIDs, badEpochs []int64
@@ -401,9 +368,10 @@ func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) 
 		firstErr                           error
 	)
 	for i := range rows {
-		e, failed := failedErr[i]
+		e, tried := outcome[i]
 		switch {
-		case !failed:
+		case !tried: // held back behind a failed row of its key, or stopping
+		case e == nil:
 			okIDs = append(okIDs, rows[i].id)
 			okEpochs = append(okEpochs, rows[i].epoch)
 		case permanent(e):
@@ -454,6 +422,113 @@ func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) 
 		res.err = fmt.Errorf("send: %d of %d records failed, will retry: %w", transient, len(rows), firstErr)
 	}
 	return res
+}
+
+// sendWaves sends a batch so that no record can overtake an earlier record
+// of its key: each wave holds at most one row per (topic, key), in id order,
+// and once a row fails, the later rows of its key are held back until the
+// next pass. One SendMessages call cannot promise that by itself: sarama
+// fails a message whose partition leader it cannot find at that moment and
+// goes on with the next one, which may then succeed. With distinct keys a
+// batch is one wave; a hot key costs one produce round trip per row.
+//
+// It returns each tried row's error (nil: acknowledged). If ctx is canceled
+// during a send, it waits StopTimeout for the send, then gives up and
+// returns a channel closed when the abandoned send has finished.
+func (r *Relay) sendWaves(ctx context.Context, p sarama.SyncProducer, rows []row, msgs []*sarama.ProducerMessage) (map[int]error, <-chan struct{}) {
+	outcome := make(map[int]error, len(rows))
+	blocked := map[string]bool{}
+	pending := make([]int, len(rows))
+	for i := range pending {
+		pending[i] = i
+	}
+	keyOf := func(i int) string {
+		if rows[i].key == nil {
+			return "\x00nokey" + strconv.Itoa(i) // no key, no order to keep
+		}
+		return rows[i].topic + "\x00" + string(rows[i].key)
+	}
+	for len(pending) > 0 && ctx.Err() == nil {
+		var wave []*sarama.ProducerMessage
+		var waveIdx, rest []int
+		inWave := map[string]bool{}
+		for _, i := range pending {
+			k := keyOf(i)
+			switch {
+			case blocked[k]:
+			case inWave[k]:
+				rest = append(rest, i)
+			default:
+				inWave[k] = true
+				wave = append(wave, msgs[i])
+				waveIdx = append(waveIdx, i)
+			}
+		}
+		if len(wave) == 0 {
+			break
+		}
+		sendErr, abandoned := r.send(ctx, p, wave)
+		if abandoned != nil {
+			return nil, abandoned
+		}
+		failedErr := map[int]error{}
+		if sendErr != nil {
+			var perrs sarama.ProducerErrors
+			if errors.As(sendErr, &perrs) {
+				for _, pe := range perrs {
+					if i, ok := pe.Msg.Metadata.(int); ok {
+						failedErr[i] = pe.Err
+					}
+				}
+			} else {
+				for _, i := range waveIdx {
+					failedErr[i] = sendErr
+				}
+			}
+		}
+		allTransient := len(failedErr) == len(wave)
+		for _, i := range waveIdx {
+			e := failedErr[i]
+			outcome[i] = e
+			if e != nil {
+				blocked[keyOf(i)] = true
+				if permanent(e) {
+					allTransient = false
+				}
+			}
+		}
+		if allTransient && len(failedErr) > 0 {
+			break // the broker is unreachable: back off instead of trying the next wave
+		}
+		pending = rest
+	}
+	return outcome, nil
+}
+
+// send runs one SendMessages. If ctx is canceled meanwhile it waits up to
+// StopTimeout; after that it abandons the send (the rows stay in the outbox)
+// and returns a channel closed when the send finally returns.
+func (r *Relay) send(ctx context.Context, p sarama.SyncProducer, msgs []*sarama.ProducerMessage) (error, <-chan struct{}) {
+	done := make(chan error, 1)
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		done <- p.SendMessages(msgs)
+	}()
+	select {
+	case err := <-done:
+		return err, nil
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(r.cfg.StopTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err, nil
+	case <-t.C:
+		r.log.Warn("stop: abandoned an in-flight send, its rows stay in the outbox", "rows", len(msgs))
+		return nil, sent
+	}
 }
 
 func (r *Relay) claim(ctx context.Context, firstSlot int) ([]row, error) {

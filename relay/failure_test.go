@@ -1,0 +1,116 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/pgbox/pgbox/outbox"
+	"github.com/pgbox/pgbox/relay"
+)
+
+// The broker goes away (every connection is dropped) while events are
+// written. The relay backs off and retries without marking anything; once the
+// broker is back, everything arrives in order.
+func TestBrokerOutageThenRecovery(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	createCounters(t, b, 5)
+	a := start(t, b.config("a"))
+
+	for i := range 20 {
+		require.NoError(t, writeCounted(ctx, b, keyed(i%5)))
+	}
+	require.Len(t, readTopic(t, b, b.topic, 20), 20)
+
+	var down atomic.Bool
+	var refused atomic.Int64
+	down.Store(true)
+	b.cluster.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
+		b.cluster.KeepControl()
+		if !down.Load() {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		return nil, errors.New("broker down"), true // closes the connection
+	})
+	for i := range 30 {
+		require.NoError(t, writeCounted(ctx, b, keyed(i%5)))
+	}
+	waitFor(t, "relay retrying against the dead broker", func() bool { return a.r.Stats().Retried >= 30 && refused.Load() > 10 })
+	// Nothing was marked while the broker was down.
+	require.Equal(t, 30, b.outboxCount(t, "attempts = 0 AND parked_at IS NULL AND last_error IS NULL"))
+
+	down.Store(false)
+	got := readTopic(t, b, b.topic, 50)
+	require.GreaterOrEqual(t, len(got), 50)
+	checkOrder(t, b, got)
+	waitFor(t, "outbox emptied", func() bool { return b.outboxCount(t, "true") == 0 })
+	require.Zero(t, a.r.Stats().Parked)
+}
+
+// Rows that can never be published — unknown topic (auto-create off), larger
+// than the producer allows — are parked after MaxAttempts with their error;
+// other keys keep flowing, and so do later rows of the poison row's own key
+// (the documented choice: a parked row leaves the ordered stream).
+func TestPoisonRowsAreParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config("a")
+	cfg.MaxAttempts = 3
+	cfg.Kafka = kafkaConfig()
+	cfg.Kafka.Producer.MaxMessageBytes = 4000
+	a := start(t, cfg)
+
+	b.write(t, msg(b.topic, "good-0", "before"))
+	b.write(t, outbox.Message{Topic: "no-such-topic", Key: []byte("poison"), Value: []byte("lost topic")})
+	b.write(t, outbox.Message{Topic: b.topic, Key: []byte("huge"), Value: []byte(strings.Repeat("x", 5000))})
+	b.write(t, msg(b.topic, "poison", "same key, later"))
+	for i := range 10 {
+		b.write(t, msg(b.topic, "good-"+strconv.Itoa(i+1), "after"))
+	}
+
+	got := readTopic(t, b, b.topic, 12)
+	require.Len(t, got, 12, "every good row arrives, the poison rows never")
+	for _, m := range got {
+		require.NotEqual(t, "huge", string(m.Key))
+	}
+	waitFor(t, "both poison rows parked", func() bool { return b.outboxCount(t, "parked_at IS NOT NULL") == 2 })
+	require.Equal(t, 2, b.outboxCount(t, "true"), "only the parked rows remain")
+	require.Equal(t, 1, b.outboxCount(t, "topic = 'no-such-topic' AND attempts = 3 AND last_error ILIKE '%topic%'"))
+	require.Equal(t, 1, b.outboxCount(t, "key = 'huge' AND attempts = 3 AND last_error ILIKE '%MaxMessageBytes%'"))
+	require.EqualValues(t, 2, a.r.Stats().Parked)
+	require.EqualValues(t, 12, a.r.Stats().Published)
+}
+
+// With NOTIFY from the writer, a relay that would otherwise poll once an
+// hour publishes at once: the notification is the wake-up.
+func TestNotifyWakesRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	cfg := b.config("a")
+	cfg.PollInterval = 1 << 62 // never polls again after the first pass
+	cfg.BusyPollInterval = 1 << 62
+	a := start(t, cfg)
+	waitFor(t, "lanes held", func() bool { return a.r.Stats().Lanes == 8 })
+
+	w, err := outbox.NewWriter(outbox.Config{Notify: true, Channel: b.channel})
+	require.NoError(t, err)
+	for i := range 3 {
+		tx, err := b.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, w.Write(ctx, tx, msg(b.topic, keyed(i), "notified")))
+		require.NoError(t, tx.Commit(ctx))
+		require.Len(t, readTopic(t, b, b.topic, i+1), i+1)
+	}
+	require.EqualValues(t, 3, a.r.Stats().Published)
+	_ = relay.EventIDHeader
+}
