@@ -150,7 +150,7 @@ func (d *demo) run(ctx context.Context) error {
 			return err
 		}
 	}
-	prog.line("pgbox demo: %d orders (+%d%% resends, %d replayed) → %s, schema %q", d.o.Orders, d.o.DupPercent, d.o.Replay, where, d.o.Schema)
+	prog.line("pgbox demo: %d orders (+%d%% resends, %d replayed) → %s, schema %q, inbox key: %s", d.o.Orders, d.o.DupPercent, d.o.Replay, where, d.o.Schema, d.o.DedupKey)
 
 	if err := d.setupDB(ctx); err != nil {
 		return err
@@ -161,7 +161,11 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	// The service: inbox + consumer-group adapter; the relay; the verifier.
-	d.ib, err = inbox.New(inbox.Config{Consumer: demoConsumer, Key: inbox.ByHeader(demoOrderHeader)})
+	key := inbox.ByHeader(demoOrderHeader)
+	if d.o.DedupKey == "offset" {
+		key = inbox.ByOffset()
+	}
+	d.ib, err = inbox.New(inbox.Config{Consumer: demoConsumer, Key: key})
 	if err != nil {
 		return err
 	}

@@ -99,6 +99,7 @@ type demoOptions struct {
 	KeepSchema   bool
 	PaymentTopic string
 	OrderTopic   string
+	DedupKey     string
 }
 
 func (o *options) bind(s *settings, groups ...string) {
@@ -177,6 +178,8 @@ func (o *options) bind(s *settings, groups ...string) {
 		s.integer(&d.Partitions, groupDemo, "partitions", "PGBOX_DEMO_PARTITIONS", 4, 1, 256, "partitions of the demo's topics")
 		s.integer(&d.Consumers, groupDemo, "consumers", "PGBOX_DEMO_CONSUMERS", 2, 1, 64, "consumer-group members of the payment service")
 		s.duration(&d.Duration, groupDemo, "duration", "PGBOX_DEMO_DURATION", demoDurationDefault, time.Second, "the demo fails if it has not finished within this time")
+		s.enum(&d.DedupKey, groupDemo, "dedup-key", "PGBOX_DEMO_DEDUP_KEY", "header",
+			"inbox key: header (the order id: catches resends and replays) or offset (only redeliveries of one record: watch the check fail)", "header", "offset")
 		s.boolean(&d.KeepSchema, groupDemo, "keep-schema", "PGBOX_DEMO_KEEP_SCHEMA", true, "leave the demo schema in place at the end, to look at")
 		d.OrderTopic, d.PaymentTopic = "demo.orders.v1", "demo.payments.v1"
 	}

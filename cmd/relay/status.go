@@ -346,7 +346,7 @@ func (rep *statusReport) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nRELAY INSTANCES (%d lanes, %d unowned):\n", len(rep.LaneRows), free)
 	if len(rep.Instances) == 0 {
-		fmt.Fprintln(w, "  none has run against this schema")
+		fmt.Fprintln(w, "  none running (an instance removes itself when it stops)")
 	} else {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "INSTANCE\tSTATE\tLANES HELD\tSTARTED\tLAST HEARTBEAT")

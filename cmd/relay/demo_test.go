@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbox/pgbox/internal/testdb"
+)
+
+// demoSchema names a schema for one demo run and drops it when the test ends.
+func demoSchema(t *testing.T) string {
+	t.Helper()
+	name := "demo_" + strings.ToLower(strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()))
+	if len(name) > 50 {
+		name = name[:50]
+	}
+	name += "_" + randSuffix()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, testdb.ServerURL(t))
+		if err != nil {
+			return
+		}
+		defer c.Close(ctx)
+		_, _ = c.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE")
+	})
+	return name
+}
+
+func randSuffix() string { return strings.ReplaceAll(time.Now().Format("150405.000000"), ".", "") }
+
+// TestDemoShort runs the demo as `make demo` does, smaller: its own summary
+// check must pass, and the numbers it prints must add up.
+func TestDemoShort(t *testing.T) {
+	t.Parallel()
+	schema := demoSchema(t)
+	env := []string{"DATABASE_URL=" + testdb.ServerURL(t)}
+	r := runRelay(t, 3*time.Minute, env, "demo", "--orders=300", "--replay=40", "--rate=0", "--partitions=3",
+		"--demo-schema="+schema, "--duration=150s")
+	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	for _, want := range []string{
+		`orders sent \(unique\)\s+300\s`,
+		`replayed from an earlier offset\s+40\s`,
+		`business rows \(demo_charges\)\s+300\s+ok: equals unique orders \(300 distinct order ids\)`,
+		`payments published\s+300\s+ok: 300 of 300 orders have a payment`,
+		`end-to-end latency p50 / p99\s+\S+ / \S+`,
+		`cleanup \(one pass\)\s+0 deleted`,
+		`(?m)^PASS`,
+	} {
+		require.Regexp(t, want, r.stdout)
+	}
+	require.Contains(t, r.stderr, "orders sent 300/300", "the progress line ends with the final counts")
+
+	// Re-running works: the schema is reset at start.
+	r = runRelay(t, 3*time.Minute, env, "demo", "--orders=50", "--replay=5", "--rate=0", "--partitions=2", "--consumers=1",
+		"--demo-schema="+schema, "--duration=150s", "--keep-schema=false")
+	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	require.Contains(t, r.stdout, "PASS")
+}
+
+// TestDemoCheckFails: with offset keys the inbox cannot see that a resend is
+// the same order, so orders are charged twice: the summary check must catch
+// it and exit non-zero.
+func TestDemoCheckFails(t *testing.T) {
+	t.Parallel()
+	schema := demoSchema(t)
+	env := []string{"DATABASE_URL=" + testdb.ServerURL(t)}
+	r := runRelay(t, 3*time.Minute, env, "demo", "--orders=100", "--replay=20", "--duplicate-percent=20", "--rate=0",
+		"--partitions=2", "--dedup-key=offset", "--demo-schema="+schema, "--duration=150s", "--keep-schema=false")
+	require.Equal(t, 1, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	require.Contains(t, r.stdout, "FAILED: DIFFERS FROM unique orders")
+	require.Regexp(t, `(?m)^FAIL$`, r.stdout)
+	require.Contains(t, r.stderr, "demo check failed")
+}
