@@ -26,6 +26,7 @@ func (a *app) cleanupConfig(pool *pgxpool.Pool, admin cleanup.ConfigDescriber, d
 		Interval:     o.CleanupInterval,
 		KafkaTimeout: o.Kafka.Timeout,
 		DryRun:       dryRun,
+		Tables:       cleanup.Tables{Parked: o.KeepParked, DeadLetters: o.KeepDeadLetters, Attempts: o.KeepAttempts},
 		Logger:       a.log.With("component", "cleanup"),
 	}
 }

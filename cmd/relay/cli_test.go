@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +77,19 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	out := r.stdout + r.stderr
 	require.NotContains(t, out, "hunter2")
 	require.NotContains(t, out, "sw0rdfish")
+	require.Contains(t, out, "alice:xxxxx@")
+	// --log-format=json: the log lines are JSON objects with snake_case keys.
+	var logLines int
+	for _, line := range strings.Split(r.stderr, "\n") {
+		if strings.HasPrefix(line, "{") {
+			var m map[string]any
+			require.NoError(t, json.Unmarshal([]byte(line), &m), line)
+			require.Equal(t, "ERROR", m["level"])
+			require.Contains(t, m, "err")
+			logLines++
+		}
+	}
+	require.Positive(t, logLines)
 }
 
 func TestHelpListsEverySetting(t *testing.T) {

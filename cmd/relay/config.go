@@ -110,6 +110,33 @@ func (s *settings) duration(p *time.Duration, group, name, env string, def, min 
 	return st
 }
 
+// retention is a positive duration or "forever".
+func (s *settings) retention(p *time.Duration, group, name, env string, def time.Duration, usage string) *setting {
+	show := func(d time.Duration) string {
+		if d < 0 {
+			return "forever"
+		}
+		return fmtDuration(d)
+	}
+	st := &setting{name: name, env: env, def: show(def), usage: usage, group: group,
+		allow: `a positive duration like 168h, or "forever"`}
+	st.set = func(v string) error {
+		v = strings.TrimSpace(v)
+		if strings.EqualFold(v, "forever") {
+			*p = -1
+			return nil
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return errors.New("must be " + st.allow)
+		}
+		*p = d
+		return nil
+	}
+	s.add(st)
+	return st
+}
+
 func (s *settings) boolean(p *bool, group, name, env string, def bool, usage string) *setting {
 	st := &setting{name: name, env: env, def: strconv.FormatBool(def), usage: usage, group: group, allow: "true or false"}
 	st.set = func(v string) error {

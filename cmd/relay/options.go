@@ -1,11 +1,11 @@
 package main
 
 import (
-	"errors"
-	"fmt"
 	"net"
 	"strings"
 	"time"
+
+	"github.com/pgbox/pgbox/cleanup"
 )
 
 // Option groups: each subcommand reads some of them.
@@ -34,9 +34,9 @@ const (
 	kafkaClientIDDefault   = "pgbox-relay"
 	kafkaTimeoutDefault    = 10 * time.Second
 	dbMaxConnsDefault      = 10
-	cleanupIntervalDefault = time.Hour
-	cleanupBufferDefault   = 24 * time.Hour
-	cleanupBatchDefault    = 10_000
+	cleanupIntervalDefault = cleanup.IntervalDefault
+	cleanupBufferDefault   = cleanup.BufferDefault
+	cleanupBatchDefault    = cleanup.BatchSizeDefault
 	demoSchemaDefault      = "pgbox_demo"
 	demoOrdersDefault      = 2000
 	demoDurationDefault    = 50 * time.Second
@@ -60,6 +60,9 @@ type options struct {
 	CleanupWindow    time.Duration
 	CleanupBatchSize int
 	CleanupPause     time.Duration
+	KeepParked       time.Duration
+	KeepDeadLetters  time.Duration
+	KeepAttempts     time.Duration
 	DryRun           bool
 
 	HTTPAddr string
@@ -150,10 +153,16 @@ func (o *options) bind(s *settings, groups ...string) {
 			"kept beyond each topic's retention.ms + segment.ms before an inbox key is deleted")
 		s.duration(&o.CleanupWindow, groupCleanup, "cleanup-window", "PGBOX_CLEANUP_WINDOW", 0, 0,
 			"forced window for topics whose Kafka config gives none (retention.ms=-1, compact, unreadable); 0 never prunes them")
-		s.integer(&o.CleanupBatchSize, groupCleanup, "cleanup-batch-size", "PGBOX_CLEANUP_BATCH_SIZE", cleanupBatchDefault, 1, 100_000,
+		s.integer(&o.CleanupBatchSize, groupCleanup, "cleanup-batch-size", "PGBOX_CLEANUP_BATCH_SIZE", cleanupBatchDefault, 1, cleanup.BatchSizeMax,
 			"most rows one delete transaction removes")
 		s.duration(&o.CleanupPause, groupCleanup, "cleanup-pause", "PGBOX_CLEANUP_PAUSE", 0, 0,
 			"pause between two delete batches")
+		s.retention(&o.KeepParked, groupCleanup, "keep-parked", "PGBOX_CLEANUP_KEEP_PARKED", cleanup.ParkedDefault,
+			"how long parked outbox rows (never published) are kept, from parked_at")
+		s.retention(&o.KeepDeadLetters, groupCleanup, "keep-dead-letters", "PGBOX_CLEANUP_KEEP_DEAD_LETTERS", cleanup.DeadLettersDefault,
+			"how long pgbox_consumer_dead rows are kept (never before their topic's inbox keys)")
+		s.retention(&o.KeepAttempts, groupCleanup, "keep-attempts", "PGBOX_CLEANUP_KEEP_ATTEMPTS", cleanup.AttemptsDefault,
+			"how long a pgbox_consumer_attempts row nobody updates is kept")
 	}
 	if has[groupCleanupOnce] {
 		s.boolean(&o.DryRun, groupCleanupOnce, "dry-run", "PGBOX_CLEANUP_DRY_RUN", false, "count what would be deleted; delete nothing")
@@ -247,6 +256,3 @@ func (o *options) validate(cmd string) error {
 	}
 	return nil
 }
-
-var _ = fmt.Sprintf
-var _ = errors.New
