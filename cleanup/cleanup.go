@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"sync"
@@ -128,7 +129,13 @@ func (c *Cleaner) runOnce(ctx context.Context, rep *Report) error {
 	for _, name := range topics {
 		tr := c.plan(name, kafka[name], rep.Now)
 		if tr.Skipped {
-			c.cfg.Logger.WarnContext(ctx, "cleanup skipped topic", "topic", name, "reason", string(tr.Reason), "error", tr.Err)
+			// Infinite and compacted topics are skipped by design; the other
+			// reasons want an operator's look.
+			level := slog.LevelWarn
+			if tr.Reason == ReasonInfiniteRetention || tr.Reason == ReasonCompacted {
+				level = slog.LevelInfo
+			}
+			c.cfg.Logger.Log(ctx, level, "cleanup skipped topic", "topic", name, "reason", string(tr.Reason), "error", tr.Err)
 		}
 		err := c.pruneTopic(ctx, conn, rep, &tr)
 		rep.Topics = append(rep.Topics, tr)
@@ -146,6 +153,9 @@ func (c *Cleaner) runOnce(ctx context.Context, rep *Report) error {
 func (c *Cleaner) unlock(ctx context.Context, conn *pgxpool.Conn) {
 	if c.hookUnlock != nil {
 		c.hookUnlock()
+	}
+	if conn.Conn().IsClosed() {
+		return // a cancelled statement can close the session, and its lock with it
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()

@@ -308,3 +308,43 @@ func TestLockedKeyIsSkipped(t *testing.T) {
 	require.Equal(t, int64(1), rep.Deleted)
 	require.Zero(t, b.count(t))
 }
+
+// A statement stuck behind a table lock (a migration, VACUUM FULL) is
+// cancelled with ctx, and the cleanup lock does not outlive the pass.
+func TestCancelBlockedStatement(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.topic(t, "t", map[string]string{"retention.ms": ms(time.Hour), "segment.ms": ms(time.Hour)})
+	b.bulkKeys(t, "t", 10, time.Now().Add(-100*time.Hour))
+
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `LOCK TABLE pgbox_inbox IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	c := b.cleaner(t, Config{})
+	runCtx, cancel := context.WithCancel(ctx)
+	c.hookLocked = func() {
+		// Cancel once the pass waits on the table lock.
+		go func() {
+			for {
+				var waiting bool
+				err := b.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation = 'pgbox_inbox'::regclass AND NOT granted)`).Scan(&waiting)
+				if err != nil || waiting {
+					cancel()
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+	_, err = c.RunOnce(runCtx)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, tx.Rollback(ctx))
+
+	rep, err := b.cleaner(t, Config{}).RunOnce(ctx)
+	require.NoError(t, err)
+	require.False(t, rep.Locked, "the cancelled pass released the cleanup lock")
+	require.Equal(t, int64(10), rep.Deleted)
+}

@@ -391,3 +391,32 @@ func TestConfigValidation(t *testing.T) {
 		require.ErrorContains(t, err, tc.want)
 	}
 }
+
+// Config.Window forces a window for every topic Kafka gives none, and a
+// per-topic Window overrides it.
+func TestGlobalForcedWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	now := fixedNow()
+	b.topic(t, "compacted", map[string]string{"cleanup.policy": "compact"})
+	for _, tp := range []string{"compacted", "missing", "own"} {
+		b.insertKey(t, tp, "old", now.Add(-11*24*time.Hour), nil)
+		b.insertKey(t, tp, "mid", now.Add(-5*24*time.Hour), nil)
+	}
+	rep, err := b.cleaner(t, Config{
+		Now:    func() time.Time { return now },
+		Window: 10 * 24 * time.Hour,
+		Topics: map[string]Topic{"own": {Window: 4 * 24 * time.Hour}},
+	}).RunOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, []string{"mid"}, b.keys(t, "compacted"))
+	require.Equal(t, []string{"mid"}, b.keys(t, "missing"))
+	require.Empty(t, b.keys(t, "own"))
+	for _, tr := range rep.Topics {
+		require.True(t, tr.Forced, tr.Topic)
+		require.False(t, tr.Skipped, tr.Topic)
+	}
+	m, _ := rep.Topic("missing")
+	require.Equal(t, ReasonTopicNotFound, m.Reason)
+	require.Empty(t, rep.Skipped())
+}
