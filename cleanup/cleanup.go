@@ -159,7 +159,13 @@ func (c *Cleaner) unlock(ctx context.Context, conn *pgxpool.Conn) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if _, err := conn.Exec(ctx, sqlUnlock); err != nil {
+	_, err := conn.Exec(ctx, sqlUnlock)
+	if err != nil && !conn.Conn().IsClosed() {
+		// The cancel request of an interrupted statement can land on this
+		// one: try once more.
+		_, err = conn.Exec(ctx, sqlUnlock)
+	}
+	if err != nil {
 		// Closing the session is the other way to release a session lock.
 		c.cfg.Logger.WarnContext(ctx, "cleanup: release lock failed, closing the connection", "error", err)
 		_ = conn.Conn().Close(ctx)
