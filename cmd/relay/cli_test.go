@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -141,4 +143,24 @@ func TestVersion(t *testing.T) {
 	require.Contains(t, r.stdout, "relay ")
 	require.Contains(t, r.stdout, "schema "+schemaVersion())
 	require.NotEqual(t, "none", schemaVersion())
+}
+
+// TestDocsListEverySetting keeps docs/readme/cmd.md's configuration table in
+// step with the binary.
+func TestDocsListEverySetting(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "readme", "cmd.md"))
+	require.NoError(t, err)
+	doc := string(b)
+	opts := &options{}
+	set := newSettings()
+	opts.bind(set, allGroups...)
+	for _, st := range set.list {
+		def := "—"
+		if st.def != "" {
+			def = "`" + st.def + "`"
+		}
+		row := "| `--" + st.name + "` | `" + st.env + "` | " + def + " |"
+		require.True(t, strings.Contains(doc, row), "docs/readme/cmd.md has no row starting %s", row)
+	}
 }

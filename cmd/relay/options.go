@@ -182,7 +182,7 @@ func (o *options) bind(s *settings, groups ...string) {
 		s.str(&d.Schema, groupDemo, "demo-schema", "PGBOX_DEMO_SCHEMA", demoSchemaDefault, "schema the demo drops and recreates at start")
 		s.integer(&d.Orders, groupDemo, "orders", "PGBOX_DEMO_ORDERS", demoOrdersDefault, 1, 10_000_000, "unique orders the producer sends")
 		s.integer(&d.DupPercent, groupDemo, "duplicate-percent", "PGBOX_DEMO_DUPLICATE_PERCENT", 10, 0, 100, "percent of orders resent at once with the same order id")
-		s.integer(&d.Replay, groupDemo, "replay", "PGBOX_DEMO_REPLAY", 200, 0, 10_000_000, "records replayed from an earlier offset (the consumer group is rewound)")
+		s.integer(&d.Replay, groupDemo, "replay", "PGBOX_DEMO_REPLAY", 200, 0, 10_000_000, "records read back from an earlier offset of the orders topic and sent again")
 		s.integer(&d.Rate, groupDemo, "rate", "PGBOX_DEMO_RATE", 400, 0, 1_000_000, "orders per second the producer sends (0: as fast as it can)")
 		s.integer(&d.Partitions, groupDemo, "partitions", "PGBOX_DEMO_PARTITIONS", 4, 1, 256, "partitions of the demo's topics")
 		s.integer(&d.Consumers, groupDemo, "consumers", "PGBOX_DEMO_CONSUMERS", 2, 1, 64, "consumer-group members of the payment service")
