@@ -1,0 +1,213 @@
+package inbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbox/pgbox/inbox"
+)
+
+// dlqRow is a dead-letter record as the outbox holds it.
+type dlqRow struct {
+	Topic   string
+	Key     []byte
+	Value   []byte
+	Headers map[string]string
+}
+
+// outboxDLQ reads the outbox rows of topic (the dead-letter records not yet
+// published by a relay).
+func (b *cgBundle) outboxDLQ(t testing.TB, topic string) []dlqRow {
+	t.Helper()
+	rows, err := b.db.Pool.Query(context.Background(),
+		`SELECT topic, key, value, coalesce(headers, '[]') FROM pgbox_outbox WHERE topic = $1 ORDER BY id`, topic)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (dlqRow, error) {
+		var d dlqRow
+		var hs []byte
+		if err := r.Scan(&d.Topic, &d.Key, &d.Value, &hs); err != nil {
+			return d, err
+		}
+		var list []struct {
+			K string `json:"k"`
+			V []byte `json:"v"`
+		}
+		if err := json.Unmarshal(hs, &list); err != nil {
+			return d, err
+		}
+		d.Headers = map[string]string{}
+		for _, h := range list {
+			d.Headers[h.K] = string(h.V)
+		}
+		return d, nil
+	})
+	require.NoError(t, err)
+	return out
+}
+
+// A poison message: it fails MaxAttempts times, counted in Postgres across a
+// restart of the consumer, then exactly one dead-letter record is written
+// with the key recorded in the inbox; the offset moves past it and the later
+// messages are processed. A resend of the same event is a duplicate.
+func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := cgSetup(t, 1)
+	evs := events("e", 10)
+	poison := evs[4]
+	b.produceEvents(t, evs...)
+
+	var calls atomic.Int64 // handler runs for the poison message, both members
+	third := make(chan struct{})
+	failing := func(member int) inbox.HandlerFunc {
+		return func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+			if ev, _ := m.Header(eventHeader); string(ev) == poison {
+				n := calls.Add(1)
+				if member == 1 && n == 3 {
+					// Member 1 stops here, before its third attempt fails.
+					close(third)
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				return fmt.Errorf("cannot apply %s: account closed", ev)
+			}
+			return effect(ctx, tx, m)
+		}
+	}
+	opts := inbox.HandlerOptions{MaxAttempts: 3, RetryBackoff: 20 * time.Millisecond, DrainTimeout: 50 * time.Millisecond}
+
+	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
+	h1 := mustHandler(t, b.db.Pool, ib, failing(1), opts)
+	m1 := startMember(t, b.addrs, "svc", []string{b.topic}, h1)
+	<-third
+	m1.stop()
+	require.Equal(t, 2, b.count(t, `SELECT attempts FROM pgbox_consumer_attempts WHERE "offset" = 4`),
+		"two failed attempts recorded before the restart")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM pgbox_consumer_dead`))
+	require.Equal(t, 4, b.count(t, `SELECT count(*) FROM effects`), "nothing after the poison message yet")
+	require.EqualValues(t, 4, b.committedOffset(t, "svc", b.topic, 0))
+
+	// Restart: one more failure reaches MaxAttempts.
+	h2 := mustHandler(t, b.db.Pool, ib, failing(2), opts)
+	m2 := startMember(t, b.addrs, "svc", []string{b.topic}, h2)
+	waitFor(t, 30*time.Second, "later messages", func() bool { n, _ := b.effects(t); return n == 9 })
+	m2.stop()
+
+	require.EqualValues(t, 4, calls.Load(), "3 failed attempts (the 3rd interrupted one did not count) + 1 after restart")
+	require.EqualValues(t, 1, h2.Stats().DeadLettered)
+	require.EqualValues(t, 10, b.committedOffset(t, "svc", b.topic, 0), "offset advanced past the poison message")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM pgbox_consumer_attempts`))
+	var dead struct {
+		key      string
+		attempts int
+		errText  string
+		dlq      string
+	}
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT key, attempts, error, dlq_topic FROM pgbox_consumer_dead`).
+		Scan(&dead.key, &dead.attempts, &dead.errText, &dead.dlq))
+	require.Equal(t, poison, dead.key)
+	require.Equal(t, 3, dead.attempts)
+	require.Contains(t, dead.errText, "account closed")
+	require.Equal(t, "events.dlq", dead.dlq)
+
+	dl := b.outboxDLQ(t, "events.dlq")
+	require.Len(t, dl, 1, "exactly one dead-letter record")
+	require.Equal(t, poison, string(dl[0].Key))
+	require.Equal(t, "payload of "+poison, string(dl[0].Value))
+	require.Equal(t, poison, dl[0].Headers[eventHeader], "original headers kept")
+	require.Contains(t, dl[0].Headers[inbox.HeaderDLQError], "account closed")
+	require.Equal(t, "3", dl[0].Headers[inbox.HeaderDLQAttempts])
+	require.Equal(t, "events", dl[0].Headers[inbox.HeaderDLQSourceTopic])
+	require.Equal(t, "0", dl[0].Headers[inbox.HeaderDLQSourcePart])
+	require.Equal(t, "4", dl[0].Headers[inbox.HeaderDLQSourceOffset])
+	require.Equal(t, "svc", dl[0].Headers[inbox.HeaderDLQConsumer])
+	require.Equal(t, poison, dl[0].Headers[inbox.HeaderDLQKey])
+
+	// The key is recorded: a resend of the poison event is a duplicate.
+	b.produceEvents(t, poison, "e-after")
+	h3 := mustHandler(t, b.db.Pool, ib, failing(3), opts)
+	m3 := startMember(t, b.addrs, "svc", []string{b.topic}, h3)
+	waitFor(t, 30*time.Second, "message after the resend", func() bool { n, _ := b.effects(t); return n == 10 })
+	m3.stop()
+	require.EqualValues(t, 4, calls.Load(), "the resend did not run the handler")
+	require.EqualValues(t, 1, h3.Stats().Duplicates)
+	require.Len(t, b.outboxDLQ(t, "events.dlq"), 1)
+}
+
+// inbox.Permanent skips the retries; a batch with a poison message falls back
+// to one-by-one processing, so only the poison message is dead-lettered.
+func TestConsumerPermanentErrorInBatch(t *testing.T) {
+	t.Parallel()
+	b := cgSetup(t, 1)
+	evs := events("e", 30)
+	poison := evs[17]
+	b.produceEvents(t, evs...)
+
+	var calls atomic.Int64
+	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+		if ev, _ := m.Header(eventHeader); string(ev) == poison {
+			calls.Add(1)
+			return inbox.Permanent(errors.New("malformed amount"))
+		}
+		return effect(ctx, tx, m)
+	}
+	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
+	h := mustHandler(t, b.db.Pool, ib, fn, inbox.HandlerOptions{
+		BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 5, DeadLetterTopic: "svc.dead",
+	})
+	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
+	waitFor(t, 30*time.Second, "all other effects", func() bool { n, _ := b.effects(t); return n == 29 })
+	waitFor(t, 10*time.Second, "offset committed", func() bool { return b.committedOffset(t, "svc", b.topic, 0) == 30 })
+	m.stop()
+
+	rows, distinct := b.effects(t)
+	require.Equal(t, 29, rows)
+	require.Equal(t, 29, distinct)
+	st := h.Stats()
+	require.EqualValues(t, 1, st.DeadLettered)
+	require.GreaterOrEqual(t, st.BatchFallbacks, uint64(1))
+	// Once in the batch, once alone: no retries.
+	require.EqualValues(t, 2, calls.Load())
+	dl := b.outboxDLQ(t, "svc.dead")
+	require.Len(t, dl, 1)
+	require.Equal(t, "1", dl[0].Headers[inbox.HeaderDLQAttempts])
+	require.Equal(t, "17", dl[0].Headers[inbox.HeaderDLQSourceOffset])
+	require.Contains(t, dl[0].Headers[inbox.HeaderDLQError], "malformed amount")
+}
+
+// A message the inbox cannot key (ByHeader, header missing) can never
+// succeed: it is dead-lettered at once, without an inbox key.
+func TestConsumerInvalidMessageDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := cgSetup(t, 1)
+	msgs := []string{"a", "b"}
+	b.produceEvents(t, msgs[0])
+	bad := record(b.topic, "no-header")
+	bad.Headers = nil
+	b.produce(t, bad)
+	b.produceEvents(t, msgs[1])
+
+	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
+	h := mustHandler(t, b.db.Pool, ib, effect, inbox.HandlerOptions{})
+	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
+	waitFor(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
+	m.stop()
+	require.EqualValues(t, 1, h.Stats().DeadLettered)
+	var key *string
+	var errText string
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+		`SELECT key, error FROM pgbox_consumer_dead WHERE "offset" = 1`).Scan(&key, &errText))
+	require.Nil(t, key)
+	require.Contains(t, errText, "invalid message")
+	require.True(t, strings.Contains(errText, eventHeader))
+	require.Len(t, b.outboxDLQ(t, "events.dlq"), 1)
+}
