@@ -9,6 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 )
 
@@ -77,4 +80,22 @@ func TestDemoCheckFails(t *testing.T) {
 	require.Contains(t, r.stdout, "FAILED: DIFFERS FROM unique orders")
 	require.Regexp(t, `(?m)^FAIL$`, r.stdout)
 	require.Contains(t, r.stderr, "demo check failed")
+}
+
+// TestDemoExternalBrokerWithSASL points the demo at a broker of its own
+// (KAFKA_BROKERS set) that requires SCRAM-SHA-512: the demo creates its own
+// topics there and every client of the binary (producer, consumer group,
+// relay, cleanup's admin, the verifier) authenticates.
+func TestDemoExternalBrokerWithSASL(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.New(t, kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", "demo", "p4ss"))
+	schema := demoSchema(t)
+	env := []string{"DATABASE_URL=" + testdb.ServerURL(t), "KAFKA_BROKERS=" + strings.Join(c.ListenAddrs(), ","),
+		"PGBOX_KAFKA_SASL_MECHANISM=SCRAM-SHA-512", "PGBOX_KAFKA_SASL_USER=demo", "PGBOX_KAFKA_SASL_PASSWORD=p4ss"}
+	r := runRelay(t, 3*time.Minute, env, "demo", "--orders=60", "--replay=6", "--rate=0", "--partitions=2",
+		"--demo-schema="+schema, "--duration=150s", "--keep-schema=false")
+	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	require.Contains(t, r.stderr, "Kafka at "+c.ListenAddrs()[0])
+	require.Regexp(t, `(?m)^PASS`, r.stdout)
+	require.NotContains(t, r.stdout+r.stderr, "p4ss")
 }

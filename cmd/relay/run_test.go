@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -208,6 +209,19 @@ func TestRunPublishesServesMetricsAndStops(t *testing.T) {
 	} {
 		require.Contains(t, m, want)
 	}
+	// status sees this instance holding every lane.
+	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + db.URL}, "status", "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var st statusReport
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.Len(t, st.Instances, 1)
+	require.True(t, st.Instances[0].Live)
+	require.Len(t, st.LaneRows, 4)
+	for _, l := range st.LaneRows {
+		require.True(t, l.Held, "lane %d", l.Lane)
+		require.Equal(t, st.Instances[0].Instance, l.Owner)
+	}
+
 	// A row that can never be published (unknown topic) is parked and shows.
 	writeRows(t, db, "no-such-topic", 0, 1)
 	waitFor(t, "parked metric", 60*time.Second, func() bool {
