@@ -91,13 +91,46 @@ type demo struct {
 	mu        sync.Mutex
 	latencies []time.Duration
 	seen      map[string]int
+	claims    map[int]int // member → partitions claimed in its current session
+}
+
+// memberHandler is the adapter as one group member sees it; Setup records
+// the member's claims so the producer can wait for a settled group (the
+// latency figures then measure the pipeline, not the group's first join).
+type memberHandler struct {
+	*inbox.ConsumerGroupHandler
+	d      *demo
+	member int
+}
+
+func (h memberHandler) Setup(sess sarama.ConsumerGroupSession) error {
+	n := 0
+	for _, ps := range sess.Claims() {
+		n += len(ps)
+	}
+	h.d.mu.Lock()
+	h.d.claims[h.member] = n
+	h.d.mu.Unlock()
+	return h.ConsumerGroupHandler.Setup(sess)
+}
+
+// groupSettled reports whether every member has a session and together they
+// claim every partition.
+func (d *demo) groupSettled() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	total := 0
+	for _, n := range d.claims {
+		total += n
+	}
+	return len(d.claims) == d.o.Consumers && total == d.o.Partitions
 }
 
 func cmdDemo(ctx context.Context, a *app, args []string) error {
 	if len(args) > 0 {
 		return usageError("demo takes no arguments (got %q)", args)
 	}
-	d := &demo{a: a, o: a.opts.Demo, seen: map[string]int{}}
+	d := &demo{a: a, o: a.opts.Demo, seen: map[string]int{}, claims: map[int]int{}}
 	// Library logs would tear the progress line: warnings and up only, unless
 	// a level was asked for.
 	d.log = a.log
@@ -219,6 +252,13 @@ func (d *demo) run(ctx context.Context) error {
 		}
 	}
 	stopProgress := prog.run(ctx, d.status)
+
+	// Let the consumer group settle (both members joined, partitions
+	// assigned) before sending, at most a few seconds.
+	settle := time.Now().Add(10 * time.Second)
+	for !d.groupSettled() && time.Now().Before(settle) && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
 
 	// The producer: orders, resends, then a replay from an earlier offset.
 	produceErr := d.produce(ctx)
@@ -364,7 +404,7 @@ func (d *demo) consume(ctx context.Context, member int) error {
 	}
 	defer group.Close()
 	for ctx.Err() == nil {
-		if err := group.Consume(ctx, []string{d.orders}, d.handler); err != nil && ctx.Err() == nil {
+		if err := group.Consume(ctx, []string{d.orders}, memberHandler{d.handler, d, member}); err != nil && ctx.Err() == nil {
 			d.log.Warn("consumer group session ended", "member", member, "error", err)
 			time.Sleep(100 * time.Millisecond)
 		}
