@@ -1,0 +1,63 @@
+package inbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbox/pgbox/inbox"
+)
+
+// The consumers' database connections are killed (pg_terminate_backend) over
+// and over while they work, at any point of their transactions, commits
+// included: every event still gets exactly one business row.
+func TestConsumerDatabaseConnectionsKilled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := cgSetup(t, 3)
+	evs := events("e", 3000)
+	b.produceEvents(t, evs...)
+
+	app := "pgbox-cg-kill-" + b.db.Schema
+	pool := poolWithAppName(t, b.db, app, 8)
+	ib := newTestInbox(t, "svc", inbox.ByOffset())
+	opts := inbox.HandlerOptions{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond}
+	h1 := mustHandler(t, pool, ib, effect, opts)
+	opts.BatchSize = 25
+	h2 := mustHandler(t, pool, ib, effect, opts)
+
+	killed := 0
+	kill := func() {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx,
+			`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n))
+		killed += n
+	}
+	m1 := startMember(t, b.addrs, "svc", []string{b.topic}, h1)
+	m2 := startMember(t, b.addrs, "svc", []string{b.topic}, h2)
+	for {
+		rows, _ := b.effects(t)
+		if rows >= len(evs) {
+			break
+		}
+		kill()
+		time.Sleep(time.Duration(20+killed%5*10) * time.Millisecond)
+		if killed > 2000 {
+			t.Fatal("consumers made no progress under connection kills")
+		}
+	}
+	m1.stop()
+	m2.stop()
+
+	rows, distinct := b.effects(t)
+	require.Equal(t, len(evs), distinct, "no event lost")
+	require.Equal(t, len(evs), rows, "no event applied twice")
+	st1, st2 := h1.Stats(), h2.Stats()
+	require.Positive(t, st1.TransientErrors+st2.TransientErrors, "the kills hit the consumers")
+	require.Zero(t, st1.DeadLettered+st2.DeadLettered)
+	require.Zero(t, st1.Failures+st2.Failures, "killed connections never count as handler failures")
+	t.Logf("killed %d backends; transient errors %d; duplicates %d", killed,
+		st1.TransientErrors+st2.TransientErrors, st1.Duplicates+st2.Duplicates)
+}
