@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 )
@@ -24,9 +25,9 @@ import (
 const benchRowsEnv = "PGBOX_BENCH_CLEANUP_ROWS"
 
 // BenchmarkPrune loads N inbox keys (N/2 past their topic's cutoff) and
-// measures Process-like writers (a short transaction inserting one key with
-// ON CONFLICT DO NOTHING, 4 at a time) without cleanup (baseline), then the
-// same writers while one pass deletes the expired half (pgbox). pgbox also
+// measures writers calling inbox.Process (4 at a time, each call in its own
+// transaction) without cleanup (baseline), then the same writers while one
+// pass deletes the expired half (pgbox). pgbox also
 // reports the deletion rate and the table and index sizes after VACUUM.
 //
 // Each sub-benchmark does its work once whatever b.N is: run it with
@@ -56,7 +57,7 @@ func BenchmarkPrune(b *testing.B) {
 	// both in insertion order, as a consumer writes them.
 	load := func(from, to int, ageSQL string) {
 		q := fmt.Sprintf(`INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at, received_at)
-			SELECT 'payments-svc', 'orders-' || (g %% 12) || '-' || g, 'orders', g %% 12, g,
+			SELECT 'payments-svc', 'orders/' || (g %% 12) || '/' || g, 'orders', g %% 12, g,
 			       sha256(g::text::bytea), %[1]s - interval '1 second', %[1]s
 			FROM generate_series($1::bigint, $2::bigint) g`, ageSQL)
 		if _, err := db.Pool.Exec(ctx, q, from, to); err != nil {
@@ -88,7 +89,7 @@ func BenchmarkPrune(b *testing.B) {
 	b.Run("baseline", func(b *testing.B) {
 		// As long as a pass takes at this size, estimated at 300k rows/s.
 		d := max(time.Duration(float64(half)/300_000*float64(time.Second)), 2*time.Second)
-		lat, commits := benchWriters(ctx, b, db.Pool, "base", func() <-chan struct{} {
+		lat, commits := benchWriters(ctx, b, db.Pool, 0, func() <-chan struct{} {
 			c := make(chan struct{})
 			time.AfterFunc(d, func() { close(c) })
 			return c
@@ -119,7 +120,7 @@ func BenchmarkPrune(b *testing.B) {
 			defer close(stop)
 			rep, runErr = c.RunOnce(ctx)
 		}()
-		lat, commits := benchWriters(ctx, b, db.Pool, "pgbox", stop)
+		lat, commits := benchWriters(ctx, b, db.Pool, 1<<40, stop)
 		if runErr != nil {
 			b.Fatal(runErr)
 		}
@@ -144,9 +145,16 @@ func BenchmarkPrune(b *testing.B) {
 	b.Logf("pass over %d keys took %v", rows, cleanupDur)
 }
 
-// benchWriters runs 4 Process-like writers until stop closes and returns
-// their latencies and commit count.
-func benchWriters(ctx context.Context, b *testing.B, pool *pgxpool.Pool, tag string, stop <-chan struct{}) ([]time.Duration, int64) {
+// benchWriters runs 4 writers calling inbox.Process (ByOffset keys of new
+// messages, fingerprints on, an empty handler) in their own transactions until
+// stop closes, and returns their latencies and commit count. Offsets start at
+// base, on partitions the load left empty.
+func benchWriters(ctx context.Context, b *testing.B, pool *pgxpool.Pool, base int64, stop <-chan struct{}) ([]time.Duration, int64) {
+	ib, err := inbox.New(inbox.Config{Consumer: "payments-svc", Key: inbox.ByOffset()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	handler := func(context.Context, pgx.Tx, inbox.Message) error { return nil }
 	var mu sync.Mutex
 	var lat []time.Duration
 	var commits atomic.Int64
@@ -154,7 +162,7 @@ func benchWriters(ctx context.Context, b *testing.B, pool *pgxpool.Pool, tag str
 	for w := range 4 {
 		wg.Go(func() {
 			var mine []time.Duration
-			for i := 0; ; i++ {
+			for i := base; ; i++ {
 				select {
 				case <-stop:
 					mu.Lock()
@@ -163,11 +171,10 @@ func benchWriters(ctx context.Context, b *testing.B, pool *pgxpool.Pool, tag str
 					return
 				default:
 				}
-				key := fmt.Sprintf("%s-%d-%d", tag, w, i)
+				m := inbox.Message{Topic: "orders", Partition: int32(100 + w), Offset: i, Value: []byte("payment"), Timestamp: time.Now()}
 				t0 := time.Now()
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					_, err := tx.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at)
-						VALUES ('payments-svc', $1, 'orders', $2, $3, now()) ON CONFLICT DO NOTHING`, key, w, i)
+					_, err := ib.Process(ctx, tx, m, handler)
 					return err
 				})
 				if err != nil {

@@ -18,6 +18,10 @@
 // and the record's own timestamp counts, because Kafka ages a segment by its
 // records' timestamps and a producer's clock can run ahead. "now" is the
 // database's clock (the one that stamped received_at) unless Config.Now is set.
+// The buffer also covers what no key can see: another producer's record with
+// a timestamp far ahead of its clock keeps a whole segment, and the keys of
+// its neighbours, longer than their own timestamps suggest (Kafka bounds this
+// with message.timestamp.after.max.ms).
 //
 // A topic is never pruned, and the Report says why (Reason), when its
 // retention.ms is -1, its cleanup.policy contains compact, Kafka does not know
