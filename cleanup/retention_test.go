@@ -117,8 +117,10 @@ func TestRetentionPerTopic(t *testing.T) {
 		},
 		BatchSize: 2, // several batches per topic, and keyset paging across them
 	})
+	describes := b.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.DescribeConfigs}, Observe: true, Count: -1})
 	rep, err := c.RunOnce(context.Background())
 	require.NoError(t, err)
+	require.Equal(t, 1, describes.Hits(), "one DescribeConfigs request for all topics of a pass")
 	require.False(t, rep.Locked)
 	require.Equal(t, now, rep.Now)
 	require.Len(t, rep.Topics, len(windows)+len(skipped))
