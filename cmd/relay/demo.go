@@ -139,16 +139,11 @@ func cmdDemo(ctx context.Context, a *app, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.o.Duration)
 	defer cancel()
-	start := time.Now()
 	err := d.run(ctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("demo did not finish within PGBOX_DEMO_DURATION (--duration) %s: %w (raise it, or lower --orders)", d.o.Duration, err)
 	}
-	if err != nil {
-		return err
-	}
-	_ = start
-	return nil
+	return err
 }
 
 func (d *demo) run(ctx context.Context) error {

@@ -134,7 +134,8 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 			return 2
 		}
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-			return 0
+			fmt.Fprintf(stderr, "relay %s: interrupted\n", c.name)
+			return 1
 		}
 		a.log.Error("relay "+c.name+" failed", "err", err)
 		fmt.Fprintf(stderr, "relay %s: %v\n", c.name, err)

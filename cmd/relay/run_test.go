@@ -300,3 +300,20 @@ func TestRunSIGTERMUnderLoad(t *testing.T) {
 	require.Len(t, ids, total, "every committed row reached Kafka")
 	require.Equal(t, 0, p2.stop(t), p2.output())
 }
+
+// TestRunLaneCountMismatchExits: a second instance started with another
+// --lanes than the running one refuses to start (exit 1, message naming the
+// lane counts) instead of publishing out of order.
+func TestRunLaneCountMismatchExits(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	c := kafkatest.New(t, kfake.SeedTopics(1, "payments"))
+	a := startRelay(t, runEnv(db, c), "run")
+	base := "http://" + a.httpAddr(t)
+	waitFor(t, "first instance ready", 30*time.Second, func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
+
+	r := runRelay(t, time.Minute, runEnv(db, c, "PGBOX_LANES=8"), "run")
+	require.Equal(t, 1, r.code, r.stderr)
+	require.Contains(t, r.stderr, "lane count")
+	require.Equal(t, 0, a.stop(t), a.output())
+}

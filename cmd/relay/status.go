@@ -278,7 +278,9 @@ func cmdStatus(ctx context.Context, a *app, args []string) error {
 	}
 	if len(a.opts.Kafka.Brokers) == 0 {
 		rep.Cutoffs = "unknown: set KAFKA_BROKERS to compare inbox ages with each topic's retention window"
-	} else if len(rep.Inbox) > 0 {
+	} else if len(rep.Inbox) == 0 {
+		rep.Cutoffs = "none needed: no keys"
+	} else {
 		kcfg, err := a.opts.Kafka.saramaConfig()
 		if err != nil {
 			return err
