@@ -15,8 +15,8 @@ const maxVanished = 3
 
 // Process runs h for m inside tx unless m's key was processed before by this
 // consumer. The dedup step is one round trip: a savepoint and an INSERT … ON
-// CONFLICT DO NOTHING into pgbox_inbox, pipelined, which on conflict also
-// returns the stored fingerprint and result.
+// CONFLICT DO NOTHING into pgbox_inbox, pipelined. A duplicate takes one more,
+// to read the stored fingerprint and result.
 //
 // New key: h runs; if it returns nil, Process returns Result{Duplicate:
 // false}. The key commits with tx: if the caller rolls tx back, no trace is
@@ -32,13 +32,17 @@ const maxVanished = 3
 // Errors: when h fails, the key and everything h wrote are rolled back to the
 // savepoint, so even a caller that commits anyway commits no trace of the
 // message; the error wraps h's. On every error the caller's transaction stays
-// usable (except when the connection itself failed). Bad input fails before
+// usable (unless the connection itself failed). Bad input fails before
 // anything is sent, with ErrInvalidMessage.
 //
-// Each call uses one subtransaction (a savepoint). PostgreSQL tracks up to 64
-// subtransactions per transaction cheaply; beyond that every snapshot on the
-// server gets slower while the transaction runs. To handle many messages in
-// one transaction, use ProcessBatch (one subtransaction per call).
+// Savepoints: on success Process leaves its savepoint open rather than pay a
+// round trip to release it; it ends with the transaction (or with a savepoint
+// of the caller's that encloses it), and statements after Process simply run
+// inside it. h must not release or roll back savepoints it did not create.
+// Each call is one subtransaction: PostgreSQL tracks up to 64 per transaction
+// cheaply, and beyond that every snapshot on the server gets slower while the
+// transaction runs. To handle many messages in one transaction, use
+// ProcessBatch (one subtransaction per call).
 //
 // tx must be at READ COMMITTED (PostgreSQL's default). Under REPEATABLE READ
 // or SERIALIZABLE a concurrent duplicate fails with a serialization error
@@ -60,12 +64,12 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, m Message, h HandlerFun
 		return res, ib.msgErr(0, m, key, err)
 	}
 	if !inserted {
-		// Nothing was written under the savepoint: releasing it is enough.
-		if err := release(ctx, tx); err != nil {
-			return res, ib.msgErr(0, m, key, err)
-		}
 		if mismatch(fp, storedFP) {
 			ib.stats.mismatches.Add(1)
+			// Nothing was written under the savepoint: releasing it is enough.
+			if err := release(ctx, tx); err != nil {
+				return res, ib.msgErr(0, m, key, fmt.Errorf("%w (and %w)", ErrFingerprintMismatch, err))
+			}
 			return res, ib.msgErr(0, m, key, ErrFingerprintMismatch)
 		}
 		ib.stats.duplicates.Add(1)
@@ -82,16 +86,11 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, m Message, h HandlerFun
 		return res, ib.msgErr(0, m, key, fmt.Errorf("handler: %w", err))
 	}
 	if slot.set {
-		b := &pgx.Batch{}
-		b.Queue(sqlSetResult, ib.consumer, key, slot.b)
-		b.Queue(sqlRelease)
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		if _, err := tx.Exec(ctx, sqlSetResult, ib.consumer, key, slot.b); err != nil {
 			_ = rollbackToSavepoint(ctx, tx)
 			return res, ib.msgErr(0, m, key, fmt.Errorf("store result: %w", err))
 		}
 		res.Stored = slot.b
-	} else if err := release(ctx, tx); err != nil {
-		return res, ib.msgErr(0, m, key, err)
 	}
 	ib.stats.processed.Add(1)
 	return res, nil
@@ -101,16 +100,18 @@ func (ib *Inbox) msgErr(i int, m Message, key string, err error) error {
 	return &MessageError{Consumer: ib.consumer, Index: i, Message: m, Key: key, Err: err}
 }
 
-// dedupOne opens the savepoint and inserts key. On success the savepoint is
-// open (the caller releases or rolls back to it); on error it has been rolled
-// back and released.
+// dedupOne opens the savepoint and inserts key: one round trip when the key is
+// new, two when it conflicts (the second reads the stored fingerprint and
+// result). On success the savepoint is open; on error it has been rolled back
+// and released.
 func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string, fp []byte) (inserted bool, storedFP, stored []byte, err error) {
+	args := []any{ib.consumer, key, m.Topic, m.Partition, m.Offset, fp, recordAt(m.Timestamp)}
 	b := &pgx.Batch{}
 	b.Queue(sqlSavepoint)
 	if ib.lockTimeout != "" {
 		b.Queue(sqlSetLockTimeout, ib.lockTimeout)
 	}
-	b.Queue(sqlInsertOne, ib.consumer, key, m.Topic, m.Partition, m.Offset, fp, recordAt(m.Timestamp))
+	b.Queue(sqlInsertOne, args...)
 	if ib.lockTimeout != "" {
 		b.Queue(sqlRestoreLockTimeout)
 	}
@@ -119,16 +120,15 @@ func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string,
 		// The savepoint itself failed: the transaction was unusable before we
 		// started, and there is nothing of ours to undo.
 		_ = br.Close()
-		return false, nil, nil, fmt.Errorf("inbox: savepoint: %w", err)
+		return false, nil, nil, fmt.Errorf("savepoint: %w", err)
 	}
 	if ib.lockTimeout != "" {
 		_, err = br.Exec()
 	}
-	found := true
 	if err == nil {
-		err = br.QueryRow().Scan(&inserted, &storedFP, &stored)
+		err = br.QueryRow().Scan(&inserted)
 		if errors.Is(err, pgx.ErrNoRows) {
-			found, err = false, nil
+			err = nil
 		}
 	}
 	if err == nil && ib.lockTimeout != "" {
@@ -137,30 +137,21 @@ func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string,
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	// The conflicting row was committed after this statement's snapshot (we
-	// waited for it): read it with a new snapshot.
-	for attempt := 0; err == nil && !found && attempt < maxVanished; attempt++ {
+	for attempt := 0; err == nil && !inserted; attempt++ {
 		err = tx.QueryRow(ctx, sqlSelectOne, ib.consumer, key).Scan(&storedFP, &stored)
-		if err == nil {
-			found = true
+		if err == nil || !errors.Is(err, pgx.ErrNoRows) {
 			break
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		// The row was deleted after our insert conflicted with it (a
+		// concurrent cleanup): insert again.
+		if attempt == maxVanished {
+			err = fmt.Errorf("key conflicted but its row kept vanishing (%d attempts)", maxVanished)
 			break
 		}
-		// Gone again (deleted meanwhile): try the insert once more.
-		err = tx.QueryRow(ctx, sqlInsertOne, ib.consumer, key, m.Topic, m.Partition, m.Offset, fp, recordAt(m.Timestamp)).
-			Scan(&inserted, &storedFP, &stored)
-		if err == nil {
-			found = true
-			break
-		}
+		err = tx.QueryRow(ctx, sqlInsertOne, args...).Scan(&inserted)
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = nil
 		}
-	}
-	if err == nil && !found {
-		err = fmt.Errorf("key conflicted but its row kept vanishing (%d attempts)", maxVanished)
 	}
 	if err != nil {
 		if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
@@ -370,15 +361,10 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 		}
 	}
 	if len(setKeys) > 0 {
-		b := &pgx.Batch{}
-		b.Queue(sqlSetResults, ib.consumer, setKeys, setResults)
-		b.Queue(sqlRelease)
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		if _, err := tx.Exec(ctx, sqlSetResults, ib.consumer, setKeys, setResults); err != nil {
 			_ = rollbackToSavepoint(ctx, tx)
 			return nil, fmt.Errorf("inbox: consumer %q: store results: %w", ib.consumer, err)
 		}
-	} else if err := release(ctx, tx); err != nil {
-		return nil, fmt.Errorf("inbox: consumer %q: %w", ib.consumer, err)
 	}
 	ib.stats.processed.Add(uint64(processed))
 	ib.stats.duplicates.Add(uint64(dups))
