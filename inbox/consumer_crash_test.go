@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
-	"github.com/pgbox/pgbox/internal/kafkatest"
 )
 
 // Child mode: the crash test re-executes this test binary with
@@ -165,5 +164,3 @@ func TestConsumerKilledAfterCommitBeforeOffset(t *testing.T) {
 	require.Equal(t, n, distinct)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE "offset" = $1`, crashAt))
 }
-
-var _ = kafkatest.Config

@@ -14,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/relay"
 )
 
 // dlqRow is a dead-letter record as the outbox holds it.
@@ -61,7 +63,7 @@ func (b *cgBundle) outboxDLQ(t testing.TB, topic string) []dlqRow {
 func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := cgSetup(t, 1)
+	b := cgSetup(t, 1, "events.dlq")
 	evs := events("e", 10)
 	poison := evs[4]
 	b.produceEvents(t, evs...)
@@ -141,6 +143,21 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	require.EqualValues(t, 4, calls.Load(), "the resend did not run the handler")
 	require.EqualValues(t, 1, h3.Stats().Duplicates)
 	require.Len(t, b.outboxDLQ(t, "events.dlq"), 1)
+
+	// A relay publishes it: exactly one record on the dead-letter topic.
+	startRelay(t, b.db.Pool, b.addrs, "relay", "pgbox_"+b.db.Schema)
+	got := kafkatest.ReadAll(t, b.addrs, "events.dlq", 1, 30*time.Second)
+	require.Len(t, got, 1)
+	require.Equal(t, poison, string(got[0].Key))
+	require.Equal(t, "payload of "+poison, string(got[0].Value))
+	hs := map[string]string{}
+	for _, h := range got[0].Headers {
+		hs[string(h.Key)] = string(h.Value)
+	}
+	require.Equal(t, "3", hs[inbox.HeaderDLQAttempts])
+	require.Equal(t, "4", hs[inbox.HeaderDLQSourceOffset])
+	require.Contains(t, hs[inbox.HeaderDLQError], "account closed")
+	require.NotEmpty(t, hs[relay.EventIDHeader])
 }
 
 // inbox.Permanent skips the retries; a batch with a poison message falls back

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,14 +32,14 @@ type cgBundle struct {
 	topic string
 }
 
-func cgSetup(t *testing.T, partitions int32) *cgBundle {
+func cgSetup(t *testing.T, partitions int32, moreTopics ...string) *cgBundle {
 	t.Helper()
 	db := testdb.New(t)
 	_, err := db.Pool.Exec(context.Background(), `CREATE TABLE effects (
 		id bigserial PRIMARY KEY, event text NOT NULL, topic text NOT NULL,
 		partition int NOT NULL, "offset" bigint NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	require.NoError(t, err)
-	c := kafkatest.New(t, kfake.SeedTopics(partitions, "events"),
+	c := kafkatest.New(t, kfake.SeedTopics(partitions, append([]string{"events"}, moreTopics...)...),
 		kfake.BrokerConfigs(map[string]string{"group.min.session.timeout.ms": "500"}))
 	return &cgBundle{db: db, kafka: c, addrs: c.ListenAddrs(), topic: "events"}
 }
@@ -339,6 +337,3 @@ func TestPermanent(t *testing.T) {
 	require.Equal(t, "handler: bad payload", err.Error())
 	require.NotErrorIs(t, base, inbox.ErrPermanent)
 }
-
-var _ = strings.Contains
-var _ sync.Mutex
