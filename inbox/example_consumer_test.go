@@ -1,0 +1,164 @@
+package inbox_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/migrations"
+	"github.com/pgbox/pgbox/outbox"
+)
+
+// A payments service: it consumes orders, records a payment and emits a
+// payments event in one transaction per batch. The same order sent twice
+// (same event id) is paid once; a crash or rebalance redelivery would be
+// skipped the same way.
+func ExampleNewConsumerGroupHandler() {
+	ctx := context.Background()
+	pool, brokers, done := consumerExampleEnv(ctx) // a fresh schema and an embedded broker
+	defer done()
+
+	ib, err := inbox.New(inbox.Config{Consumer: "payments-svc", Key: inbox.ByHeader("event-id")})
+	if err != nil {
+		log.Fatal(err)
+	}
+	h, err := inbox.NewConsumerGroupHandler(pool, ib, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO payments (order_id, amount) VALUES ($1, $2)`, string(m.Key), string(m.Value)); err != nil {
+			return err // retried with backoff, then dead-lettered to orders.dlq
+		}
+		return outbox.Write(ctx, tx, outbox.Message{Topic: "payments.v1", Key: m.Key, Value: []byte("paid " + string(m.Value))})
+	}, inbox.HandlerOptions{BatchSize: 100})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V2_8_0_0
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	group, err := sarama.NewConsumerGroup(brokers, "payments-svc", cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer group.Close()
+	runCtx, stop := context.WithCancel(ctx)
+	consumed := make(chan struct{})
+	go func() {
+		defer close(consumed)
+		for runCtx.Err() == nil {
+			if err := group.Consume(runCtx, []string{"orders.v1"}, h); err != nil {
+				log.Print(err)
+			}
+		}
+	}()
+
+	produceOrders(brokers, [][3]string{
+		{"evt-1", "order-1", "100"},
+		{"evt-2", "order-2", "250"},
+		{"evt-1", "order-1", "100"}, // the producer retried: same event id
+	})
+	for st := h.Stats(); st.Processed+st.Duplicates < 3; st = h.Stats() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	<-consumed
+
+	st := h.Stats()
+	fmt.Printf("processed %d, duplicates %d\n", st.Processed, st.Duplicates)
+	rows, _ := pool.Query(ctx, `SELECT order_id, amount FROM payments ORDER BY order_id`)
+	for rows.Next() {
+		var order, amount string
+		_ = rows.Scan(&order, &amount)
+		fmt.Println("paid", order, amount)
+	}
+	var events int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox WHERE topic = 'payments.v1'`).Scan(&events)
+	fmt.Println("payments.v1 events in the outbox:", events)
+	// Output:
+	// processed 2, duplicates 1
+	// paid order-1 100
+	// paid order-2 250
+	// payments.v1 events in the outbox: 2
+}
+
+func produceOrders(brokers []string, orders [][3]string) {
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V2_8_0_0
+	cfg.Producer.Return.Successes = true
+	p, err := sarama.NewSyncProducer(brokers, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Close()
+	for _, o := range orders {
+		_, _, err := p.SendMessage(&sarama.ProducerMessage{
+			Topic:   "orders.v1",
+			Key:     sarama.StringEncoder(o[1]),
+			Value:   sarama.StringEncoder(o[2]),
+			Headers: []sarama.RecordHeader{{Key: []byte("event-id"), Value: []byte(o[0])}},
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
+// consumerExampleEnv gives the example a migrated schema of its own on
+// DATABASE_URL (with a payments table) and an embedded Kafka broker with an
+// orders.v1 topic. done drops the schema and stops the broker.
+func consumerExampleEnv(ctx context.Context) (pool *pgxpool.Pool, brokers []string, done func()) {
+	server := os.Getenv("DATABASE_URL")
+	if server == "" {
+		log.Fatal("DATABASE_URL is not set (run `make test`)")
+	}
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	schema := "example_" + hex.EncodeToString(b)
+	admin, err := pgx.Connect(ctx, server)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		log.Fatal(err)
+	}
+	url, err := testdb.WithSearchPath(server, schema)
+	if err != nil {
+		log.Fatal(err)
+	}
+	sqlDB, err := sql.Open("pgx", url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := migrations.Up(ctx, sqlDB); err != nil {
+		log.Fatal(err)
+	}
+	_ = sqlDB.Close()
+	pool, err = pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE payments (order_id text NOT NULL, amount text NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders.v1"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	return pool, cluster.ListenAddrs(), func() {
+		pool.Close()
+		cluster.Close()
+		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+		_ = admin.Close(ctx)
+	}
+}
