@@ -19,7 +19,7 @@ import (
 // Defaults of Config.
 const (
 	LanesDefault             = 16
-	BatchSizeDefault         = 500
+	BatchSizeDefault         = 2000
 	PollIntervalDefault      = time.Second
 	BusyPollIntervalDefault  = 25 * time.Millisecond
 	HeartbeatIntervalDefault = 2 * time.Second
@@ -81,7 +81,7 @@ type Config struct {
 	// unique among running instances. Defaults to hostname-pid-random.
 	Instance string
 	// BatchSize is the most rows one pass claims and sends. Defaults to
-	// BatchSizeDefault (500).
+	// BatchSizeDefault (2000).
 	BatchSize int
 	// PollInterval is how often an idle relay looks for rows when no
 	// notification wakes it. Defaults to PollIntervalDefault (1s).
@@ -222,3 +222,8 @@ func validateKafka(k *sarama.Config) error {
 	}
 	return nil
 }
+
+// rowsPerSlot is the most rows one claim takes from one slot, so a batch
+// spans many slots and thus many keys: the sender needs one wave per row of
+// the busiest key in the batch.
+const rowsPerSlot = 16

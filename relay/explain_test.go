@@ -29,7 +29,7 @@ func TestClaimQueryUsesIndex(t *testing.T) {
 		ANALYZE pgbox_outbox; ANALYZE pgbox_relay_lanes;`)
 	require.NoError(t, err)
 
-	rows, err := db.Pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) "+claimSQL, "me", 500, 16, 0)
+	rows, err := db.Pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) "+claimSQL, "me", 500, 16, 0, 62)
 	require.NoError(t, err)
 	var plan []string
 	for rows.Next() {

@@ -74,7 +74,10 @@ DELETE FROM pgbox_relay_instances WHERE instance = $1`
 // sequence-gap race cannot skip it), because rows leave the table only once
 // published.
 //
-// $1 instance, $2 batch size, $3 lane count, $4 first slot.
+// At most $5 rows come from one slot, so a batch spans several slots (more
+// distinct keys per batch, fewer send waves).
+//
+// $1 instance, $2 batch size, $3 lane count, $4 first slot, $5 rows per slot.
 const claimSQL = `SELECT o.id, o.event_id, o.slot, o.topic, o.key, o.value, o.headers, o.created_at, o.attempts, s.epoch
 FROM (
 	SELECT g.slot, l.epoch
@@ -87,7 +90,7 @@ CROSS JOIN LATERAL (
 	FROM pgbox_outbox
 	WHERE slot = s.slot AND parked_at IS NULL
 	ORDER BY id
-	LIMIT $2
+	LIMIT $5
 ) o
 LIMIT $2`
 

@@ -532,7 +532,7 @@ func (r *Relay) send(ctx context.Context, p sarama.SyncProducer, msgs []*sarama.
 }
 
 func (r *Relay) claim(ctx context.Context, firstSlot int) ([]row, error) {
-	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.cfg.Instance, r.cfg.BatchSize, r.cfg.Lanes, firstSlot)
+	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.cfg.Instance, r.cfg.BatchSize, r.cfg.Lanes, firstSlot, rowsPerSlot)
 	if err != nil {
 		return nil, err
 	}

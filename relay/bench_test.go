@@ -1,0 +1,420 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/outbox"
+	"github.com/pgbox/pgbox/relay"
+)
+
+// fill commits n rows of 200 B values in transactions of 1000, over `keys`
+// distinct keys (0: every row its own key).
+func fill(b *testing.B, tb *testBundle, n, keys int, notify bool) {
+	b.Helper()
+	ctx := context.Background()
+	w, err := outbox.NewWriter(outbox.Config{Notify: notify, Channel: tb.channel})
+	if err != nil {
+		b.Fatal(err)
+	}
+	value := make([]byte, 200)
+	for i := 0; i < n; i += 1000 {
+		msgs := make([]outbox.Message, 0, 1000)
+		for j := i; j < min(n, i+1000); j++ {
+			k := j
+			if keys > 0 {
+				k = j % keys
+			}
+			msgs = append(msgs, outbox.Message{Topic: tb.topic, Key: fmt.Appendf(nil, "key-%d", k), Value: value})
+		}
+		if err := pgx.BeginFunc(ctx, tb.db.Pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) }); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func benchBundle(b *testing.B) *testBundle {
+	tb := setup(b)
+	kafkatest.CreateTopic(b, tb.addrs, "bench", 6, nil)
+	tb.topic = "bench"
+	return tb
+}
+
+// BenchmarkDrain: publish a backlog of 50k rows of 200 B. baseline is the
+// hand-written loop: BEGIN; DELETE ... FOR UPDATE SKIP LOCKED ... RETURNING
+// 500 rows; one SendMessages; COMMIT. Sub-benchmarks by key spread: rows
+// over 1,000 keys (several rows per key per batch, so several waves) and
+// every row its own key.
+func BenchmarkDrain(b *testing.B) {
+	const rows = 50_000
+	for _, keys := range []int{1000, 0} {
+		name := "keys=1000"
+		if keys == 0 {
+			name = "keys=unique"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.Run("pgbox", func(b *testing.B) {
+				var total time.Duration
+				for range b.N {
+					tb := benchBundle(b)
+					cfg := tb.config("bench")
+					cfg.Logger = nil
+					rr := start(b, cfg)
+					waitFor(b, "lanes", func() bool { return rr.r.Stats().Lanes == 8 })
+					b.StopTimer()
+					fill(b, tb, rows, keys, false)
+					b.StartTimer()
+					t0 := time.Now()
+					rr.r.Stats()
+					// Wake it now rather than at its next poll.
+					if _, err := tb.db.Pool.Exec(context.Background(), "SELECT pg_notify($1, '')", tb.channel); err != nil {
+						b.Fatal(err)
+					}
+					for rr.r.Stats().Published < rows {
+						time.Sleep(2 * time.Millisecond)
+					}
+					total += time.Since(t0)
+					rr.stop(b)
+				}
+				b.ReportMetric(float64(rows*b.N)/total.Seconds(), "msgs/s")
+			})
+			b.Run("baseline", func(b *testing.B) {
+				var total time.Duration
+				for range b.N {
+					tb := benchBundle(b)
+					b.StopTimer()
+					fill(b, tb, rows, keys, false)
+					p, err := sarama.NewSyncProducer(tb.addrs, kafkaConfig())
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+					t0 := time.Now()
+					baselineDrain(b, tb, p)
+					total += time.Since(t0)
+					_ = p.Close()
+				}
+				b.ReportMetric(float64(rows*b.N)/total.Seconds(), "msgs/s")
+			})
+		})
+	}
+}
+
+func baselineDrain(b *testing.B, tb *testBundle, p sarama.SyncProducer) {
+	ctx := context.Background()
+	for {
+		n := 0
+		err := pgx.BeginFunc(ctx, tb.db.Pool, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, `DELETE FROM pgbox_outbox WHERE id IN (
+				SELECT id FROM pgbox_outbox ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED)
+				RETURNING topic, key, value, event_id::text`)
+			if err != nil {
+				return err
+			}
+			var msgs []*sarama.ProducerMessage
+			for rows.Next() {
+				var topic, id string
+				var key, value []byte
+				if err := rows.Scan(&topic, &key, &value, &id); err != nil {
+					return err
+				}
+				msgs = append(msgs, &sarama.ProducerMessage{Topic: topic, Key: sarama.ByteEncoder(key), Value: sarama.ByteEncoder(value),
+					Headers: []sarama.RecordHeader{{Key: []byte(relay.EventIDHeader), Value: []byte(id)}}})
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			n = len(msgs)
+			if n == 0 {
+				return nil
+			}
+			return p.SendMessages(msgs)
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+	}
+}
+
+// BenchmarkLatency: commit → record readable in Kafka, at 1,000 msgs/s, one
+// message per transaction, for 5 s. "notify": writers NOTIFY; "poll": they
+// don't, the relay polls (BusyPollInterval while traffic flows). Latency is
+// measured to the moment a consumer receives the record, so it includes the
+// consumer's fetch.
+func BenchmarkLatency(b *testing.B) {
+	for _, mode := range []string{"notify", "poll"} {
+		b.Run(mode, func(b *testing.B) {
+			var all []time.Duration
+			for range b.N {
+				all = append(all, latencyRun(b, mode == "notify", 1000, 5*time.Second)...)
+			}
+			slices.Sort(all)
+			pct := func(p float64) float64 {
+				return float64(all[min(len(all)-1, int(p*float64(len(all))))]) / 1e6
+			}
+			b.ReportMetric(float64(len(all))/5/float64(b.N), "msgs/s")
+			b.ReportMetric(pct(0.50), "p50-ms")
+			b.ReportMetric(pct(0.99), "p99-ms")
+			b.ReportMetric(float64(all[len(all)-1])/1e6, "max-ms")
+		})
+	}
+}
+
+func latencyRun(b *testing.B, notify bool, rate int, dur time.Duration) []time.Duration {
+	ctx := context.Background()
+	tb := benchBundle(b)
+	cfg := tb.config("bench")
+	cfg.Logger = nil
+	cfg.PollInterval = time.Second
+	cfg.HeartbeatInterval = 2 * time.Second
+	cfg.LeaseTTL = 6 * time.Second
+	rr := start(b, cfg)
+	waitFor(b, "lanes", func() bool { return rr.r.Stats().Lanes == 8 })
+	w, err := outbox.NewWriter(outbox.Config{Notify: notify, Channel: tb.channel})
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	total := rate * int(dur/time.Second)
+	committed := make([]atomic.Int64, total) // unix nanos when Commit returned
+	received := make([]int64, total)
+
+	// Consumer first, from the newest offset.
+	consumer, err := sarama.NewConsumer(tb.addrs, kafkatest.Config())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer consumer.Close()
+	parts, _ := consumer.Partitions(tb.topic)
+	var got atomic.Int64
+	var mu sync.Mutex
+	for _, p := range parts {
+		pc, err := consumer.ConsumePartition(tb.topic, p, sarama.OffsetOldest)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pc.Close()
+		go func() {
+			for m := range pc.Messages() {
+				now := time.Now().UnixNano()
+				i, _ := strconv.Atoi(string(m.Value))
+				mu.Lock()
+				if received[i] == 0 {
+					received[i] = now
+					got.Add(1)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+
+	// Writers on a fixed schedule: message i is due at start + i/rate.
+	const writers = 8
+	startAt := time.Now().Add(100 * time.Millisecond)
+	var wg sync.WaitGroup
+	for wi := range writers {
+		wg.Go(func() {
+			for i := wi; i < total; i += writers {
+				time.Sleep(time.Until(startAt.Add(time.Duration(i) * time.Second / time.Duration(rate))))
+				tx, err := tb.db.Pool.Begin(ctx)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if err := w.Write(ctx, tx, outbox.Message{Topic: tb.topic, Key: fmt.Appendf(nil, "key-%d", i%100), Value: []byte(strconv.Itoa(i))}); err != nil {
+					b.Error(err)
+					return
+				}
+				if err := tx.Commit(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+				committed[i].Store(time.Now().UnixNano())
+			}
+		})
+	}
+	wg.Wait()
+	waitFor(b, "all received", func() bool { return got.Load() == int64(total) })
+	out := make([]time.Duration, 0, total)
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range total {
+		out = append(out, max(0, time.Duration(received[i]-committed[i].Load())))
+	}
+	return out
+}
+
+// countingTracer counts the statements a pool sends.
+type countingTracer struct{ n atomic.Int64 }
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// BenchmarkIdleQueries: statements per second an idle relay sends (counted by
+// a pgx tracer on its pool, liveness pings counted separately), with default
+// intervals. baseline: a loop polling the outbox every 10 ms.
+func BenchmarkIdleQueries(b *testing.B) {
+	const window = 6 * time.Second
+	pool := func(b *testing.B, tb *testBundle, tr *countingTracer, pings *atomic.Int64) *pgxpool.Pool {
+		pc, err := pgxpool.ParseConfig(tb.db.URL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pc.ConnConfig.Tracer = tr
+		pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+			if p.IdleDuration > time.Second {
+				pings.Add(1)
+				return true
+			}
+			return false
+		}
+		p, err := pgxpool.NewWithConfig(context.Background(), pc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(p.Close)
+		return p
+	}
+	b.Run("pgbox", func(b *testing.B) {
+		var q, pings float64
+		for range b.N {
+			tb := benchBundle(b)
+			tr := &countingTracer{}
+			var pc atomic.Int64
+			cfg := relay.Config{Pool: pool(b, tb, tr, &pc), Brokers: tb.addrs, Kafka: kafkaConfig(), Instance: "idle", Channel: tb.channel}
+			rr := start(b, cfg)
+			waitFor(b, "lanes", func() bool { return rr.r.Stats().Lanes == relay.LanesDefault })
+			time.Sleep(time.Second)
+			n0, p0 := tr.n.Load(), pc.Load()
+			time.Sleep(window)
+			q += float64(tr.n.Load()-n0) / window.Seconds()
+			pings += float64(pc.Load()-p0) / window.Seconds()
+			rr.stop(b)
+		}
+		b.ReportMetric(q/float64(b.N), "queries/s")
+		b.ReportMetric(pings/float64(b.N), "pings/s")
+	})
+	b.Run("baseline", func(b *testing.B) {
+		var q float64
+		for range b.N {
+			tb := benchBundle(b)
+			tr := &countingTracer{}
+			var pc atomic.Int64
+			p := pool(b, tb, tr, &pc)
+			t0 := time.Now()
+			for time.Since(t0) < window {
+				rows, err := p.Query(context.Background(), `SELECT id, topic, key, value FROM pgbox_outbox ORDER BY id LIMIT 500`)
+				if err != nil {
+					b.Fatal(err)
+				}
+				rows.Close()
+				time.Sleep(10 * time.Millisecond)
+			}
+			q += float64(tr.n.Load()) / time.Since(t0).Seconds()
+		}
+		b.ReportMetric(q/float64(b.N), "queries/s")
+	})
+}
+
+// BenchmarkRSS: the resident memory of a relay process (the test binary in
+// child mode, so the figure includes the Go test runtime) publishing 10k
+// msgs/s for 8 s: peak VmRSS from /proc, sampled every 50 ms.
+func BenchmarkRSS(b *testing.B) {
+	b.Run("pgbox", func(b *testing.B) {
+		var peak, msgs float64
+		for range b.N {
+			p, m := rssRun(b)
+			peak = max(peak, p)
+			msgs += m
+		}
+		b.ReportMetric(msgs/float64(b.N), "msgs/s")
+		b.ReportMetric(peak, "peak-rss-MB")
+	})
+}
+
+func rssRun(b *testing.B) (peakMB, rate float64) {
+	ctx := context.Background()
+	tb := benchBundle(b)
+	child := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+	child.Env = tb.childEnv("child", relay.BatchSizeDefault)
+	if err := child.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = child.Process.Kill(); _ = child.Wait() }()
+	waitFor(b, "child holds lanes", func() bool {
+		var n int
+		_ = tb.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_relay_lanes WHERE owner = 'child'`).Scan(&n)
+		return n == 8
+	})
+
+	var peak atomic.Int64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				if kb := vmRSS(child.Process.Pid); kb > peak.Load() {
+					peak.Store(kb)
+				}
+			}
+		}
+	}()
+	// 10k msgs/s: 100 transactions a second of 100 messages of 200 B.
+	const seconds, perTx, txPerSec = 8, 100, 100
+	value := make([]byte, 200)
+	t0 := time.Now()
+	for i := range seconds * txPerSec {
+		time.Sleep(time.Until(t0.Add(time.Duration(i) * time.Second / txPerSec)))
+		msgs := make([]outbox.Message, perTx)
+		for j := range msgs {
+			msgs[j] = outbox.Message{Topic: tb.topic, Key: fmt.Appendf(nil, "key-%d", (i*perTx+j)%5000), Value: value}
+		}
+		tb.write(b, msgs...)
+	}
+	total := seconds * txPerSec * perTx
+	waitFor(b, "drained", func() bool { return tb.outboxCount(b, "true") == 0 })
+	elapsed := time.Since(t0)
+	close(stop)
+	<-sampled
+	return float64(peak.Load()) / 1024, float64(total) / elapsed.Seconds()
+}
+
+func vmRSS(pid int) int64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb
+		}
+	}
+	return 0
+}
