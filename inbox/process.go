@@ -163,7 +163,8 @@ func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string,
 }
 
 // ProcessBatch is Process for several messages in one savepoint: one round
-// trip dedups all their keys, then h runs, in input order, for each message
+// trip dedups all their keys (one more reads the stored rows of keys seen
+// before, if any), then h runs, in input order, for each message
 // whose key is new. A key repeated within ms is handled once; its later
 // copies are duplicates (Stored is what the first copy's handler set).
 // results[i] is for ms[i].
@@ -222,17 +223,24 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 		fp, res  []byte
 	}
 	rows := make(map[string]row, len(keys))
-	scan := func(r pgx.Rows, withInserted bool) error {
+	// scanInserted records the keys an insert returned; scanStored the
+	// stored rows of keys that conflicted.
+	scanInserted := func(r pgx.Rows) error {
+		for r.Next() {
+			var k string
+			if err := r.Scan(&k); err != nil {
+				r.Close()
+				return err
+			}
+			rows[k] = row{inserted: true}
+		}
+		return r.Err()
+	}
+	scanStored := func(r pgx.Rows) error {
 		for r.Next() {
 			var k string
 			var x row
-			var err error
-			if withInserted {
-				err = r.Scan(&k, &x.inserted, &x.fp, &x.res)
-			} else {
-				err = r.Scan(&k, &x.fp, &x.res)
-			}
-			if err != nil {
+			if err := r.Scan(&k, &x.fp, &x.res); err != nil {
 				r.Close()
 				return err
 			}
@@ -261,9 +269,8 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 	}
 	if err == nil {
 		var r pgx.Rows
-		r, err = br.Query()
-		if err == nil {
-			err = scan(r, true)
+		if r, err = br.Query(); err == nil {
+			err = scanInserted(r)
 		}
 	}
 	if err == nil && ib.lockTimeout != "" {
@@ -272,13 +279,18 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	// Keys whose conflicting row was committed after the statement's
-	// snapshot: read them with a new one; insert any that vanished meanwhile.
-	for attempt := 0; err == nil && len(rows) < len(keys) && attempt < maxVanished; attempt++ {
+	// Keys that conflicted: read their stored rows (a new statement, so rows
+	// committed by transactions the insert waited for are visible). A row
+	// deleted meanwhile (by a concurrent cleanup) is inserted again.
+	for attempt := 0; err == nil && len(rows) < len(keys); attempt++ {
+		if attempt == maxVanished {
+			err = fmt.Errorf("keys conflicted but their rows kept vanishing (%d attempts)", maxVanished)
+			break
+		}
 		missing := missingKeys(keys, func(k string) bool { _, ok := rows[k]; return ok })
 		var r pgx.Rows
 		if r, err = tx.Query(ctx, sqlSelectMany, ib.consumer, missing); err == nil {
-			err = scan(r, false)
+			err = scanStored(r)
 		}
 		if err != nil || len(rows) == len(keys) {
 			break
@@ -295,11 +307,8 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 			}
 		}
 		if r, err = tx.Query(ctx, sqlInsertMany, ib.consumer, mk, mt, mp, mo, mf, mr); err == nil {
-			err = scan(r, true)
+			err = scanInserted(r)
 		}
-	}
-	if err == nil && len(rows) < len(keys) {
-		err = fmt.Errorf("keys conflicted but their rows kept vanishing (%d attempts)", maxVanished)
 	}
 	if err != nil {
 		err = ib.dedupErr(err)

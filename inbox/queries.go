@@ -37,22 +37,14 @@ RETURNING true`
 
 	// The batch dedup step. Rows are inserted in key order so that two
 	// batches with overlapping keys lock them in the same order and cannot
-	// deadlock. Keys that conflicted come back with their stored fingerprint
-	// and result, except (as above) rows committed concurrently after the
-	// statement's snapshot, which sqlSelectMany reads.
-	sqlInsertMany = `WITH input AS (
-	SELECT * FROM unnest($2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::timestamptz[])
-		AS u(key, topic, partition, "offset", fingerprint, record_at)
-), ins AS (
-	INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at)
-	SELECT $1, key, topic, partition, "offset", fingerprint, record_at FROM input ORDER BY key
-	ON CONFLICT (consumer, key) DO NOTHING
-	RETURNING key
-)
-SELECT key, true, NULL::bytea, NULL::bytea FROM ins
-UNION ALL
-SELECT p.key, false, p.fingerprint, p.result FROM pgbox_inbox p
-WHERE p.consumer = $1 AND p.key = ANY($2) AND p.key NOT IN (SELECT key FROM ins)`
+	// deadlock. RETURNING lists the new keys; the rest conflicted.
+	sqlInsertMany = `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at)
+SELECT $1, key, topic, partition, "offset", fingerprint, record_at
+FROM unnest($2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::timestamptz[])
+	AS u(key, topic, partition, "offset", fingerprint, record_at)
+ORDER BY key
+ON CONFLICT (consumer, key) DO NOTHING
+RETURNING key`
 
 	sqlSelectMany = `SELECT key, fingerprint, result FROM pgbox_inbox WHERE consumer = $1 AND key = ANY($2)`
 
