@@ -50,7 +50,7 @@ const busyWindow = 2 * time.Second
 
 // backlogCap bounds the backlog count the heartbeat makes, so it stays cheap
 // on a huge table.
-const backlogCap = 1_000_000
+const backlogCap = 100_000
 
 // Config configures a Relay. Pool and Brokers are required.
 type Config struct {

@@ -53,7 +53,7 @@ type Stats struct {
 	// BatchLatency* describe non-empty passes, claim to delete.
 	BatchLatencyLast, BatchLatencyMax, BatchLatencyTotal time.Duration
 	// Backlog is the number of unpublished, unparked rows in the whole outbox
-	// at the last heartbeat (counted up to 1,000,000).
+	// at the last heartbeat, counted up to 100,000 so the count stays cheap.
 	Backlog int64
 	// Lanes is how many lanes this instance held at its last heartbeat.
 	Lanes int

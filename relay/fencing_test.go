@@ -1,0 +1,69 @@
+package relay
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/outbox"
+)
+
+// An instance that lost its lane (paused past its lease, then resumed) can
+// neither delete nor park the rows it had claimed: the lane's epoch moved on.
+// The lane's new owner claims and settles them.
+func TestFencedFinishAfterLaneMoved(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	_, err := db.Pool.Exec(ctx, createLanesSQL, 1)
+	require.NoError(t, err)
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, outbox.Write(ctx, tx, outbox.Message{Topic: "t", Key: []byte("a"), Value: []byte("1")},
+		outbox.Message{Topic: "t", Key: []byte("b"), Value: []byte("2")}))
+	require.NoError(t, tx.Commit(ctx))
+
+	heartbeat := func(instance string) {
+		var held, live int
+		var backlog int64
+		require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, instance, "1 hour", 1, backlogCap, "0s").Scan(&held, &live, &backlog))
+	}
+	old := &Relay{cfg: Config{Pool: db.Pool, Instance: "old", BatchSize: 10, Lanes: 1}}
+	heartbeat("old")
+	claimed, err := old.claim(ctx, 0)
+	require.NoError(t, err)
+	require.Len(t, claimed, 2)
+
+	// "old" stalls past its lease; "new" takes the lane over.
+	_, err = db.Pool.Exec(ctx, `UPDATE pgbox_relay_lanes SET expires_at = now() - interval '1 second';
+		UPDATE pgbox_relay_instances SET expires_at = now() - interval '1 second' WHERE instance = 'old'`)
+	require.NoError(t, err)
+	heartbeat("new")
+
+	// The stale instance's finish changes nothing.
+	var deleted, parked int
+	require.NoError(t, db.Pool.QueryRow(ctx, finishSQL,
+		[]int64{claimed[0].id}, []int64{claimed[0].epoch},
+		[]int64{claimed[1].id}, []int64{claimed[1].epoch}, []string{"boom"}, 1).Scan(&deleted, &parked))
+	require.Zero(t, deleted)
+	require.Zero(t, parked)
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox WHERE attempts = 0 AND parked_at IS NULL`).Scan(&n))
+	require.Equal(t, 2, n)
+	again, err := old.claim(ctx, 0)
+	require.NoError(t, err)
+	require.Empty(t, again, "a stale instance claims nothing")
+
+	// The new owner settles them under its own epoch.
+	fresh := &Relay{cfg: Config{Pool: db.Pool, Instance: "new", BatchSize: 10, Lanes: 1}}
+	mine, err := fresh.claim(ctx, 0)
+	require.NoError(t, err)
+	require.Len(t, mine, 2)
+	require.NotEqual(t, claimed[0].epoch, mine[0].epoch)
+	require.NoError(t, db.Pool.QueryRow(ctx, finishSQL,
+		[]int64{mine[0].id, mine[1].id}, []int64{mine[0].epoch, mine[1].epoch},
+		[]int64{}, []int64{}, []string{}, 1).Scan(&deleted, &parked))
+	require.Equal(t, 2, deleted)
+}
