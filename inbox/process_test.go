@@ -15,14 +15,14 @@ import (
 	"github.com/pgbox/pgbox/inbox"
 )
 
-// record is a handler that writes a payments row and remembers the order of
+// callLog is a handler that writes a payments row and remembers the order of
 // its calls.
-type record struct {
+type callLog struct {
 	mu    sync.Mutex
 	calls []string
 }
 
-func (r *record) handler(result func(m inbox.Message) string) inbox.HandlerFunc {
+func (r *callLog) handler(result func(m inbox.Message) string) inbox.HandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		r.mu.Lock()
 		r.calls = append(r.calls, m.String())
@@ -47,10 +47,10 @@ func TestProcessBatch(t *testing.T) {
 	receipt := func(m inbox.Message) string { return "receipt-" + string(m.Value) }
 
 	// A was processed in an earlier transaction, with a stored result.
-	_, err := b.process(t, ib, ev("A", 1, "a"), (&record{}).handler(receipt))
+	_, err := b.process(t, ib, ev("A", 1, "a"), (&callLog{}).handler(receipt))
 	require.NoError(t, err)
 
-	rec := &record{}
+	rec := &callLog{}
 	batch := []inbox.Message{ev("B", 2, "b"), ev("A", 3, "a"), ev("C", 4, "c"), ev("B", 5, "b")}
 	tx := b.begin(t)
 	res, err := ib.ProcessBatch(ctx, tx, batch, rec.handler(receipt))
@@ -69,7 +69,7 @@ func TestProcessBatch(t *testing.T) {
 	require.Equal(t, inbox.Stats{Processed: 3, Duplicates: 2}, ib.Stats())
 
 	// The whole batch again: all duplicates, results kept.
-	rec = &record{}
+	rec = &callLog{}
 	tx = b.begin(t)
 	res, err = ib.ProcessBatch(ctx, tx, batch, rec.handler(nil))
 	require.NoError(t, err)
