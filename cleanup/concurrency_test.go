@@ -186,86 +186,95 @@ func TestRunOnSchedule(t *testing.T) {
 // transactions, on new keys and on the very keys being deleted) run while a
 // pass deletes: none fails, and none waits longer than a delete batch takes.
 // Latencies are compared with the same writers' latencies without cleanup,
-// measured just before in the same test, and with the pass's longest batch.
+// measured just before in the same attempt, and with the pass's longest
+// batch. On a loaded machine a writer can be descheduled for longer than that
+// by chance, so the relation gets three attempts; a cleaner that blocked
+// writers for more than a batch would fail all three.
 func TestWritersNotBlocked(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
 	b.topic(t, "t", map[string]string{"retention.ms": ms(time.Hour), "segment.ms": ms(time.Hour)})
 	const expired = 20_000
-	old := time.Now().Add(-100 * time.Hour)
-	b.bulkKeys(t, "t", expired, old)
-	oldKey := func(i int) string { return fmt.Sprintf("t-%s-%d", pgText(t, b.db, old), i) }
-	_, err := b.db.Pool.Exec(ctx, `ANALYZE pgbox_inbox`)
-	require.NoError(t, err)
-
 	const writers = 4
-	runWriters := func(stop <-chan struct{}, minOps int) ([]time.Duration, error) {
-		var mu sync.Mutex
-		var lat []time.Duration
-		var firstErr error
-		var wg sync.WaitGroup
-		for w := range writers {
-			wg.Go(func() {
-				r := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
-				for i := 0; ; i++ {
-					if i >= minOps {
-						select {
-						case <-stop:
-							return
-						default:
+
+	for attempt := 1; ; attempt++ {
+		old := time.Now().Add(-100*time.Hour - time.Duration(attempt)*time.Minute)
+		b.bulkKeys(t, "t", expired, old)
+		oldText := pgText(t, b.db, old)
+		oldKey := func(i int) string { return fmt.Sprintf("t-%s-%d", oldText, i) }
+		_, err := b.db.Pool.Exec(ctx, `ANALYZE pgbox_inbox`)
+		require.NoError(t, err)
+
+		runWriters := func(stop <-chan struct{}, minOps int) ([]time.Duration, error) {
+			var mu sync.Mutex
+			var lat []time.Duration
+			var firstErr error
+			var wg sync.WaitGroup
+			for w := range writers {
+				wg.Go(func() {
+					r := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+					for i := 0; ; i++ {
+						if i >= minOps {
+							select {
+							case <-stop:
+								return
+							default:
+							}
 						}
+						key := fmt.Sprintf("new-%d-%d-%d", w, time.Now().UnixNano(), i)
+						if i%2 == 1 {
+							key = oldKey(1 + r.IntN(expired)) // a redelivery of an expiring key
+						}
+						t0 := time.Now()
+						err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+							_, err := tx.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset")
+								VALUES ('svc', $1, 't', 0, $2) ON CONFLICT DO NOTHING`, key, i)
+							return err
+						})
+						d := time.Since(t0)
+						mu.Lock()
+						lat = append(lat, d)
+						if err != nil && firstErr == nil {
+							firstErr = err
+						}
+						mu.Unlock()
 					}
-					key := fmt.Sprintf("new-%d-%d-%d", w, time.Now().UnixNano(), i)
-					if i%2 == 1 {
-						key = oldKey(1 + r.IntN(expired)) // a redelivery of an expiring key
-					}
-					t0 := time.Now()
-					err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-						_, err := tx.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset")
-							VALUES ('svc', $1, 't', 0, $2) ON CONFLICT DO NOTHING`, key, i)
-						return err
-					})
-					d := time.Since(t0)
-					mu.Lock()
-					lat = append(lat, d)
-					if err != nil && firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
-				}
-			})
+				})
+			}
+			wg.Wait()
+			return lat, firstErr
 		}
-		wg.Wait()
-		return lat, firstErr
+
+		closed := make(chan struct{})
+		close(closed)
+		base, err := runWriters(closed, 200)
+		require.NoError(t, err)
+
+		c := b.cleaner(t, Config{BatchSize: 1000})
+		stop := make(chan struct{})
+		var rep Report
+		var runErr error
+		go func() {
+			defer close(stop)
+			rep, runErr = c.RunOnce(ctx)
+		}()
+		during, err := runWriters(stop, 1)
+		require.NoError(t, err, "writers must see no errors during cleanup")
+		require.NoError(t, runErr)
+		require.GreaterOrEqual(t, rep.Batches, expired/1000)
+		require.Greater(t, rep.Deleted, int64(expired/2))
+
+		maxBase, maxDuring := slices.Max(base), slices.Max(during)
+		t.Logf("attempt %d: writers: %d ops without cleanup, max %v; %d ops during cleanup, max %v; %d batches, longest %v",
+			attempt, len(base), maxBase, len(during), maxDuring, rep.Batches, rep.MaxBatch)
+		// A writer can wait for one batch to commit, on top of its own work; the
+		// factor 2 absorbs scheduling noise.
+		if maxDuring <= 2*(rep.MaxBatch+maxBase) {
+			return
+		}
+		require.Less(t, attempt, 3, "a writer waited longer than a delete batch takes, in every attempt")
 	}
-
-	closed := make(chan struct{})
-	close(closed)
-	base, err := runWriters(closed, 200)
-	require.NoError(t, err)
-
-	c := b.cleaner(t, Config{BatchSize: 1000})
-	stop := make(chan struct{})
-	var rep Report
-	var runErr error
-	go func() {
-		defer close(stop)
-		rep, runErr = c.RunOnce(ctx)
-	}()
-	during, err := runWriters(stop, 1)
-	require.NoError(t, err, "writers must see no errors during cleanup")
-	require.NoError(t, runErr)
-	require.GreaterOrEqual(t, rep.Batches, expired/1000)
-	require.Greater(t, rep.Deleted, int64(expired/2))
-
-	maxBase, maxDuring := slices.Max(base), slices.Max(during)
-	t.Logf("writers: %d ops without cleanup, max %v; %d ops during cleanup, max %v; %d batches, longest %v",
-		len(base), maxBase, len(during), maxDuring, rep.Batches, rep.MaxBatch)
-	// A writer can wait for one batch to commit, on top of its own work; the
-	// factor 2 absorbs scheduling noise on a shared machine.
-	require.LessOrEqual(t, maxDuring, 2*(rep.MaxBatch+maxBase),
-		"a writer waited longer than a delete batch takes")
 }
 
 func pgText(t *testing.T, db *testdb.DB, ts time.Time) string {

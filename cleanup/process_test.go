@@ -87,26 +87,39 @@ func TestProcessDuringCleanup(t *testing.T) {
 		return lat, redelivered, dups
 	}
 
-	closed := make(chan struct{})
-	close(closed)
-	base, _, _ := run(closed, 100)
-
-	c := b.cleaner(t, Config{BatchSize: 1000})
-	stop := make(chan struct{})
+	// Three attempts at the latency relation: see TestWritersNotBlocked.
+	var redelivered, dups int
 	var rep Report
-	var runErr error
-	go func() {
-		defer close(stop)
-		rep, runErr = c.RunOnce(ctx)
-	}()
-	during, redelivered, dups := run(stop, 1)
-	require.NoError(t, runErr)
-	require.GreaterOrEqual(t, rep.Deleted, int64(expired-redelivered))
-	require.LessOrEqual(t, rep.Deleted, int64(expired))
-	t.Logf("Process: max %v without cleanup; during: %d calls, %d redeliveries (%d duplicates), max %v; %d batches, longest %v",
-		slices.Max(base), len(during), redelivered, dups, slices.Max(during), rep.Batches, rep.MaxBatch)
-	require.LessOrEqual(t, slices.Max(during), 2*(rep.MaxBatch+slices.Max(base)),
-		"a Process call waited longer than a delete batch takes")
+	c := b.cleaner(t, Config{BatchSize: 1000})
+	for attempt := 1; ; attempt++ {
+		if attempt > 1 { // expire the same keys again
+			b.exec(t, `DELETE FROM pgbox_inbox WHERE partition = 0`)
+			b.exec(t, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at)
+				SELECT 'payments-svc', 'orders/0/' || g, 'orders', 0, g, now() - interval '100 hours'
+				FROM generate_series(1, $1) g`, expired)
+		}
+		closed := make(chan struct{})
+		close(closed)
+		base, _, _ := run(closed, 100)
+
+		stop := make(chan struct{})
+		var runErr error
+		go func() {
+			defer close(stop)
+			rep, runErr = c.RunOnce(ctx)
+		}()
+		var during []time.Duration
+		during, redelivered, dups = run(stop, 1)
+		require.NoError(t, runErr)
+		require.GreaterOrEqual(t, rep.Deleted, int64(expired-redelivered))
+		require.LessOrEqual(t, rep.Deleted, int64(expired))
+		t.Logf("attempt %d: Process: max %v without cleanup; during: %d calls, %d redeliveries (%d duplicates), max %v; %d batches, longest %v",
+			attempt, slices.Max(base), len(during), redelivered, dups, slices.Max(during), rep.Batches, rep.MaxBatch)
+		if slices.Max(during) <= 2*(rep.MaxBatch+slices.Max(base)) {
+			break
+		}
+		require.Less(t, attempt, 3, "a Process call waited longer than a delete batch takes, in every attempt")
+	}
 
 	// Every redelivered key processed after its deletion is a fresh key now,
 	// and survives the next pass.
