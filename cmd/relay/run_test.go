@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -237,7 +238,13 @@ func TestRunPublishesServesMetricsAndStops(t *testing.T) {
 func TestRunNotReadyWithoutKafka(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
-	env := append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS=127.0.0.1:1") // nothing listens on port 1
+	// A password in the URL (the test server trusts loopback and ignores it)
+	// and a SASL password: neither may reach the logs.
+	u, err := url.Parse(db.URL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(u.User.Username(), "db-s3cret")
+	env := append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS=127.0.0.1:1", // nothing listens on port 1
+		"DATABASE_URL="+u.String(), "PGBOX_KAFKA_SASL_MECHANISM=PLAIN", "PGBOX_KAFKA_SASL_USER=u", "PGBOX_KAFKA_SASL_PASSWORD=sasl-s3cret")
 	p := startRelay(t, env, "run")
 	base := "http://" + p.httpAddr(t)
 	code, _ := httpGet(t, base+"/healthz")
@@ -246,6 +253,9 @@ func TestRunNotReadyWithoutKafka(t *testing.T) {
 	require.Equal(t, 503, code, body)
 	require.Contains(t, body, `"kafka":"unreachable`)
 	require.Equal(t, 0, p.stop(t), p.output())
+	require.Contains(t, p.output(), ":xxxxx@", "the startup line shows the DSN, redacted")
+	require.Contains(t, p.output(), `kafka_sasl_password=(redacted)`)
+	require.NotContains(t, p.output(), "s3cret")
 }
 
 // TestRunSIGTERMUnderLoad stops the relay while writers keep committing rows:
@@ -256,46 +266,63 @@ func TestRunSIGTERMUnderLoad(t *testing.T) {
 	db := testdb.New(t)
 	c := kafkatest.New(t, kfake.SeedTopics(3, "load"))
 	env := runEnv(db, c, "PGBOX_SHUTDOWN_TIMEOUT=15s", "PGBOX_BATCH_SIZE=50")
+	ctx := context.Background()
 
+	// Writers commit 10 rows per transaction, paced, until told to stop.
 	var written atomic.Int64
 	stopWriting := make(chan struct{})
-	writersDone := make(chan struct{})
+	writerErr := make(chan error, 1)
 	go func() {
-		defer close(writersDone)
+		defer close(writerErr)
 		for i := 0; ; i += 10 {
 			select {
 			case <-stopWriting:
 				return
-			default:
+			case <-time.After(2 * time.Millisecond):
 			}
-			writeRows(t, db, "load", i, 10)
+			err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+				msgs := make([]outbox.Message, 10)
+				for j := range msgs {
+					msgs[j] = outbox.Message{Topic: "load", Key: fmt.Appendf(nil, "k%d", (i+j)%7), Value: fmt.Appendf(nil, "v%d", i+j)}
+				}
+				return outbox.Write(ctx, tx, msgs...)
+			})
+			if err != nil {
+				writerErr <- err
+				return
+			}
 			written.Add(10)
 		}
 	}()
+	published := func() int64 {
+		// A lower bound: written is counted after each commit and read before
+		// the rows left are counted.
+		w := written.Load()
+		var left int64
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox`).Scan(&left))
+		return w - left
+	}
 
 	// Three runs, each stopped by SIGTERM while writers commit and the relay
 	// publishes.
 	for run := range 3 {
 		p := startRelay(t, env, "run")
 		p.httpAddr(t)
-		floor := written.Load()
-		waitFor(t, "the relay publishing", 60*time.Second, func() bool {
-			var published int64
-			_ = db.Pool.QueryRow(context.Background(), `SELECT $1::bigint - count(*) FROM pgbox_outbox`, written.Load()).Scan(&published)
-			return published > floor+100
-		})
+		floor := published()
+		waitFor(t, "the relay publishing", 90*time.Second, func() bool { return published() > floor+100 })
 		code := p.stop(t)
 		require.Equal(t, 0, code, "run %d: SIGTERM under load must exit cleanly within the deadline\n%s", run, p.output())
 		require.Contains(t, p.output(), "shutting down")
 	}
 	close(stopWriting)
-	<-writersDone
+	require.NoError(t, <-writerErr)
 	total := int(written.Load())
+	require.Positive(t, outboxCount(t, db), "rows were left for the restart")
 
 	// Restart: everything written reaches Kafka, each row at least once.
 	p2 := startRelay(t, env, "run")
 	p2.httpAddr(t)
-	waitFor(t, "outbox drained after restart", 90*time.Second, func() bool { return outboxCount(t, db) == 0 })
+	waitFor(t, "outbox drained after restart", 120*time.Second, func() bool { return outboxCount(t, db) == 0 })
 	ids := eventIDs(t, c, "load", total)
 	require.Len(t, ids, total, "every committed row reached Kafka")
 	require.Equal(t, 0, p2.stop(t), p2.output())
