@@ -142,6 +142,11 @@ func (c *Cleaner) runOnce(ctx context.Context, rep *Report) error {
 		if err != nil {
 			return err
 		}
+		if !tr.Skipped {
+			c.cfg.Logger.DebugContext(ctx, "cleanup pruned topic", "topic", name, "deleted", tr.Deleted,
+				"would_delete", tr.WouldDelete, "window", tr.Window, "forced", tr.Forced,
+				"oldest_age", tr.OldestAge, "margin", tr.Margin)
+		}
 	}
 
 	if err := c.pruneTables(ctx, conn, rep); err != nil {
