@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -408,4 +409,50 @@ func TestFromSarama(t *testing.T) {
 	require.Equal(t, inbox.Message{Topic: "orders", Partition: 2, Offset: 99, Key: []byte("k"), Value: []byte("v"),
 		Timestamp: ts, Headers: []inbox.Header{{Key: "event-id", Value: []byte("evt-9")}}}, m)
 	require.Equal(t, inbox.Message{}, inbox.FromSarama(nil))
+}
+
+// TestConcurrentBatches runs two batches with the same keys in opposite
+// orders at once: keys are locked in one order, so they never deadlock, and
+// each key has exactly one effect.
+func TestConcurrentBatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	ib := newInbox(t, inbox.Config{})
+	const rounds, size = 20, 10
+	for round := range rounds {
+		fwd := make([]inbox.Message, size)
+		for i := range fwd {
+			fwd[i] = msg("orders", int32(round), int64(i), "v")
+		}
+		rev := slices.Clone(fwd)
+		slices.Reverse(rev)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		dups := make([]int, 2)
+		for w, batch := range [][]inbox.Message{fwd, rev} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				errs[w] = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+					res, err := ib.ProcessBatch(ctx, tx, batch, pay)
+					for _, r := range res {
+						if r.Duplicate {
+							dups[w]++
+						}
+					}
+					return err
+				})
+			}()
+		}
+		close(start)
+		wg.Wait()
+		require.NoError(t, errs[0], round)
+		require.NoError(t, errs[1], round)
+		require.Equal(t, size, dups[0]+dups[1], round)
+	}
+	require.Equal(t, rounds*size, b.payments(t))
+	require.Equal(t, rounds*size, b.count(t, `SELECT count(DISTINCT event) FROM payments`))
 }
