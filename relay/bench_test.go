@@ -72,7 +72,6 @@ func BenchmarkDrain(b *testing.B) {
 				for range b.N {
 					tb := benchBundle(b)
 					cfg := tb.config("bench")
-					cfg.Logger = nil
 					rr := start(b, cfg)
 					waitFor(b, "lanes", func() bool { return rr.r.Stats().Lanes == 8 })
 					b.StopTimer()
@@ -181,7 +180,6 @@ func latencyRun(b *testing.B, notify bool, rate int, dur time.Duration) []time.D
 	ctx := context.Background()
 	tb := benchBundle(b)
 	cfg := tb.config("bench")
-	cfg.Logger = nil
 	cfg.PollInterval = time.Second
 	cfg.HeartbeatInterval = 2 * time.Second
 	cfg.LeaseTTL = 6 * time.Second

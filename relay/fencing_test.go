@@ -32,7 +32,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	}
 	old := &Relay{cfg: Config{Pool: db.Pool, Instance: "old", BatchSize: 10, Lanes: 1}}
 	heartbeat("old")
-	claimed, err := old.claim(ctx, 0)
+	claimed, err := old.claim(ctx, 0, nil)
 	require.NoError(t, err)
 	require.Len(t, claimed, 2)
 
@@ -52,13 +52,13 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox WHERE attempts = 0 AND parked_at IS NULL`).Scan(&n))
 	require.Equal(t, 2, n)
-	again, err := old.claim(ctx, 0)
+	again, err := old.claim(ctx, 0, nil)
 	require.NoError(t, err)
 	require.Empty(t, again, "a stale instance claims nothing")
 
 	// The new owner settles them under its own epoch.
 	fresh := &Relay{cfg: Config{Pool: db.Pool, Instance: "new", BatchSize: 10, Lanes: 1}}
-	mine, err := fresh.claim(ctx, 0)
+	mine, err := fresh.claim(ctx, 0, nil)
 	require.NoError(t, err)
 	require.Len(t, mine, 2)
 	require.NotEqual(t, claimed[0].epoch, mine[0].epoch)

@@ -77,7 +77,10 @@ DELETE FROM pgbox_relay_instances WHERE instance = $1`
 // At most $5 rows come from one slot, so a batch spans several slots (more
 // distinct keys per batch, fewer send waves).
 //
-// $1 instance, $2 batch size, $3 lane count, $4 first slot, $5 rows per slot.
+// $6 lists rows already published whose delete is still running.
+//
+// $1 instance, $2 batch size, $3 lane count, $4 first slot, $5 rows per slot,
+// $6 ids to skip.
 const claimSQL = `SELECT o.id, o.event_id, o.slot, o.topic, o.key, o.value, o.headers, o.created_at, o.attempts, s.epoch
 FROM (
 	SELECT g.slot, l.epoch
@@ -88,7 +91,7 @@ FROM (
 CROSS JOIN LATERAL (
 	SELECT id, event_id, slot, topic, key, value, headers, created_at, attempts
 	FROM pgbox_outbox
-	WHERE slot = s.slot AND parked_at IS NULL
+	WHERE slot = s.slot AND parked_at IS NULL AND NOT (id = ANY($6::bigint[]))
 	ORDER BY id
 	LIMIT $5
 ) o

@@ -32,6 +32,7 @@ type Relay struct {
 	log     *slog.Logger
 	running atomic.Bool
 	wake    chan struct{}
+	fin     *finishJob // owned by the worker goroutine
 
 	published, retried, parked, batches atomic.Uint64
 	latLast, latMax, latTotal           atomic.Int64
@@ -284,6 +285,7 @@ func (r *Relay) workLoop(ctx context.Context, p sarama.SyncProducer) <-chan stru
 		idle      = make(chan struct{})
 	)
 	close(idle)
+	defer r.waitFinish()
 	for {
 		if ctx.Err() != nil {
 			return idle
@@ -344,7 +346,16 @@ type passResult struct {
 // pass claims one batch, sends it and records the outcome.
 func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) passResult {
 	start := time.Now()
-	rows, err := r.claim(ctx, *nextSlot)
+	var exclude []int64
+	if r.fin != nil {
+		select {
+		case <-r.fin.done:
+			r.fin = nil
+		default:
+			exclude = r.fin.ids // acknowledged, delete still running
+		}
+	}
+	rows, err := r.claim(ctx, *nextSlot, exclude)
 	if err != nil {
 		return passResult{err: fmt.Errorf("claim: %w", err)}
 	}
@@ -353,11 +364,13 @@ func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) 
 	}
 	*nextSlot = (int(rows[len(rows)-1].slot) + 1) % outbox.Slots
 
+	claimed := time.Now()
 	msgs := make([]*sarama.ProducerMessage, len(rows))
 	for i := range rows {
 		msgs[i] = toMessage(&rows[i], i)
 	}
 	outcome, abandoned := r.sendWaves(ctx, p, rows, msgs)
+	sentAt := time.Now()
 	if abandoned != nil {
 		return passResult{claimed: len(rows), abandoned: abandoned}
 	}
@@ -387,41 +400,84 @@ func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) 
 			}
 		}
 	}
-	// Record the outcome even when stopping: these records are in Kafka.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
-	defer cancel()
-	var deleted, parked int
-	if len(okIDs)+len(badIDs) > 0 {
-		if err := r.cfg.Pool.QueryRow(fctx, finishSQL, okIDs, okEpochs, badIDs, badEpochs, badErrs, r.cfg.MaxAttempts).Scan(&deleted, &parked); err != nil {
-			// The records went out but the rows stay: they will be sent again
-			// (same event ids). That is the at-least-once window.
-			return passResult{claimed: len(rows), err: fmt.Errorf("record outcome of %d rows: %w", len(rows), err)}
-		}
-	}
-	if deleted < len(okIDs) {
-		r.log.Info("lane changed hands during the batch; the new owner may send some rows again", "sent", len(okIDs), "deleted", deleted)
-	}
-	lat := time.Since(start)
-	r.published.Add(uint64(len(okIDs)))
-	r.retried.Add(uint64(transient + len(badIDs) - parked))
-	r.parked.Add(uint64(parked))
-	r.batches.Add(1)
-	r.latLast.Store(int64(lat))
-	r.latTotal.Add(int64(lat))
-	for {
-		m := r.latMax.Load()
-		if int64(lat) <= m || r.latMax.CompareAndSwap(m, int64(lat)) {
-			break
-		}
-	}
-	if parked > 0 {
-		r.log.Error("rows parked after repeated permanent failures", "rows", parked, "max_attempts", r.cfg.MaxAttempts)
-	}
 	res := passResult{claimed: len(rows), published: len(okIDs), failed: transient + len(badIDs)}
 	if transient > 0 {
 		res.err = fmt.Errorf("send: %d of %d records failed, will retry: %w", transient, len(rows), firstErr)
 	}
+	r.retried.Add(uint64(transient))
+	// One finish at a time: wait for the previous batch's.
+	if r.fin != nil {
+		<-r.fin.done
+		r.fin = nil
+	}
+	if len(okIDs)+len(badIDs) == 0 {
+		return res
+	}
+	// Record the outcome even when stopping: these records are in Kafka.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	finish := func() error {
+		defer cancel()
+		var deleted, parked int
+		if err := r.cfg.Pool.QueryRow(fctx, finishSQL, okIDs, okEpochs, badIDs, badEpochs, badErrs, r.cfg.MaxAttempts).Scan(&deleted, &parked); err != nil {
+			// The records went out but the rows stay: they will be sent again
+			// (same event ids). That is the at-least-once window.
+			return fmt.Errorf("record outcome of %d rows: %w", len(rows), err)
+		}
+		if deleted < len(okIDs) {
+			r.log.Info("lane changed hands during the batch; the new owner may send some rows again", "sent", len(okIDs), "deleted", deleted)
+		}
+		lat := time.Since(start)
+		r.log.Debug("batch", "rows", len(rows), "published", len(okIDs), "claim", claimed.Sub(start), "send", sentAt.Sub(claimed), "finish", time.Since(sentAt))
+		r.published.Add(uint64(len(okIDs)))
+		r.retried.Add(uint64(len(badIDs) - parked))
+		r.parked.Add(uint64(parked))
+		r.batches.Add(1)
+		r.latLast.Store(int64(lat))
+		r.latTotal.Add(int64(lat))
+		for {
+			m := r.latMax.Load()
+			if int64(lat) <= m || r.latMax.CompareAndSwap(m, int64(lat)) {
+				break
+			}
+		}
+		if parked > 0 {
+			r.log.Error("rows parked after repeated permanent failures", "rows", parked, "max_attempts", r.cfg.MaxAttempts)
+		}
+		return nil
+	}
+	if res.failed > 0 || ctx.Err() != nil {
+		if err := finish(); err != nil {
+			res.err = err
+		}
+		return res
+	}
+	// All went out: delete in the background while the next batch is claimed
+	// and sent. The next claim skips these rows; if the delete fails they
+	// are found again later and sent again (same event ids, after their
+	// key's earlier records, so a deduping consumer sees the same order).
+	job := &finishJob{done: make(chan struct{}), ids: okIDs}
+	go func() {
+		defer close(job.done)
+		if err := finish(); err != nil && ctx.Err() == nil {
+			r.log.Warn("recording a batch failed; its rows will be sent again", "error", err)
+		}
+	}()
+	r.fin = job
 	return res
+}
+
+// finishJob is a batch whose rows are being deleted in the background.
+type finishJob struct {
+	done chan struct{}
+	ids  []int64
+}
+
+// waitFinish waits for the background delete, if any.
+func (r *Relay) waitFinish() {
+	if r.fin != nil {
+		<-r.fin.done
+		r.fin = nil
+	}
 }
 
 // sendWaves sends a batch so that no record can overtake an earlier record
@@ -531,8 +587,11 @@ func (r *Relay) send(ctx context.Context, p sarama.SyncProducer, msgs []*sarama.
 	}
 }
 
-func (r *Relay) claim(ctx context.Context, firstSlot int) ([]row, error) {
-	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.cfg.Instance, r.cfg.BatchSize, r.cfg.Lanes, firstSlot, rowsPerSlot)
+func (r *Relay) claim(ctx context.Context, firstSlot int, exclude []int64) ([]row, error) {
+	if exclude == nil {
+		exclude = []int64{}
+	}
+	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.cfg.Instance, r.cfg.BatchSize, r.cfg.Lanes, firstSlot, rowsPerSlot, exclude)
 	if err != nil {
 		return nil, err
 	}
