@@ -144,8 +144,8 @@ func (c *Cleaner) runOnce(ctx context.Context, rep *Report) error {
 		}
 		if !tr.Skipped {
 			c.cfg.Logger.DebugContext(ctx, "cleanup pruned topic", "topic", name, "deleted", tr.Deleted,
-				"would_delete", tr.WouldDelete, "window", tr.Window, "forced", tr.Forced,
-				"oldest_age", tr.OldestAge, "margin", tr.Margin)
+				"would_delete", tr.WouldDelete, "window", tr.Window.String(), "forced", tr.Forced,
+				"oldest_age", tr.OldestAge.String(), "margin", tr.Margin.String())
 		}
 	}
 
@@ -352,7 +352,7 @@ func (c *Cleaner) record(ctx context.Context, rep Report, err error) {
 
 	attrs := []any{
 		"deleted", rep.Deleted, "topics", len(rep.Topics), "skipped", len(rep.Skipped()),
-		"batches", rep.Batches, "max_batch", rep.MaxBatch, "duration", rep.Duration, "dry_run", rep.DryRun,
+		"batches", rep.Batches, "max_batch", rep.MaxBatch.String(), "duration", rep.Duration.String(), "dry_run", rep.DryRun,
 	}
 	switch {
 	case err == nil:

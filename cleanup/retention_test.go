@@ -1,7 +1,10 @@
 package cleanup
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -421,4 +424,53 @@ func TestGlobalForcedWindow(t *testing.T) {
 	m, _ := rep.Topic("missing")
 	require.Equal(t, ReasonTopicNotFound, m.Reason)
 	require.Empty(t, rep.Skipped())
+}
+
+// Logs: snake_case keys; by-design skips at INFO, others at WARN; a
+// cancelled pass is not an error.
+func TestLogs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.topic(t, "compacted", map[string]string{"cleanup.policy": "compact"})
+	b.insertKey(t, "compacted", "k", time.Now(), nil)
+	b.insertKey(t, "missing", "k", time.Now(), nil)
+	var buf syncBuffer
+	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	_, err := b.cleaner(t, Config{Logger: logger}).RunOnce(context.Background())
+	require.NoError(t, err)
+	out := buf.String()
+	require.Contains(t, out, `"level":"INFO","msg":"cleanup skipped topic","topic":"compacted","reason":"compacted"`)
+	require.Contains(t, out, `"level":"WARN","msg":"cleanup skipped topic","topic":"missing","reason":"topic_not_found"`)
+	require.Contains(t, out, `"msg":"cleanup pass done","deleted":0,"topics":2,"skipped":2,"batches":`)
+	require.NotContains(t, out, `"msg":"cleanup pruned topic"`, "not for skipped topics")
+
+	buf.Reset()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = b.cleaner(t, Config{Logger: logger}).RunOnce(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotContains(t, buf.String(), `"level":"ERROR"`)
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func (s *syncBuffer) Reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.b.Reset()
 }
