@@ -43,12 +43,11 @@ func New(cfg Config) (*Cleaner, error) {
 // next pass runs as scheduled.
 func (c *Cleaner) Run(ctx context.Context) error {
 	for {
-		_, err := c.RunOnce(ctx)
+		// A failed pass is logged and counted by RunOnce; the next one runs
+		// as scheduled.
+		_, _ = c.RunOnce(ctx)
 		if ctx.Err() != nil {
 			return nil
-		}
-		if err != nil {
-			c.cfg.Logger.ErrorContext(ctx, "cleanup pass failed", "error", err)
 		}
 		t := time.NewTimer(c.cfg.Interval)
 		select {
