@@ -13,6 +13,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgbox/pgbox/outbox"
 )
@@ -96,7 +97,7 @@ func (r *Relay) Stats() Stats {
 // Run publishes until ctx is canceled, then finishes or releases the
 // in-flight batch (waiting at most StopTimeout for a send), gives up its
 // lanes and returns nil. It returns an error only when it cannot start:
-// ErrLaneCountMismatch, or ErrRunning. Database and broker failures are
+// ErrLaneCountMismatch, ErrRunning, or missing pgbox tables. Database and broker failures are
 // logged and retried with backoff, never returned.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
@@ -156,6 +157,9 @@ func retry(ctx context.Context, r *Relay, what string, fn func(context.Context) 
 		err := fn(ctx)
 		if err == nil || errors.Is(err, ErrLaneCountMismatch) {
 			return err
+		}
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+			return fmt.Errorf("relay: %s: %w (apply pgbox's migrations first: migrations.Up, or `pgbox-relay migrate`)", what, err)
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -240,3 +240,18 @@ func TestStopIsPrompt(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_relay_lanes WHERE owner IS NOT NULL`).Scan(&owned))
 	require.Zero(t, owned)
 }
+
+// Without the migrations, Run says so instead of retrying forever.
+func TestRunWithoutMigrations(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.db.Pool.Exec(context.Background(), `DROP TABLE pgbox_relay_lanes`)
+	require.NoError(t, err)
+	r, err := relay.New(b.config("a"))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	require.ErrorContains(t, err, "apply pgbox's migrations first")
+	require.NoError(t, ctx.Err())
+}
