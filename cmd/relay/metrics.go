@@ -55,7 +55,7 @@ var (
 	dParked      = desc("pgbox_relay_parked_total", "Rows parked after the maximum number of permanent failures.")
 	dBatches     = desc("pgbox_relay_batches_total", "Non-empty relay passes (claim, send, delete).")
 	dLatMax      = desc("pgbox_relay_batch_latency_max_seconds", "Longest relay pass so far, claim to delete.")
-	dRelayBack   = desc("pgbox_relay_backlog_rows", "Unpublished, unparked outbox rows at the relay's last heartbeat (capped at 1,000,000).")
+	dRelayBack   = desc("pgbox_relay_backlog_rows", "Unpublished, unparked outbox rows at the relay's last heartbeat (counted up to 100,000).")
 	dLanesHeld   = desc("pgbox_relay_lanes_held", "Lanes this instance held at its last heartbeat.")
 	dInstances   = desc("pgbox_relay_instances", "Live relay instances seen at the last heartbeat.")
 	dUnpublished = desc("pgbox_outbox_unpublished_rows", "Unpublished, unparked outbox rows, by topic and lane (read at scrape).", "topic", "lane")
