@@ -64,8 +64,9 @@
 // duplicate window: records an instance sent but could not delete before the
 // lane moved (it was killed, paused or cut off after the broker acknowledged
 // them, or its delete failed) are sent again by the next owner, with the same
-// event id. That is at most the in-flight batch of the instance that lost the
-// lane. A graceful hand-over (rebalance, shutdown) makes none: a released
+// event id. That is at most two batches of the instance that lost the lane:
+// the one it was sending and the previous one, whose delete runs in the
+// background while the next batch is claimed and sent. A graceful hand-over (rebalance, shutdown) makes none: a released
 // lane stays unclaimable for one heartbeat interval so the releasing instance
 // can finish its batch, and Run releases its lanes only after finishing it.
 //
