@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -163,4 +164,16 @@ func TestDocsListEverySetting(t *testing.T) {
 		row := "| `--" + st.name + "` | `" + st.env + "` | " + def + " |"
 		require.True(t, strings.Contains(doc, row), "docs/readme/cmd.md has no row starting %s", row)
 	}
+}
+
+// TestLibrariesDoNotImportKfake: only cmd/ and tests may depend on the
+// embedded broker; a service importing pgbox's libraries never builds it.
+func TestLibrariesDoNotImportKfake(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", "github.com/pgbox/pgbox/inbox", "github.com/pgbox/pgbox/outbox",
+		"github.com/pgbox/pgbox/relay", "github.com/pgbox/pgbox/cleanup", "github.com/pgbox/pgbox/migrations").CombinedOutput()
+	require.NoError(t, err, string(out))
+	require.Contains(t, string(out), "github.com/IBM/sarama", "go list -deps output looks wrong")
+	require.NotContains(t, string(out), "franz-go/pkg/kfake")
+	require.NotContains(t, string(out), "prometheus", "the Prometheus client is the binary's only")
 }

@@ -151,7 +151,7 @@ func (s *settings) boolean(p *bool, group, name, env string, def bool, usage str
 	return st
 }
 
-func (s *settings) list_(p *[]string, group, name, env, def, usage string) *setting {
+func (s *settings) csv(p *[]string, group, name, env, def, usage string) *setting {
 	st := &setting{name: name, env: env, def: def, usage: usage, group: group, allow: "a comma-separated list"}
 	st.set = func(v string) error {
 		*p = splitList(v)

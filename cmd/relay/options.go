@@ -128,7 +128,7 @@ func (o *options) bind(s *settings, groups ...string) {
 		o.kafkaBound = true
 		o.kafkaRequired = has[groupKafka]
 		k := &o.Kafka
-		s.list_(&k.Brokers, g, "kafka-brokers", "KAFKA_BROKERS", "", brokersDoc)
+		s.csv(&k.Brokers, g, "kafka-brokers", "KAFKA_BROKERS", "", brokersDoc)
 		s.str(&k.Version, g, "kafka-version", "PGBOX_KAFKA_VERSION", kafkaVersionDefault, "Kafka protocol version the client speaks (the oldest broker's version or lower)")
 		s.str(&k.ClientID, g, "kafka-client-id", "PGBOX_KAFKA_CLIENT_ID", kafkaClientIDDefault, "client.id sent to the brokers")
 		s.duration(&k.Timeout, g, "kafka-timeout", "PGBOX_KAFKA_TIMEOUT", kafkaTimeoutDefault, time.Millisecond, "dial, read and write timeout of Kafka requests")
