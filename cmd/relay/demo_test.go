@@ -51,7 +51,7 @@ func TestDemoShort(t *testing.T) {
 		`orders sent \(unique\)\s+300\s`,
 		`replayed from an earlier offset\s+40\s`,
 		`business rows \(demo_charges\)\s+300\s+ok: equals unique orders \(300 distinct order ids\)`,
-		`payments published\s+300\s+ok: 300 of 300 orders have a payment`,
+		`payments published\s+300\s+ok: 300 of 300 orders paid, 0 paid more than once`,
 		`end-to-end latency p50 / p99\s+\S+ / \S+`,
 		`cleanup \(one pass\)\s+0 deleted`,
 		`(?m)^PASS`,
@@ -78,6 +78,7 @@ func TestDemoCheckFails(t *testing.T) {
 		"--partitions=2", "--dedup-key=offset", "--demo-schema="+schema, "--duration=150s", "--keep-schema=false")
 	require.Equal(t, 1, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 	require.Contains(t, r.stdout, "FAILED: DIFFERS FROM unique orders")
+	require.Regexp(t, `payments published\s+100\s+FAILED: 100 of 100 orders paid, [1-9]\d* paid more than once`, r.stdout)
 	require.Regexp(t, `(?m)^FAIL$`, r.stdout)
 	require.Contains(t, r.stderr, "demo check failed")
 }
