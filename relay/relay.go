@@ -33,7 +33,8 @@ type Relay struct {
 	log     *slog.Logger
 	running atomic.Bool
 	wake    chan struct{}
-	fin     *finishJob // owned by the worker goroutine
+	fin     *finishJob // background delete; owned by the worker goroutine
+	pre     *claimJob  // prefetched next batch; owned by the worker goroutine
 
 	published, retried, parked, batches atomic.Uint64
 	latLast, latMax, latTotal           atomic.Int64
@@ -43,7 +44,7 @@ type Relay struct {
 
 // Stats are the relay's counters since New. A metrics exporter reads them.
 type Stats struct {
-	// Published counts records Kafka acknowledged whose rows were deleted.
+	// Published counts records Kafka acknowledged (their rows are then deleted).
 	Published uint64
 	// Retried counts row sends that failed and were left for a later pass
 	// (broker outages and permanent failures below MaxAttempts).
@@ -290,6 +291,7 @@ func (r *Relay) workLoop(ctx context.Context, p sarama.SyncProducer) <-chan stru
 	)
 	close(idle)
 	defer r.waitFinish()
+	defer r.dropPrefetch()
 	for {
 		if ctx.Err() != nil {
 			return idle
@@ -350,16 +352,16 @@ type passResult struct {
 // pass claims one batch, sends it and records the outcome.
 func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) passResult {
 	start := time.Now()
-	var exclude []int64
-	if r.fin != nil {
-		select {
-		case <-r.fin.done:
-			r.fin = nil
-		default:
-			exclude = r.fin.ids // acknowledged, delete still running
-		}
+	var rows []row
+	var err error
+	if pre := r.pre; pre != nil {
+		r.pre = nil
+		<-pre.done
+		rows, err = pre.rows, pre.err
 	}
-	rows, err := r.claim(ctx, *nextSlot, exclude)
+	if err != nil || len(rows) == 0 {
+		rows, err = r.claim(ctx, *nextSlot, r.finishingIDs(nil))
+	}
 	if err != nil {
 		return passResult{err: fmt.Errorf("claim: %w", err)}
 	}
@@ -367,6 +369,25 @@ func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) 
 		return passResult{}
 	}
 	*nextSlot = (int(rows[len(rows)-1].slot) + 1) % outbox.Slots
+
+	// A full-looking batch means a backlog: claim the next batch while this
+	// one is sent, skipping this batch's rows (and those still being
+	// deleted). It is used only if this batch goes out whole; otherwise a
+	// key may have a failed row that its later rows must not overtake.
+	if len(rows) >= rowsPerSlot && ctx.Err() == nil {
+		exclude := make([]int64, 0, len(rows))
+		for i := range rows {
+			exclude = append(exclude, rows[i].id)
+		}
+		exclude = r.finishingIDs(exclude)
+		job := &claimJob{done: make(chan struct{})}
+		first := *nextSlot
+		go func() {
+			defer close(job.done)
+			job.rows, job.err = r.claim(ctx, first, exclude)
+		}()
+		r.pre = job
+	}
 
 	claimed := time.Now()
 	msgs := make([]*sarama.ProducerMessage, len(rows))
@@ -409,6 +430,9 @@ func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) 
 		res.err = fmt.Errorf("send: %d of %d records failed, will retry: %w", transient, len(rows), firstErr)
 	}
 	r.retried.Add(uint64(transient))
+	if len(okIDs) < len(rows) {
+		r.dropPrefetch()
+	}
 	// One finish at a time: wait for the previous batch's.
 	if r.fin != nil {
 		<-r.fin.done
@@ -468,6 +492,34 @@ func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) 
 	}()
 	r.fin = job
 	return res
+}
+
+// claimJob is the next batch, claimed while the current one is sent.
+type claimJob struct {
+	done chan struct{}
+	rows []row
+	err  error
+}
+
+func (r *Relay) dropPrefetch() {
+	if r.pre != nil {
+		<-r.pre.done
+		r.pre = nil
+	}
+}
+
+// finishingIDs appends the ids whose background delete is still running.
+func (r *Relay) finishingIDs(ids []int64) []int64 {
+	if r.fin == nil {
+		return ids
+	}
+	select {
+	case <-r.fin.done:
+		r.fin = nil
+		return ids
+	default:
+		return append(ids, r.fin.ids...) // acknowledged, delete still running
+	}
 }
 
 // finishJob is a batch whose rows are being deleted in the background.
