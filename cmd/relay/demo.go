@@ -220,8 +220,10 @@ func (d *demo) run(ctx context.Context) error {
 	}
 
 	svcCtx, stopSvc := context.WithCancel(ctx)
-	defer stopSvc()
 	var wg sync.WaitGroup
+	// On every return: stop the service and wait for it before the pool and
+	// the broker close.
+	defer func() { stopSvc(); wg.Wait() }()
 	errs := make(chan error, 8)
 	wg.Go(func() {
 		if err := d.relay.Run(svcCtx); err != nil {
