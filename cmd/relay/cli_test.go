@@ -147,7 +147,7 @@ func TestVersion(t *testing.T) {
 }
 
 // TestDocsListEverySetting keeps docs/readme/cmd.md's configuration table in
-// step with the binary.
+// step with the binary's settings.
 func TestDocsListEverySetting(t *testing.T) {
 	t.Parallel()
 	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "readme", "cmd.md"))
@@ -157,11 +157,10 @@ func TestDocsListEverySetting(t *testing.T) {
 	set := newSettings()
 	opts.bind(set, allGroups...)
 	for _, st := range set.list {
-		def := "—"
-		if st.def != "" {
-			def = "`" + st.def + "`"
-		}
-		row := "| `--" + st.name + "` | `" + st.env + "` | " + def + " |"
+		// Defaults are not compared: the relay's and cleanup's pass through
+		// from their packages and may change there (`relay --help` is the
+		// source of truth).
+		row := "| `--" + st.name + "` | `" + st.env + "` | "
 		require.True(t, strings.Contains(doc, row), "docs/readme/cmd.md has no row starting %s", row)
 	}
 }

@@ -100,3 +100,18 @@ func TestDemoExternalBrokerWithSASL(t *testing.T) {
 	require.Regexp(t, `(?m)^PASS`, r.stdout)
 	require.NotContains(t, r.stdout+r.stderr, "p4ss")
 }
+
+// TestDemoExternalBrokerWithMutualTLS: the same against a broker that
+// requires TLS with a client certificate.
+func TestDemoExternalBrokerWithMutualTLS(t *testing.T) {
+	t.Parallel()
+	pki := newTestPKI(t)
+	c := kafkatest.New(t, kfake.TLS(pki.serverTLS))
+	schema := demoSchema(t)
+	env := []string{"DATABASE_URL=" + testdb.ServerURL(t), "KAFKA_BROKERS=" + strings.Join(c.ListenAddrs(), ","),
+		"PGBOX_KAFKA_TLS_CA=" + pki.caFile, "PGBOX_KAFKA_TLS_CERT=" + pki.certFile, "PGBOX_KAFKA_TLS_KEY=" + pki.keyFile}
+	r := runRelay(t, 3*time.Minute, env, "demo", "--orders=60", "--replay=6", "--rate=0", "--partitions=2",
+		"--demo-schema="+schema, "--duration=150s", "--keep-schema=false")
+	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	require.Regexp(t, `(?m)^PASS`, r.stdout)
+}

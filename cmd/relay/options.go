@@ -172,7 +172,7 @@ func (o *options) bind(s *settings, groups ...string) {
 		if !has[groupRelay] {
 			def = "" // the demo serves HTTP only when asked
 		}
-		s.str(&o.HTTPAddr, groupHTTP, "http-addr", "PGBOX_HTTP_ADDR", def, "listen address of /metrics, /healthz and /readyz (empty: no HTTP server)")
+		s.str(&o.HTTPAddr, groupHTTP, "http-addr", "PGBOX_HTTP_ADDR", def, "listen address of /metrics, /healthz and /readyz (empty: no HTTP server, the demo's default)")
 	}
 	if has[groupStatus] {
 		s.boolean(&o.JSON, groupStatus, "json", "PGBOX_STATUS_JSON", false, "print the status as JSON")
