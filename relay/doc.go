@@ -53,8 +53,12 @@
 // succeed once the broker is back. So a batch goes out in waves holding at
 // most one row per (topic, key); once a row fails, the later rows of its key
 // wait for the next pass. A batch of distinct keys is one wave; a hot key
-// costs one produce round trip per row. Claims take at most 16 rows per slot
-// so that a batch spans many slots and keys.
+// costs one produce round trip per row (the price of strict order: about a
+// quarter of the unordered baseline's rate when all traffic is on 10 keys).
+// Claims take at most 16 rows per slot so that a batch spans many slots and
+// keys. Under a backlog the work overlaps: the next batch is claimed while
+// the current one is sent, and a sent batch is deleted in the background
+// while the next goes out.
 //
 // # Fencing and the duplicate window
 //
