@@ -25,11 +25,12 @@ import (
 // BENCHTIME=1x already measures thousands of messages; raise BENCHTIME (e.g.
 // 5x) for steadier figures.
 //
-// msgs/s is the mean rate over the whole run, the figure to compare.
-// p50-msgs/s is the rate of the median chunk of benchChunk transactions: when
-// the machine or the PostgreSQL server (its WAL fsyncs) is shared with other
-// work, its bursts move the mean, and the median shows the typical rate.
-// The sides run one after the other, so on a busy machine compare several runs.
+// msgs/s, the figure to compare, is the rate of the median chunk of
+// benchChunk transactions (the median, as benchstat uses across runs): the two
+// sides run one after the other, and when the machine or the PostgreSQL
+// server (its WAL fsyncs) is shared with other work, that work's bursts land
+// on one side or the other and swing the whole-run mean by ±50%, while the
+// median stays within a few percent. total-msgs/s is the whole-run mean.
 const (
 	benchTxns    = 2000
 	benchBatches = 100
@@ -48,6 +49,16 @@ func benchConn(b *testing.B) (*pgxpool.Conn, *pgxpool.Pool) {
 	ctx := context.Background()
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE payments (id bigserial PRIMARY KEY, event text NOT NULL, amount bigint NOT NULL)`)
 	require.NoError(b, err)
+	// A live service's inbox is large and analyzed: give both sides 100,000
+	// earlier keys of the same consumer, so the planner knows the consumer has
+	// many rows. (On an empty, analyzed table it would scan all of the
+	// consumer's index entries for `key = ANY($2)`, a plan that gets slower
+	// with every batch and would handicap the baseline.)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at)
+		SELECT 'payments-svc', 'history/0/' || g, 'history', 0, g, now() FROM generate_series(1, 100000) g`)
+	require.NoError(b, err)
+	_, err = db.Pool.Exec(ctx, `VACUUM ANALYZE pgbox_inbox`)
+	require.NoError(b, err)
 	c, err := db.Pool.Acquire(ctx)
 	require.NoError(b, err)
 	b.Cleanup(c.Release)
@@ -60,7 +71,7 @@ func benchMsg(offset int64) inbox.Message {
 }
 
 // timeChunks runs txn n times, timing chunks of benchChunk calls, and reports
-// msgs/s over the whole run and p50-msgs/s from the median chunk.
+// msgs/s from the median chunk and total-msgs/s over the whole run.
 func timeChunks(b *testing.B, n, msgsPerTxn int, txn func(i int) error) {
 	b.Helper()
 	var chunks []time.Duration
@@ -81,8 +92,8 @@ func timeChunks(b *testing.B, n, msgsPerTxn int, txn func(i int) error) {
 	b.StopTimer()
 	slices.Sort(chunks)
 	median := chunks[len(chunks)/2]
-	b.ReportMetric(float64(n*msgsPerTxn)/total.Seconds(), "msgs/s")
-	b.ReportMetric(float64(benchChunk*msgsPerTxn)/median.Seconds(), "p50-msgs/s")
+	b.ReportMetric(float64(benchChunk*msgsPerTxn)/median.Seconds(), "msgs/s")
+	b.ReportMetric(float64(n*msgsPerTxn)/total.Seconds(), "total-msgs/s")
 }
 
 func BenchmarkProcess(b *testing.B) {
