@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 )
@@ -114,11 +115,11 @@ func TestCleanupAndStatusCommands(t *testing.T) {
 	require.NotNil(t, orders.Window)
 	require.InDelta(t, (2*time.Hour + 10*time.Minute).Seconds(), *orders.Window, 1)
 	require.Less(t, *orders.Margin, 0.0, "the 4h-old key is past the 2h10m window")
-	require.Contains(t, byTopic["ledger"].Note, "infinite_retention")
+	require.Contains(t, byTopic["ledger"].Note, string(cleanup.ReasonInfiniteRetention))
 
 	r = runRelay(t, time.Minute, env, "status")
 	require.Equal(t, 0, r.code, r.stderr)
-	for _, want := range []string{"OUTBOX: 3 unpublished, 0 parked", "payments", "INBOX", "orders", "2h10m", "never pruned: infinite_retention"} {
+	for _, want := range []string{"OUTBOX: 3 unpublished, 0 parked", "payments", "INBOX", "orders", "2h10m", "never pruned: " + string(cleanup.ReasonInfiniteRetention)} {
 		require.Contains(t, r.stdout, want)
 	}
 
@@ -131,7 +132,7 @@ func TestCleanupAndStatusCommands(t *testing.T) {
 	r = runRelay(t, time.Minute, env, "cleanup")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "2 rows deleted")
-	require.Contains(t, r.stdout, "skipped: infinite_retention")
+	require.Contains(t, r.stdout, "skipped: "+string(cleanup.ReasonInfiniteRetention))
 	require.Equal(t, 2, inboxKeys(t, db), "the 1h-old orders key and the ledger key stay")
 
 	// Kafka unreachable: nothing is deleted, the reason is printed, exit 0.
@@ -139,6 +140,6 @@ func TestCleanupAndStatusCommands(t *testing.T) {
 	down := []string{"DATABASE_URL=" + db.URL, "KAFKA_BROKERS=127.0.0.1:1", "PGBOX_KAFKA_TIMEOUT=500ms"}
 	r = runRelay(t, time.Minute, down, "cleanup")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "kafka_unreachable")
+	require.Contains(t, r.stdout, string(cleanup.ReasonKafkaUnreachable))
 	require.Equal(t, 3, inboxKeys(t, db))
 }
