@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -98,7 +99,13 @@ func (p *proc) httpAddr(t *testing.T) string {
 // stop sends SIGTERM and returns the exit code.
 func (p *proc) stop(t *testing.T) int {
 	t.Helper()
-	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	return p.signal(t, syscall.SIGTERM)
+}
+
+// signal sends sig and returns the exit code.
+func (p *proc) signal(t *testing.T, sig os.Signal) int {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(sig))
 	select {
 	case <-p.done:
 	case <-time.After(2 * time.Minute):
@@ -251,7 +258,7 @@ func TestRunNotReadyWithoutKafka(t *testing.T) {
 	code, body := httpGet(t, base+"/readyz")
 	require.Equal(t, 503, code, body)
 	require.Contains(t, body, `"kafka":"unreachable`)
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.signal(t, os.Interrupt), "SIGINT stops it cleanly too: %s", p.output())
 	require.Contains(t, p.output(), ":xxxxx@", "the startup line shows the DSN, redacted")
 	require.Contains(t, p.output(), `kafka_sasl_password=(redacted)`)
 	require.NotContains(t, p.output(), "s3cret")
