@@ -32,8 +32,8 @@ import (
 // on one side or the other and swing the whole-run mean by ±50%, while the
 // median stays within a few percent. total-msgs/s is the whole-run mean.
 const (
-	benchTxns    = 2000
-	benchBatches = 100
+	benchTxns    = 3000
+	benchBatches = 300
 	benchBatch   = 100
 	benchChunk   = 20
 )
