@@ -363,7 +363,7 @@ func rssRun(b *testing.B) (peakMB, rate float64) {
 	defer func() { _ = child.Process.Kill(); _ = child.Wait() }()
 	waitFor(b, "child holds lanes", func() bool {
 		var n int
-		_ = tb.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_relay_lanes WHERE owner = 'child'`).Scan(&n)
+		_ = tb.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_relay_lanes WHERE owner LIKE 'child#%'`).Scan(&n)
 		return n == 8
 	})
 

@@ -2,8 +2,6 @@ package relay
 
 import (
 	"cmp"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -77,8 +75,9 @@ type Config struct {
 	// value: New refuses to start next to live instances using another.
 	// At most outbox.Slots (256). Defaults to LanesDefault (16).
 	Lanes int
-	// Instance names this relay instance in the lease tables; it must be
-	// unique among running instances. Defaults to hostname-pid-random.
+	// Instance names this relay instance in logs and the lease tables, where
+	// the relay appends "#" and a random suffix (see Relay.Instance), so
+	// names need not be unique. Defaults to hostname-pid.
 	Instance string
 	// BatchSize is the most rows one pass claims and sends. Defaults to
 	// BatchSizeDefault (2000).
@@ -145,9 +144,7 @@ func (c Config) withDefaults() Config {
 	c.Lanes = cmp.Or(c.Lanes, LanesDefault)
 	if c.Instance == "" {
 		host, _ := os.Hostname()
-		b := make([]byte, 4)
-		_, _ = rand.Read(b)
-		c.Instance = fmt.Sprintf("%s-%d-%s", cmp.Or(host, "relay"), os.Getpid(), hex.EncodeToString(b))
+		c.Instance = fmt.Sprintf("%s-%d", cmp.Or(host, "relay"), os.Getpid())
 	}
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)

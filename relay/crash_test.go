@@ -40,7 +40,7 @@ func TestKilledRelayProcessIsTakenOver(t *testing.T) {
 	ownedBy := func(owner string) int {
 		var n int
 		require.NoError(t, b.db.Pool.QueryRow(ctx,
-			`SELECT count(*) FROM pgbox_relay_lanes WHERE owner = $1 AND expires_at > now()`, owner).Scan(&n))
+			`SELECT count(*) FROM pgbox_relay_lanes WHERE owner LIKE $1 || '#%' AND expires_at > now()`, owner).Scan(&n))
 		return n
 	}
 	waitFor(t, "child holds lanes", func() bool { return ownedBy("child") == 8 })
@@ -107,7 +107,7 @@ func TestPausedRelayProcessIsFenced(t *testing.T) {
 	ownedBy := func(owner string) int {
 		var n int
 		require.NoError(t, b.db.Pool.QueryRow(ctx,
-			`SELECT count(*) FROM pgbox_relay_lanes WHERE owner = $1 AND expires_at > now()`, owner).Scan(&n))
+			`SELECT count(*) FROM pgbox_relay_lanes WHERE owner LIKE $1 || '#%' AND expires_at > now()`, owner).Scan(&n))
 		return n
 	}
 	waitFor(t, "child holds lanes", func() bool { return ownedBy("child") == 8 })

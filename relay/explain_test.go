@@ -47,7 +47,7 @@ func TestClaimQueryUsesIndex(t *testing.T) {
 	// And the claim returns the right rows: only owned lanes, unparked, oldest first per slot.
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	r := &Relay{cfg: Config{Pool: db.Pool, Instance: "me", BatchSize: 500, Lanes: 16}}
+	r := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 500, Lanes: 16}, id: "me"}
 	got, err := r.claim(cctx, 0, nil)
 	require.NoError(t, err)
 	require.Len(t, got, 500)

@@ -30,7 +30,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 		var backlog int64
 		require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, instance, "1 hour", 1, backlogCap, "0s").Scan(&held, &live, &backlog))
 	}
-	old := &Relay{cfg: Config{Pool: db.Pool, Instance: "old", BatchSize: 10, Lanes: 1}}
+	old := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, id: "old"}
 	heartbeat("old")
 	claimed, err := old.claim(ctx, 0, nil)
 	require.NoError(t, err)
@@ -57,7 +57,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	require.Empty(t, again, "a stale instance claims nothing")
 
 	// The new owner settles them under its own epoch.
-	fresh := &Relay{cfg: Config{Pool: db.Pool, Instance: "new", BatchSize: 10, Lanes: 1}}
+	fresh := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, id: "new"}
 	mine, err := fresh.claim(ctx, 0, nil)
 	require.NoError(t, err)
 	require.Len(t, mine, 2)

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,6 +32,7 @@ var (
 // Run; several instances (processes) may run against one database.
 type Relay struct {
 	cfg     Config
+	id      string // Config.Instance + "#" + random: the owner name in the lease tables
 	log     *slog.Logger
 	running atomic.Bool
 	wake    chan struct{}
@@ -73,11 +76,19 @@ func New(cfg Config) (*Relay, error) {
 	k := *cfg.Kafka // shallow copy: the caller's config stays untouched
 	k.Producer.Partitioner = cfg.Partitioner
 	cfg.Kafka = &k
-	return &Relay{cfg: cfg, log: cfg.Logger.With("instance", cfg.Instance), wake: make(chan struct{}, 1)}, nil
+	// The lease tables know this Relay by its name plus a random suffix, so two
+	// processes configured with the same name (a copy-pasted setting, a pod
+	// restarted before its old lease expired) are still two instances and
+	// never share a lane.
+	b := make([]byte, 4)
+	_, _ = crand.Read(b)
+	id := cfg.Instance + "#" + hex.EncodeToString(b)
+	return &Relay{cfg: cfg, id: id, log: cfg.Logger.With("instance", id), wake: make(chan struct{}, 1)}, nil
 }
 
-// Instance returns the instance name this relay registers under.
-func (r *Relay) Instance() string { return r.cfg.Instance }
+// Instance returns the name this relay registers under in the lease tables:
+// Config.Instance plus "#" and a random suffix unique to this Relay.
+func (r *Relay) Instance() string { return r.id }
 
 // Stats returns a snapshot of the counters.
 func (r *Relay) Stats() Stats {
@@ -135,7 +146,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	stopCtx, stopCancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StopTimeout)
 	defer stopCancel()
-	if _, err := r.cfg.Pool.Exec(stopCtx, releaseSQL, r.cfg.Instance); err != nil {
+	if _, err := r.cfg.Pool.Exec(stopCtx, releaseSQL, r.id); err != nil {
 		r.log.WarnContext(stopCtx, "release lanes", "error", err)
 	}
 	r.lanes.Store(0)
@@ -181,7 +192,7 @@ func (r *Relay) ensureLanes(ctx context.Context) error {
 			return err
 		}
 		var count, minLanes, maxLanes, liveOthers int
-		if err := tx.QueryRow(ctx, lanesStateSQL, r.cfg.Instance).Scan(&count, &minLanes, &maxLanes, &liveOthers); err != nil {
+		if err := tx.QueryRow(ctx, lanesStateSQL, r.id).Scan(&count, &minLanes, &maxLanes, &liveOthers); err != nil {
 			return err
 		}
 		if count == r.cfg.Lanes && minLanes == r.cfg.Lanes && maxLanes == r.cfg.Lanes {
@@ -223,7 +234,7 @@ func (r *Relay) heartbeat(ctx context.Context) {
 	defer cancel()
 	var held, live int
 	var backlog int64
-	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.cfg.Instance, r.cfg.LeaseTTL, r.cfg.Lanes, backlogCap, r.cfg.HeartbeatInterval).Scan(&held, &live, &backlog)
+	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.id, r.cfg.LeaseTTL, r.cfg.Lanes, backlogCap, r.cfg.HeartbeatInterval).Scan(&held, &live, &backlog)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.WarnContext(ctx, "heartbeat failed", "error", err)
@@ -647,7 +658,7 @@ func (r *Relay) claim(ctx context.Context, firstSlot int, exclude []int64) ([]ro
 	if exclude == nil {
 		exclude = []int64{}
 	}
-	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.cfg.Instance, r.cfg.BatchSize, r.cfg.Lanes, firstSlot, rowsPerSlot, exclude)
+	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.id, r.cfg.BatchSize, r.cfg.Lanes, firstSlot, rowsPerSlot, exclude)
 	if err != nil {
 		return nil, err
 	}

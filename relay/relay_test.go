@@ -255,3 +255,20 @@ func TestRunWithoutMigrations(t *testing.T) {
 	require.ErrorContains(t, err, "apply pgbox's migrations first")
 	require.NoError(t, ctx.Err())
 }
+
+// Two processes given the same Instance name are still two instances: they
+// split the lanes instead of both publishing them.
+func TestSameInstanceNameTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	x, y := start(t, b.config("same")), start(t, b.config("same"))
+	require.NotEqual(t, x.r.Instance(), y.r.Instance())
+	waitFor(t, "lanes split", func() bool {
+		sx, sy := x.r.Stats(), y.r.Stats()
+		return sx.Lanes > 0 && sy.Lanes > 0 && sx.Lanes+sy.Lanes == 8
+	})
+	for i := range 20 {
+		b.write(t, msg(b.topic, keyed(i), "v"))
+	}
+	require.Len(t, readTopic(t, b, b.topic, 20), 20)
+}
