@@ -292,3 +292,55 @@ func TestNewValidates(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "c", ib.Consumer())
 }
+
+// TestProcessManyInOneTx checks the savepoints Process leaves open: a failing
+// handler later in the transaction rolls back only its own message, and a
+// caller's savepoint around Process still rolls back all of it.
+func TestProcessManyInOneTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	ib := newInbox(t, inbox.Config{})
+	boom := errors.New("boom")
+	fail := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+		if err := pay(ctx, tx, m); err != nil {
+			return err
+		}
+		return boom
+	}
+
+	tx := b.begin(t)
+	_, err := ib.Process(ctx, tx, msg("orders", 0, 1, "v"), pay)
+	require.NoError(t, err)
+	_, err = ib.Process(ctx, tx, msg("orders", 0, 2, "v"), fail)
+	require.ErrorIs(t, err, boom)
+	res, err := ib.Process(ctx, tx, msg("orders", 0, 1, "v"), pay) // seen earlier in this tx
+	require.NoError(t, err)
+	require.True(t, res.Duplicate)
+	_, err = ib.Process(ctx, tx, msg("orders", 0, 3, "v"), pay)
+	require.NoError(t, err)
+
+	// A caller's own savepoint around Process, rolled back.
+	sp, err := tx.Begin(ctx)
+	require.NoError(t, err)
+	_, err = ib.Process(ctx, sp, msg("orders", 0, 4, "v"), pay)
+	require.NoError(t, err)
+	require.NoError(t, sp.Rollback(ctx))
+	// And one released.
+	sp, err = tx.Begin(ctx)
+	require.NoError(t, err)
+	_, err = ib.Process(ctx, sp, msg("orders", 0, 5, "v"), pay)
+	require.NoError(t, err)
+	require.NoError(t, sp.Commit(ctx))
+	_, err = ib.Process(ctx, tx, msg("orders", 0, 6, "v"), fail)
+	require.ErrorIs(t, err, boom)
+	require.NoError(t, tx.Commit(ctx))
+
+	var keys []string
+	rows, err := b.pool.Query(ctx, `SELECT key FROM pgbox_inbox ORDER BY key`)
+	require.NoError(t, err)
+	keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"orders/0/1", "orders/0/3", "orders/0/5"}, keys)
+	require.Equal(t, 3, b.payments(t))
+}
