@@ -9,7 +9,7 @@
 //
 // Every committed row is published at least once; rows of rolled-back
 // transactions never exist. Rows with the same key reach Kafka on one
-// partition in id order, which is commit order for writers that serialize on
+// partition (while the topic's partition count stays the same) in id order, which is commit order for writers that serialize on
 // the business row before writing the event (see package outbox). Every
 // record carries the row's event id in the "pgbox-event-id" header
 // (EventIDHeader) and its creation time in "pgbox-created-at"; consumers dedupe
