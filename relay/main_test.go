@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -57,5 +56,3 @@ func (b *testBundle) childEnv(name string, batch int) []string {
 		"PGBOX_RELAY_BATCH="+strconv.Itoa(batch),
 	)
 }
-
-var _ = time.Second

@@ -1,0 +1,464 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/pgbox/pgbox/outbox"
+)
+
+// workLoop runs passes until ctx ends. It returns a channel closed when no
+// send is in flight any more.
+func (r *Relay) workLoop(ctx context.Context, p sarama.SyncProducer) <-chan struct{} {
+	var (
+		b         backoff
+		busyUntil time.Time
+		nextSlot  int
+		idle      = make(chan struct{})
+	)
+	close(idle)
+	defer r.waitFinish()
+	defer r.dropPrefetch()
+	for {
+		if ctx.Err() != nil {
+			return idle
+		}
+		res := r.pass(ctx, p, &nextSlot)
+		if res.abandoned != nil {
+			return res.abandoned
+		}
+		var wait time.Duration
+		switch {
+		case res.err != nil || (res.failed > 0 && res.published == 0):
+			wait = b.next(r.cfg.MaxBackoff)
+			if res.err != nil && ctx.Err() == nil {
+				r.log.WarnContext(ctx, "pass failed", "error", res.err, "backoff", wait)
+			}
+		case res.failed > 0:
+			b = backoff{}
+			wait = backoffMin // some rows went out: retry the rest soon
+		case res.claimed > 0:
+			b = backoff{}
+			busyUntil = time.Now().Add(busyWindow)
+			continue // drain again at once
+		default:
+			wait = r.cfg.PollInterval
+			if time.Now().Before(busyUntil) {
+				wait = r.cfg.BusyPollInterval
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-r.wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+type row struct {
+	id        int64
+	eventID   outbox.EventID
+	slot      int16
+	topic     string
+	key       []byte
+	value     []byte
+	headers   []outbox.Header
+	createdAt time.Time
+	attempts  int32
+	epoch     int64
+}
+
+type passResult struct {
+	claimed, published, failed int
+	err                        error
+	abandoned                  <-chan struct{} // set when stop abandoned an in-flight send
+}
+
+// pass claims one batch, sends it and records the outcome.
+func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) passResult {
+	start := time.Now()
+	var rows []row
+	var err error
+	if pre := r.pre; pre != nil {
+		r.pre = nil
+		<-pre.done
+		rows, err = pre.rows, pre.err
+	}
+	if err != nil || len(rows) == 0 {
+		rows, err = r.claim(ctx, *nextSlot, r.finishingIDs(nil))
+	}
+	if err != nil {
+		return passResult{err: fmt.Errorf("claim: %w", err)}
+	}
+	if len(rows) == 0 {
+		return passResult{}
+	}
+	*nextSlot = (int(rows[len(rows)-1].slot) + 1) % outbox.Slots
+
+	// A full-looking batch means a backlog: claim the next batch while this
+	// one is sent, skipping this batch's rows (and those still being
+	// deleted). It is used only if this batch goes out whole; otherwise a
+	// key may have a failed row that its later rows must not overtake.
+	if len(rows) >= rowsPerSlot && ctx.Err() == nil {
+		exclude := make([]int64, 0, len(rows))
+		for i := range rows {
+			exclude = append(exclude, rows[i].id)
+		}
+		exclude = r.finishingIDs(exclude)
+		job := &claimJob{done: make(chan struct{})}
+		first := *nextSlot
+		go func() {
+			defer close(job.done)
+			job.rows, job.err = r.claim(ctx, first, exclude)
+		}()
+		r.pre = job
+	}
+
+	claimed := time.Now()
+	msgs := make([]*sarama.ProducerMessage, len(rows))
+	for i := range rows {
+		msgs[i] = toMessage(&rows[i], i)
+	}
+	outcome, abandoned := r.sendWaves(ctx, p, rows, msgs)
+	sentAt := time.Now()
+	if abandoned != nil {
+		return passResult{claimed: len(rows), abandoned: abandoned}
+	}
+	var (
+		okIDs, okEpochs, badIDs, badEpochs []int64
+		badErrs                            []string
+		transient                          int
+		firstErr                           error
+	)
+	for i := range rows {
+		e, tried := outcome[i]
+		switch {
+		case !tried: // held back behind a failed row of its key, or stopping
+		case e == nil:
+			okIDs = append(okIDs, rows[i].id)
+			okEpochs = append(okEpochs, rows[i].epoch)
+		case permanent(e):
+			badIDs = append(badIDs, rows[i].id)
+			badEpochs = append(badEpochs, rows[i].epoch)
+			badErrs = append(badErrs, e.Error())
+			r.log.Warn("publish failed permanently", "topic", rows[i].topic, "row_id", rows[i].id,
+				"event_id", rows[i].eventID.String(), "attempt", rows[i].attempts+1, "error", e)
+		default:
+			transient++
+			if firstErr == nil {
+				firstErr = e
+			}
+		}
+	}
+	res := passResult{claimed: len(rows), published: len(okIDs), failed: transient + len(badIDs)}
+	if transient > 0 {
+		res.err = fmt.Errorf("send: %d of %d records failed, will retry: %w", transient, len(rows), firstErr)
+	}
+	r.retried.Add(uint64(transient))
+	if len(okIDs) < len(rows) {
+		r.dropPrefetch()
+	}
+	// One finish at a time: wait for the previous batch's.
+	if r.fin != nil {
+		<-r.fin.done
+		r.fin = nil
+	}
+	if len(okIDs)+len(badIDs) == 0 {
+		return res
+	}
+	// Record the outcome even when stopping: these records are in Kafka.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	finish := func() error {
+		defer cancel()
+		var deleted, parked int
+		if err := r.cfg.Pool.QueryRow(fctx, finishSQL, okIDs, okEpochs, badIDs, badEpochs, badErrs, r.cfg.MaxAttempts).Scan(&deleted, &parked); err != nil {
+			// The records went out but the rows stay: they will be sent again
+			// (same event ids). That is the at-least-once window.
+			return fmt.Errorf("record outcome of %d rows: %w", len(rows), err)
+		}
+		if deleted < len(okIDs) {
+			r.log.Info("lane changed hands during the batch; the new owner may send some rows again", "sent", len(okIDs), "deleted", deleted)
+		}
+		lat := time.Since(start)
+		r.log.Debug("batch", "rows", len(rows), "published", len(okIDs), "claim", claimed.Sub(start), "send", sentAt.Sub(claimed), "finish", time.Since(sentAt))
+		r.published.Add(uint64(len(okIDs)))
+		r.retried.Add(uint64(len(badIDs) - parked))
+		r.parked.Add(uint64(parked))
+		r.batches.Add(1)
+		r.latLast.Store(int64(lat))
+		r.latTotal.Add(int64(lat))
+		for {
+			m := r.latMax.Load()
+			if int64(lat) <= m || r.latMax.CompareAndSwap(m, int64(lat)) {
+				break
+			}
+		}
+		if parked > 0 {
+			r.log.Error("rows parked after repeated permanent failures", "rows", parked, "max_attempts", r.cfg.MaxAttempts)
+		}
+		return nil
+	}
+	if res.failed > 0 || ctx.Err() != nil {
+		if err := finish(); err != nil {
+			res.err = err
+		}
+		return res
+	}
+	// All went out: delete in the background while the next batch is claimed
+	// and sent. The next claim skips these rows; if the delete fails they
+	// are found again later and sent again (same event ids, after their
+	// key's earlier records, so a deduping consumer sees the same order).
+	job := &finishJob{done: make(chan struct{}), ids: okIDs}
+	go func() {
+		defer close(job.done)
+		if err := finish(); err != nil && ctx.Err() == nil {
+			r.log.Warn("recording a batch failed; its rows will be sent again", "error", err)
+		}
+	}()
+	r.fin = job
+	return res
+}
+
+// claimJob is the next batch, claimed while the current one is sent.
+type claimJob struct {
+	done chan struct{}
+	rows []row
+	err  error
+}
+
+func (r *Relay) dropPrefetch() {
+	if r.pre != nil {
+		<-r.pre.done
+		r.pre = nil
+	}
+}
+
+// finishingIDs appends the ids whose background delete is still running.
+func (r *Relay) finishingIDs(ids []int64) []int64 {
+	if r.fin == nil {
+		return ids
+	}
+	select {
+	case <-r.fin.done:
+		r.fin = nil
+		return ids
+	default:
+		return append(ids, r.fin.ids...) // acknowledged, delete still running
+	}
+}
+
+// finishJob is a batch whose rows are being deleted in the background.
+type finishJob struct {
+	done chan struct{}
+	ids  []int64
+}
+
+// waitFinish waits for the background delete, if any.
+func (r *Relay) waitFinish() {
+	if r.fin != nil {
+		<-r.fin.done
+		r.fin = nil
+	}
+}
+
+// sendWaves sends a batch so that no record can overtake an earlier record
+// of its key: each wave holds at most one row per (topic, key), in id order,
+// and once a row fails, the later rows of its key are held back until the
+// next pass. One SendMessages call cannot promise that by itself: sarama
+// fails a message whose partition leader it cannot find at that moment and
+// goes on with the next one, which may then succeed. With distinct keys a
+// batch is one wave; a hot key costs one produce round trip per row.
+//
+// It returns each tried row's error (nil: acknowledged). If ctx is canceled
+// during a send, it waits StopTimeout for the send, then gives up and
+// returns a channel closed when the abandoned send has finished.
+func (r *Relay) sendWaves(ctx context.Context, p sarama.SyncProducer, rows []row, msgs []*sarama.ProducerMessage) (map[int]error, <-chan struct{}) {
+	outcome := make(map[int]error, len(rows))
+	blocked := map[string]bool{}
+	pending := make([]int, len(rows))
+	for i := range pending {
+		pending[i] = i
+	}
+	keyOf := func(i int) string {
+		if rows[i].key == nil {
+			return "\x00nokey" + strconv.Itoa(i) // no key, no order to keep
+		}
+		return rows[i].topic + "\x00" + string(rows[i].key)
+	}
+	for len(pending) > 0 && ctx.Err() == nil {
+		var wave []*sarama.ProducerMessage
+		var waveIdx, rest []int
+		inWave := map[string]bool{}
+		for _, i := range pending {
+			k := keyOf(i)
+			switch {
+			case blocked[k]:
+			case inWave[k]:
+				rest = append(rest, i)
+			default:
+				inWave[k] = true
+				wave = append(wave, msgs[i])
+				waveIdx = append(waveIdx, i)
+			}
+		}
+		if len(wave) == 0 {
+			break
+		}
+		sendErr, abandoned := r.send(ctx, p, wave)
+		if abandoned != nil {
+			return nil, abandoned
+		}
+		failedErr := map[int]error{}
+		if sendErr != nil {
+			var perrs sarama.ProducerErrors
+			if errors.As(sendErr, &perrs) {
+				for _, pe := range perrs {
+					if i, ok := pe.Msg.Metadata.(int); ok {
+						failedErr[i] = pe.Err
+					}
+				}
+			} else {
+				for _, i := range waveIdx {
+					failedErr[i] = sendErr
+				}
+			}
+		}
+		allTransient := len(failedErr) == len(wave)
+		for _, i := range waveIdx {
+			e := failedErr[i]
+			outcome[i] = e
+			if e != nil {
+				blocked[keyOf(i)] = true
+				if permanent(e) {
+					allTransient = false
+				}
+			}
+		}
+		if allTransient && len(failedErr) > 0 {
+			break // the broker is unreachable: back off instead of trying the next wave
+		}
+		pending = rest
+	}
+	return outcome, nil
+}
+
+// send runs one SendMessages. If ctx is canceled meanwhile it waits up to
+// StopTimeout; after that it abandons the send (the rows stay in the outbox)
+// and returns a channel closed when the send finally returns.
+func (r *Relay) send(ctx context.Context, p sarama.SyncProducer, msgs []*sarama.ProducerMessage) (error, <-chan struct{}) {
+	done := make(chan error, 1)
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		done <- p.SendMessages(msgs)
+	}()
+	select {
+	case err := <-done:
+		return err, nil
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(r.cfg.StopTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err, nil
+	case <-t.C:
+		r.log.Warn("stop: abandoned an in-flight send, its rows stay in the outbox", "rows", len(msgs))
+		return nil, sent
+	}
+}
+
+func (r *Relay) claim(ctx context.Context, firstSlot int, exclude []int64) ([]row, error) {
+	if exclude == nil {
+		exclude = []int64{}
+	}
+	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.id, r.cfg.BatchSize, r.cfg.Lanes, firstSlot, rowsPerSlot, exclude)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]row, 0, 64)
+	for rows.Next() {
+		var x row
+		if err := rows.Scan(&x.id, &x.eventID, &x.slot, &x.topic, &x.key, &x.value, &x.headers, &x.createdAt, &x.attempts, &x.epoch); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out = append(out, x)
+	}
+	return out, rows.Err()
+}
+
+func toMessage(x *row, i int) *sarama.ProducerMessage {
+	m := &sarama.ProducerMessage{Topic: x.topic, Metadata: i}
+	if x.key != nil {
+		m.Key = sarama.ByteEncoder(x.key)
+	}
+	if x.value != nil {
+		m.Value = sarama.ByteEncoder(x.value)
+	}
+	m.Headers = make([]sarama.RecordHeader, 0, len(x.headers)+2)
+	for _, h := range x.headers {
+		if h.Key == EventIDHeader || h.Key == CreatedAtHeader {
+			continue
+		}
+		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
+	}
+	m.Headers = append(m.Headers,
+		sarama.RecordHeader{Key: []byte(EventIDHeader), Value: []byte(x.eventID.String())},
+		sarama.RecordHeader{Key: []byte(CreatedAtHeader), Value: []byte(x.createdAt.UTC().Format(time.RFC3339Nano))},
+	)
+	return m
+}
+
+// permanent reports whether a send error will not go away by retrying: the
+// record or its topic is wrong. Everything else (broker down, leader
+// moving, timeouts) is transient and never parks a row.
+func permanent(err error) bool {
+	var cerr sarama.ConfigurationError
+	if errors.As(err, &cerr) { // e.g. larger than Producer.MaxMessageBytes
+		return true
+	}
+	for _, k := range []sarama.KError{
+		sarama.ErrMessageSizeTooLarge, sarama.ErrUnknownTopicOrPartition, sarama.ErrInvalidTopic,
+		sarama.ErrTopicAuthorizationFailed, sarama.ErrMessageSetSizeTooLarge, sarama.ErrInvalidRecord,
+		sarama.ErrPolicyViolation,
+	} {
+		if errors.Is(err, k) {
+			return true
+		}
+	}
+	return false
+}
+
+const backoffMin = 100 * time.Millisecond
+
+// backoff is capped exponential backoff with jitter.
+type backoff struct{ d time.Duration }
+
+func (b *backoff) next(limit time.Duration) time.Duration {
+	if b.d == 0 {
+		b.d = backoffMin
+	} else {
+		b.d = min(2*b.d, limit)
+	}
+	return b.d/2 + rand.N(b.d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
