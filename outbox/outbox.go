@@ -186,10 +186,7 @@ func (w *Writer) validate(m *Message) error {
 	}
 	size := len(m.Key) + len(m.Value)
 	for j, h := range m.Headers {
-		if h.Key == "" {
-			return fmt.Errorf("header %d has an empty key", j)
-		}
-		if !utf8.ValidString(h.Key) {
+		if !utf8.ValidString(h.Key) { // Kafka header keys are strings
 			return fmt.Errorf("header %d key %q is not valid UTF-8", j, h.Key)
 		}
 		size += len(h.Key) + len(h.Value)

@@ -23,7 +23,7 @@ func TestPublishesCommittedRowsExactly(t *testing.T) {
 
 	want := []outbox.Message{
 		{Topic: b.topic, Key: []byte("order-1"), Value: []byte(`{"n":1}`),
-			Headers: []outbox.Header{{Key: "trace", Value: []byte("t1")}, {Key: "bin", Value: []byte{0, 1, 0xff}}}},
+			Headers: []outbox.Header{{Key: "trace", Value: []byte("t1")}, {Key: "bin", Value: []byte{0, 1, 0xff}}, {Key: "", Value: []byte("e")}, {Key: "nil"}}},
 		{Topic: b.topic, Key: []byte("order-1"), Value: []byte(`{"n":2}`)},
 		{Topic: b.topic, Key: []byte("order-2"), Value: nil}, // tombstone
 		{Topic: b.topic, Key: nil, Value: []byte("keyless")},
