@@ -17,20 +17,23 @@ import (
 )
 
 // Benchmarks compare pgbox with the hand-written pgx code it replaces, in the
-// same run, each on its own fresh schema and one dedicated connection. Run:
+// same run, each side on its own fresh schema and one dedicated connection:
 //
-//	make bench PKG=./inbox/... BENCH=Process
+//	make bench PKG=./inbox/...                     # all four
+//	make bench PKG=./inbox/... BENCH=Interleaved BENCHTIME=3x
 //
-// One benchmark op is benchTxns transactions (benchBatches batches), so
-// BENCHTIME=1x already measures thousands of messages; raise BENCHTIME (e.g.
-// 5x) for steadier figures.
+// BenchmarkProcess and BenchmarkProcessBatch100 run the two sides one after
+// the other, as pgbox/baseline pairs. One op is benchTxns transactions
+// (benchBatches batches), so BENCHTIME=1x already measures thousands of
+// messages. msgs/s is the rate of the median chunk of benchChunk
+// transactions (the median, as benchstat takes across runs); total-msgs/s is
+// the whole-run mean.
 //
-// msgs/s, the figure to compare, is the rate of the median chunk of
-// benchChunk transactions (the median, as benchstat uses across runs): the two
-// sides run one after the other, and when the machine or the PostgreSQL
-// server (its WAL fsyncs) is shared with other work, that work's bursts land
-// on one side or the other and swing the whole-run mean by ±50%, while the
-// median stays within a few percent. total-msgs/s is the whole-run mean.
+// On a machine whose CPU or PostgreSQL server (its WAL fsyncs) is shared with
+// other work, that work's bursts land on one side or the other and swing a
+// sequential comparison by ±50%. The *Interleaved benchmarks alternate chunks
+// of the two sides within one run, so both see the same conditions, and
+// report both rates and their ratio (x-baseline): the steadier figure there.
 const (
 	benchTxns    = 3000
 	benchBatches = 300
@@ -39,11 +42,13 @@ const (
 )
 
 const (
+	benchConsumer     = "payments-svc"
 	benchBusinessOne  = `INSERT INTO payments (event, amount) VALUES ($1, 100)`
 	benchBusinessMany = `INSERT INTO payments (event, amount) SELECT unnest($1::text[]), 100`
 )
 
-func benchConn(b *testing.B) (*pgxpool.Conn, *pgxpool.Pool) {
+// benchConn returns a dedicated connection to a fresh schema.
+func benchConn(b *testing.B) *pgxpool.Conn {
 	b.Helper()
 	db := testdb.New(b)
 	ctx := context.Background()
@@ -55,14 +60,14 @@ func benchConn(b *testing.B) (*pgxpool.Conn, *pgxpool.Pool) {
 	// consumer's index entries for `key = ANY($2)`, a plan that gets slower
 	// with every batch and would handicap the baseline.)
 	_, err = db.Pool.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at)
-		SELECT 'payments-svc', 'history/0/' || g, 'history', 0, g, now() FROM generate_series(1, 100000) g`)
+		SELECT $1, 'history/0/' || g, 'history', 0, g, now() FROM generate_series(1, 100000) g`, benchConsumer)
 	require.NoError(b, err)
 	_, err = db.Pool.Exec(ctx, `VACUUM ANALYZE pgbox_inbox`)
 	require.NoError(b, err)
 	c, err := db.Pool.Acquire(ctx)
 	require.NoError(b, err)
 	b.Cleanup(c.Release)
-	return c, db.Pool
+	return c
 }
 
 func benchMsg(offset int64) inbox.Message {
@@ -70,166 +75,217 @@ func benchMsg(offset int64) inbox.Message {
 		Value: []byte(`{"order":"o-` + strconv.FormatInt(offset, 10) + `","amount":100}`), Timestamp: time.Now()}
 }
 
-// timeChunks runs txn n times, timing chunks of benchChunk calls, and reports
-// msgs/s from the median chunk and total-msgs/s over the whole run.
-func timeChunks(b *testing.B, n, msgsPerTxn int, txn func(i int) error) {
-	b.Helper()
-	var chunks []time.Duration
-	b.ResetTimer()
-	start := time.Now()
-	for i := 0; i < n; i += benchChunk {
-		t0 := time.Now()
-		for j := i; j < min(i+benchChunk, n); j++ {
-			if err := txn(j); err != nil {
-				b.Fatal(err)
+func offsetKey(m inbox.Message) string {
+	return m.Topic + "/" + strconv.Itoa(int(m.Partition)) + "/" + strconv.FormatInt(m.Offset, 10)
+}
+
+// A side is one way of doing a benchmark's unit of work: one transaction.
+type side func(ctx context.Context, c *pgxpool.Conn, ms []inbox.Message) error
+
+// pgboxOne: Process and one business INSERT per transaction.
+func pgboxOne(b *testing.B) side {
+	ib, err := inbox.New(inbox.Config{Consumer: benchConsumer})
+	require.NoError(b, err)
+	return func(ctx context.Context, c *pgxpool.Conn, ms []inbox.Message) error {
+		return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+			_, err := ib.Process(ctx, tx, ms[0], func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+				_, err := tx.Exec(ctx, benchBusinessOne, m.String())
+				return err
+			})
+			return err
+		})
+	}
+}
+
+// baselineOne: the same two statements hand-written with pgx.
+func baselineOne(context.Context) side {
+	return func(ctx context.Context, c *pgxpool.Conn, ms []inbox.Message) error {
+		m := ms[0]
+		return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at)
+				VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
+				benchConsumer, offsetKey(m), m.Topic, m.Partition, m.Offset, m.Timestamp)
+			if err != nil || tag.RowsAffected() == 0 {
+				return err
 			}
+			_, err = tx.Exec(ctx, benchBusinessOne, m.String())
+			return err
+		})
+	}
+}
+
+// pgboxBatch: ProcessBatch, then one multi-row business INSERT of the new
+// messages (both sides write business rows the same way).
+func pgboxBatch(b *testing.B) side {
+	ib, err := inbox.New(inbox.Config{Consumer: benchConsumer})
+	require.NoError(b, err)
+	return func(ctx context.Context, c *pgxpool.Conn, ms []inbox.Message) error {
+		return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+			events := make([]string, 0, len(ms))
+			_, err := ib.ProcessBatch(ctx, tx, ms, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+				events = append(events, m.String())
+				return nil
+			})
+			if err != nil || len(events) == 0 {
+				return err
+			}
+			_, err = tx.Exec(ctx, benchBusinessMany, events)
+			return err
+		})
+	}
+}
+
+// baselineBatch: the common two-step pattern, SELECT … WHERE key = ANY($1),
+// then INSERT … SELECT unnest(…) of the keys not found.
+func baselineBatch(context.Context) side {
+	return func(ctx context.Context, c *pgxpool.Conn, ms []inbox.Message) error {
+		keys := make([]string, len(ms))
+		for i, m := range ms {
+			keys[i] = offsetKey(m)
 		}
-		if i+benchChunk <= n {
-			chunks = append(chunks, time.Since(t0))
+		return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, `SELECT key FROM pgbox_inbox WHERE consumer = $1 AND key = ANY($2)`, benchConsumer, keys)
+			if err != nil {
+				return err
+			}
+			seen, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return err
+			}
+			have := make(map[string]bool, len(ms))
+			for _, k := range seen {
+				have[k] = true
+			}
+			var nk, nt, events []string
+			var np []int32
+			var no []int64
+			var nr []pgtype.Timestamptz
+			for i, m := range ms {
+				if have[keys[i]] {
+					continue
+				}
+				have[keys[i]] = true
+				nk, nt, np, no = append(nk, keys[i]), append(nt, m.Topic), append(np, m.Partition), append(no, m.Offset)
+				nr = append(nr, pgtype.Timestamptz{Time: m.Timestamp, Valid: true})
+				events = append(events, m.String())
+			}
+			if len(nk) == 0 {
+				return nil
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at)
+				SELECT $1, unnest($2::text[]), unnest($3::text[]), unnest($4::int4[]), unnest($5::int8[]), unnest($6::timestamptz[])`,
+				benchConsumer, nk, nt, np, no, nr); err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, benchBusinessMany, events)
+			return err
+		})
+	}
+}
+
+// runner holds one side's connection and the messages it will process.
+type runner struct {
+	do    side
+	c     *pgxpool.Conn
+	units [][]inbox.Message
+	next  int
+	times []time.Duration // per chunk
+	total time.Duration
+}
+
+func newRunner(b *testing.B, do side, units, size int) *runner {
+	r := &runner{do: do, c: benchConn(b)}
+	off := int64(0)
+	mk := func() []inbox.Message {
+		ms := make([]inbox.Message, size)
+		for i := range ms {
+			off++
+			ms[i] = benchMsg(off)
+		}
+		return ms
+	}
+	for range 5 { // warm the statement caches
+		require.NoError(b, do(context.Background(), r.c, mk()))
+	}
+	r.units = make([][]inbox.Message, units)
+	for i := range r.units {
+		r.units[i] = mk()
+	}
+	return r
+}
+
+// chunk runs up to benchChunk units and records the time taken.
+func (r *runner) chunk(b *testing.B) bool {
+	n := min(benchChunk, len(r.units)-r.next)
+	if n == 0 {
+		return false
+	}
+	ctx := context.Background()
+	t0 := time.Now()
+	for _, ms := range r.units[r.next : r.next+n] {
+		if err := r.do(ctx, r.c, ms); err != nil {
+			b.Fatal(err)
 		}
 	}
-	total := time.Since(start)
+	d := time.Since(t0)
+	r.total += d
+	if n == benchChunk {
+		r.times = append(r.times, d)
+	}
+	r.next += n
+	return true
+}
+
+// rates returns msgs/s of the median full chunk and over everything.
+func (r *runner) rates(size int) (median, total float64) {
+	slices.Sort(r.times)
+	m := r.times[len(r.times)/2]
+	return float64(benchChunk*size) / m.Seconds(), float64(len(r.units)*size) / r.total.Seconds()
+}
+
+func sequential(b *testing.B, mk func(*testing.B) side, units, size int) {
+	r := newRunner(b, mk(b), b.N*units, size)
+	b.ResetTimer()
+	for r.chunk(b) {
+	}
 	b.StopTimer()
-	slices.Sort(chunks)
-	median := chunks[len(chunks)/2]
-	b.ReportMetric(float64(benchChunk*msgsPerTxn)/median.Seconds(), "msgs/s")
-	b.ReportMetric(float64(n*msgsPerTxn)/total.Seconds(), "total-msgs/s")
+	median, total := r.rates(size)
+	b.ReportMetric(median, "msgs/s")
+	b.ReportMetric(total, "total-msgs/s")
+}
+
+func interleaved(b *testing.B, pg, base func(*testing.B) side, units, size int) {
+	p := newRunner(b, pg(b), b.N*units, size)
+	q := newRunner(b, base(b), b.N*units, size)
+	b.ResetTimer()
+	for p.chunk(b) && q.chunk(b) {
+	}
+	b.StopTimer()
+	pm, _ := p.rates(size)
+	qm, _ := q.rates(size)
+	b.ReportMetric(pm, "pgbox-msgs/s")
+	b.ReportMetric(qm, "baseline-msgs/s")
+	b.ReportMetric(pm/qm, "x-baseline")
+}
+
+func baselineSide(f func(context.Context) side) func(*testing.B) side {
+	return func(*testing.B) side { return f(context.Background()) }
 }
 
 func BenchmarkProcess(b *testing.B) {
-	ctx := context.Background()
-	run := func(b *testing.B, txn func(c *pgxpool.Conn, off int64) error) {
-		c, _ := benchConn(b)
-		off := int64(0)
-		for range 50 { // warm the statement caches
-			off++
-			require.NoError(b, txn(c, off))
-		}
-		timeChunks(b, b.N*benchTxns, 1, func(int) error {
-			off++
-			return txn(c, off)
-		})
-	}
-
-	b.Run("pgbox", func(b *testing.B) {
-		ib, err := inbox.New(inbox.Config{Consumer: "payments-svc"})
-		require.NoError(b, err)
-		run(b, func(c *pgxpool.Conn, off int64) error {
-			return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-				_, err := ib.Process(ctx, tx, benchMsg(off), func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-					_, err := tx.Exec(ctx, benchBusinessOne, m.String())
-					return err
-				})
-				return err
-			})
-		})
-	})
-
-	b.Run("baseline", func(b *testing.B) {
-		run(b, func(c *pgxpool.Conn, off int64) error {
-			m := benchMsg(off)
-			key := m.Topic + "/" + strconv.Itoa(int(m.Partition)) + "/" + strconv.FormatInt(m.Offset, 10)
-			return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-				tag, err := tx.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at)
-					VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`,
-					"payments-svc", key, m.Topic, m.Partition, m.Offset, m.Timestamp)
-				if err != nil || tag.RowsAffected() == 0 {
-					return err
-				}
-				_, err = tx.Exec(ctx, benchBusinessOne, m.String())
-				return err
-			})
-		})
-	})
+	b.Run("pgbox", func(b *testing.B) { sequential(b, pgboxOne, benchTxns, 1) })
+	b.Run("baseline", func(b *testing.B) { sequential(b, baselineSide(baselineOne), benchTxns, 1) })
 }
 
 func BenchmarkProcessBatch100(b *testing.B) {
-	ctx := context.Background()
-	run := func(b *testing.B, batch func(c *pgxpool.Conn, ms []inbox.Message) error) {
-		c, _ := benchConn(b)
-		off := int64(0)
-		next := func() []inbox.Message {
-			ms := make([]inbox.Message, benchBatch)
-			for i := range ms {
-				off++
-				ms[i] = benchMsg(off)
-			}
-			return ms
-		}
-		for range 5 {
-			require.NoError(b, batch(c, next()))
-		}
-		batches := make([][]inbox.Message, b.N*benchBatches) // built before timing
-		for i := range batches {
-			batches[i] = next()
-		}
-		timeChunks(b, len(batches), benchBatch, func(i int) error { return batch(c, batches[i]) })
-	}
+	b.Run("pgbox", func(b *testing.B) { sequential(b, pgboxBatch, benchBatches, benchBatch) })
+	b.Run("baseline", func(b *testing.B) { sequential(b, baselineSide(baselineBatch), benchBatches, benchBatch) })
+}
 
-	// Both sides write the business rows the same way: one multi-row INSERT
-	// per batch of the new messages.
-	b.Run("pgbox", func(b *testing.B) {
-		ib, err := inbox.New(inbox.Config{Consumer: "payments-svc"})
-		require.NoError(b, err)
-		run(b, func(c *pgxpool.Conn, ms []inbox.Message) error {
-			return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-				events := make([]string, 0, len(ms))
-				_, err := ib.ProcessBatch(ctx, tx, ms, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-					events = append(events, m.String())
-					return nil
-				})
-				if err != nil || len(events) == 0 {
-					return err
-				}
-				_, err = tx.Exec(ctx, benchBusinessMany, events)
-				return err
-			})
-		})
-	})
+func BenchmarkProcessInterleaved(b *testing.B) {
+	interleaved(b, pgboxOne, baselineSide(baselineOne), benchTxns, 1)
+}
 
-	b.Run("baseline", func(b *testing.B) {
-		run(b, func(c *pgxpool.Conn, ms []inbox.Message) error {
-			keys := make([]string, len(ms))
-			for i, m := range ms {
-				keys[i] = m.Topic + "/" + strconv.Itoa(int(m.Partition)) + "/" + strconv.FormatInt(m.Offset, 10)
-			}
-			return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-				rows, err := tx.Query(ctx, `SELECT key FROM pgbox_inbox WHERE consumer = $1 AND key = ANY($2)`, "payments-svc", keys)
-				if err != nil {
-					return err
-				}
-				seen, err := pgx.CollectRows(rows, pgx.RowTo[string])
-				if err != nil {
-					return err
-				}
-				have := make(map[string]bool, len(seen))
-				for _, k := range seen {
-					have[k] = true
-				}
-				var nk, nt, events []string
-				var np []int32
-				var no []int64
-				var nr []pgtype.Timestamptz
-				for i, m := range ms {
-					if have[keys[i]] {
-						continue
-					}
-					have[keys[i]] = true
-					nk, nt, np, no = append(nk, keys[i]), append(nt, m.Topic), append(np, m.Partition), append(no, m.Offset)
-					nr = append(nr, pgtype.Timestamptz{Time: m.Timestamp, Valid: true})
-					events = append(events, m.String())
-				}
-				if len(nk) == 0 {
-					return nil
-				}
-				if _, err := tx.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at)
-					SELECT $1, unnest($2::text[]), unnest($3::text[]), unnest($4::int4[]), unnest($5::int8[]), unnest($6::timestamptz[])`,
-					"payments-svc", nk, nt, np, no, nr); err != nil {
-					return err
-				}
-				_, err = tx.Exec(ctx, benchBusinessMany, events)
-				return err
-			})
-		})
-	})
+func BenchmarkProcessBatch100Interleaved(b *testing.B) {
+	interleaved(b, pgboxBatch, baselineSide(baselineBatch), benchBatches, benchBatch)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -126,10 +127,9 @@ func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string,
 		_, err = br.Exec()
 	}
 	if err == nil {
-		err = br.QueryRow().Scan(&inserted)
-		if errors.Is(err, pgx.ErrNoRows) {
-			err = nil
-		}
+		var tag pgconn.CommandTag
+		tag, err = br.Exec()
+		inserted = tag.RowsAffected() == 1
 	}
 	if err == nil && ib.lockTimeout != "" {
 		_, err = br.Exec()
@@ -148,10 +148,9 @@ func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string,
 			err = fmt.Errorf("key conflicted but its row kept vanishing (%d attempts)", maxVanished)
 			break
 		}
-		err = tx.QueryRow(ctx, sqlInsertOne, args...).Scan(&inserted)
-		if errors.Is(err, pgx.ErrNoRows) {
-			err = nil
-		}
+		var tag pgconn.CommandTag
+		tag, err = tx.Exec(ctx, sqlInsertOne, args...)
+		inserted = tag.RowsAffected() == 1
 	}
 	if err != nil {
 		if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
