@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -58,8 +59,9 @@ func TestBrokerOutageThenRecovery(t *testing.T) {
 
 // Rows that can never be published — unknown topic (auto-create off), larger
 // than the producer allows — are parked after MaxAttempts with their error;
-// other keys keep flowing, and so do later rows of the poison row's own key
-// (the documented choice: a parked row leaves the ordered stream).
+// other keys keep flowing; later rows of the poison row's own key wait behind
+// it until it is parked, then flow (the documented choice: a parked row
+// leaves the ordered stream).
 func TestPoisonRowsAreParked(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -73,21 +75,32 @@ func TestPoisonRowsAreParked(t *testing.T) {
 	b.write(t, outbox.Message{Topic: "no-such-topic", Key: []byte("poison"), Value: []byte("lost topic")})
 	b.write(t, outbox.Message{Topic: b.topic, Key: []byte("huge"), Value: []byte(strings.Repeat("x", 5000))})
 	b.write(t, msg(b.topic, "poison", "same key, later"))
+	b.write(t, msg(b.topic, "huge", "same topic and key, later")) // waits until the huge row is parked
 	for i := range 10 {
 		b.write(t, msg(b.topic, "good-"+strconv.Itoa(i+1), "after"))
 	}
 
-	got := readTopic(t, b, b.topic, 12)
-	require.Len(t, got, 12, "every good row arrives, the poison rows never")
+	got := readTopic(t, b, b.topic, 13)
+	require.Len(t, got, 13, "every good row arrives, the poison rows never")
 	for _, m := range got {
-		require.NotEqual(t, "huge", string(m.Key))
+		if string(m.Key) == "huge" {
+			require.Equal(t, "same topic and key, later", string(m.Value))
+		}
 	}
 	waitFor(t, "both poison rows parked", func() bool { return b.outboxCount(t, "parked_at IS NOT NULL") == 2 })
 	require.Equal(t, 2, b.outboxCount(t, "true"), "only the parked rows remain")
 	require.Equal(t, 1, b.outboxCount(t, "topic = 'no-such-topic' AND attempts = 3 AND last_error ILIKE '%topic%'"))
 	require.Equal(t, 1, b.outboxCount(t, "key = 'huge' AND attempts = 3 AND last_error ILIKE '%MaxMessageBytes%'"))
 	require.EqualValues(t, 2, a.r.Stats().Parked)
-	waitFor(t, "published counted", func() bool { return a.r.Stats().Published == 12 })
+	// The huge key's later row went out only after the huge row was parked.
+	var parkedAt time.Time
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT parked_at FROM pgbox_outbox WHERE key = 'huge'`).Scan(&parkedAt))
+	for _, m := range got {
+		if string(m.Key) == "huge" {
+			require.False(t, m.Timestamp.Add(time.Millisecond).Before(parkedAt), "sent at %s, parked at %s", m.Timestamp, parkedAt)
+		}
+	}
+	waitFor(t, "published counted", func() bool { return a.r.Stats().Published == 13 })
 }
 
 // With NOTIFY from the writer, a relay that would otherwise poll once an
