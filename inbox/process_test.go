@@ -366,6 +366,18 @@ func TestInFlightLockTimeout(t *testing.T) {
 	require.Equal(t, "7s", inHandler)
 	require.Equal(t, "7s", showLockTimeout(tx2))
 	require.NoError(t, tx2.Commit(ctx))
+
+	// Without Config.LockTimeout, the caller's own lock_timeout maps to
+	// ErrInFlight the same way.
+	waiting := newInbox(t, inbox.Config{})
+	tx3 := b.begin(t)
+	_, err = tx3.Exec(ctx, `SET LOCAL lock_timeout = '50ms'`)
+	require.NoError(t, err)
+	_, err = waiting.Process(ctx, tx3, m, pay)
+	require.ErrorIs(t, err, inbox.ErrInFlight)
+	_, err = tx3.Exec(ctx, `SELECT 1`)
+	require.NoError(t, err)
+	require.NoError(t, tx3.Rollback(ctx))
 	require.NoError(t, tx1.Commit(ctx))
 
 	// Once the first commits, the key is a plain duplicate.
