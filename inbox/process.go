@@ -172,7 +172,15 @@ func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string,
 // fingerprint mismatch (against a stored key or an earlier copy in the
 // batch), or its handler fails, ProcessBatch returns a *MessageError naming
 // it (Index is its position in ms) and no key of the batch, and nothing the
-// handlers wrote, remains; the caller's transaction stays usable.
+// handlers wrote, remains; the caller's transaction stays usable. ErrInFlight
+// and database errors of the dedup step concern the batch as a whole and are
+// not *MessageError values.
+//
+// As with Process, keys held by another uncommitted transaction are waited
+// for (or fail with ErrInFlight under Config.LockTimeout), and on success the
+// savepoint is left open until the transaction ends. Keys are inserted in a
+// fixed (bytewise) order, so concurrent batches over the same keys cannot
+// deadlock on them.
 func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h HandlerFunc) ([]Result, error) {
 	if tx == nil || h == nil {
 		return nil, errors.New("inbox: ProcessBatch needs a non-nil tx and handler")
