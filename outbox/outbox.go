@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -68,7 +69,7 @@ type Config struct {
 	MaxBytes int
 	// Notify makes Write send a NOTIFY on Channel, delivered when the caller
 	// commits, so a listening relay publishes at once instead of at its next
-	// poll. PostgreSQL folds repeats within one transaction into one
+	// poll. The payload lists the slots written, so the relay looks only there. PostgreSQL folds repeats within one transaction into one
 	// notification, but commits of notifying transactions serialize on a
 	// global lock: leave it off for very busy writers and rely on polling.
 	// Defaults to false.
@@ -99,7 +100,7 @@ func NewWriter(cfg Config) (*Writer, error) {
 	}
 	w := &Writer{cfg: cfg, insert: insertSQL}
 	if cfg.Notify {
-		w.insert = "WITH ins AS (" + insertSQL + ") SELECT pg_notify($7, '')"
+		w.insert = "WITH ins AS (" + insertSQL + ") SELECT pg_notify($7, $8)"
 	}
 	return w, nil
 }
@@ -160,12 +161,32 @@ func (w *Writer) Write(ctx context.Context, tx Execer, msgs ...Message) error {
 	}
 	args := []any{uuids, slots, topics, keys, values, headers}
 	if w.cfg.Notify {
-		args = append(args, w.cfg.Channel)
+		args = append(args, w.cfg.Channel, slotList(slots))
 	}
 	if _, err := tx.Exec(ctx, w.insert, args...); err != nil {
 		return fmt.Errorf("outbox: insert %d message(s), first to topic %q: %w", len(msgs), msgs[0].Topic, err)
 	}
 	return nil
+}
+
+// slotList is the notification payload: the distinct slots written, sorted
+// and comma-separated ("3,17,200"), so the relay probes just those. Equal
+// payloads within one transaction fold into one notification.
+func slotList(slots []int16) string {
+	var seen [Slots]bool
+	for _, s := range slots {
+		seen[s] = true
+	}
+	b := make([]byte, 0, 4*len(slots))
+	for s, ok := range seen {
+		if ok {
+			if len(b) > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, int64(s), 10)
+		}
+	}
+	return string(b)
 }
 
 // SlotOf returns the slot of a row with this key: fnv1a32(key) % Slots. Rows

@@ -197,14 +197,18 @@ func TestWriteNotifies(t *testing.T) {
 
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
-	for range 3 {
-		require.NoError(t, w.Write(ctx, tx, outbox.Message{Topic: "t", Value: []byte("v")}, outbox.Message{Topic: "t"}))
+	for range 3 { // the same keys each time: equal payloads fold into one notification
+		require.NoError(t, w.Write(ctx, tx, outbox.Message{Topic: "t", Key: []byte("a"), Value: []byte("v")}, outbox.Message{Topic: "t", Key: []byte("b")}))
 	}
 	require.NoError(t, tx.Commit(ctx))
 
 	n, err := listener.WaitForNotification(ctx)
 	require.NoError(t, err)
 	require.Equal(t, channel, n.Channel)
+	// The payload names the slots written, sorted.
+	var want string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT string_agg(slot::text, ',' ORDER BY slot) FROM (SELECT DISTINCT slot FROM pgbox_outbox) s`).Scan(&want))
+	require.Equal(t, want, n.Payload)
 	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancelShort()
 	_, err = listener.WaitForNotification(short)

@@ -29,7 +29,7 @@ func TestClaimQueryUsesIndex(t *testing.T) {
 		ANALYZE pgbox_outbox; ANALYZE pgbox_relay_lanes;`)
 	require.NoError(t, err)
 
-	rows, err := db.Pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) "+claimSQL, "me", 500, 16, 0, 62, []int64{})
+	rows, err := db.Pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) "+claimSQL, "me", 500, 16, allSlots(0), 62, []int64{})
 	require.NoError(t, err)
 	var plan []string
 	for rows.Next() {
@@ -48,7 +48,7 @@ func TestClaimQueryUsesIndex(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	r := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 500, Lanes: 16}, id: "me"}
-	got, err := r.claim(cctx, 0, nil)
+	got, err := r.claim(cctx, allSlots(0), nil)
 	require.NoError(t, err)
 	require.Len(t, got, 500)
 	last := map[int16]int64{}

@@ -20,6 +20,8 @@ func (r *Relay) workLoop(ctx context.Context, p sarama.SyncProducer) <-chan stru
 		b         backoff
 		busyUntil time.Time
 		nextSlot  int
+		full      = true // probe every owned slot, not just the ones named
+		carry     slotSet
 		idle      = make(chan struct{})
 	)
 	close(idle)
@@ -29,10 +31,21 @@ func (r *Relay) workLoop(ctx context.Context, p sarama.SyncProducer) <-chan stru
 		if ctx.Err() != nil {
 			return idle
 		}
-		res := r.pass(ctx, p, &nextSlot)
+		// A pass probes every owned slot, except right after a notification
+		// or a non-full batch: then only the slots notifications named plus
+		// the slots the last batch found rows in. Every poll probes them all,
+		// so rows nobody notified about are found within PollInterval.
+		var only *slotSet
+		dirty, all := r.takeDirty()
+		if !full && !all {
+			dirty.union(&carry)
+			only = &dirty
+		}
+		res := r.pass(ctx, p, &nextSlot, only)
 		if res.abandoned != nil {
 			return res.abandoned
 		}
+		full, carry = true, slotSet{}
 		var wait time.Duration
 		switch {
 		case res.err != nil || (res.failed > 0 && res.published == 0):
@@ -46,6 +59,9 @@ func (r *Relay) workLoop(ctx context.Context, p sarama.SyncProducer) <-chan stru
 		case res.claimed > 0:
 			b = backoff{}
 			busyUntil = time.Now().Add(busyWindow)
+			if res.claimed < r.cfg.BatchSize {
+				full, carry = false, res.slots
+			}
 			continue // drain again at once
 		default:
 			wait = r.cfg.PollInterval
@@ -57,6 +73,7 @@ func (r *Relay) workLoop(ctx context.Context, p sarama.SyncProducer) <-chan stru
 		select {
 		case <-ctx.Done():
 		case <-r.wake:
+			full = false
 		case <-t.C:
 		}
 		t.Stop()
@@ -78,12 +95,13 @@ type row struct {
 
 type passResult struct {
 	claimed, published, failed int
+	slots                      slotSet // slots the batch had rows in
 	err                        error
 	abandoned                  <-chan struct{} // set when stop abandoned an in-flight send
 }
 
 // pass claims one batch, sends it and records the outcome.
-func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) passResult {
+func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int, only *slotSet) passResult {
 	start := time.Now()
 	var rows []row
 	var err error
@@ -93,7 +111,14 @@ func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) 
 		rows, err = pre.rows, pre.err
 	}
 	if err != nil || len(rows) == 0 {
-		rows, err = r.claim(ctx, *nextSlot, r.finishingIDs(nil))
+		slots := allSlots(*nextSlot)
+		if only != nil {
+			if only.empty() {
+				return passResult{}
+			}
+			slots = only.list(*nextSlot)
+		}
+		rows, err = r.claim(ctx, slots, r.finishingIDs(nil))
 	}
 	if err != nil {
 		return passResult{err: fmt.Errorf("claim: %w", err)}
@@ -117,7 +142,7 @@ func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) 
 		first := *nextSlot
 		go func() {
 			defer close(job.done)
-			job.rows, job.err = r.claim(ctx, first, exclude)
+			job.rows, job.err = r.claim(ctx, allSlots(first), exclude)
 		}()
 		r.pre = job
 	}
@@ -159,6 +184,9 @@ func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int) 
 		}
 	}
 	res := passResult{claimed: len(rows), published: len(okIDs), failed: transient + len(badIDs)}
+	for i := range rows {
+		res.slots.add(int(rows[i].slot))
+	}
 	if transient > 0 {
 		res.err = fmt.Errorf("send: %d of %d records failed, will retry: %w", transient, len(rows), firstErr)
 	}
@@ -376,11 +404,11 @@ func (r *Relay) send(ctx context.Context, p sarama.SyncProducer, msgs []*sarama.
 	}
 }
 
-func (r *Relay) claim(ctx context.Context, firstSlot int, exclude []int64) ([]row, error) {
+func (r *Relay) claim(ctx context.Context, slots []int32, exclude []int64) ([]row, error) {
 	if exclude == nil {
 		exclude = []int64{}
 	}
-	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.id, r.cfg.BatchSize, r.cfg.Lanes, firstSlot, rowsPerSlot, exclude)
+	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.id, r.cfg.BatchSize, r.cfg.Lanes, slots, rowsPerSlot, exclude)
 	if err != nil {
 		return nil, err
 	}

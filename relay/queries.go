@@ -65,11 +65,12 @@ const releaseSQL = `WITH rel AS (
 )
 DELETE FROM pgbox_relay_instances WHERE instance = $1`
 
-// claimSQL reads, for every slot of every lane this instance owns right now,
-// the slot's oldest unparked rows in id order: one index range scan per slot
+// claimSQL reads, for every slot in $4 that belongs to a lane this instance
+// owns right now, the slot's oldest unparked rows in id order: one index range scan per slot
 // (pgbox_outbox_claim_idx), so its cost does not grow with the table or with
-// other lanes' backlogs. Slots are visited round robin from $4 so a busy
-// slot cannot starve the others. No cursor: a row whose transaction
+// other lanes' backlogs. $4 lists the slots in the order to visit them: all
+// of them, rotated each pass so a busy slot cannot starve the others, or
+// just the ones notifications named. No cursor: a row whose transaction
 // committed late with a lower id is simply found on the next pass (the
 // sequence-gap race cannot skip it), because rows leave the table only once
 // published.
@@ -79,14 +80,15 @@ DELETE FROM pgbox_relay_instances WHERE instance = $1`
 //
 // $6 lists rows already published whose delete is still running.
 //
-// $1 instance, $2 batch size, $3 lane count, $4 first slot, $5 rows per slot,
+// $1 instance, $2 batch size, $3 lane count, $4 slots, $5 rows per slot,
 // $6 ids to skip.
 const claimSQL = `SELECT o.id, o.event_id, o.slot, o.topic, o.key, o.value, o.headers, o.created_at, o.attempts, s.epoch
 FROM (
 	SELECT g.slot, l.epoch
-	FROM pgbox_relay_lanes l, generate_series(l.lane, 255, l.lanes) AS g(slot)
+	FROM unnest($4::int[]) WITH ORDINALITY AS g(slot, ord)
+	JOIN pgbox_relay_lanes l ON l.lane = g.slot % l.lanes
 	WHERE l.owner = $1 AND l.expires_at > now() AND l.lanes = $3
-	ORDER BY (g.slot + 256 - $4) % 256
+	ORDER BY g.ord
 ) s
 CROSS JOIN LATERAL (
 	SELECT id, event_id, slot, topic, key, value, headers, created_at, attempts

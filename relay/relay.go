@@ -35,6 +35,10 @@ type Relay struct {
 	fin     *finishJob // background delete; owned by the worker goroutine
 	pre     *claimJob  // prefetched next batch; owned by the worker goroutine
 
+	dirtyMu  sync.Mutex
+	dirty    slotSet // slots notifications named since the last pass
+	dirtyAll bool    // a notification named no slots (or listening restarted)
+
 	published, retried, parked, batches atomic.Uint64
 	latLast, latMax, latTotal           atomic.Int64
 	backlog                             atomic.Int64
@@ -240,6 +244,7 @@ func (r *Relay) heartbeat(ctx context.Context) {
 	if prev := r.lanes.Swap(int64(held)); prev != int64(held) {
 		r.log.InfoContext(ctx, "lanes changed", "lanes_held", held, "instances", live)
 		if int64(held) > prev {
+			r.markAllDirty()
 			r.wakeUp()
 		}
 	}
@@ -278,11 +283,14 @@ func (r *Relay) listen(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{r.cfg.Channel}.Sanitize()); err != nil {
 		return err
 	}
-	r.wakeUp() // notifications sent while we were not listening are lost
+	r.markAllDirty() // notifications sent while we were not listening are lost
+	r.wakeUp()
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
 			return err
 		}
+		r.markDirty(n.Payload)
 		r.wakeUp()
 	}
 }

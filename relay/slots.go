@@ -1,0 +1,88 @@
+package relay
+
+import (
+	"math/bits"
+	"strconv"
+	"strings"
+
+	"github.com/pgbox/pgbox/outbox"
+)
+
+// slotSet is a set of outbox slots.
+type slotSet [outbox.Slots / 64]uint64
+
+func (s *slotSet) add(slot int) { s[slot/64] |= 1 << (slot % 64) }
+
+func (s *slotSet) union(o *slotSet) {
+	for i := range s {
+		s[i] |= o[i]
+	}
+}
+
+func (s *slotSet) empty() bool { return *s == slotSet{} }
+
+// list returns the members in rotation order starting at first.
+func (s *slotSet) list(first int) []int32 {
+	n := 0
+	for _, w := range s {
+		n += bits.OnesCount64(w)
+	}
+	out := make([]int32, 0, n)
+	for i := range outbox.Slots {
+		slot := (first + i) % outbox.Slots
+		if s[slot/64]&(1<<(slot%64)) != 0 {
+			out = append(out, int32(slot))
+		}
+	}
+	return out
+}
+
+// allSlots returns every slot in rotation order starting at first.
+func allSlots(first int) []int32 {
+	out := make([]int32, outbox.Slots)
+	for i := range out {
+		out[i] = int32((first + i) % outbox.Slots)
+	}
+	return out
+}
+
+// parseSlots reads a notification payload written by outbox.Writer ("3,17,200").
+// ok is false when it is not such a list; the relay then probes every slot.
+func parseSlots(payload string, into *slotSet) (ok bool) {
+	if payload == "" {
+		return false
+	}
+	for f := range strings.SplitSeq(payload, ",") {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 0 || n >= outbox.Slots {
+			return false
+		}
+		into.add(n)
+	}
+	return true
+}
+
+// markDirty records slots a notification named, or all slots.
+func (r *Relay) markDirty(payload string) {
+	r.dirtyMu.Lock()
+	defer r.dirtyMu.Unlock()
+	if !r.dirtyAll && !parseSlots(payload, &r.dirty) {
+		r.dirtyAll = true
+	}
+}
+
+func (r *Relay) markAllDirty() {
+	r.dirtyMu.Lock()
+	r.dirtyAll = true
+	r.dirtyMu.Unlock()
+}
+
+// takeDirty returns and clears the slots notifications named since the last
+// call; all is true when any notification could not be narrowed down.
+func (r *Relay) takeDirty() (s slotSet, all bool) {
+	r.dirtyMu.Lock()
+	defer r.dirtyMu.Unlock()
+	s, all = r.dirty, r.dirtyAll
+	r.dirty, r.dirtyAll = slotSet{}, false
+	return s, all
+}
