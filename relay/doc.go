@@ -96,7 +96,10 @@
 // PollInterval (1 s) and one heartbeat per HeartbeatInterval (2 s). It also
 // LISTENs on outbox.ChannelDefault on a dedicated connection: writers with
 // outbox.Config{Notify: true} wake it at commit, and any number of
-// notifications coalesce into one pending wake-up. After a pass that found
+// notifications coalesce into one pending wake-up. A notification names the
+// slots written, so a woken relay probes just those (and the slots its last
+// batch found rows in) instead of all its slots; every poll probes them all,
+// so rows written without a notification are found within PollInterval. After a pass that found
 // rows it drains again at once, and for two seconds polls every
 // BusyPollInterval (25 ms), so steady traffic flows without NOTIFY too.
 // Correctness never depends on notifications.
