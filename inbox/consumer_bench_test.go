@@ -1,0 +1,203 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testdb"
+)
+
+// benchMessages is how many records each consumer run reads.
+const benchMessages = 20_000
+
+const benchInsert = `INSERT INTO effects (event, topic, partition, "offset") VALUES ($1, $2, $3, $4)`
+
+// BenchmarkConsumer: records consumed per second through the adapter
+// (inbox.NewConsumerGroupHandler: Process or ProcessBatch, business INSERT,
+// commit, mark) against a plain sarama consumer group doing the same business
+// INSERT without dedup (one autocommit INSERT per record at batch 1; one
+// transaction of 100 INSERTs at batch 100). 20k records pre-produced on 4
+// partitions; each run is a new consumer group reading them all. The clock
+// runs from the first record handled to the last one committed, so group
+// joins are not measured.
+func BenchmarkConsumer(b *testing.B) {
+	db := testdb.New(b)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE effects (
+		id bigserial PRIMARY KEY, event text NOT NULL, topic text NOT NULL,
+		partition int NOT NULL, "offset" bigint NOT NULL)`)
+	require.NoError(b, err)
+	c := kafkatest.New(b, kfake.SeedTopics(4, "bench"),
+		kfake.BrokerConfigs(map[string]string{"group.min.session.timeout.ms": "500"}))
+	bundle := &cgBundle{db: db, kafka: c, addrs: c.ListenAddrs(), topic: "bench"}
+	bundle.produceEvents(b, events("ev", benchMessages)...)
+
+	var runs atomic.Int64
+	// Warm up (broker, connections, caches) so the first measured run is not
+	// penalized: one untimed pass of the baseline.
+	b.Run("warmup", func(b *testing.B) {
+		benchConsume(b, bundle, func(group string, clock *benchClock) (sarama.ConsumerGroupHandler, func() int64) {
+			h := &plainHandler{pool: db.Pool, batch: 100, clock: clock}
+			return h, h.done.Load
+		}, &runs)
+	})
+	for _, batch := range []int{1, 100} {
+		b.Run(fmt.Sprintf("batch%d", batch), func(b *testing.B) {
+			b.Run("pgbox", func(b *testing.B) {
+				benchConsume(b, bundle, func(group string, clock *benchClock) (sarama.ConsumerGroupHandler, func() int64) {
+					ib := newTestInbox(b, group, inbox.ByOffset())
+					h := mustHandler(b, db.Pool, ib, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+						clock.begin()
+						ev, _ := m.Header(eventHeader)
+						_, err := tx.Exec(ctx, benchInsert, string(ev), m.Topic, m.Partition, m.Offset)
+						return err
+					}, inbox.HandlerOptions{BatchSize: batch})
+					return h, func() int64 { return int64(h.Stats().Processed) }
+				}, &runs)
+			})
+			b.Run("baseline", func(b *testing.B) {
+				benchConsume(b, bundle, func(group string, clock *benchClock) (sarama.ConsumerGroupHandler, func() int64) {
+					h := &plainHandler{pool: db.Pool, batch: batch, clock: clock}
+					return h, h.done.Load
+				}, &runs)
+			})
+		})
+	}
+}
+
+// benchClock measures from the first record handled.
+type benchClock struct {
+	once  sync.Once
+	start time.Time
+}
+
+func (c *benchClock) begin() { c.once.Do(func() { c.start = time.Now() }) }
+
+type makeHandler func(group string, clock *benchClock) (h sarama.ConsumerGroupHandler, done func() int64)
+
+func benchConsume(b *testing.B, bundle *cgBundle, mk makeHandler, runs *atomic.Int64) {
+	var total time.Duration
+	for range b.N {
+		group := fmt.Sprintf("bench-%d", runs.Add(1))
+		clock := &benchClock{}
+		h, done := mk(group, clock)
+		cfg := cgConfig()
+		cg, err := sarama.NewConsumerGroup(bundle.addrs, group, cfg)
+		require.NoError(b, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		finished := make(chan struct{})
+		go func() {
+			defer close(finished)
+			for ctx.Err() == nil {
+				if err := cg.Consume(ctx, []string{bundle.topic}, h); err != nil && ctx.Err() == nil {
+					b.Logf("consume: %v", err)
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+		}()
+		deadline := time.Now().Add(10 * time.Minute)
+		for done() < benchMessages {
+			if time.Now().After(deadline) {
+				b.Fatalf("consumed %d of %d records", done(), benchMessages)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		total += time.Since(clock.start)
+		cancel()
+		<-finished
+		require.NoError(b, cg.Close())
+		require.EqualValues(b, benchMessages, done(), "each record handled once")
+	}
+	b.ReportMetric(float64(b.N*benchMessages)/total.Seconds(), "msgs/s")
+}
+
+// plainHandler is what a service without pgbox writes: the business INSERT,
+// then MarkMessage. No dedup: a redelivery would insert again.
+type plainHandler struct {
+	pool  *pgxpool.Pool
+	batch int
+	clock *benchClock
+	done  atomic.Int64
+}
+
+func (h *plainHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
+func (h *plainHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+
+func (h *plainHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	ctx := sess.Context()
+	insert := func(ctx context.Context, q interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	}, m *sarama.ConsumerMessage) error {
+		h.clock.begin()
+		var ev string
+		for _, hd := range m.Headers {
+			if string(hd.Key) == eventHeader {
+				ev = string(hd.Value)
+			}
+		}
+		_, err := q.Exec(ctx, benchInsert, ev, m.Topic, m.Partition, m.Offset)
+		return err
+	}
+	for {
+		var batch []*sarama.ConsumerMessage
+		select {
+		case <-ctx.Done():
+			return nil
+		case m, ok := <-claim.Messages():
+			if !ok {
+				return nil
+			}
+			batch = append(batch, m)
+		}
+		if h.batch == 1 {
+			if err := insert(ctx, h.pool, batch[0]); err != nil {
+				return err
+			}
+			sess.MarkMessage(batch[0], "")
+			h.done.Add(1)
+			continue
+		}
+		timer := time.NewTimer(inbox.BatchWaitDefault)
+	fill:
+		for len(batch) < h.batch {
+			select {
+			case m, ok := <-claim.Messages():
+				if !ok {
+					break fill
+				}
+				batch = append(batch, m)
+			case <-timer.C:
+				break fill
+			}
+		}
+		timer.Stop()
+		tx, err := h.pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range batch {
+			if err := insert(ctx, tx, m); err != nil {
+				_ = tx.Rollback(ctx)
+				return err
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+		sess.MarkMessage(batch[len(batch)-1], "")
+		h.done.Add(int64(len(batch)))
+	}
+}
