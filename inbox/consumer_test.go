@@ -337,3 +337,28 @@ func TestPermanent(t *testing.T) {
 	require.Equal(t, "handler: bad payload", err.Error())
 	require.NotErrorIs(t, base, inbox.ErrPermanent)
 }
+
+// The documented fallback: a client that cannot ask for topic ids (protocol
+// version below 2.8; a broker reporting the all-zero id is treated the same)
+// leaves Message.TopicID empty, and ByOffset keys are topic/partition/offset.
+func TestConsumerTopicIDFallback(t *testing.T) {
+	t.Parallel()
+	b := cgSetup(t, 1)
+	b.produceEvents(t, "a", "b")
+	cfg := cgConfig()
+	cfg.Version = sarama.V2_6_0_0
+	client, err := sarama.NewClient(b.addrs, cfg)
+	require.NoError(t, err)
+	defer client.Close()
+	var ids []string
+	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+		ids = append(ids, m.TopicID)
+		return effect(ctx, tx, m)
+	}
+	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByOffset()), fn, inbox.HandlerOptions{Client: client})
+	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
+	waitFor(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
+	m.stop()
+	require.Equal(t, []string{"", ""}, ids)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM pgbox_inbox WHERE key = 'events/0/1'`))
+}

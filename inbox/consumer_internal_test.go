@@ -1,0 +1,63 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+)
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) error { return fmt.Errorf("exec: %w", &pgconn.PgError{Code: code}) }
+	plain := errors.New("account closed")
+	for _, tc := range []struct {
+		name      string
+		err, herr error
+		want      errKind
+	}{
+		{"handler error", fmt.Errorf("handler: %w", plain), plain, errHandler},
+		{"permanent handler error", Permanent(plain), Permanent(plain), errPermanent},
+		{"deadlock in handler", pg("40P01"), pg("40P01"), errTransient},
+		{"serialization failure in handler", pg("40001"), pg("40001"), errTransient},
+		{"handler deadline", context.DeadlineExceeded, context.DeadlineExceeded, errHandler},
+		{"terminated backend", pg("57P01"), nil, errTransient},
+		{"connection exception", pg("08006"), nil, errTransient},
+		{"too many connections", pg("53300"), nil, errTransient},
+		{"conn closed", fmt.Errorf("begin: %w", pgconn.ErrConnClosed), nil, errTransient},
+		{"unexpected EOF", fmt.Errorf("begin: %w", io.ErrUnexpectedEOF), nil, errTransient},
+		{"key in flight", fmt.Errorf("x: %w", ErrInFlight), nil, errTransient},
+		{"invalid message", fmt.Errorf("x: %w", ErrInvalidMessage), nil, errPermanent},
+		{"fingerprint mismatch", fmt.Errorf("x: %w", ErrFingerprintMismatch), nil, errPermanent},
+		{"missing table", pg("42P01"), nil, errInfra},
+		{"permission denied", pg("42501"), nil, errInfra},
+		{"deferred constraint at commit", &commitError{err: &pgconn.PgError{Code: "23505"}}, nil, errHandler},
+		{"connection lost at commit", &commitError{err: io.ErrUnexpectedEOF}, nil, errTransient},
+	} {
+		require.Equal(t, tc.want, classify(tc.err, tc.herr), tc.name)
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	t.Parallel()
+	h := &ConsumerGroupHandler{opts: HandlerOptions{RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second}}
+	for n, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 50: time.Second} {
+		got := h.backoff(n)
+		require.InDelta(t, float64(want), float64(got), float64(want)*0.2+1, "retry %d", n)
+	}
+}
+
+func TestErrorText(t *testing.T) {
+	t.Parallel()
+	long := make([]byte, 5000)
+	for i := range long {
+		long[i] = 'x'
+	}
+	require.Len(t, errorText(errors.New(string(long))), 4096)
+	require.Equal(t, "a b\uFFFD", errorText(errors.New("a\x00 b\xff")))
+}
