@@ -96,9 +96,6 @@ func (c *claimRun) writeDeadLetter(tx pgx.Tx, m Message, cause error, attempts i
 func deadLetterRecord(m Message, consumer string, key *string, cause error, attempts int, dlq string) outbox.Message {
 	hs := make([]outbox.Header, 0, len(m.Headers)+9)
 	for _, h := range m.Headers {
-		if h.Key == "" {
-			continue // Kafka allows it; the outbox does not
-		}
 		hs = append(hs, outbox.Header{Key: h.Key, Value: h.Value})
 	}
 	hs = append(hs, dlqHeaders(m, consumer, key, cause, attempts)...)
