@@ -45,20 +45,22 @@
 // With one owner per lane and rows leaving the table only once published,
 // there is nothing to skip.
 //
-// # Sending in waves
+// # One record in flight per key
 //
 // One SendMessages call cannot promise that a failed record is not overtaken
 // by a later record of the same partition: sarama fails a message whose
 // leader it cannot find at that moment and goes on with the next, which may
-// succeed once the broker is back. So a batch goes out in waves holding at
-// most one row per (topic, key); once a row fails, the later rows of its key
-// wait for the next pass. A batch of distinct keys is one wave; a hot key
-// costs one produce round trip per row (the price of strict order: about a
-// quarter of the unordered baseline's rate when all traffic is on 10 keys).
-// Claims take at most 16 rows per slot so that a batch spans many slots and
-// keys. Under a backlog the work overlaps: the next batch is claimed while
-// the current one is sent, and a sent batch is deleted in the background
-// while the next goes out.
+// succeed once the broker is back. So the relay sends through a sarama
+// AsyncProducer with at most one record in flight per (topic, key): a key's
+// next row goes out when the previous one is acknowledged, and once a row
+// fails the rest of its key waits for the next pass. Different keys run
+// concurrently, so the producer still batches; a hot key costs one produce
+// round trip per row (the price of strict order: about a third of the
+// unordered baseline's rate when all traffic is on 10 keys). Claims take at
+// most 16 rows per slot so that a batch spans many slots and keys. Under a
+// backlog the work overlaps: the next batch is claimed while the current one
+// is sent, and a sent batch is deleted in the background while the next goes
+// out.
 //
 // # Fencing and the duplicate window
 //
@@ -106,10 +108,11 @@
 //
 // # Stop
 //
-// When ctx is canceled, Run lets an in-flight send finish (at most
-// StopTimeout), deletes what Kafka acknowledged, sends no further wave,
-// releases its lanes and returns nil. A send still running after StopTimeout
-// is abandoned: its rows stay and the next owner sends them.
+// When ctx is canceled, Run sends nothing more, waits at most StopTimeout
+// for the records in flight, deletes what Kafka acknowledged, releases its
+// lanes and returns nil. Records still unanswered after StopTimeout are given
+// up on: their rows stay and the next owner sends them (a duplicate if the
+// broker took them after all, with the same event id).
 //
 // # Partitioning
 //

@@ -13,23 +13,20 @@ import (
 	"github.com/pgbox/pgbox/outbox"
 )
 
-// workLoop runs passes until ctx ends. It returns a channel closed when no
-// send is in flight any more.
-func (r *Relay) workLoop(ctx context.Context, p sarama.SyncProducer) <-chan struct{} {
+// workLoop runs passes until ctx ends.
+func (r *Relay) workLoop(ctx context.Context, p *producer) {
 	var (
 		b         backoff
 		busyUntil time.Time
 		nextSlot  int
 		full      = true // probe every owned slot, not just the ones named
 		carry     slotSet
-		idle      = make(chan struct{})
 	)
-	close(idle)
 	defer r.waitFinish()
 	defer r.dropPrefetch()
 	for {
 		if ctx.Err() != nil {
-			return idle
+			return
 		}
 		// A pass probes every owned slot, except right after a notification
 		// or a non-full batch: then only the slots notifications named plus
@@ -42,9 +39,6 @@ func (r *Relay) workLoop(ctx context.Context, p sarama.SyncProducer) <-chan stru
 			only = &dirty
 		}
 		res := r.pass(ctx, p, &nextSlot, only)
-		if res.abandoned != nil {
-			return res.abandoned
-		}
 		full, carry = true, slotSet{}
 		var wait time.Duration
 		switch {
@@ -97,11 +91,10 @@ type passResult struct {
 	claimed, published, failed int
 	slots                      slotSet // slots the batch had rows in
 	err                        error
-	abandoned                  <-chan struct{} // set when stop abandoned an in-flight send
 }
 
 // pass claims one batch, sends it and records the outcome.
-func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int, only *slotSet) passResult {
+func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slotSet) passResult {
 	start := time.Now()
 	var rows []row
 	var err error
@@ -152,10 +145,10 @@ func (r *Relay) pass(ctx context.Context, p sarama.SyncProducer, nextSlot *int, 
 	for i := range rows {
 		msgs[i] = toMessage(&rows[i], i)
 	}
-	outcome, abandoned := r.sendWaves(ctx, p, rows, msgs)
+	outcome, stopped := r.sendChains(ctx, p, rows, msgs)
 	sentAt := time.Now()
-	if abandoned != nil {
-		return passResult{claimed: len(rows), abandoned: abandoned}
+	if stopped {
+		r.dropPrefetch()
 	}
 	var (
 		okIDs, okEpochs, badIDs, badEpochs []int64
@@ -297,111 +290,136 @@ func (r *Relay) waitFinish() {
 	}
 }
 
-// sendWaves sends a batch so that no record can overtake an earlier record
-// of its key: each wave holds at most one row per (topic, key), in id order,
-// and once a row fails, the later rows of its key are held back until the
-// next pass. One SendMessages call cannot promise that by itself: sarama
-// fails a message whose partition leader it cannot find at that moment and
-// goes on with the next one, which may then succeed. With distinct keys a
-// batch is one wave; a hot key costs one produce round trip per row.
+// sendChains sends a batch so that no record can overtake an earlier record
+// of its key: each (topic, key) is a chain of rows in id order with at most
+// one row in flight; a row goes out when the previous row of its key is
+// acknowledged, and once a row fails the rest of its key waits for the next
+// pass. Different keys' chains run concurrently, so the producer still
+// batches. One SendMessages of the whole batch could not promise this:
+// sarama fails a message whose partition leader it cannot find at that
+// moment and goes on with the next one, which may then succeed.
 //
 // It returns each tried row's error (nil: acknowledged). If ctx is canceled
-// during a send, it waits StopTimeout for the send, then gives up and
-// returns a channel closed when the abandoned send has finished.
-func (r *Relay) sendWaves(ctx context.Context, p sarama.SyncProducer, rows []row, msgs []*sarama.ProducerMessage) (map[int]error, <-chan struct{}) {
-	outcome := make(map[int]error, len(rows))
-	blocked := map[string]bool{}
-	pending := make([]int, len(rows))
-	for i := range pending {
-		pending[i] = i
-	}
+// it sends nothing more and waits up to StopTimeout for the rows in flight;
+// rows still unanswered then are left out (stopped is true) and stay in the
+// outbox.
+func (r *Relay) sendChains(ctx context.Context, p *producer, rows []row, msgs []*sarama.ProducerMessage) (outcome map[int]error, stopped bool) {
+	outcome = make(map[int]error, len(rows))
+	results := make(chan result, len(rows)) // never blocks the router
 	keyOf := func(i int) string {
 		if rows[i].key == nil {
 			return "\x00nokey" + strconv.Itoa(i) // no key, no order to keep
 		}
 		return rows[i].topic + "\x00" + string(rows[i].key)
 	}
-	for len(pending) > 0 && ctx.Err() == nil {
-		var wave []*sarama.ProducerMessage
-		var waveIdx, rest []int
-		inWave := map[string]bool{}
-		for _, i := range pending {
-			k := keyOf(i)
-			switch {
-			case blocked[k]:
-			case inWave[k]:
-				rest = append(rest, i)
-			default:
-				inWave[k] = true
-				wave = append(wave, msgs[i])
-				waveIdx = append(waveIdx, i)
-			}
+	chains := map[string][]int{}
+	var ready []int
+	for i := range rows {
+		msgs[i].Metadata = tag{idx: i, out: results}
+		k := keyOf(i)
+		if _, ok := chains[k]; !ok {
+			ready = append(ready, i) // the head of each chain goes first
+			chains[k] = []int{}
+			continue
 		}
-		if len(wave) == 0 {
-			break
-		}
-		sendErr, abandoned := r.send(ctx, p, wave)
-		if abandoned != nil {
-			return nil, abandoned
-		}
-		failedErr := map[int]error{}
-		if sendErr != nil {
-			var perrs sarama.ProducerErrors
-			if errors.As(sendErr, &perrs) {
-				for _, pe := range perrs {
-					if i, ok := pe.Msg.Metadata.(int); ok {
-						failedErr[i] = pe.Err
-					}
-				}
-			} else {
-				for _, i := range waveIdx {
-					failedErr[i] = sendErr
-				}
-			}
-		}
-		allTransient := len(failedErr) == len(wave)
-		for _, i := range waveIdx {
-			e := failedErr[i]
-			outcome[i] = e
-			if e != nil {
-				blocked[keyOf(i)] = true
-				if permanent(e) {
-					allTransient = false
-				}
-			}
-		}
-		if allTransient && len(failedErr) > 0 {
-			break // the broker is unreachable: back off instead of trying the next wave
-		}
-		pending = rest
+		chains[k] = append(chains[k], i)
 	}
-	return outcome, nil
+	inflight := 0
+	var stopTimer <-chan time.Time
+	done := ctx.Done()
+	for len(ready) > 0 || inflight > 0 {
+		var in chan<- *sarama.ProducerMessage
+		var next *sarama.ProducerMessage
+		if len(ready) > 0 && stopTimer == nil {
+			in, next = p.input(), msgs[ready[0]]
+		} else if inflight == 0 {
+			break // stopping, nothing in flight
+		}
+		select {
+		case in <- next:
+			ready = ready[1:]
+			inflight++
+		case res := <-results:
+			inflight--
+			outcome[res.idx] = res.err
+			if res.err == nil {
+				k := keyOf(res.idx)
+				if c := chains[k]; len(c) > 0 {
+					ready = append(ready, c[0])
+					chains[k] = c[1:]
+				}
+			}
+		case <-done:
+			done = nil
+			t := time.NewTimer(r.cfg.StopTimeout)
+			defer t.Stop()
+			stopTimer = t.C
+		case <-stopTimer:
+			r.log.Warn("stop: gave up waiting for records in flight; their rows stay in the outbox", "rows", inflight)
+			return outcome, true
+		}
+	}
+	return outcome, stopTimer != nil
 }
 
-// send runs one SendMessages. If ctx is canceled meanwhile it waits up to
-// StopTimeout; after that it abandons the send (the rows stay in the outbox)
-// and returns a channel closed when the send finally returns.
-func (r *Relay) send(ctx context.Context, p sarama.SyncProducer, msgs []*sarama.ProducerMessage) (error, <-chan struct{}) {
-	done := make(chan error, 1)
-	sent := make(chan struct{})
-	go func() {
-		defer close(sent)
-		done <- p.SendMessages(msgs)
-	}()
-	select {
-	case err := <-done:
-		return err, nil
-	case <-ctx.Done():
+// producer is a sarama AsyncProducer whose results are routed back to the
+// batch that sent each message (ProducerMessage.Metadata holds a tag).
+type producer struct {
+	ap     sarama.AsyncProducer
+	routed chan struct{} // closed when the producer's result channels are drained and closed
+}
+
+type tag struct {
+	idx int
+	out chan<- result
+}
+
+type result struct {
+	idx int
+	err error
+}
+
+func newProducer(brokers []string, cfg *sarama.Config) (*producer, error) {
+	ap, err := sarama.NewAsyncProducer(brokers, cfg)
+	if err != nil {
+		return nil, err
 	}
-	t := time.NewTimer(r.cfg.StopTimeout)
-	defer t.Stop()
-	select {
-	case err := <-done:
-		return err, nil
-	case <-t.C:
-		r.log.Warn("stop: abandoned an in-flight send, its rows stay in the outbox", "rows", len(msgs))
-		return nil, sent
+	p := &producer{ap: ap, routed: make(chan struct{})}
+	go p.route()
+	return p, nil
+}
+
+func (p *producer) input() chan<- *sarama.ProducerMessage { return p.ap.Input() }
+
+func (p *producer) route() {
+	defer close(p.routed)
+	succ, errs := p.ap.Successes(), p.ap.Errors()
+	for succ != nil || errs != nil {
+		select {
+		case m, ok := <-succ:
+			if !ok {
+				succ = nil
+				continue
+			}
+			if t, ok := m.Metadata.(tag); ok {
+				t.out <- result{idx: t.idx}
+			}
+		case e, ok := <-errs:
+			if !ok {
+				errs = nil
+				continue
+			}
+			if t, ok := e.Msg.Metadata.(tag); ok {
+				t.out <- result{idx: t.idx, err: e.Err}
+			}
+		}
 	}
+}
+
+// close flushes what is buffered and stops the producer.
+func (p *producer) close() {
+	p.ap.AsyncClose()
+	<-p.routed
 }
 
 func (r *Relay) claim(ctx context.Context, slots []int32, exclude []int64) ([]row, error) {

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -123,10 +122,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	var producer sarama.SyncProducer
+	var prod *producer
 	err := retry(ctx, r, "connect to Kafka", func(ctx context.Context) error {
-		p, err := sarama.NewSyncProducer(r.cfg.Brokers, r.cfg.Kafka)
-		producer = p
+		p, err := newProducer(r.cfg.Brokers, r.cfg.Kafka)
+		prod = p
 		return err
 	})
 	if err != nil { // only ctx ends the retries
@@ -140,7 +139,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if !r.cfg.NoListen {
 		wg.Go(func() { r.listenLoop(runCtx) })
 	}
-	sendDone := r.workLoop(runCtx, producer)
+	r.workLoop(runCtx, prod)
 	cancel()
 	wg.Wait()
 
@@ -150,14 +149,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.log.WarnContext(stopCtx, "release lanes", "error", err)
 	}
 	r.lanes.Store(0)
-	// Close the producer once no send uses it (a send abandoned at stop
-	// finishes in the background).
-	go func() {
-		<-sendDone
-		if err := producer.Close(); err != nil {
-			r.log.Warn("close producer", "error", err)
-		}
-	}()
+	// Close the producer in the background: records given up on at stop
+	// may still be retrying against an unreachable broker.
+	go prod.close()
 	r.log.InfoContext(stopCtx, "relay stopped")
 	return nil
 }
