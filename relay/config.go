@@ -221,6 +221,6 @@ func validateKafka(k *sarama.Config) error {
 }
 
 // rowsPerSlot is the most rows one claim takes from one slot, so a batch
-// spans many slots and thus many keys: the sender needs one wave per row of
-// the busiest key in the batch.
+// spans many slots and thus many keys: a key has one record in flight at a
+// time, so a batch takes as many round trips as its busiest key has rows.
 const rowsPerSlot = 16

@@ -76,7 +76,7 @@ DELETE FROM pgbox_relay_instances WHERE instance = $1`
 // published.
 //
 // At most $5 rows come from one slot, so a batch spans several slots (more
-// distinct keys per batch, fewer send waves).
+// distinct keys per batch, shorter per-key chains).
 //
 // $6 lists rows already published whose delete is still running.
 //
