@@ -33,48 +33,84 @@ const benchInsert = `INSERT INTO effects (event, topic, partition, "offset") VAL
 // partitions; each run is a new consumer group reading them all. The clock
 // runs from the first record handled to the last one committed, so group
 // joins are not measured.
+//
+//	make bench PKG=./inbox/... BENCH=Consumer BENCHTIME=4x
 func BenchmarkConsumer(b *testing.B) {
+	env := newConsumerBench(b)
+	for _, batch := range []int{1, 100} {
+		b.Run(fmt.Sprintf("batch%d", batch), func(b *testing.B) {
+			b.Run("pgbox", func(b *testing.B) { benchConsume(b, env.bundle, env.pgbox(batch), &env.runs) })
+			b.Run("baseline", func(b *testing.B) { benchConsume(b, env.bundle, env.baseline(batch), &env.runs) })
+		})
+	}
+}
+
+// BenchmarkConsumerInterleaved is BenchmarkConsumer with the two sides
+// alternating run by run (the order flipping each time), so bursts of other
+// work on a shared machine hit both alike. It reports both rates and their
+// ratio (x-baseline): the steadier figure.
+func BenchmarkConsumerInterleaved(b *testing.B) {
+	env := newConsumerBench(b)
+	for _, batch := range []int{1, 100} {
+		b.Run(fmt.Sprintf("batch%d", batch), func(b *testing.B) {
+			var tp, tb time.Duration
+			for i := range b.N {
+				if i%2 == 0 {
+					tp += consumeOnce(b, env.bundle, env.pgbox(batch), &env.runs)
+					tb += consumeOnce(b, env.bundle, env.baseline(batch), &env.runs)
+				} else {
+					tb += consumeOnce(b, env.bundle, env.baseline(batch), &env.runs)
+					tp += consumeOnce(b, env.bundle, env.pgbox(batch), &env.runs)
+				}
+			}
+			n := float64(b.N * benchMessages)
+			b.ReportMetric(n/tp.Seconds(), "pgbox-msgs/s")
+			b.ReportMetric(n/tb.Seconds(), "baseline-msgs/s")
+			b.ReportMetric(tb.Seconds()/tp.Seconds(), "x-baseline")
+		})
+	}
+}
+
+type consumerBench struct {
+	b      *testing.B
+	bundle *cgBundle
+	runs   atomic.Int64
+}
+
+// newConsumerBench creates the schema and the broker, produces the records,
+// and warms up (broker, connections, caches) with one untimed baseline run.
+func newConsumerBench(b *testing.B) *consumerBench {
 	db := testdb.New(b)
-	ctx := context.Background()
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE effects (
+	_, err := db.Pool.Exec(context.Background(), `CREATE TABLE effects (
 		id bigserial PRIMARY KEY, event text NOT NULL, topic text NOT NULL,
 		partition int NOT NULL, "offset" bigint NOT NULL)`)
 	require.NoError(b, err)
 	c := kafkatest.New(b, kfake.SeedTopics(4, "bench"),
 		kfake.BrokerConfigs(map[string]string{"group.min.session.timeout.ms": "500"}))
-	bundle := &cgBundle{db: db, kafka: c, addrs: c.ListenAddrs(), topic: "bench"}
-	bundle.produceEvents(b, events("ev", benchMessages)...)
+	env := &consumerBench{b: b, bundle: &cgBundle{db: db, kafka: c, addrs: c.ListenAddrs(), topic: "bench"}}
+	env.bundle.produceEvents(b, events("ev", benchMessages)...)
+	consumeOnce(b, env.bundle, env.baseline(100), &env.runs)
+	return env
+}
 
-	var runs atomic.Int64
-	// Warm up (broker, connections, caches) so the first measured run is not
-	// penalized: one untimed pass of the baseline.
-	b.Run("warmup", func(b *testing.B) {
-		benchConsume(b, bundle, func(group string, clock *benchClock) (sarama.ConsumerGroupHandler, func() int64) {
-			h := &plainHandler{pool: db.Pool, batch: 100, clock: clock}
-			return h, h.done.Load
-		}, &runs)
-	})
-	for _, batch := range []int{1, 100} {
-		b.Run(fmt.Sprintf("batch%d", batch), func(b *testing.B) {
-			b.Run("pgbox", func(b *testing.B) {
-				benchConsume(b, bundle, func(group string, clock *benchClock) (sarama.ConsumerGroupHandler, func() int64) {
-					ib := newTestInbox(b, group, inbox.ByOffset())
-					h := mustHandler(b, db.Pool, ib, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-						clock.begin()
-						ev, _ := m.Header(eventHeader)
-						_, err := tx.Exec(ctx, benchInsert, string(ev), m.Topic, m.Partition, m.Offset)
-						return err
-					}, inbox.HandlerOptions{BatchSize: batch})
-					return h, func() int64 { return int64(h.Stats().Processed) }
-				}, &runs)
-			})
-			b.Run("baseline", func(b *testing.B) {
-				benchConsume(b, bundle, func(group string, clock *benchClock) (sarama.ConsumerGroupHandler, func() int64) {
-					h := &plainHandler{pool: db.Pool, batch: batch, clock: clock}
-					return h, h.done.Load
-				}, &runs)
-			})
-		})
+// pgbox: the adapter with the default inbox (ByOffset keys, fingerprints).
+func (env *consumerBench) pgbox(batch int) makeHandler {
+	return func(group string, clock *benchClock) (sarama.ConsumerGroupHandler, func() int64) {
+		ib := newTestInbox(env.b, group, inbox.ByOffset())
+		h := mustHandler(env.b, env.bundle.db.Pool, ib, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+			clock.begin()
+			ev, _ := m.Header(eventHeader)
+			_, err := tx.Exec(ctx, benchInsert, string(ev), m.Topic, m.Partition, m.Offset)
+			return err
+		}, inbox.HandlerOptions{BatchSize: batch})
+		return h, func() int64 { return int64(h.Stats().Processed) }
+	}
+}
+
+func (env *consumerBench) baseline(batch int) makeHandler {
+	return func(group string, clock *benchClock) (sarama.ConsumerGroupHandler, func() int64) {
+		h := &plainHandler{pool: env.bundle.db.Pool, batch: batch, clock: clock}
+		return h, h.done.Load
 	}
 }
 
@@ -89,39 +125,46 @@ func (c *benchClock) begin() { c.once.Do(func() { c.start = time.Now() }) }
 type makeHandler func(group string, clock *benchClock) (h sarama.ConsumerGroupHandler, done func() int64)
 
 func benchConsume(b *testing.B, bundle *cgBundle, mk makeHandler, runs *atomic.Int64) {
+	b.Helper()
 	var total time.Duration
 	for range b.N {
-		group := fmt.Sprintf("bench-%d", runs.Add(1))
-		clock := &benchClock{}
-		h, done := mk(group, clock)
-		cfg := cgConfig()
-		cg, err := sarama.NewConsumerGroup(bundle.addrs, group, cfg)
-		require.NoError(b, err)
-		ctx, cancel := context.WithCancel(context.Background())
-		finished := make(chan struct{})
-		go func() {
-			defer close(finished)
-			for ctx.Err() == nil {
-				if err := cg.Consume(ctx, []string{bundle.topic}, h); err != nil && ctx.Err() == nil {
-					b.Logf("consume: %v", err)
-					time.Sleep(100 * time.Millisecond)
-				}
-			}
-		}()
-		deadline := time.Now().Add(10 * time.Minute)
-		for done() < benchMessages {
-			if time.Now().After(deadline) {
-				b.Fatalf("consumed %d of %d records", done(), benchMessages)
-			}
-			time.Sleep(time.Millisecond)
-		}
-		total += time.Since(clock.start)
-		cancel()
-		<-finished
-		require.NoError(b, cg.Close())
-		require.EqualValues(b, benchMessages, done(), "each record handled once")
+		total += consumeOnce(b, bundle, mk, runs)
 	}
 	b.ReportMetric(float64(b.N*benchMessages)/total.Seconds(), "msgs/s")
+}
+
+// consumeOnce reads all benchMessages records with a new consumer group and
+// returns the time from the first record handled to the last one committed.
+func consumeOnce(b *testing.B, bundle *cgBundle, mk makeHandler, runs *atomic.Int64) time.Duration {
+	group := fmt.Sprintf("bench-%d", runs.Add(1))
+	clock := &benchClock{}
+	h, done := mk(group, clock)
+	cg, err := sarama.NewConsumerGroup(bundle.addrs, group, cgConfig())
+	require.NoError(b, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for ctx.Err() == nil {
+			if err := cg.Consume(ctx, []string{bundle.topic}, h); err != nil && ctx.Err() == nil {
+				b.Logf("consume: %v", err)
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Minute)
+	for done() < benchMessages {
+		if time.Now().After(deadline) {
+			b.Fatalf("consumed %d of %d records", done(), benchMessages)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(clock.start)
+	cancel()
+	<-finished
+	require.NoError(b, cg.Close())
+	require.EqualValues(b, benchMessages, done(), "each record handled once")
+	return elapsed
 }
 
 // plainHandler is what a service without pgbox writes: the business INSERT,
