@@ -90,3 +90,45 @@ func TestConsumerRebalancesWithResends(t *testing.T) {
 	require.EqualValues(t, unique, processed)
 	require.GreaterOrEqual(t, dups, uint64(len(msgs)-unique), "every resend was a duplicate")
 }
+
+// The same with sarama's cooperative-sticky strategy, where a rebalance
+// revokes single claims (their Messages channel closes) while the session,
+// and the other claims, go on.
+func TestConsumerCooperativeRebalance(t *testing.T) {
+	t.Parallel()
+	b := cgSetup(t, 4)
+	rng := rand.New(rand.NewPCG(5, 6))
+	msgs, unique := sends(b.topic, "ev", 3000, rng)
+	cfg := cgConfig()
+	cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
+
+	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
+	var handlers []*inbox.ConsumerGroupHandler
+	join := func(batch int) *member {
+		h := mustHandler(t, b.db.Pool, ib, effect, inbox.HandlerOptions{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+		handlers = append(handlers, h)
+		return startMemberConfig(t, cfg, b.addrs, "svc", []string{b.topic}, h)
+	}
+	a := join(20)
+	b.produce(t, msgs[:1000]...)
+	bm := join(1) // a keeps some partitions, gives up others
+	b.produce(t, msgs[1000:2000]...)
+	a.stop()
+	cm := join(50)
+	b.produce(t, msgs[2000:]...)
+	waitFor(t, 90*time.Second, "every event processed", func() bool {
+		_, distinct := b.effects(t)
+		return distinct == unique
+	})
+	bm.stop()
+	cm.stop()
+
+	rows, distinct := b.effects(t)
+	require.Equal(t, unique, distinct)
+	require.Equal(t, unique, rows, "no event has two business rows")
+	var processed uint64
+	for _, h := range handlers {
+		processed += h.Stats().Processed
+	}
+	require.EqualValues(t, unique, processed)
+}

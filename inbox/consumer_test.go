@@ -145,7 +145,12 @@ type member struct {
 // ends).
 func startMember(t testing.TB, addrs []string, group string, topics []string, h *inbox.ConsumerGroupHandler) *member {
 	t.Helper()
-	cg, err := sarama.NewConsumerGroup(addrs, group, cgConfig())
+	return startMemberConfig(t, cgConfig(), addrs, group, topics, h)
+}
+
+func startMemberConfig(t testing.TB, cfg *sarama.Config, addrs []string, group string, topics []string, h *inbox.ConsumerGroupHandler) *member {
+	t.Helper()
+	cg, err := sarama.NewConsumerGroup(addrs, group, cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &member{h: h, cancel: cancel, done: make(chan struct{})}
