@@ -77,7 +77,7 @@ func TestKilledRelayProcessIsTakenOver(t *testing.T) {
 	wg.Wait()
 
 	total := int(written.Load())
-	got := readTopic(t, b, b.topic, total)
+	got := readEvents(t, b, total)
 	require.GreaterOrEqual(t, len(got), total)
 	dups := checkOrder(t, b, got)
 	t.Logf("%d events, %d records, %d duplicates", total, len(got), dups)
@@ -141,7 +141,7 @@ func TestPausedRelayProcessIsFenced(t *testing.T) {
 	wg.Wait()
 
 	total := int(written.Load())
-	got := readTopic(t, b, b.topic, total)
+	got := readEvents(t, b, total)
 	require.GreaterOrEqual(t, len(got), total)
 	dups := checkOrder(t, b, got)
 	t.Logf("%d events, %d records, %d duplicates", total, len(got), dups)

@@ -72,7 +72,11 @@
 // them, or its delete failed) are sent again by the next owner, with the same
 // event id. That is at most two batches of the instance that lost the lane:
 // the one it was sending and the previous one, whose delete runs in the
-// background while the next batch is claimed and sent. A graceful hand-over (rebalance, shutdown) makes none: a released
+// background while the next batch is claimed and sent. An instance also
+// stops sending rows it claimed before its leases could have lapsed (no
+// heartbeat for LeaseTTL, measured on the monotonic clock, so a paused
+// process notices) or before it handed lanes over: those rows stay for the
+// lanes' current owners. A graceful hand-over (rebalance, shutdown) makes none: a released
 // lane stays unclaimable for one heartbeat interval so the releasing instance
 // can finish its batch, and Run releases its lanes only after finishing it.
 //

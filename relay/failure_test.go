@@ -50,7 +50,7 @@ func TestBrokerOutageThenRecovery(t *testing.T) {
 	require.Equal(t, 30, b.outboxCount(t, "attempts = 0 AND parked_at IS NULL AND last_error IS NULL"))
 
 	down.Store(false)
-	got := readTopic(t, b, b.topic, 50)
+	got := readEvents(t, b, 50)
 	require.GreaterOrEqual(t, len(got), 50)
 	checkOrder(t, b, got)
 	waitFor(t, "outbox emptied", func() bool { return b.outboxCount(t, "true") == 0 })

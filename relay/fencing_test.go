@@ -26,9 +26,9 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 
 	heartbeat := func(instance string) {
-		var held, live int
+		var held, released, live int
 		var backlog int64
-		require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, instance, "1 hour", 1, backlogCap, "0s").Scan(&held, &live, &backlog))
+		require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, instance, "1 hour", 1, backlogCap, "0s").Scan(&held, &released, &live, &backlog))
 	}
 	old := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, id: "old"}
 	heartbeat("old")

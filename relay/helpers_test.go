@@ -154,3 +154,25 @@ func readTopic(t testing.TB, b *testBundle, topic string, want int) []*sarama.Co
 	t.Helper()
 	return kafkatest.ReadAll(t, b.addrs, topic, want, 30*time.Second)
 }
+
+// readEvents consumes topic until it has seen `events` distinct event ids
+// (duplicates count toward kafkatest.ReadAll's total, so one call may stop
+// short) and returns every record read.
+func readEvents(t testing.TB, b *testBundle, events int) []*sarama.ConsumerMessage {
+	t.Helper()
+	want := events
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got := readTopic(t, b, b.topic, want)
+		ids := map[string]bool{}
+		for _, m := range got {
+			if id, ok := header(m, relay.EventIDHeader); ok {
+				ids[id] = true
+			}
+		}
+		if len(ids) >= events || time.Now().After(deadline) {
+			return got
+		}
+		want = len(got) + events - len(ids)
+	}
+}

@@ -133,7 +133,7 @@ func TestConcurrentWritersAndRelaysKeepKeyOrder(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	got := readTopic(t, b, b.topic, writers*perWriter)
+	got := readEvents(t, b, writers*perWriter)
 	require.GreaterOrEqual(t, len(got), writers*perWriter)
 	dups := checkOrder(t, b, got)
 	t.Logf("%d records, %d duplicates", len(got), dups)

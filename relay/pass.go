@@ -98,12 +98,14 @@ func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slot
 	start := time.Now()
 	var rows []row
 	var err error
+	var gen int64
 	if pre := r.pre; pre != nil {
 		r.pre = nil
 		<-pre.done
-		rows, err = pre.rows, pre.err
+		rows, err, gen = pre.rows, pre.err, pre.gen
 	}
 	if err != nil || len(rows) == 0 {
+		gen = r.leaseGen.Load()
 		slots := allSlots(*nextSlot)
 		if only != nil {
 			if only.empty() {
@@ -131,7 +133,7 @@ func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slot
 			exclude = append(exclude, rows[i].id)
 		}
 		exclude = r.finishingIDs(exclude)
-		job := &claimJob{done: make(chan struct{})}
+		job := &claimJob{done: make(chan struct{}), gen: r.leaseGen.Load()}
 		first := *nextSlot
 		go func() {
 			defer close(job.done)
@@ -145,7 +147,7 @@ func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slot
 	for i := range rows {
 		msgs[i] = toMessage(&rows[i], i)
 	}
-	outcome, stopped := r.sendChains(ctx, p, rows, msgs)
+	outcome, stopped := r.sendChains(ctx, p, rows, msgs, gen)
 	sentAt := time.Now()
 	if stopped {
 		r.dropPrefetch()
@@ -253,6 +255,7 @@ type claimJob struct {
 	done chan struct{}
 	rows []row
 	err  error
+	gen  int64 // lease generation at claim time
 }
 
 func (r *Relay) dropPrefetch() {
@@ -302,8 +305,10 @@ func (r *Relay) waitFinish() {
 // It returns each tried row's error (nil: acknowledged). If ctx is canceled
 // it sends nothing more and waits up to StopTimeout for the rows in flight;
 // rows still unanswered then are left out (stopped is true) and stay in the
-// outbox.
-func (r *Relay) sendChains(ctx context.Context, p *producer, rows []row, msgs []*sarama.ProducerMessage) (outcome map[int]error, stopped bool) {
+// outbox. It also sends nothing more once the leases the rows were claimed
+// under may have run out (no heartbeat succeeded for LeaseTTL, e.g. the
+// process was paused).
+func (r *Relay) sendChains(ctx context.Context, p *producer, rows []row, msgs []*sarama.ProducerMessage, gen int64) (outcome map[int]error, stopped bool) {
 	outcome = make(map[int]error, len(rows))
 	results := make(chan result, len(rows)) // never blocks the router
 	keyOf := func(i int) string {
@@ -325,12 +330,19 @@ func (r *Relay) sendChains(ctx context.Context, p *producer, rows []row, msgs []
 		chains[k] = append(chains[k], i)
 	}
 	inflight := 0
+	leaseLost := false
 	var stopTimer <-chan time.Time
 	done := ctx.Done()
 	for len(ready) > 0 || inflight > 0 {
 		var in chan<- *sarama.ProducerMessage
 		var next *sarama.ProducerMessage
-		if len(ready) > 0 && stopTimer == nil {
+		if len(ready) > 0 && !leaseLost && !r.leaseHeld(gen) {
+			// Paused or cut off past the lease: another instance may own
+			// these lanes now. Send nothing more; the rows stay.
+			leaseLost = true
+			r.log.Warn("lease may have run out; holding back the rest of the batch", "rows", len(ready))
+		}
+		if len(ready) > 0 && stopTimer == nil && !leaseLost {
 			in, next = p.input(), msgs[ready[0]]
 		} else if inflight == 0 {
 			break // stopping, nothing in flight
@@ -359,7 +371,7 @@ func (r *Relay) sendChains(ctx context.Context, p *producer, rows []row, msgs []
 			return outcome, true
 		}
 	}
-	return outcome, stopTimer != nil
+	return outcome, stopTimer != nil || leaseLost
 }
 
 // producer is a sarama AsyncProducer whose results are routed back to the

@@ -55,6 +55,7 @@ const heartbeatSQL = `WITH me AS (
 	DELETE FROM pgbox_relay_instances WHERE expires_at < now() - interval '1 hour'
 )
 SELECT (SELECT count(*) FROM held)::int,
+       (SELECT count(*) FROM released)::int,
        (SELECT count(*) FROM live)::int,
        (SELECT count(*) FROM (SELECT 1 FROM pgbox_outbox WHERE parked_at IS NULL LIMIT $4) b)::bigint`
 

@@ -34,6 +34,17 @@ type Relay struct {
 	fin     *finishJob // background delete; owned by the worker goroutine
 	pre     *claimJob  // prefetched next batch; owned by the worker goroutine
 
+	// leaseUntil is when this instance's leases run out unless renewed: the
+	// start of the last successful heartbeat plus LeaseTTL, as a duration
+	// since t0 (monotonic clock, so a paused process sees the time pass).
+	t0         time.Time
+	leaseUntil atomic.Int64
+	// leaseGen counts lease gaps (heartbeats that came after leaseUntil had
+	// passed) and hand-overs (heartbeats that released lanes). Rows claimed in
+	// an earlier generation may belong to another instance by now and are
+	// not sent.
+	leaseGen atomic.Int64
+
 	dirtyMu  sync.Mutex
 	dirty    slotSet // slots notifications named since the last pass
 	dirtyAll bool    // a notification named no slots (or listening restarted)
@@ -82,7 +93,7 @@ func New(cfg Config) (*Relay, error) {
 	b := make([]byte, 4)
 	_, _ = crand.Read(b)
 	id := cfg.Instance + "#" + hex.EncodeToString(b)
-	return &Relay{cfg: cfg, id: id, log: cfg.Logger.With("instance", id), wake: make(chan struct{}, 1)}, nil
+	return &Relay{cfg: cfg, id: id, log: cfg.Logger.With("instance", id), wake: make(chan struct{}, 1), t0: time.Now()}, nil
 }
 
 // Instance returns the name this relay registers under in the lease tables:
@@ -226,15 +237,23 @@ func (r *Relay) heartbeat(ctx context.Context) {
 	// A heartbeat slower than the lease is worthless; don't let one hang.
 	hctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL/2)
 	defer cancel()
-	var held, live int
+	start := time.Now()
+	var held, released, live int
 	var backlog int64
-	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.id, r.cfg.LeaseTTL, r.cfg.Lanes, backlogCap, r.cfg.HeartbeatInterval).Scan(&held, &live, &backlog)
+	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.id, r.cfg.LeaseTTL, r.cfg.Lanes, backlogCap, r.cfg.HeartbeatInterval).Scan(&held, &released, &live, &backlog)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.WarnContext(ctx, "heartbeat failed", "error", err)
 		}
 		return
 	}
+	if released > 0 || time.Since(r.t0) >= time.Duration(r.leaseUntil.Load()) {
+		// Lanes were handed over, or the leases may have lapsed before this
+		// renewal: rows claimed so far are not sent any more (they stay for
+		// whoever owns their lane; the in-flight ones finish).
+		r.leaseGen.Add(1)
+	}
+	r.leaseUntil.Store(int64(start.Sub(r.t0) + r.cfg.LeaseTTL))
 	if prev := r.lanes.Swap(int64(held)); prev != int64(held) {
 		r.log.InfoContext(ctx, "lanes changed", "lanes_held", held, "instances", live)
 		if int64(held) > prev {
@@ -244,6 +263,13 @@ func (r *Relay) heartbeat(ctx context.Context) {
 	}
 	r.instances.Store(int64(live))
 	r.backlog.Store(backlog)
+}
+
+// leaseHeld reports whether rows claimed in lease generation gen may still
+// be sent: the leases have not lapsed since. A paused or cut-off instance
+// stops sending before another may take its lanes over.
+func (r *Relay) leaseHeld(gen int64) bool {
+	return r.leaseGen.Load() == gen && time.Since(r.t0) < time.Duration(r.leaseUntil.Load())
 }
 
 func (r *Relay) wakeUp() {
