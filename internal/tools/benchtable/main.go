@@ -1,10 +1,10 @@
 // Command benchtable reads `go test -bench` output on stdin, echoes it, and then
 // prints a table: one row per benchmark, with every reported metric, and for
-// each sub-benchmark whose sibling is named "baseline", its speed relative to
-// that baseline from the same run (>1 means faster than the baseline).
-//
-// Speed is the first rate-like metric the benchmark reports (a unit ending in
-// "/s"), else 1/(ns/op).
+// each sub-benchmark whose sibling is named "baseline" (measured in the same
+// run), the ratio pgbox/baseline of every metric both report — for a rate
+// (msgs/s) above 1 is better, for a latency (p99-ms) or a cost (queries/s)
+// below 1 is. A benchmark that measures both sides itself (interleaved) reports
+// its own ratio as the metric "x-baseline", shown as is.
 package main
 
 import (
@@ -48,20 +48,6 @@ func parse(line string) (result, bool) {
 	return r, len(r.metrics) > 0
 }
 
-func (r result) speed() (float64, bool) {
-	for _, m := range r.metrics {
-		if strings.HasSuffix(m.unit, "/s") && m.value > 0 {
-			return m.value, true
-		}
-	}
-	for _, m := range r.metrics {
-		if m.unit == "ns/op" && m.value > 0 {
-			return 1 / m.value, true
-		}
-	}
-	return 0, false
-}
-
 func parent(name string) string {
 	if i := strings.LastIndex(name, "/"); i >= 0 {
 		return name[:i]
@@ -94,11 +80,12 @@ func main() {
 		ratio := ""
 		if p := parent(r.name); p != "" && !strings.HasSuffix(r.name, "/baseline") {
 			if b, ok := byName[p+"/baseline"]; ok {
-				s, ok1 := r.speed()
-				bs, ok2 := b.speed()
-				if ok1 && ok2 {
-					ratio = fmt.Sprintf("%.2fx", s/bs)
-				}
+				ratio = ratios(r, b)
+			}
+		}
+		for _, m := range r.metrics {
+			if m.unit == "x-baseline" {
+				ratio = fmt.Sprintf("%.2fx", m.value)
 			}
 		}
 		if strings.HasSuffix(r.name, "/baseline") {
@@ -111,4 +98,31 @@ func main() {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", strings.TrimPrefix(r.name, "Benchmark"), ratio, strings.Join(ms, ", "))
 	}
 	_ = tw.Flush()
+}
+
+// ratios compares every metric r and its baseline b both report, skipping
+// ns/op when they share anything more telling.
+func ratios(r, b result) string {
+	base := map[string]float64{}
+	for _, m := range b.metrics {
+		base[m.unit] = m.value
+	}
+	var out []string
+	nsop := ""
+	for _, m := range r.metrics {
+		bv, ok := base[m.unit]
+		if !ok || bv == 0 {
+			continue
+		}
+		s := fmt.Sprintf("%s %.2fx", m.unit, m.value/bv)
+		if m.unit == "ns/op" {
+			nsop = s
+			continue
+		}
+		out = append(out, s)
+	}
+	if len(out) == 0 && nsop != "" {
+		out = append(out, nsop)
+	}
+	return strings.Join(out, "; ")
 }
