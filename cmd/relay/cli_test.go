@@ -146,11 +146,11 @@ func TestVersion(t *testing.T) {
 	require.NotEqual(t, "none", schemaVersion())
 }
 
-// TestDocsListEverySetting keeps docs/readme/cmd.md's configuration table in
-// step with the binary's settings.
+// TestDocsListEverySetting keeps README.md's configuration table in step with
+// the binary's settings.
 func TestDocsListEverySetting(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "readme", "cmd.md"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
 	require.NoError(t, err)
 	doc := string(b)
 	opts := &options{}
@@ -161,7 +161,7 @@ func TestDocsListEverySetting(t *testing.T) {
 		// from their packages and may change there (`relay --help` is the
 		// source of truth).
 		row := "| `--" + st.name + "` | `" + st.env + "` | "
-		require.True(t, strings.Contains(doc, row), "docs/readme/cmd.md has no row starting %s", row)
+		require.True(t, strings.Contains(doc, row), "README.md has no row starting %s", row)
 	}
 }
 
