@@ -27,44 +27,14 @@ func TestKilledRelayProcessIsTakenOver(t *testing.T) {
 	const keys, childBatch = 10, 32
 	createCounters(t, b, keys)
 
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = b.childEnv("child", childBatch)
-	if os.Getenv("PGBOX_TEST_LOG") != "" {
-		child.Stderr = os.Stderr
-	}
-	require.NoError(t, child.Start())
-	exited := make(chan struct{})
-	go func() { _ = child.Wait(); close(exited) }()
-	t.Cleanup(func() { _ = child.Process.Kill(); <-exited })
-
-	ownedBy := func(owner string) int {
-		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx,
-			`SELECT count(*) FROM pgbox_relay_lanes WHERE owner LIKE $1 || '#%' AND expires_at > now()`, owner).Scan(&n))
-		return n
-	}
+	child, exited := startChild(t, b, childBatch)
+	ownedBy := func(owner string) int { return lanesOwnedBy(t, b, owner) }
 	waitFor(t, "child holds lanes", func() bool { return ownedBy("child") == 8 })
 	parent := start(t, b.config("parent"))
 	waitFor(t, "lanes split", func() bool { return ownedBy("child") > 0 && parent.r.Stats().Lanes > 0 })
 
 	// Writers run throughout.
-	var (
-		stop    atomic.Bool
-		written atomic.Int64
-		wg      sync.WaitGroup
-	)
-	for w := range 4 {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for !stop.Load() {
-				if err := writeCounted(ctx, b, keyed(rng.IntN(keys))); err != nil {
-					t.Error(err)
-					return
-				}
-				written.Add(1)
-			}
-		})
-	}
+	stop, written, wg := startWriters(ctx, t, b, keys, 7)
 	// Kill the child while it is publishing its share.
 	waitFor(t, "traffic", func() bool { return written.Load() > 300 })
 	require.NoError(t, child.Process.Kill()) // SIGKILL
@@ -97,39 +67,15 @@ func TestPausedRelayProcessIsFenced(t *testing.T) {
 	const keys, childBatch = 10, 32
 	createCounters(t, b, keys)
 
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = b.childEnv("child", childBatch)
-	require.NoError(t, child.Start())
-	exited := make(chan struct{})
-	go func() { _ = child.Wait(); close(exited) }()
-	t.Cleanup(func() { _ = child.Process.Signal(syscall.SIGCONT); _ = child.Process.Kill(); <-exited })
-
-	ownedBy := func(owner string) int {
-		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx,
-			`SELECT count(*) FROM pgbox_relay_lanes WHERE owner LIKE $1 || '#%' AND expires_at > now()`, owner).Scan(&n))
-		return n
-	}
+	child, _ := startChild(t, b, childBatch)
+	// Registered after startChild's cleanup, so it runs first: a stopped
+	// process must be continued before it can be killed and reaped.
+	t.Cleanup(func() { _ = child.Process.Signal(syscall.SIGCONT) })
+	ownedBy := func(owner string) int { return lanesOwnedBy(t, b, owner) }
 	waitFor(t, "child holds lanes", func() bool { return ownedBy("child") == 8 })
 	parent := start(t, b.config("parent"))
 
-	var (
-		stop    atomic.Bool
-		written atomic.Int64
-		wg      sync.WaitGroup
-	)
-	for w := range 4 {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 9))
-			for !stop.Load() {
-				if err := writeCounted(ctx, b, keyed(rng.IntN(keys))); err != nil {
-					t.Error(err)
-					return
-				}
-				written.Add(1)
-			}
-		})
-	}
+	stop, written, wg := startWriters(ctx, t, b, keys, 9)
 	waitFor(t, "traffic with lanes split", func() bool { return written.Load() > 200 && ownedBy("child") > 0 })
 	require.NoError(t, child.Process.Signal(syscall.SIGSTOP))
 	waitFor(t, "parent takes every lane", func() bool { return parent.r.Stats().Lanes == 8 })
@@ -147,4 +93,50 @@ func TestPausedRelayProcessIsFenced(t *testing.T) {
 	t.Logf("%d events, %d records, %d duplicates", total, len(got), dups)
 	require.LessOrEqual(t, dups, 2*childBatch, "duplicates only from the paused process's two in-flight batches")
 	waitFor(t, "outbox emptied", func() bool { return b.outboxCount(t, "true") == 0 })
+}
+
+// startChild runs a relay named "child" in a real process (this test binary,
+// in its child mode), killed and reaped when the test ends; exited closes when
+// it has exited.
+func startChild(t *testing.T, b *testBundle, batch int) (*exec.Cmd, <-chan struct{}) {
+	t.Helper()
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = b.childEnv("child", batch)
+	if os.Getenv("PGBOX_TEST_LOG") != "" {
+		child.Stderr = os.Stderr
+	}
+	require.NoError(t, child.Start())
+	exited := make(chan struct{})
+	go func() { _ = child.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = child.Process.Kill(); <-exited })
+	return child, exited
+}
+
+// lanesOwnedBy counts the live lane leases of the instance named owner (lease
+// owners are the instance name plus a random suffix).
+func lanesOwnedBy(t *testing.T, b *testBundle, owner string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pgbox_relay_lanes WHERE owner LIKE $1 || '#%' AND expires_at > now()`, owner).Scan(&n))
+	return n
+}
+
+// startWriters runs four writers of counted events over keys until stop is
+// set; written counts the committed events. Wait on wg after setting stop.
+func startWriters(ctx context.Context, t *testing.T, b *testBundle, keys int, seed uint64) (stop *atomic.Bool, written *atomic.Int64, wg *sync.WaitGroup) {
+	stop, written, wg = new(atomic.Bool), new(atomic.Int64), new(sync.WaitGroup)
+	for w := range 4 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), seed))
+			for !stop.Load() {
+				if err := writeCounted(ctx, b, keyed(rng.IntN(keys))); err != nil {
+					t.Error(err)
+					return
+				}
+				written.Add(1)
+			}
+		})
+	}
+	return stop, written, wg
 }
