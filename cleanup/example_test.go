@@ -2,22 +2,16 @@ package cleanup_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log"
-	"os"
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/internal/testdb"
-	"github.com/pgbox/pgbox/migrations"
 )
 
 // One pass over an inbox with a key past its topic's window and one within.
@@ -74,41 +68,6 @@ func Example() {
 // exampleSchema creates a schema in DATABASE_URL, migrates it and returns a
 // pool bound to it, and a func that drops it.
 func exampleSchema(ctx context.Context) (*pgxpool.Pool, func()) {
-	server := os.Getenv("DATABASE_URL")
-	if server == "" {
-		log.Fatal("DATABASE_URL is not set (run `make test`)")
-	}
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema := "example_" + hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, server)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		log.Fatal(err)
-	}
-	url, err := testdb.WithSearchPath(server, schema)
-	if err != nil {
-		log.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	db := stdlib.OpenDBFromPool(pool)
-	if err := migrations.Up(ctx, db); err != nil {
-		log.Fatal(err)
-	}
-	_ = db.Close()
-	return pool, func() {
-		pool.Close()
-		c, err := pgx.Connect(ctx, server)
-		if err != nil {
-			return
-		}
-		defer c.Close(ctx)
-		_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-	}
+	db, drop := testdb.Example(ctx)
+	return db.Pool, drop
 }

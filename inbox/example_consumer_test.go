@@ -2,12 +2,8 @@ package inbox_test
 
 import (
 	"context"
-	"crypto/rand"
-	"database/sql"
-	"encoding/hex"
 	"fmt"
 	"log"
-	"os"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -17,7 +13,6 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/internal/testdb"
-	"github.com/pgbox/pgbox/migrations"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -118,47 +113,16 @@ func produceOrders(brokers []string, orders [][3]string) {
 // DATABASE_URL (with a payments table) and an embedded Kafka broker with an
 // orders.v1 topic. done drops the schema and stops the broker.
 func consumerExampleEnv(ctx context.Context) (pool *pgxpool.Pool, brokers []string, done func()) {
-	server := os.Getenv("DATABASE_URL")
-	if server == "" {
-		log.Fatal("DATABASE_URL is not set (run `make test`)")
-	}
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema := "example_" + hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, server)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		log.Fatal(err)
-	}
-	url, err := testdb.WithSearchPath(server, schema)
-	if err != nil {
-		log.Fatal(err)
-	}
-	sqlDB, err := sql.Open("pgx", url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := migrations.Up(ctx, sqlDB); err != nil {
-		log.Fatal(err)
-	}
-	_ = sqlDB.Close()
-	pool, err = pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE payments (order_id text NOT NULL, amount text NOT NULL)`); err != nil {
+	db, drop := testdb.Example(ctx)
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE payments (order_id text NOT NULL, amount text NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders.v1"))
 	if err != nil {
 		log.Fatal(err)
 	}
-	return pool, cluster.ListenAddrs(), func() {
-		pool.Close()
+	return db.Pool, cluster.ListenAddrs(), func() {
 		cluster.Close()
-		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-		_ = admin.Close(ctx)
+		drop()
 	}
 }

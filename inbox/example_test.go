@@ -2,58 +2,22 @@ package inbox_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"log"
-	"math/rand/v2"
-	"net/url"
-	"os"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for migrations.Up
 
 	"github.com/pgbox/pgbox/inbox"
-	"github.com/pgbox/pgbox/migrations"
+	"github.com/pgbox/pgbox/internal/testdb"
 )
 
 // exampleDB creates a schema of its own on DATABASE_URL, migrated, and returns
 // a pool bound to it and a func that drops it.
 func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
-	server := os.Getenv("DATABASE_URL")
-	admin, err := pgx.Connect(ctx, server)
-	if err != nil {
-		log.Fatal("set DATABASE_URL (make test does): ", err)
-	}
-	schema := fmt.Sprintf("example_inbox_%d", rand.Uint32())
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		log.Fatal(err)
-	}
-	// pgx passes unknown URL parameters, like search_path, to the server.
-	u, err := url.Parse(server)
-	if err != nil {
-		log.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	sqlDB, err := sql.Open("pgx", u.String())
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer sqlDB.Close()
-	if err := migrations.Up(ctx, sqlDB); err != nil {
-		log.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		log.Fatal(err)
-	}
-	return pool, func() {
-		pool.Close()
-		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-		_ = admin.Close(ctx)
-	}
+	db, drop := testdb.Example(ctx)
+	return db.Pool, drop
 }
 
 func Example() {

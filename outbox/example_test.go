@@ -2,18 +2,13 @@ package outbox_test
 
 import (
 	"context"
-	"crypto/rand"
-	"database/sql"
-	"encoding/hex"
 	"fmt"
-	"os"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgbox/pgbox/internal/testdb"
-	"github.com/pgbox/pgbox/migrations"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -51,36 +46,6 @@ func ExampleWrite() {
 
 // exampleDB migrates a fresh schema on DATABASE_URL and returns a pool bound to it.
 func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
-	server := os.Getenv("DATABASE_URL")
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema := "example_" + hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, server)
-	if err != nil {
-		panic(err)
-	}
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		panic(err)
-	}
-	url, err := testdb.WithSearchPath(server, schema)
-	if err != nil {
-		panic(err)
-	}
-	sqlDB, err := sql.Open("pgx", url)
-	if err != nil {
-		panic(err)
-	}
-	if err := migrations.Up(ctx, sqlDB); err != nil {
-		panic(err)
-	}
-	_ = sqlDB.Close()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		panic(err)
-	}
-	return pool, func() {
-		pool.Close()
-		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-		_ = admin.Close(ctx)
-	}
+	db, drop := testdb.Example(ctx)
+	return db.Pool, drop
 }

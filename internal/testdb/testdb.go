@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"hash/fnv"
+	"log"
 	"net/url"
 	"os"
 	"testing"
@@ -49,69 +50,120 @@ func ServerURL(t testing.TB) string {
 // bound to it. The schema is dropped when the test ends.
 func New(t testing.TB) *DB {
 	t.Helper()
-	db := Empty(t)
-	sqlDB := db.SQL(t)
-	p, err := migrations.NewProvider(sqlDB, migrations.Options{LockID: lockID(db.Schema)})
-	if err != nil {
-		t.Fatalf("testdb: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := p.Up(ctx); err != nil {
-		t.Fatalf("testdb: migrate schema %s: %v", db.Schema, err)
-	}
-	return db
+	return newT(t, true)
 }
 
 // Empty creates a schema without running migrations (for migration tests).
 func Empty(t testing.TB) *DB {
 	t.Helper()
+	return newT(t, false)
+}
+
+func newT(t testing.TB, migrate bool) *DB {
+	t.Helper()
 	server := ServerURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-
-	schema := "t_" + randHex(6)
-	admin, err := pgx.Connect(ctx, server)
-	if err != nil {
-		t.Fatalf("testdb: connect to DATABASE_URL: %v", err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		t.Fatalf("testdb: create schema: %v", err)
-	}
-
-	u, err := WithSearchPath(server, schema)
+	db, drop, err := Create(ctx, server, "t_", migrate)
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
-	cfg, err := pgxpool.ParseConfig(u)
-	if err != nil {
-		t.Fatalf("testdb: parse url: %v", err)
-	}
-	cfg.MaxConns = 20
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("testdb: pool: %v", err)
-	}
-	db := &DB{Pool: pool, Schema: schema, URL: u}
 	t.Cleanup(func() {
-		pool.Close()
+		if err := drop(); err != nil {
+			t.Logf("testdb: %v", err)
+		}
+	})
+	return db
+}
+
+// Example is New for runnable examples, which have no testing.T: it exits the
+// program on failure and returns the func that drops the schema.
+func Example(ctx context.Context) (*DB, func()) {
+	server := os.Getenv("DATABASE_URL")
+	if server == "" {
+		log.Fatal("DATABASE_URL is not set: run the examples with `make test`")
+	}
+	db, drop, err := Create(ctx, server, "example_", true)
+	if err != nil {
+		log.Fatalf("testdb: %v", err)
+	}
+	return db, func() { _ = drop() }
+}
+
+// Create makes a schema named prefix plus a random suffix on server,
+// migrated when migrate is set, and returns it with a func that closes its
+// pool and drops it.
+func Create(ctx context.Context, server, prefix string, migrate bool) (_ *DB, drop func() error, err error) {
+	schema := prefix + randHex(6)
+	admin, err := pgx.Connect(ctx, server)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to DATABASE_URL: %w", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return nil, nil, fmt.Errorf("create schema: %w", err)
+	}
+	dropSchema := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		c, err := pgx.Connect(ctx, server)
 		if err != nil {
-			t.Logf("testdb: drop schema %s: %v", schema, err)
-			return
+			return fmt.Errorf("drop schema %s: %w", schema, err)
 		}
 		defer c.Close(ctx)
 		// Subprocesses a test killed may still hold connections for a moment.
 		_, _ = c.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 			WHERE pid <> pg_backend_pid() AND query ILIKE '%'||$1||'%'`, schema)
 		if _, err := c.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Logf("testdb: drop schema %s: %v", schema, err)
+			return fmt.Errorf("drop schema %s: %w", schema, err)
 		}
-	})
-	return db
+		return nil
+	}
+	fail := func(err error) (*DB, func() error, error) {
+		_ = dropSchema()
+		return nil, nil, err
+	}
+
+	u, err := WithSearchPath(server, schema)
+	if err != nil {
+		return fail(err)
+	}
+	if migrate {
+		if err := migrateSchema(ctx, u, schema); err != nil {
+			return fail(err)
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		return fail(fmt.Errorf("parse url: %w", err))
+	}
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return fail(fmt.Errorf("pool: %w", err))
+	}
+	return &DB{Pool: pool, Schema: schema, URL: u}, func() error {
+		pool.Close()
+		return dropSchema()
+	}, nil
+}
+
+// migrateSchema applies every pgbox migration to the schema url points at,
+// under a lock of that schema's own, so parallel tests don't queue.
+func migrateSchema(ctx context.Context, u, schema string) error {
+	sqlDB, err := sql.Open("pgx", u)
+	if err != nil {
+		return fmt.Errorf("sql.Open: %w", err)
+	}
+	defer sqlDB.Close()
+	p, err := migrations.NewProvider(sqlDB, migrations.Options{LockID: lockID(schema)})
+	if err != nil {
+		return err
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("migrate schema %s: %w", schema, err)
+	}
+	return nil
 }
 
 // SQL opens a database/sql handle on the test's schema, closed at cleanup.
