@@ -46,13 +46,7 @@ func TestKilledRelayProcessIsTakenOver(t *testing.T) {
 	stop.Store(true)
 	wg.Wait()
 
-	total := int(written.Load())
-	got := readEvents(t, b, total)
-	require.GreaterOrEqual(t, len(got), total)
-	dups := checkOrder(t, b, got)
-	t.Logf("%d events, %d records, %d duplicates", total, len(got), dups)
-	require.LessOrEqual(t, dups, 2*childBatch, "duplicates only from the killed process's two in-flight batches")
-	waitFor(t, "outbox emptied", func() bool { return b.outboxCount(t, "true") == 0 })
+	checkAllArrived(t, b, int(written.Load()), 2*childBatch, "killed")
 }
 
 // A relay process is paused (SIGSTOP) past its lease while writers keep
@@ -86,13 +80,7 @@ func TestPausedRelayProcessIsFenced(t *testing.T) {
 	stop.Store(true)
 	wg.Wait()
 
-	total := int(written.Load())
-	got := readEvents(t, b, total)
-	require.GreaterOrEqual(t, len(got), total)
-	dups := checkOrder(t, b, got)
-	t.Logf("%d events, %d records, %d duplicates", total, len(got), dups)
-	require.LessOrEqual(t, dups, 2*childBatch, "duplicates only from the paused process's two in-flight batches")
-	waitFor(t, "outbox emptied", func() bool { return b.outboxCount(t, "true") == 0 })
+	checkAllArrived(t, b, int(written.Load()), 2*childBatch, "paused")
 }
 
 // startChild runs a relay named "child" in a real process (this test binary,
@@ -139,4 +127,18 @@ func startWriters(ctx context.Context, t *testing.T, b *testBundle, keys int, se
 		})
 	}
 	return stop, written, wg
+}
+
+// checkAllArrived reads every one of total written events from Kafka, checks
+// per-key order, allows at most maxDups duplicates (from the child process,
+// "killed" or "paused", and its two in-flight batches), and waits for the
+// outbox to empty.
+func checkAllArrived(t *testing.T, b *testBundle, total, maxDups int, child string) {
+	t.Helper()
+	got := readEvents(t, b, total)
+	require.GreaterOrEqual(t, len(got), total)
+	dups := checkOrder(t, b, got)
+	t.Logf("%d events, %d records, %d duplicates", total, len(got), dups)
+	require.LessOrEqual(t, dups, maxDups, "duplicates only from the %s process's two in-flight batches", child)
+	waitFor(t, "outbox emptied", func() bool { return b.outboxCount(t, "true") == 0 })
 }
