@@ -131,7 +131,7 @@ func (c *Cleaner) runOnce(ctx context.Context, rep *Report) error {
 			// Infinite and compacted topics are skipped by design; the other
 			// reasons want an operator's look.
 			level := slog.LevelWarn
-			if tr.Reason == ReasonInfiniteRetention || tr.Reason == ReasonCompacted {
+			if tr.Reason == ReasonInfiniteRetention || tr.Reason == ReasonCompacted || tr.Reason == ReasonEmptyPolicy {
 				level = slog.LevelInfo
 			}
 			c.cfg.Logger.Log(ctx, level, "cleanup skipped topic", "topic", name, "reason", string(tr.Reason), "error", tr.Err)
@@ -199,9 +199,20 @@ func (c *Cleaner) plan(name string, k kafkaTopic, now time.Time) TopicReport {
 		Reason:        k.reason,
 		Err:           k.err,
 	}
+	if k.reason == "" {
+		w, ok := addNoOverflow(k.retention, k.segment, buffer)
+		if !ok {
+			// A window past what a Duration holds: pgbox cannot compute a
+			// cutoff, so the keys are kept (Kafka keeps the records for
+			// centuries anyway).
+			tr.Reason = ReasonConfigUnreadable
+			tr.Err = fmt.Errorf("topic %q: retention.ms %d + segment.ms %d + buffer %v overflows the cutoff arithmetic", name, k.retentionMs, k.segmentMs, buffer)
+		} else {
+			tr.Window = w
+		}
+	}
 	switch {
-	case k.reason == "":
-		tr.Window = satAdd(satAdd(k.retention, k.segment), buffer)
+	case tr.Reason == "":
 		if forced > tr.Window {
 			tr.Window, tr.Forced = forced, true
 		}
@@ -215,11 +226,16 @@ func (c *Cleaner) plan(name string, k kafkaTopic, now time.Time) TopicReport {
 	return tr
 }
 
-func satAdd(a, b time.Duration) time.Duration {
-	if s := a + b; s >= a {
-		return s
+// addNoOverflow sums non-negative durations, reporting false on overflow.
+func addNoOverflow(ds ...time.Duration) (time.Duration, bool) {
+	var sum time.Duration
+	for _, d := range ds {
+		if d > time.Duration(1<<63-1)-sum {
+			return 0, false
+		}
+		sum += d
 	}
-	return time.Duration(1<<63 - 1)
+	return sum, true
 }
 
 func (c *Cleaner) pruneTopic(ctx context.Context, conn *pgxpool.Conn, rep *Report, tr *TopicReport) error {

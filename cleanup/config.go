@@ -36,9 +36,10 @@ type Topic struct {
 	Buffer time.Duration
 
 	// Window forces a fixed retention window for this topic's inbox keys, for
-	// topics whose Kafka config gives none: retention.ms = -1, a compact
-	// cleanup.policy, a topic Kafka does not know, or Kafka unreachable or its
-	// config unreadable. Keys are then deleted once older than Window (no
+	// topics whose Kafka config gives none: retention.ms = -1, a
+	// cleanup.policy without delete or with a token pgbox does not know, a
+	// topic Kafka does not know, or Kafka unreachable or its config
+	// unreadable. Keys are then deleted once older than Window (no
 	// buffer is added: Window is the operator's whole promise). When Kafka does
 	// give a finite window, the longer of the two is used, so Window never
 	// shortens what Kafka may redeliver. Defaults to Config.Window.

@@ -24,7 +24,9 @@
 // with message.timestamp.after.max.ms).
 //
 // A topic is never pruned, and the Report says why (Reason), when its
-// retention.ms is -1, its cleanup.policy contains compact, Kafka does not know
+// retention.ms is -1, its cleanup.policy lacks delete (compact only, empty) or
+// holds a token pgbox does not recognise, a value cannot be interpreted (a
+// non-integer or out-of-range retention.ms or segment.ms), Kafka does not know
 // it, Kafka cannot be reached, or its config cannot be read. Config.Window or a
 // per-topic Topic.Window forces a fixed window for such topics; it never
 // shortens a window Kafka gives.

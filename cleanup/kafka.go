@@ -19,9 +19,19 @@ const (
 	// ReasonInfiniteRetention: the topic has retention.ms = -1; Kafka keeps
 	// its records forever, so a key can be redelivered at any time.
 	ReasonInfiniteRetention Reason = "infinite_retention"
-	// ReasonCompacted: cleanup.policy contains compact; the latest record of
-	// every Kafka key is kept forever.
+	// ReasonCompacted: cleanup.policy is compact without delete; the latest
+	// record of every Kafka key is kept forever. (compact,delete is pruned by
+	// time: Kafka deletes its old segments as for delete.)
 	ReasonCompacted Reason = "compacted"
+	// ReasonEmptyPolicy: cleanup.policy is empty; newer Kafka releases accept
+	// it and then delete nothing by time.
+	ReasonEmptyPolicy Reason = "empty_cleanup_policy"
+	// ReasonUnknownPolicy: cleanup.policy holds a token pgbox does not
+	// recognise (anything but delete and compact, e.g. "delete,tiered"); pgbox
+	// cannot tell how long Kafka keeps the records, so it keeps the keys.
+	ReasonUnknownPolicy Reason = "unknown_cleanup_policy"
+	// ReasonPolicyMissing: Kafka's answer has no cleanup.policy for the topic.
+	ReasonPolicyMissing Reason = "cleanup_policy_missing"
 	// ReasonTopicNotFound: Kafka does not know the topic (deleted, or a typo).
 	ReasonTopicNotFound Reason = "topic_not_found"
 	// ReasonKafkaUnreachable: the DescribeConfigs request failed or timed out.
@@ -94,12 +104,12 @@ func describeTopics(ctx context.Context, admin ConfigDescriber, timeout time.Dur
 		}
 	}
 	for _, t := range topics {
-		out[t] = parseTopic(byName[t])
+		out[t] = parseTopic(t, byName[t])
 	}
 	return out
 }
 
-func parseTopic(r *sarama.ConfigResourceResult) kafkaTopic {
+func parseTopic(name string, r *sarama.ConfigResourceResult) kafkaTopic {
 	if r == nil {
 		return kafkaTopic{reason: ReasonConfigUnreadable, err: errors.New("topic missing from the DescribeConfigs response")}
 	}
@@ -121,54 +131,79 @@ func parseTopic(r *sarama.ConfigResourceResult) kafkaTopic {
 		vals[e.Name] = e.Value
 	}
 	var k kafkaTopic
-	unreadable := func(format string, args ...any) kafkaTopic {
-		k.reason, k.err = ReasonConfigUnreadable, fmt.Errorf(format, args...)
+	keep := func(reason Reason, format string, args ...any) kafkaTopic {
+		k.reason, k.err = reason, fmt.Errorf("topic %q: "+format, append([]any{name}, args...)...)
 		return k
 	}
 	policy, ok := vals["cleanup.policy"]
 	if !ok {
-		return unreadable("cleanup.policy missing from the answer")
+		return keep(ReasonPolicyMissing, "cleanup.policy missing from the answer")
 	}
 	k.policy = policy
 	rv, ok := vals["retention.ms"]
 	if !ok {
-		return unreadable("retention.ms missing from the answer")
+		return keep(ReasonConfigUnreadable, "retention.ms missing from the answer")
 	}
-	ret, err := strconv.ParseInt(strings.TrimSpace(rv), 10, 64)
-	if err != nil || ret < -1 {
-		return unreadable("retention.ms %q is not a number of milliseconds or -1", rv)
+	ret, ok := parseMs(rv)
+	if !ok && strings.TrimSpace(rv) != "-1" {
+		return keep(ReasonConfigUnreadable, "retention.ms %q is not a number of milliseconds (0..%d) or -1", rv, maxMs)
+	}
+	if !ok {
+		ret = -1
 	}
 	k.retentionMs = ret
 	sv, ok := vals["segment.ms"]
 	if !ok {
-		return unreadable("segment.ms missing from the answer")
+		return keep(ReasonConfigUnreadable, "segment.ms missing from the answer")
 	}
-	seg, err := strconv.ParseInt(strings.TrimSpace(sv), 10, 64)
-	if err != nil || seg < 0 {
-		return unreadable("segment.ms %q is not a number of milliseconds", sv)
+	seg, ok := parseMs(sv)
+	if !ok {
+		return keep(ReasonConfigUnreadable, "segment.ms %q is not a number of milliseconds (0..%d)", sv, maxMs)
 	}
 	k.segmentMs = seg
-	for p := range strings.SplitSeq(policy, ",") {
-		if strings.TrimSpace(p) == "compact" {
-			k.reason, k.err = ReasonCompacted, fmt.Errorf("cleanup.policy=%s", policy)
-			return k
-		}
+	if reason, why := policyKeeps(policy); reason != "" {
+		return keep(reason, "cleanup.policy %q %s", policy, why)
 	}
 	if ret == -1 {
-		k.reason, k.err = ReasonInfiniteRetention, errors.New("retention.ms=-1")
-		return k
+		return keep(ReasonInfiniteRetention, "retention.ms=-1")
 	}
-	k.retention = msDuration(ret)
-	k.segment = msDuration(seg)
+	k.retention = time.Duration(ret) * time.Millisecond
+	k.segment = time.Duration(seg) * time.Millisecond
 	return k
 }
 
-// msDuration converts milliseconds to a Duration, saturating instead of
-// overflowing (a retention of centuries is "forever" for our purpose).
-func msDuration(ms int64) time.Duration {
-	const maxMs = int64(1<<63-1) / int64(time.Millisecond)
-	if ms > maxMs/4 {
-		ms = maxMs / 4
+// policyKeeps reads cleanup.policy as Kafka does (a comma-separated list,
+// spaces trimmed). Only a list of known tokens that includes delete lets Kafka
+// delete records by time; anything else keeps the keys, with the reason.
+func policyKeeps(policy string) (Reason, string) {
+	if strings.TrimSpace(policy) == "" {
+		return ReasonEmptyPolicy, "is empty: Kafka deletes nothing by time"
 	}
-	return time.Duration(ms) * time.Millisecond
+	hasDelete := false
+	for tok := range strings.SplitSeq(policy, ",") {
+		switch strings.TrimSpace(tok) {
+		case "delete":
+			hasDelete = true
+		case "compact":
+		default:
+			return ReasonUnknownPolicy, fmt.Sprintf("holds %q, which pgbox does not recognise (known: delete, compact)", strings.TrimSpace(tok))
+		}
+	}
+	if !hasDelete {
+		return ReasonCompacted, "has no delete: Kafka keeps the latest record of each key forever"
+	}
+	return "", ""
+}
+
+// maxMs is the longest duration in milliseconds a time.Duration holds.
+const maxMs = int64(1<<63-1) / int64(time.Millisecond)
+
+// parseMs parses a non-negative millisecond count that converts to a
+// time.Duration without overflow.
+func parseMs(v string) (int64, bool) {
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n < 0 || n > maxMs {
+		return 0, false
+	}
+	return n, true
 }
