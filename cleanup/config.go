@@ -96,8 +96,8 @@ type Config struct {
 	// leave behind. Defaults to TablesDefault's values for fields left zero.
 	Tables Tables
 
-	// Logger receives one line per pass and per skipped topic. Defaults to a
-	// logger that discards everything.
+	// Logger receives one line per pass and per skipped topic. Defaults to
+	// slog.Default().
 	Logger *slog.Logger
 
 	// Now is the clock cutoffs are computed from. Defaults to the database's
@@ -120,7 +120,7 @@ func (c Config) withDefaults() Config {
 	}
 	c.Tables = c.Tables.withDefaults()
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+		c.Logger = slog.Default()
 	}
 	return c
 }

@@ -113,7 +113,7 @@ type Config struct {
 	// in-flight send to finish (the batch is then released, not marked).
 	// Defaults to StopTimeoutDefault (5s).
 	StopTimeout time.Duration
-	// Logger receives the relay's logs. Defaults to discarding them.
+	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
 
@@ -156,7 +156,7 @@ func (c Config) withDefaults() Config {
 	c.Channel = cmp.Or(c.Channel, outbox.ChannelDefault)
 	c.StopTimeout = cmp.Or(c.StopTimeout, StopTimeoutDefault)
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+		c.Logger = slog.Default()
 	}
 	return c
 }
