@@ -36,9 +36,10 @@ const Slots = 256
 
 // Defaults of Config.
 const (
-	// MaxBytesDefault is Config.MaxBytes' default: 1 MiB, Kafka's default
-	// message.max.bytes (give or take the record overhead).
-	MaxBytesDefault = 1 << 20
+	// MaxBytesDefault is Config.MaxBytes' default and the relay's producer
+	// limit: 1048588, a default-configured broker's message.max.bytes, so a
+	// message Write accepts is one the relay can publish there.
+	MaxBytesDefault = 1048588
 	// ChannelDefault is the LISTEN/NOTIFY channel writers notify and the relay listens on.
 	ChannelDefault = "pgbox_outbox"
 	// maxTopicLen is Kafka's limit on topic names.
@@ -49,6 +50,9 @@ var (
 	// ErrInvalidMessage is returned (wrapped, naming the message) when a
 	// message breaks a rule; nothing was written.
 	ErrInvalidMessage = errors.New("outbox: invalid message")
+	// ErrTooLarge is returned (wrapped in ErrInvalidMessage's error) when a
+	// message's RecordSize exceeds Config.MaxBytes.
+	ErrTooLarge = errors.New("message too large")
 	// ErrNilTx is returned when Write is given a nil transaction.
 	ErrNilTx = errors.New("outbox: nil transaction (pass the pgx.Tx of the business transaction the events belong to)")
 )
@@ -62,10 +66,13 @@ type Execer interface {
 
 // Config tunes a Writer. The zero value is valid.
 type Config struct {
-	// MaxBytes bounds a message's key + value + header keys and values, in
-	// bytes. Larger messages are rejected by Write (the broker would reject
-	// them anyway, after the business transaction committed). Defaults to
-	// MaxBytesDefault (1 MiB).
+	// MaxBytes bounds a message's RecordSize: what it takes on the wire as a
+	// Kafka record batch of its own, pgbox's headers and overhead included.
+	// Larger messages are rejected by Write (the broker would reject them
+	// anyway, after the business transaction committed). Keep it equal to the
+	// relay's relay.Config.MaxMessageBytes (binary: --kafka-max-message-bytes)
+	// and at most the brokers' message.max.bytes. Defaults to MaxBytesDefault
+	// (1048588, Kafka's default message.max.bytes).
 	MaxBytes int
 	// Notify makes Write send a NOTIFY on Channel, delivered when the caller
 	// commits, so a listening relay publishes at once instead of at its next
@@ -107,7 +114,7 @@ func NewWriter(cfg Config) (*Writer, error) {
 
 var defaultWriter, _ = NewWriter(Config{})
 
-// Write inserts msgs into the outbox with the default Config (1 MiB limit,
+// Write inserts msgs into the outbox with the default Config (MaxBytesDefault,
 // no NOTIFY), inside tx. See Writer.Write.
 func Write(ctx context.Context, tx Execer, msgs ...Message) error {
 	return defaultWriter.Write(ctx, tx, msgs...)
@@ -131,7 +138,7 @@ func (w *Writer) Write(ctx context.Context, tx Execer, msgs ...Message) error {
 	}
 	for i := range msgs {
 		if err := w.validate(&msgs[i]); err != nil {
-			return fmt.Errorf("%w: message %d (topic %q, key %s): %s", ErrInvalidMessage, i, msgs[i].Topic, showKey(msgs[i].Key), err)
+			return fmt.Errorf("%w: message %d (topic %q, key %s): %w", ErrInvalidMessage, i, msgs[i].Topic, showKey(msgs[i].Key), err)
 		}
 	}
 	eventIDs := make([]EventID, len(msgs))
@@ -205,15 +212,15 @@ func (w *Writer) validate(m *Message) error {
 	if err := ValidateTopic(m.Topic); err != nil {
 		return err
 	}
-	size := len(m.Key) + len(m.Value)
 	for j, h := range m.Headers {
 		if !utf8.ValidString(h.Key) { // Kafka header keys are strings
 			return fmt.Errorf("header %d key %q is not valid UTF-8", j, h.Key)
 		}
-		size += len(h.Key) + len(h.Value)
 	}
-	if size > w.cfg.MaxBytes {
-		return fmt.Errorf("size %d bytes (key + value + headers) exceeds the limit of %d bytes (Config.MaxBytes)", size, w.cfg.MaxBytes)
+	if size := RecordSize(*m); size > w.cfg.MaxBytes {
+		return fmt.Errorf("%w: record size %d bytes (outbox.RecordSize: key, value, headers, pgbox's own headers and Kafka's record overhead) exceeds the limit of %d bytes; "+
+			"to send larger messages raise outbox.Config.MaxBytes, the relay's limit (relay.Config.MaxMessageBytes, --kafka-max-message-bytes / PGBOX_KAFKA_MAX_MESSAGE_BYTES) "+
+			"and the brokers' message.max.bytes together", ErrTooLarge, size, w.cfg.MaxBytes)
 	}
 	return nil
 }

@@ -116,7 +116,7 @@ func TestWriteRejectsBadInput(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.New(t)
 	ok := outbox.Message{Topic: "ok", Key: []byte("k"), Value: []byte("v")}
-	small, err := outbox.NewWriter(outbox.Config{MaxBytes: 100})
+	small, err := outbox.NewWriter(outbox.Config{MaxBytes: 300})
 	require.NoError(t, err)
 
 	cases := []struct {
@@ -132,9 +132,9 @@ func TestWriteRejectsBadInput(t *testing.T) {
 		{"slash", nil, outbox.Message{Topic: "a/b", Key: []byte("k1")}, "only [a-zA-Z0-9._-]"},
 		{"unicode", nil, outbox.Message{Topic: "zahlungsströme", Key: []byte("k1")}, "only [a-zA-Z0-9._-]"},
 		{"too long", nil, outbox.Message{Topic: strings.Repeat("a", 250), Key: []byte("k1")}, "250 characters long, Kafka allows at most 249"},
-		{"value too large", nil, outbox.Message{Topic: "t", Key: []byte("k1"), Value: make([]byte, outbox.MaxBytesDefault)}, "exceeds the limit of 1048576 bytes"},
+		{"value too large", nil, outbox.Message{Topic: "t", Key: []byte("k1"), Value: make([]byte, outbox.MaxBytesDefault)}, "exceeds the limit of 1048588 bytes"},
 		{"headers too large", small, outbox.Message{Topic: "t", Key: []byte("k1"), Value: []byte("v"),
-			Headers: []outbox.Header{{Key: "h", Value: make([]byte, 100)}}}, "size 104 bytes (key + value + headers) exceeds the limit of 100"},
+			Headers: []outbox.Header{{Key: "h", Value: make([]byte, 100)}}}, "record size 315 bytes (outbox.RecordSize: key, value, headers, pgbox's own headers and Kafka's record overhead) exceeds the limit of 300"},
 		{"bad utf8 header key", nil, outbox.Message{Topic: "t", Key: []byte("k1"), Headers: []outbox.Header{{Key: "\xff"}}}, "not valid UTF-8"},
 	}
 	tx, err := db.Pool.Begin(ctx)

@@ -25,10 +25,11 @@ const (
 	MaxAttemptsDefault       = 5
 	MaxBackoffDefault        = 10 * time.Second
 	StopTimeoutDefault       = 5 * time.Second
-	// MaxMessageBytesDefault is Producer.MaxMessageBytes in NewKafkaConfig:
+	// MaxMessageBytesDefault is Config.MaxMessageBytes' default and
+	// Producer.MaxMessageBytes in NewKafkaConfig: outbox.MaxBytesDefault,
 	// Kafka's default broker message.max.bytes, so every message outbox.Write
-	// accepts by default fits.
-	MaxMessageBytesDefault = 1048588
+	// accepts by default is published.
+	MaxMessageBytesDefault = outbox.MaxBytesDefault
 )
 
 // Header names the relay adds to every record. Row headers with these names
@@ -36,10 +37,10 @@ const (
 const (
 	// EventIDHeader carries the row's event id (a UUIDv7 string). Consumers
 	// dedupe on it: inbox.ByHeader(relay.EventIDHeader).
-	EventIDHeader = "pgbox-event-id"
+	EventIDHeader = outbox.EventIDHeader
 	// CreatedAtHeader carries the row's creation time (database clock),
 	// RFC 3339 with nanoseconds, UTC.
-	CreatedAtHeader = "pgbox-created-at"
+	CreatedAtHeader = outbox.CreatedAtHeader
 )
 
 // busyWindow is how long the relay keeps polling at BusyPollInterval after a
@@ -113,6 +114,12 @@ type Config struct {
 	// in-flight send to finish (the batch is then released, not marked).
 	// Defaults to StopTimeoutDefault (5s).
 	StopTimeout time.Duration
+	// MaxMessageBytes is the largest outbox.RecordSize the relay publishes:
+	// set it to the writers' outbox.Config.MaxBytes, at most the
+	// brokers' message.max.bytes. NewKafkaConfig's producer limit follows it;
+	// New rejects a Kafka config whose Producer.MaxMessageBytes is too small
+	// for it. Defaults to MaxMessageBytesDefault (outbox.MaxBytesDefault).
+	MaxMessageBytes int
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -135,8 +142,10 @@ func NewKafkaConfig() *sarama.Config {
 }
 
 func (c Config) withDefaults() Config {
+	c.MaxMessageBytes = cmp.Or(c.MaxMessageBytes, MaxMessageBytesDefault)
 	if c.Kafka == nil {
 		c.Kafka = NewKafkaConfig()
+		c.Kafka.Producer.MaxMessageBytes = c.MaxMessageBytes
 	}
 	if c.Partitioner == nil {
 		c.Partitioner = NewMurmur2Partitioner
@@ -188,6 +197,15 @@ func (c Config) validate() error {
 	}
 	if c.MaxAttempts < 1 {
 		return fmt.Errorf("relay: Config.MaxAttempts is %d: use at least 1", c.MaxAttempts)
+	}
+	if c.MaxMessageBytes < 0 {
+		return fmt.Errorf("relay: Config.MaxMessageBytes is %d: use a positive size in bytes (the writers' outbox.Config.MaxBytes), or 0 for %d", c.MaxMessageBytes, MaxMessageBytesDefault)
+	}
+	// sarama checks a record without the batch header against
+	// Producer.MaxMessageBytes (ProducerMessage.ByteSize).
+	if need := c.MaxMessageBytes - outbox.RecordBatchOverhead; c.Kafka.Producer.MaxMessageBytes < need {
+		return fmt.Errorf("relay: Config.Kafka.Producer.MaxMessageBytes is %d, too small for Config.MaxMessageBytes %d: set it to at least %d, or lower Config.MaxMessageBytes (and the writers' outbox.Config.MaxBytes)",
+			c.Kafka.Producer.MaxMessageBytes, c.MaxMessageBytes, need)
 	}
 	if len(c.Channel) > 63 {
 		return fmt.Errorf("relay: Config.Channel %q is longer than PostgreSQL's 63-byte identifier limit", c.Channel)

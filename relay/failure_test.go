@@ -69,6 +69,7 @@ func TestPoisonRowsAreParked(t *testing.T) {
 	cfg.MaxAttempts = 3
 	cfg.Kafka = kafkaConfig()
 	cfg.Kafka.Producer.MaxMessageBytes = 4000
+	cfg.MaxMessageBytes = 4000 // below what the writers (outbox.Write's default) accept
 	a := start(t, cfg)
 
 	b.write(t, msg(b.topic, "good-0", "before"))

@@ -49,7 +49,7 @@ func (r *relayOptions) bind(s *settings) {
 	s.enum(&r.Partitioner, g, "partitioner", "PGBOX_PARTITIONER", "murmur2",
 		"key→partition hash: murmur2 (the Java client's) or fnv1a (sarama's default)", "murmur2", "fnv1a")
 	s.integer(&r.MaxMessageBytes, g, "kafka-max-message-bytes", "PGBOX_KAFKA_MAX_MESSAGE_BYTES", relay.MaxMessageBytesDefault, 1024, 1<<30,
-		"largest record the producer sends; keep it at most the brokers' message.max.bytes")
+		"largest record (outbox.RecordSize, pgbox's headers and overhead included) the relay publishes; equal to the writers' outbox.Config.MaxBytes, at most the brokers' message.max.bytes")
 }
 
 func (r *relayOptions) validate() error {
@@ -107,6 +107,7 @@ func (a *app) relayConfig(pool *pgxpool.Pool) (relay.Config, error) {
 		LeaseTTL:          o.Relay.LeaseTTL,
 		MaxAttempts:       o.Relay.MaxAttempts,
 		MaxBackoff:        o.Relay.MaxBackoff,
+		MaxMessageBytes:   o.Relay.MaxMessageBytes,
 		NoListen:          o.Relay.NoListen,
 		Channel:           o.Relay.Channel,
 		StopTimeout:       stopTimeout(o.ShutdownTimeout),
