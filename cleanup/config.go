@@ -24,6 +24,18 @@ const (
 	KafkaTimeoutDefault = 30 * time.Second
 )
 
+// Sentinels for settings whose zero is meaningful but whose zero field means
+// the default.
+const (
+	// NoBuffer, as Config.Buffer or Topic.Buffer, asks for a zero buffer:
+	// keys are deleted as soon as they are older than retention.ms +
+	// segment.ms.
+	NoBuffer time.Duration = -1
+	// NoWindow, as Topic.Window, turns Config.Window off for one topic: it is
+	// never pruned when Kafka gives no window.
+	NoWindow time.Duration = -1
+)
+
 // ConfigDescriber is the part of sarama.ClusterAdmin the cleaner uses: a
 // sarama.ClusterAdmin satisfies it.
 type ConfigDescriber interface {
@@ -33,6 +45,7 @@ type ConfigDescriber interface {
 // Topic overrides the cleaner's settings for one source topic.
 type Topic struct {
 	// Buffer replaces Config.Buffer for this topic. Defaults to Config.Buffer.
+	// Set NoBuffer for a zero buffer; other negative values are rejected.
 	Buffer time.Duration
 
 	// Window forces a fixed retention window for this topic's inbox keys, for
@@ -42,7 +55,9 @@ type Topic struct {
 	// unreadable. Keys are then deleted once older than Window (no
 	// buffer is added: Window is the operator's whole promise). When Kafka does
 	// give a finite window, the longer of the two is used, so Window never
-	// shortens what Kafka may redeliver. Defaults to Config.Window.
+	// shortens what Kafka may redeliver. Defaults to Config.Window. Set
+	// NoWindow to force no window for this topic; other negative values are
+	// rejected.
 	Window time.Duration
 }
 
@@ -60,15 +75,15 @@ type Config struct {
 
 	// Buffer is added to every topic's retention.ms + segment.ms: it covers the
 	// broker's retention check interval, clock skew and consumers that lag.
-	// Defaults to BufferDefault (24h).
+	// Defaults to BufferDefault (24h). Set NoBuffer for a zero buffer; other
+	// negative values are rejected.
 	Buffer time.Duration
 
 	// Topics overrides settings per source topic. Defaults to none.
 	Topics map[string]Topic
 
 	// Window forces a fixed window for every topic whose Kafka config gives
-	// none (see Topic.Window). Zero means such topics are never pruned.
-	// Defaults to 0.
+	// none (see Topic.Window). Defaults to 0: such topics are never pruned.
 	Window time.Duration
 
 	// BatchSize is the most rows one delete transaction removes. At most
@@ -76,7 +91,7 @@ type Config struct {
 	BatchSize int
 
 	// Pause is slept between two delete batches, to leave the database
-	// breathing room (replication, vacuum). Defaults to 0.
+	// breathing room (replication, vacuum). Defaults to 0 (no pause).
 	Pause time.Duration
 
 	// Interval is the time between two passes of Run. Defaults to
@@ -106,8 +121,11 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Buffer == 0 {
+	switch c.Buffer {
+	case 0:
 		c.Buffer = BufferDefault
+	case NoBuffer:
+		c.Buffer = 0
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = BatchSizeDefault
@@ -133,8 +151,8 @@ func (c Config) validate() error {
 	if c.Admin == nil {
 		errs = append(errs, errors.New("missing Admin (pass a sarama.ClusterAdmin, e.g. from sarama.NewClusterAdmin(brokers, cfg))"))
 	}
-	if c.Buffer < 0 {
-		errs = append(errs, fmt.Errorf("Buffer %v is negative (use a positive duration, or leave it zero for %v)", c.Buffer, BufferDefault))
+	if c.Buffer < 0 && c.Buffer != NoBuffer {
+		errs = append(errs, fmt.Errorf("Buffer %v is negative (use a positive duration, cleanup.NoBuffer for a zero buffer, or zero for the default %v)", c.Buffer, BufferDefault))
 	}
 	if c.Window < 0 {
 		errs = append(errs, fmt.Errorf("Window %v is negative (use a positive duration, or zero to never prune topics without a Kafka window)", c.Window))
@@ -155,11 +173,11 @@ func (c Config) validate() error {
 		if name == "" {
 			errs = append(errs, errors.New("Topics has an empty topic name"))
 		}
-		if t.Buffer < 0 {
-			errs = append(errs, fmt.Errorf("Topics[%q].Buffer %v is negative", name, t.Buffer))
+		if t.Buffer < 0 && t.Buffer != NoBuffer {
+			errs = append(errs, fmt.Errorf("Topics[%q].Buffer %v is negative (use a positive duration, cleanup.NoBuffer for a zero buffer, or zero for Config.Buffer)", name, t.Buffer))
 		}
-		if t.Window < 0 {
-			errs = append(errs, fmt.Errorf("Topics[%q].Window %v is negative", name, t.Window))
+		if t.Window < 0 && t.Window != NoWindow {
+			errs = append(errs, fmt.Errorf("Topics[%q].Window %v is negative (use a positive duration, cleanup.NoWindow for no forced window, or zero for Config.Window)", name, t.Window))
 		}
 	}
 	if err := c.Tables.validate(); err != nil {
@@ -171,10 +189,18 @@ func (c Config) validate() error {
 func (c Config) topic(name string) (buffer, window time.Duration) {
 	buffer, window = c.Buffer, c.Window
 	if t, ok := c.Topics[name]; ok {
-		if t.Buffer != 0 {
+		switch t.Buffer {
+		case 0:
+		case NoBuffer:
+			buffer = 0
+		default:
 			buffer = t.Buffer
 		}
-		if t.Window != 0 {
+		switch t.Window {
+		case 0:
+		case NoWindow:
+			window = 0
+		default:
 			window = t.Window
 		}
 	}

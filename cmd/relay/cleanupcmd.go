@@ -16,10 +16,14 @@ import (
 // cleanupConfig maps the cleanup settings onto cleanup.Config.
 func (a *app) cleanupConfig(pool *pgxpool.Pool, admin cleanup.ConfigDescriber, dryRun bool) cleanup.Config {
 	o := a.opts
+	buffer := o.CleanupBuffer
+	if buffer == 0 { // an explicit 0s: zero means zero
+		buffer = cleanup.NoBuffer
+	}
 	return cleanup.Config{
 		Pool:         pool,
 		Admin:        admin,
-		Buffer:       o.CleanupBuffer,
+		Buffer:       buffer,
 		Window:       o.CleanupWindow,
 		BatchSize:    o.CleanupBatchSize,
 		Pause:        o.CleanupPause,
@@ -144,7 +148,7 @@ func durText(d time.Duration) string {
 	case d >= time.Hour:
 		return neg + fmtDuration(d.Round(time.Minute))
 	case d >= time.Second:
-		return neg + d.Round(time.Second).String()
+		return neg + fmtDuration(d.Round(time.Second))
 	}
 	return neg + d.Round(time.Millisecond).String()
 }

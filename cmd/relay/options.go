@@ -150,7 +150,7 @@ func (o *options) bind(s *settings, groups ...string) {
 	}
 	if has[groupCleanup] || has[groupRelay] || has[groupCleanupOnce] {
 		s.duration(&o.CleanupBuffer, groupCleanup, "cleanup-buffer", "PGBOX_CLEANUP_BUFFER", cleanupBufferDefault, 0,
-			"kept beyond each topic's retention.ms + segment.ms before an inbox key is deleted")
+			"kept beyond each topic's retention.ms + segment.ms before an inbox key is deleted (0s: no buffer)")
 		s.duration(&o.CleanupWindow, groupCleanup, "cleanup-window", "PGBOX_CLEANUP_WINDOW", 0, 0,
 			"forced window for topics whose Kafka config gives none (retention.ms=-1, compact, unreadable); 0 never prunes them")
 		s.integer(&o.CleanupBatchSize, groupCleanup, "cleanup-batch-size", "PGBOX_CLEANUP_BATCH_SIZE", cleanupBatchDefault, 1, cleanup.BatchSizeMax,
