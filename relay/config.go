@@ -52,6 +52,10 @@ const busyWindow = 2 * time.Second
 const backlogCap = 100_000
 
 // Config configures a Relay. Pool and Brokers are required.
+//
+// No count or duration here has a meaningful zero (zero lanes, rows, attempts
+// or poll interval cannot run a relay): a zero field means its default, and a
+// negative one is rejected by New with an error naming the field.
 type Config struct {
 	// Pool connects to the database holding pgbox_outbox. Its search_path must
 	// resolve the pgbox tables. Required. Behind pgbouncer in transaction mode,
