@@ -62,5 +62,5 @@
 // can no longer redeliver their message.
 //
 // For a ready-made sarama consumer-group handler that runs this loop (offsets,
-// retries, dead letters), see NewConsumerGroupHandler.
+// retries, dead letters), see package inbox/inboxsarama.
 package inbox

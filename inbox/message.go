@@ -3,8 +3,6 @@ package inbox
 import (
 	"fmt"
 	"time"
-
-	"github.com/IBM/sarama"
 )
 
 // Header is one Kafka record header.
@@ -29,33 +27,6 @@ type Message struct {
 	// When set, ByOffset keys include it, so that a topic deleted and
 	// recreated under the same name does not collide with its old offsets.
 	TopicID string
-}
-
-// FromSarama converts a record consumed with sarama. TopicID is left empty:
-// sarama's ConsumerMessage does not carry it.
-func FromSarama(m *sarama.ConsumerMessage) Message {
-	if m == nil {
-		return Message{}
-	}
-	var hs []Header
-	if len(m.Headers) > 0 {
-		hs = make([]Header, 0, len(m.Headers))
-		for _, h := range m.Headers {
-			if h == nil {
-				continue
-			}
-			hs = append(hs, Header{Key: string(h.Key), Value: h.Value})
-		}
-	}
-	return Message{
-		Topic:     m.Topic,
-		Partition: m.Partition,
-		Offset:    m.Offset,
-		Key:       m.Key,
-		Value:     m.Value,
-		Headers:   hs,
-		Timestamp: m.Timestamp,
-	}
 }
 
 // Header returns the value of the last header named name (Kafka allows

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -409,18 +408,6 @@ func TestKeys(t *testing.T) {
 	k, err = byFunc.Key(inbox.Message{Topic: "orders", Key: []byte("o-1")})
 	require.NoError(t, err)
 	require.Equal(t, "order:o-1", k)
-}
-
-func TestFromSarama(t *testing.T) {
-	t.Parallel()
-	ts := time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)
-	m := inbox.FromSarama(&sarama.ConsumerMessage{
-		Topic: "orders", Partition: 2, Offset: 99, Key: []byte("k"), Value: []byte("v"), Timestamp: ts,
-		Headers: []*sarama.RecordHeader{{Key: []byte("event-id"), Value: []byte("evt-9")}, nil},
-	})
-	require.Equal(t, inbox.Message{Topic: "orders", Partition: 2, Offset: 99, Key: []byte("k"), Value: []byte("v"),
-		Timestamp: ts, Headers: []inbox.Header{{Key: "event-id", Value: []byte("evt-9")}}}, m)
-	require.Equal(t, inbox.Message{}, inbox.FromSarama(nil))
 }
 
 // TestConcurrentBatches runs two batches with the same keys in opposite

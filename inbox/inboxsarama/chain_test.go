@@ -1,4 +1,4 @@
-package inbox_test
+package inboxsarama_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
@@ -89,12 +90,12 @@ func TestConsumerChainAcrossServices(t *testing.T) {
 	}
 	// Service B: payments → effects, deduped on the relay's event id.
 	ibB := newTestInbox(t, "svc-b", inbox.ByHeader(relay.EventIDHeader))
-	hB := mustHandler(t, dbB.Pool, ibB, effect, inbox.HandlerOptions{BatchSize: 20})
+	hB := mustHandler(t, dbB.Pool, ibB, effect, inboxsarama.Options{BatchSize: 20})
 
 	rng := rand.New(rand.NewPCG(3, 4))
 	msgs, unique := sends("orders", "order", 1200, rng)
-	newA := func() (*inbox.ConsumerGroupHandler, *member) {
-		h := mustHandler(t, dbA.Pool, ibA, handlerA, inbox.HandlerOptions{BatchSize: 10})
+	newA := func() (*inboxsarama.Handler, *member) {
+		h := mustHandler(t, dbA.Pool, ibA, handlerA, inboxsarama.Options{BatchSize: 10})
 		return h, startMember(t, addrs, "svc-a", []string{"orders"}, h)
 	}
 	channel := "pgbox_" + dbA.Schema

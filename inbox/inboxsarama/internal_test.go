@@ -1,4 +1,4 @@
-package inbox
+package inboxsarama
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgbox/pgbox/inbox"
 )
 
 func TestClassify(t *testing.T) {
@@ -31,9 +33,9 @@ func TestClassify(t *testing.T) {
 		{"too many connections", pg("53300"), nil, errTransient},
 		{"conn closed", fmt.Errorf("begin: %w", pgconn.ErrConnClosed), nil, errTransient},
 		{"unexpected EOF", fmt.Errorf("begin: %w", io.ErrUnexpectedEOF), nil, errTransient},
-		{"key in flight", fmt.Errorf("x: %w", ErrInFlight), nil, errTransient},
-		{"invalid message", fmt.Errorf("x: %w", ErrInvalidMessage), nil, errPermanent},
-		{"fingerprint mismatch", fmt.Errorf("x: %w", ErrFingerprintMismatch), nil, errPermanent},
+		{"key in flight", fmt.Errorf("x: %w", inbox.ErrInFlight), nil, errTransient},
+		{"invalid message", fmt.Errorf("x: %w", inbox.ErrInvalidMessage), nil, errPermanent},
+		{"fingerprint mismatch", fmt.Errorf("x: %w", inbox.ErrFingerprintMismatch), nil, errPermanent},
 		{"missing table", pg("42P01"), nil, errInfra},
 		{"permission denied", pg("42501"), nil, errInfra},
 		{"deferred constraint at commit", &commitError{err: &pgconn.PgError{Code: "23505"}}, nil, errHandler},
@@ -45,7 +47,7 @@ func TestClassify(t *testing.T) {
 
 func TestBackoff(t *testing.T) {
 	t.Parallel()
-	h := &ConsumerGroupHandler{opts: HandlerOptions{RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second}}
+	h := &Handler{opts: Options{RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second}}
 	for n, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 50: time.Second} {
 		got := h.backoff(n)
 		require.InDelta(t, float64(want), float64(got), float64(want)*0.2+1, "retry %d", n)

@@ -1,4 +1,4 @@
-package inbox
+package inboxsarama
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgbox/pgbox/inbox"
 )
 
 // maxPending bounds the messages read ahead from a claim while a message is
@@ -16,7 +18,7 @@ const maxPending = 1024
 
 // claimRun is the state of one ConsumeClaim call: one partition, one session.
 type claimRun struct {
-	h     *ConsumerGroupHandler
+	h     *Handler
 	sess  sarama.ConsumerGroupSession
 	claim sarama.ConsumerGroupClaim
 
@@ -35,7 +37,7 @@ type claimRun struct {
 	closed  bool                      // claim.Messages() is closed: revoked
 }
 
-func newClaimRun(h *ConsumerGroupHandler, sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) *claimRun {
+func newClaimRun(h *Handler, sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) *claimRun {
 	work, cancel := context.WithCancel(context.WithoutCancel(sess.Context()))
 	c := &claimRun{h: h, sess: sess, claim: claim, work: work, cancelWork: cancel, attempted: map[int64]struct{}{}}
 	c.stopDrain = context.AfterFunc(sess.Context(), func() {
@@ -200,7 +202,7 @@ func (c *claimRun) handle(batch []*sarama.ConsumerMessage) bool {
 			return c.handleEach(batch)
 		}
 	}
-	msgs := make([]Message, len(batch))
+	msgs := make([]inbox.Message, len(batch))
 	for i, m := range batch {
 		msgs[i] = c.message(m)
 	}
@@ -209,7 +211,7 @@ func (c *claimRun) handle(batch []*sarama.ConsumerMessage) bool {
 			return false
 		}
 		var herr error
-		var res []Result
+		var res []inbox.Result
 		err := c.inTx(func(tx pgx.Tx) error {
 			var err error
 			res, err = c.h.ib.ProcessBatch(c.work, tx, msgs, c.wrap(&herr))
@@ -263,7 +265,7 @@ func (c *claimRun) handleOne(sm *sarama.ConsumerMessage) bool {
 		}
 		_, hadAttempts := c.attempted[m.Offset]
 		var herr error
-		var res Result
+		var res inbox.Result
 		err := c.inTx(func(tx pgx.Tx) error {
 			var err error
 			res, err = c.h.ib.Process(c.work, tx, m, c.wrap(&herr))
@@ -278,7 +280,7 @@ func (c *claimRun) handleOne(sm *sarama.ConsumerMessage) bool {
 		if err == nil {
 			delete(c.attempted, m.Offset)
 			c.count(res)
-			c.committed([]Message{m}, sm)
+			c.committed([]inbox.Message{m}, sm)
 			return true
 		}
 		if c.work.Err() != nil {
@@ -323,7 +325,7 @@ func (c *claimRun) handleOne(sm *sarama.ConsumerMessage) bool {
 	}
 }
 
-func (c *claimRun) recordAttempt(m Message, cause error) (int, error) {
+func (c *claimRun) recordAttempt(m inbox.Message, cause error) (int, error) {
 	var n int
 	err := c.h.pool.QueryRow(c.work, sqlRecordAttempt, c.h.ib.Consumer(), m.Topic, m.TopicID, m.Partition, m.Offset,
 		errorText(cause)).Scan(&n)
@@ -335,7 +337,7 @@ func (c *claimRun) recordAttempt(m Message, cause error) (int, error) {
 
 // deadLetter dead-letters m, retrying database errors until it commits;
 // false when the claim must stop first.
-func (c *claimRun) deadLetter(sm *sarama.ConsumerMessage, m Message, cause error, attempts int) bool {
+func (c *claimRun) deadLetter(sm *sarama.ConsumerMessage, m inbox.Message, cause error, attempts int) bool {
 	for n := 1; ; n++ {
 		if c.stopped() {
 			return false
@@ -358,7 +360,7 @@ func (c *claimRun) deadLetter(sm *sarama.ConsumerMessage, m Message, cause error
 					"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
 					"attempts", attempts, "dead_letter_topic", dlq, "error", cause)
 			}
-			c.committed([]Message{m}, sm)
+			c.committed([]inbox.Message{m}, sm)
 			return true
 		}
 		if c.work.Err() != nil {
@@ -403,9 +405,9 @@ func (e *commitError) Unwrap() error { return e.err }
 
 // wrap adapts the user's handler: it records the handler's own error in
 // *herr (to tell it from the inbox's) and turns a panic into an error.
-func (c *claimRun) wrap(herr *error) HandlerFunc {
+func (c *claimRun) wrap(herr *error) inbox.HandlerFunc {
 	fn := c.h.fn
-	return func(ctx context.Context, tx pgx.Tx, m Message) (err error) {
+	return func(ctx context.Context, tx pgx.Tx, m inbox.Message) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
 				err = fmt.Errorf("handler panicked: %v", r)
@@ -418,13 +420,13 @@ func (c *claimRun) wrap(herr *error) HandlerFunc {
 	}
 }
 
-func (c *claimRun) message(sm *sarama.ConsumerMessage) Message {
-	m := FromSarama(sm)
+func (c *claimRun) message(sm *sarama.ConsumerMessage) inbox.Message {
+	m := Message(sm)
 	m.TopicID = c.topicID
 	return m
 }
 
-func (c *claimRun) count(r Result) {
+func (c *claimRun) count(r inbox.Result) {
 	if r.Duplicate {
 		c.h.stats.duplicates.Add(1)
 	} else {
@@ -433,7 +435,7 @@ func (c *claimRun) count(r Result) {
 }
 
 // committed runs after a commit: the hook, then the offset mark.
-func (c *claimRun) committed(msgs []Message, last *sarama.ConsumerMessage) {
+func (c *claimRun) committed(msgs []inbox.Message, last *sarama.ConsumerMessage) {
 	if c.h.afterCommit != nil {
 		c.h.afterCommit(msgs)
 	}
@@ -443,7 +445,7 @@ func (c *claimRun) committed(msgs []Message, last *sarama.ConsumerMessage) {
 	}
 }
 
-func (c *claimRun) logRetry(m Message, n int, err error, what string) {
+func (c *claimRun) logRetry(m inbox.Message, n int, err error, what string) {
 	if what == "" {
 		what = "message"
 	}
@@ -467,3 +469,7 @@ func errorText(err error) string {
 	}
 	return strings.ToValidUTF8(string(out), "\uFFFD")
 }
+
+// cleanupTimeout bounds the rollback after a failure; it runs even when the
+// work context is already cancelled.
+const cleanupTimeout = 10 * time.Second

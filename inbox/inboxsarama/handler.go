@@ -1,4 +1,4 @@
-package inbox
+package inboxsarama
 
 import (
 	"context"
@@ -12,33 +12,34 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/outbox"
 )
 
-// Defaults of HandlerOptions.
+// Defaults of Options.
 const (
-	// BatchSizeDefault is HandlerOptions.BatchSize's default: one message per
+	// BatchSizeDefault is Options.BatchSize's default: one message per
 	// transaction.
 	BatchSizeDefault = 1
-	// BatchWaitDefault is HandlerOptions.BatchWait's default.
+	// BatchWaitDefault is Options.BatchWait's default.
 	BatchWaitDefault = 10 * time.Millisecond
-	// MaxAttemptsDefault is HandlerOptions.MaxAttempts's default.
+	// MaxAttemptsDefault is Options.MaxAttempts's default.
 	MaxAttemptsDefault = 5
-	// RetryBackoffDefault is HandlerOptions.RetryBackoff's default.
+	// RetryBackoffDefault is Options.RetryBackoff's default.
 	RetryBackoffDefault = 100 * time.Millisecond
-	// MaxRetryBackoffDefault is HandlerOptions.MaxRetryBackoff's default.
+	// MaxRetryBackoffDefault is Options.MaxRetryBackoff's default.
 	MaxRetryBackoffDefault = 10 * time.Second
 	// DeadLetterSuffixDefault is appended to the source topic's name to make
-	// the dead-letter topic when HandlerOptions.DeadLetterTopic is empty.
+	// the dead-letter topic when Options.DeadLetterTopic is empty.
 	DeadLetterSuffixDefault = ".dlq"
-	// DrainTimeoutDefault is HandlerOptions.DrainTimeout's default.
+	// DrainTimeoutDefault is Options.DrainTimeout's default.
 	DrainTimeoutDefault = 5 * time.Second
 )
 
-// HandlerOptions configures NewConsumerGroupHandler. The zero value is
+// Options configures NewHandler. The zero value is
 // usable: one message per transaction, five attempts, dead letters to
 // "<topic>.dlq", no topic ids.
-type HandlerOptions struct {
+type Options struct {
 	// BatchSize is the most messages of one partition processed in one
 	// transaction. Above 1, messages go through ProcessBatch (one round trip
 	// for all their keys); a batch whose handler fails is retried message by
@@ -75,7 +76,7 @@ type HandlerOptions struct {
 
 	// Client, when set, is asked for each claimed topic's id (a metadata
 	// request, Kafka ≥ 2.8 and Client.Config().Version ≥ V2_8_0_0), and
-	// Message.TopicID is set from it, so that ByOffset keys of a topic deleted
+	// inbox.Message.TopicID is set from it, so that ByOffset keys of a topic deleted
 	// and recreated under the same name never collide with the old topic's.
 	// When the broker reports no id (an all-zero id, or an older protocol
 	// version), messages carry no topic id and keys are built without it.
@@ -103,7 +104,7 @@ type HandlerOptions struct {
 	Logger *slog.Logger
 }
 
-func (o HandlerOptions) withDefaults() HandlerOptions {
+func (o Options) withDefaults() Options {
 	if o.BatchSize == 0 {
 		o.BatchSize = BatchSizeDefault
 	}
@@ -128,32 +129,32 @@ func (o HandlerOptions) withDefaults() HandlerOptions {
 	return o
 }
 
-func (o HandlerOptions) validate() error {
+func (o Options) validate() error {
 	switch {
 	case o.BatchSize < 0:
-		return fmt.Errorf("inbox: HandlerOptions.BatchSize is negative (%d): use 1 for a transaction per message, or more to batch", o.BatchSize)
+		return fmt.Errorf("inboxsarama: Options.BatchSize is negative (%d): use 1 for a transaction per message, or more to batch", o.BatchSize)
 	case o.BatchWait < 0:
-		return fmt.Errorf("inbox: HandlerOptions.BatchWait is negative (%v)", o.BatchWait)
+		return fmt.Errorf("inboxsarama: Options.BatchWait is negative (%v)", o.BatchWait)
 	case o.MaxAttempts < 0:
-		return fmt.Errorf("inbox: HandlerOptions.MaxAttempts is negative (%d): use 1 to dead-letter on the first failure", o.MaxAttempts)
+		return fmt.Errorf("inboxsarama: Options.MaxAttempts is negative (%d): use 1 to dead-letter on the first failure", o.MaxAttempts)
 	case o.RetryBackoff < 0:
-		return fmt.Errorf("inbox: HandlerOptions.RetryBackoff is negative (%v)", o.RetryBackoff)
+		return fmt.Errorf("inboxsarama: Options.RetryBackoff is negative (%v)", o.RetryBackoff)
 	case o.MaxRetryBackoff < 0:
-		return fmt.Errorf("inbox: HandlerOptions.MaxRetryBackoff is negative (%v)", o.MaxRetryBackoff)
+		return fmt.Errorf("inboxsarama: Options.MaxRetryBackoff is negative (%v)", o.MaxRetryBackoff)
 	case o.DrainTimeout < 0:
-		return fmt.Errorf("inbox: HandlerOptions.DrainTimeout is negative (%v)", o.DrainTimeout)
+		return fmt.Errorf("inboxsarama: Options.DrainTimeout is negative (%v)", o.DrainTimeout)
 	}
 	if o.DeadLetterTopic != "" {
 		if err := outbox.ValidateTopic(o.DeadLetterTopic); err != nil {
-			return fmt.Errorf("inbox: HandlerOptions.DeadLetterTopic %q: %w", o.DeadLetterTopic, err)
+			return fmt.Errorf("inboxsarama: Options.DeadLetterTopic %q: %w", o.DeadLetterTopic, err)
 		}
 	}
 	return nil
 }
 
-// ConsumerStats counts what a ConsumerGroupHandler did since it was made.
+// Stats counts what a Handler did since it was made.
 // Processed and Duplicates count committed transactions only.
-type ConsumerStats struct {
+type Stats struct {
 	Processed       uint64 // messages whose handler ran and whose transaction committed
 	Duplicates      uint64 // messages skipped as already processed, committed
 	Failures        uint64 // handler attempts that failed (each counts toward MaxAttempts)
@@ -163,29 +164,29 @@ type ConsumerStats struct {
 	BatchFallbacks  uint64 // batches retried message by message after a failure
 }
 
-// ConsumerGroupHandler is the sarama.ConsumerGroupHandler that
-// NewConsumerGroupHandler returns. It is safe for the concurrent use sarama
+// Handler is the sarama.ConsumerGroupHandler that
+// NewHandler returns. It is safe for the concurrent use sarama
 // makes of it (one ConsumeClaim goroutine per partition) and may be passed
 // to Consume again after a rebalance.
-type ConsumerGroupHandler struct {
+type Handler struct {
 	pool *pgxpool.Pool
-	ib   *Inbox
-	fn   HandlerFunc
-	opts HandlerOptions
+	ib   *inbox.Inbox
+	fn   inbox.HandlerFunc
+	opts Options
 	log  *slog.Logger
 
 	// afterCommit, when set (by tests), runs after a transaction committed
 	// and before its offsets are marked.
-	afterCommit func([]Message)
+	afterCommit func([]inbox.Message)
 
 	stats struct {
 		processed, duplicates, failures, transient, retries, dead, fallbacks atomic.Uint64
 	}
 }
 
-var _ sarama.ConsumerGroupHandler = (*ConsumerGroupHandler)(nil)
+var _ sarama.ConsumerGroupHandler = (*Handler)(nil)
 
-// NewConsumerGroupHandler returns a sarama consumer-group handler that runs
+// NewHandler returns a sarama consumer-group handler that runs
 // every message through ib inside a transaction on pool and commits before it
 // marks the message's offset:
 //
@@ -198,7 +199,7 @@ var _ sarama.ConsumerGroupHandler = (*ConsumerGroupHandler)(nil)
 //
 // Failures:
 //   - Transient database errors (connection lost, admin shutdown, deadlock,
-//     serialization failure, ErrInFlight...) retry the same message with
+//     serialization failure, inbox.ErrInFlight...) retry the same message with
 //     backoff, indefinitely; the offset does not move.
 //   - A handler error counts as an attempt (kept in pgbox_consumer_attempts)
 //     and the message is retried with backoff, up to opts.MaxAttempts. Then
@@ -207,31 +208,31 @@ var _ sarama.ConsumerGroupHandler = (*ConsumerGroupHandler)(nil)
 //     error, and writes a dead-letter record to the outbox (original key,
 //     value and headers plus the Header* headers) for the relay to publish;
 //     then the offset advances. Wrap an error in Permanent to dead-letter at
-//     once; ErrInvalidMessage and ErrFingerprintMismatch are permanent too.
+//     once; inbox.ErrInvalidMessage and inbox.ErrFingerprintMismatch are permanent too.
 //   - Any other error (a missing table, a permission) stalls the partition
 //     with error logs and backoff rather than dead-lettering healthy messages.
 //
 // A panic in fn is recovered and counts as a failed attempt.
-func NewConsumerGroupHandler(pool *pgxpool.Pool, ib *Inbox, fn HandlerFunc, opts HandlerOptions) (*ConsumerGroupHandler, error) {
+func NewHandler(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts Options) (*Handler, error) {
 	if pool == nil {
-		return nil, errors.New("inbox: NewConsumerGroupHandler: nil pool (pass the *pgxpool.Pool of the service's database)")
+		return nil, errors.New("inboxsarama: NewHandler: nil pool (pass the *pgxpool.Pool of the service's database)")
 	}
 	if ib == nil {
-		return nil, errors.New("inbox: NewConsumerGroupHandler: nil *Inbox (make one with inbox.New)")
+		return nil, errors.New("inboxsarama: NewHandler: nil *inbox.Inbox (make one with inbox.New)")
 	}
 	if fn == nil {
-		return nil, errors.New("inbox: NewConsumerGroupHandler: nil HandlerFunc")
+		return nil, errors.New("inboxsarama: NewHandler: nil inbox.HandlerFunc")
 	}
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	return &ConsumerGroupHandler{pool: pool, ib: ib, fn: fn, opts: opts, log: opts.Logger}, nil
+	return &Handler{pool: pool, ib: ib, fn: fn, opts: opts, log: opts.Logger}, nil
 }
 
 // Stats returns the counters so far.
-func (h *ConsumerGroupHandler) Stats() ConsumerStats {
-	return ConsumerStats{
+func (h *Handler) Stats() Stats {
+	return Stats{
 		Processed:       h.stats.processed.Load(),
 		Duplicates:      h.stats.duplicates.Load(),
 		Failures:        h.stats.failures.Load(),
@@ -244,15 +245,15 @@ func (h *ConsumerGroupHandler) Stats() ConsumerStats {
 
 // Setup implements sarama.ConsumerGroupHandler. It does nothing: per-claim
 // state (topic ids, pending attempts) is read when each claim starts.
-func (h *ConsumerGroupHandler) Setup(sarama.ConsumerGroupSession) error { return nil }
+func (h *Handler) Setup(sarama.ConsumerGroupSession) error { return nil }
 
 // Cleanup implements sarama.ConsumerGroupHandler. It does nothing.
-func (h *ConsumerGroupHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+func (h *Handler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 
 // ConsumeClaim implements sarama.ConsumerGroupHandler. It returns when the
 // session ends or the claim is revoked, after the transaction in flight (if
 // any) committed or rolled back; offsets are marked only after a commit.
-func (h *ConsumerGroupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+func (h *Handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	c := newClaimRun(h, sess, claim)
 	defer c.close()
 	if !c.start() {
@@ -270,7 +271,7 @@ func (h *ConsumerGroupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, cl
 }
 
 // backoff returns the wait before retry n (n ≥ 1).
-func (h *ConsumerGroupHandler) backoff(n int) time.Duration {
+func (h *Handler) backoff(n int) time.Duration {
 	d := h.opts.RetryBackoff
 	for i := 1; i < n && d < h.opts.MaxRetryBackoff; i++ {
 		d *= 2
@@ -281,7 +282,7 @@ func (h *ConsumerGroupHandler) backoff(n int) time.Duration {
 	return max(d+j, 0)
 }
 
-func (h *ConsumerGroupHandler) deadLetterTopic(source string) string {
+func (h *Handler) deadLetterTopic(source string) string {
 	if h.opts.DeadLetterTopic != "" {
 		return h.opts.DeadLetterTopic
 	}

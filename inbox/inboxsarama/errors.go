@@ -1,4 +1,4 @@
-package inbox
+package inboxsarama
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgbox/pgbox/inbox"
 )
 
 // ErrPermanent is what errors.Is finds in an error made with Permanent.
@@ -15,7 +17,7 @@ var ErrPermanent = errors.New("permanent error")
 
 // Permanent marks a handler error as one that retrying cannot fix (a
 // malformed payload, a rule violation): the consumer adapter dead-letters the
-// message at once instead of retrying it up to HandlerOptions.MaxAttempts.
+// message at once instead of retrying it up to Options.MaxAttempts.
 // Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
@@ -53,9 +55,9 @@ func classify(err, herr error) errKind {
 		return errHandler
 	}
 	switch {
-	case errors.Is(err, ErrInvalidMessage), errors.Is(err, ErrFingerprintMismatch):
+	case errors.Is(err, inbox.ErrInvalidMessage), errors.Is(err, inbox.ErrFingerprintMismatch):
 		return errPermanent
-	case errors.Is(err, ErrInFlight), isTransient(err):
+	case errors.Is(err, inbox.ErrInFlight), isTransient(err):
 		return errTransient
 	}
 	var ce *commitError

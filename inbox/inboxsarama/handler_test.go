@@ -1,4 +1,4 @@
-package inbox_test
+package inboxsarama_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 )
@@ -136,19 +137,19 @@ func newTestInbox(t testing.TB, consumer string, key inbox.KeyStrategy) *inbox.I
 
 // member is one running consumer-group member.
 type member struct {
-	h      *inbox.ConsumerGroupHandler
+	h      *inboxsarama.Handler
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
 // startMember joins group with h and consumes until stopped (or the test
 // ends).
-func startMember(t testing.TB, addrs []string, group string, topics []string, h *inbox.ConsumerGroupHandler) *member {
+func startMember(t testing.TB, addrs []string, group string, topics []string, h *inboxsarama.Handler) *member {
 	t.Helper()
 	return startMemberConfig(t, cgConfig(), addrs, group, topics, h)
 }
 
-func startMemberConfig(t testing.TB, cfg *sarama.Config, addrs []string, group string, topics []string, h *inbox.ConsumerGroupHandler) *member {
+func startMemberConfig(t testing.TB, cfg *sarama.Config, addrs []string, group string, topics []string, h *inboxsarama.Handler) *member {
 	t.Helper()
 	cg, err := sarama.NewConsumerGroup(addrs, group, cfg)
 	require.NoError(t, err)
@@ -174,9 +175,9 @@ func (m *member) stop() {
 	<-m.done
 }
 
-func mustHandler(t testing.TB, pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts inbox.HandlerOptions) *inbox.ConsumerGroupHandler {
+func mustHandler(t testing.TB, pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts inboxsarama.Options) *inboxsarama.Handler {
 	t.Helper()
-	h, err := inbox.NewConsumerGroupHandler(pool, ib, fn, opts)
+	h, err := inboxsarama.NewHandler(pool, ib, fn, opts)
 	require.NoError(t, err)
 	return h
 }
@@ -237,7 +238,7 @@ func TestConsumerProcessesAndMarks(t *testing.T) {
 			require.NoError(t, err)
 			defer client.Close()
 			ib := newTestInbox(t, "svc", inbox.ByOffset())
-			h := mustHandler(t, b.db.Pool, ib, effect, inbox.HandlerOptions{BatchSize: batch, Client: client})
+			h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{BatchSize: batch, Client: client})
 			m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 			waitFor(t, 30*time.Second, "all effects", func() bool { n, _ := b.effects(t); return n >= len(evs) })
 			m.stop()
@@ -271,7 +272,7 @@ func TestConsumerTopicRecreatedIsNotDuplicate(t *testing.T) {
 	require.NoError(t, err)
 	defer client.Close()
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	h := mustHandler(t, b.db.Pool, ib, effect, inbox.HandlerOptions{Client: client})
+	h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{Client: client})
 
 	b.produceEvents(t, "old-0", "old-1")
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
@@ -306,7 +307,7 @@ func TestConsumerTopicRecreatedIsNotDuplicate(t *testing.T) {
 	require.Equal(t, 2, ids, "keys of the two incarnations carry different topic ids")
 }
 
-func TestNewConsumerGroupHandlerValidates(t *testing.T) {
+func TestNewHandlerValidates(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
@@ -315,32 +316,32 @@ func TestNewConsumerGroupHandlerValidates(t *testing.T) {
 		pool *pgxpool.Pool
 		ib   *inbox.Inbox
 		fn   inbox.HandlerFunc
-		opts inbox.HandlerOptions
+		opts inboxsarama.Options
 		want string
 	}{
-		{"nil pool", nil, ib, effect, inbox.HandlerOptions{}, "nil pool"},
-		{"nil inbox", db.Pool, nil, effect, inbox.HandlerOptions{}, "nil *Inbox"},
-		{"nil handler", db.Pool, ib, nil, inbox.HandlerOptions{}, "nil HandlerFunc"},
-		{"negative batch", db.Pool, ib, effect, inbox.HandlerOptions{BatchSize: -1}, "BatchSize is negative"},
-		{"negative attempts", db.Pool, ib, effect, inbox.HandlerOptions{MaxAttempts: -2}, "MaxAttempts is negative"},
-		{"bad dlq topic", db.Pool, ib, effect, inbox.HandlerOptions{DeadLetterTopic: "dead letters"}, `DeadLetterTopic "dead letters"`},
+		{"nil pool", nil, ib, effect, inboxsarama.Options{}, "nil pool"},
+		{"nil inbox", db.Pool, nil, effect, inboxsarama.Options{}, "nil *inbox.Inbox"},
+		{"nil handler", db.Pool, ib, nil, inboxsarama.Options{}, "nil HandlerFunc"},
+		{"negative batch", db.Pool, ib, effect, inboxsarama.Options{BatchSize: -1}, "BatchSize is negative"},
+		{"negative attempts", db.Pool, ib, effect, inboxsarama.Options{MaxAttempts: -2}, "MaxAttempts is negative"},
+		{"bad dlq topic", db.Pool, ib, effect, inboxsarama.Options{DeadLetterTopic: "dead letters"}, `DeadLetterTopic "dead letters"`},
 	} {
-		_, err := inbox.NewConsumerGroupHandler(tc.pool, tc.ib, tc.fn, tc.opts)
+		_, err := inboxsarama.NewHandler(tc.pool, tc.ib, tc.fn, tc.opts)
 		require.ErrorContains(t, err, tc.want, tc.name)
 	}
-	_, err := inbox.NewConsumerGroupHandler(db.Pool, ib, effect, inbox.HandlerOptions{})
+	_, err := inboxsarama.NewHandler(db.Pool, ib, effect, inboxsarama.Options{})
 	require.NoError(t, err)
 }
 
 func TestPermanent(t *testing.T) {
 	t.Parallel()
-	require.NoError(t, inbox.Permanent(nil))
+	require.NoError(t, inboxsarama.Permanent(nil))
 	base := errors.New("bad payload")
-	err := fmt.Errorf("handler: %w", inbox.Permanent(base))
-	require.ErrorIs(t, err, inbox.ErrPermanent)
+	err := fmt.Errorf("handler: %w", inboxsarama.Permanent(base))
+	require.ErrorIs(t, err, inboxsarama.ErrPermanent)
 	require.ErrorIs(t, err, base)
 	require.Equal(t, "handler: bad payload", err.Error())
-	require.NotErrorIs(t, base, inbox.ErrPermanent)
+	require.NotErrorIs(t, base, inboxsarama.ErrPermanent)
 }
 
 // The documented fallback: a client that cannot ask for topic ids (protocol
@@ -360,7 +361,7 @@ func TestConsumerTopicIDFallback(t *testing.T) {
 		ids = append(ids, m.TopicID)
 		return effect(ctx, tx, m)
 	}
-	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByOffset()), fn, inbox.HandlerOptions{Client: client})
+	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByOffset()), fn, inboxsarama.Options{Client: client})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 	waitFor(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
 	m.stop()

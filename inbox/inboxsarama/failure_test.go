@@ -1,4 +1,4 @@
-package inbox_test
+package inboxsarama_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -85,7 +86,7 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 			return effect(ctx, tx, m)
 		}
 	}
-	opts := inbox.HandlerOptions{MaxAttempts: 3, RetryBackoff: 20 * time.Millisecond, DrainTimeout: 50 * time.Millisecond}
+	opts := inboxsarama.Options{MaxAttempts: 3, RetryBackoff: 20 * time.Millisecond, DrainTimeout: 50 * time.Millisecond}
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
 	h1 := mustHandler(t, b.db.Pool, ib, failing(1), opts)
@@ -126,13 +127,13 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	require.Equal(t, poison, string(dl[0].Key))
 	require.Equal(t, "payload of "+poison, string(dl[0].Value))
 	require.Equal(t, poison, dl[0].Headers[eventHeader], "original headers kept")
-	require.Contains(t, dl[0].Headers[inbox.HeaderDLQError], "account closed")
-	require.Equal(t, "3", dl[0].Headers[inbox.HeaderDLQAttempts])
-	require.Equal(t, "events", dl[0].Headers[inbox.HeaderDLQSourceTopic])
-	require.Equal(t, "0", dl[0].Headers[inbox.HeaderDLQSourcePart])
-	require.Equal(t, "4", dl[0].Headers[inbox.HeaderDLQSourceOffset])
-	require.Equal(t, "svc", dl[0].Headers[inbox.HeaderDLQConsumer])
-	require.Equal(t, poison, dl[0].Headers[inbox.HeaderDLQKey])
+	require.Contains(t, dl[0].Headers[inboxsarama.HeaderDLQError], "account closed")
+	require.Equal(t, "3", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
+	require.Equal(t, "events", dl[0].Headers[inboxsarama.HeaderDLQSourceTopic])
+	require.Equal(t, "0", dl[0].Headers[inboxsarama.HeaderDLQSourcePart])
+	require.Equal(t, "4", dl[0].Headers[inboxsarama.HeaderDLQSourceOffset])
+	require.Equal(t, "svc", dl[0].Headers[inboxsarama.HeaderDLQConsumer])
+	require.Equal(t, poison, dl[0].Headers[inboxsarama.HeaderDLQKey])
 
 	// The key is recorded: a resend of the poison event is a duplicate.
 	b.produceEvents(t, poison, "e-after")
@@ -154,13 +155,13 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	for _, h := range got[0].Headers {
 		hs[string(h.Key)] = string(h.Value)
 	}
-	require.Equal(t, "3", hs[inbox.HeaderDLQAttempts])
-	require.Equal(t, "4", hs[inbox.HeaderDLQSourceOffset])
-	require.Contains(t, hs[inbox.HeaderDLQError], "account closed")
+	require.Equal(t, "3", hs[inboxsarama.HeaderDLQAttempts])
+	require.Equal(t, "4", hs[inboxsarama.HeaderDLQSourceOffset])
+	require.Contains(t, hs[inboxsarama.HeaderDLQError], "account closed")
 	require.NotEmpty(t, hs[relay.EventIDHeader])
 }
 
-// inbox.Permanent skips the retries; a batch with a poison message falls back
+// inboxsarama.Permanent skips the retries; a batch with a poison message falls back
 // to one-by-one processing, so only the poison message is dead-lettered.
 func TestConsumerPermanentErrorInBatch(t *testing.T) {
 	t.Parallel()
@@ -173,12 +174,12 @@ func TestConsumerPermanentErrorInBatch(t *testing.T) {
 	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		if ev, _ := m.Header(eventHeader); string(ev) == poison {
 			calls.Add(1)
-			return inbox.Permanent(errors.New("malformed amount"))
+			return inboxsarama.Permanent(errors.New("malformed amount"))
 		}
 		return effect(ctx, tx, m)
 	}
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	h := mustHandler(t, b.db.Pool, ib, fn, inbox.HandlerOptions{
+	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Options{
 		BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 5, DeadLetterTopic: "svc.dead",
 	})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
@@ -196,9 +197,9 @@ func TestConsumerPermanentErrorInBatch(t *testing.T) {
 	require.EqualValues(t, 2, calls.Load())
 	dl := b.outboxDLQ(t, "svc.dead")
 	require.Len(t, dl, 1)
-	require.Equal(t, "1", dl[0].Headers[inbox.HeaderDLQAttempts])
-	require.Equal(t, "17", dl[0].Headers[inbox.HeaderDLQSourceOffset])
-	require.Contains(t, dl[0].Headers[inbox.HeaderDLQError], "malformed amount")
+	require.Equal(t, "1", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
+	require.Equal(t, "17", dl[0].Headers[inboxsarama.HeaderDLQSourceOffset])
+	require.Contains(t, dl[0].Headers[inboxsarama.HeaderDLQError], "malformed amount")
 }
 
 // A message the inbox cannot key (ByHeader, header missing) can never
@@ -214,7 +215,7 @@ func TestConsumerInvalidMessageDeadLettered(t *testing.T) {
 	b.produceEvents(t, msgs[1])
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	h := mustHandler(t, b.db.Pool, ib, effect, inbox.HandlerOptions{})
+	h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 	waitFor(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
 	m.stop()

@@ -1,4 +1,4 @@
-package inbox_test
+package inboxsarama_test
 
 import (
 	"fmt"
@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 )
 
 // sends builds n records of which about a fifth resend an earlier event id
@@ -44,12 +45,12 @@ func TestConsumerRebalancesWithResends(t *testing.T) {
 	msgs, unique := sends(b.topic, "ev", 10_000, rng)
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	var handlers []*inbox.ConsumerGroupHandler
+	var handlers []*inboxsarama.Handler
 	var batchN atomic.Int64
 	join := func() *member {
 		// Alternate batch sizes, so both paths meet in one group.
 		batch := []int{50, 1, 20}[batchN.Add(1)%3]
-		h := mustHandler(t, b.db.Pool, ib, effect, inbox.HandlerOptions{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+		h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
 		handlers = append(handlers, h)
 		return startMember(t, b.addrs, "svc", []string{b.topic}, h)
 	}
@@ -103,9 +104,9 @@ func TestConsumerCooperativeRebalance(t *testing.T) {
 	cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	var handlers []*inbox.ConsumerGroupHandler
+	var handlers []*inboxsarama.Handler
 	join := func(batch int) *member {
-		h := mustHandler(t, b.db.Pool, ib, effect, inbox.HandlerOptions{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+		h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
 		handlers = append(handlers, h)
 		return startMemberConfig(t, cfg, b.addrs, "svc", []string{b.topic}, h)
 	}

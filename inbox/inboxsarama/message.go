@@ -1,0 +1,35 @@
+package inboxsarama
+
+import (
+	"github.com/IBM/sarama"
+
+	"github.com/pgbox/pgbox/inbox"
+)
+
+// Message converts a record consumed with sarama into the inbox's view of
+// it. TopicID is left empty: sarama's ConsumerMessage does not carry it (the
+// Handler sets it from Options.Client).
+func Message(m *sarama.ConsumerMessage) inbox.Message {
+	if m == nil {
+		return inbox.Message{}
+	}
+	var hs []inbox.Header
+	if len(m.Headers) > 0 {
+		hs = make([]inbox.Header, 0, len(m.Headers))
+		for _, h := range m.Headers {
+			if h == nil {
+				continue
+			}
+			hs = append(hs, inbox.Header{Key: string(h.Key), Value: h.Value})
+		}
+	}
+	return inbox.Message{
+		Topic:     m.Topic,
+		Partition: m.Partition,
+		Offset:    m.Offset,
+		Key:       m.Key,
+		Value:     m.Value,
+		Headers:   hs,
+		Timestamp: m.Timestamp,
+	}
+}
