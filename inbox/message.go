@@ -3,13 +3,9 @@ package inbox
 import (
 	"fmt"
 	"time"
-)
 
-// Header is one Kafka record header.
-type Header struct {
-	Key   string
-	Value []byte
-}
+	"github.com/pgbox/pgbox/outbox"
+)
 
 // Message is the part of a Kafka record the inbox needs. Topic, Partition and
 // Offset are stored with the key (cleanup prunes by topic); Value is
@@ -20,7 +16,9 @@ type Message struct {
 	Offset    int64
 	Key       []byte
 	Value     []byte
-	Headers   []Header
+	// Headers are the record's headers, in order; the same type outbox
+	// writes, so a handler can pass them on.
+	Headers []outbox.Header
 	// Timestamp is the record's timestamp; the zero time stores NULL.
 	Timestamp time.Time
 	// TopicID is the topic's id from Kafka metadata (Kafka ≥ 2.8), optional.

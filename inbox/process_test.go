@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 // callLog is a handler that writes a payments row and remembers the order of
@@ -42,7 +43,7 @@ func TestProcessBatch(t *testing.T) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{Key: inbox.ByHeader("event-id")})
 	ev := func(id string, offset int64, value string) inbox.Message {
-		return msg("orders", 0, offset, value, inbox.Header{Key: "event-id", Value: []byte(id)})
+		return msg("orders", 0, offset, value, outbox.Header{Key: "event-id", Value: []byte(id)})
 	}
 	receipt := func(m inbox.Message) string { return "receipt-" + string(m.Value) }
 
@@ -129,7 +130,7 @@ func TestFingerprintMismatch(t *testing.T) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{Key: inbox.ByHeader("event-id")})
 	ev := func(id string, offset int64, value string) inbox.Message {
-		return msg("orders", 0, offset, value, inbox.Header{Key: "event-id", Value: []byte(id)})
+		return msg("orders", 0, offset, value, outbox.Header{Key: "event-id", Value: []byte(id)})
 	}
 	_, err := b.process(t, ib, ev("evt-1", 1, `{"amount":100}`), pay)
 	require.NoError(t, err)
@@ -180,7 +181,7 @@ func TestFingerprintsOff(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ib := newInbox(t, inbox.Config{Key: inbox.ByHeader("event-id"), DisableFingerprint: true})
-	h := inbox.Header{Key: "event-id", Value: []byte("evt-1")}
+	h := outbox.Header{Key: "event-id", Value: []byte("evt-1")}
 	_, err := b.process(t, ib, msg("orders", 0, 1, "one", h), pay)
 	require.NoError(t, err)
 	res, err := b.process(t, ib, msg("orders", 0, 2, "two", h), pay)
@@ -399,7 +400,7 @@ func TestKeys(t *testing.T) {
 
 	// Repeated headers: the last one wins.
 	byHeader := newInbox(t, inbox.Config{Key: inbox.ByHeader("event-id")})
-	k, err = byHeader.Key(inbox.Message{Topic: "orders", Headers: []inbox.Header{
+	k, err = byHeader.Key(inbox.Message{Topic: "orders", Headers: []outbox.Header{
 		{Key: "event-id", Value: []byte("one")}, {Key: "Event-Id", Value: []byte("x")}, {Key: "event-id", Value: []byte("two")}}})
 	require.NoError(t, err)
 	require.Equal(t, "two", k)

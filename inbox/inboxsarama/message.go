@@ -4,6 +4,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 // Message converts a record consumed with sarama into the inbox's view of
@@ -13,14 +14,14 @@ func Message(m *sarama.ConsumerMessage) inbox.Message {
 	if m == nil {
 		return inbox.Message{}
 	}
-	var hs []inbox.Header
+	var hs []outbox.Header
 	if len(m.Headers) > 0 {
-		hs = make([]inbox.Header, 0, len(m.Headers))
+		hs = make([]outbox.Header, 0, len(m.Headers))
 		for _, h := range m.Headers {
 			if h == nil {
 				continue
 			}
-			hs = append(hs, inbox.Header{Key: string(h.Key), Value: h.Value})
+			hs = append(hs, outbox.Header{Key: string(h.Key), Value: h.Value})
 		}
 	}
 	return inbox.Message{

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 func TestMessage(t *testing.T) {
@@ -19,6 +20,6 @@ func TestMessage(t *testing.T) {
 		Headers: []*sarama.RecordHeader{{Key: []byte("event-id"), Value: []byte("evt-9")}, nil},
 	})
 	require.Equal(t, inbox.Message{Topic: "orders", Partition: 2, Offset: 99, Key: []byte("k"), Value: []byte("v"),
-		Timestamp: ts, Headers: []inbox.Header{{Key: "event-id", Value: []byte("evt-9")}}}, m)
+		Timestamp: ts, Headers: []outbox.Header{{Key: "event-id", Value: []byte("evt-9")}}}, m)
 	require.Equal(t, inbox.Message{}, inboxsarama.Message(nil))
 }
