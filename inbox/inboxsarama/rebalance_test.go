@@ -100,14 +100,18 @@ func TestConsumerCooperativeRebalance(t *testing.T) {
 	b := cgSetup(t, 4)
 	rng := rand.New(rand.NewPCG(5, 6))
 	msgs, unique := sends(b.topic, "ev", 3000, rng)
-	cfg := cgConfig()
-	cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
 	var handlers []*inboxsarama.Handler
 	join := func(batch int) *member {
 		h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
 		handlers = append(handlers, h)
+		// Each member gets its own config and strategy, as separate
+		// processes do: sarama's sticky strategies keep state in the
+		// strategy value (Plan writes it), so one value shared by several
+		// members in a process is a data race (this test's old one).
+		cfg := cgConfig()
+		cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 		return startMemberConfig(t, cfg, b.addrs, "svc", []string{b.topic}, h)
 	}
 	a := join(20)
