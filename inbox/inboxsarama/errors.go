@@ -3,13 +3,9 @@ package inboxsarama
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
-	"syscall"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
 // ErrPermanent is what errors.Is finds in an error made with Permanent.
@@ -38,27 +34,42 @@ type errKind int
 const (
 	errHandler   errKind = iota // the handler failed: count, retry, then dead-letter
 	errPermanent                // dead-letter now
-	errTransient                // retry, uncounted
-	errInfra                    // not the message's fault: retry, uncounted, log as error
+	errRetry                    // the database: retry with backoff, uncounted
+	errOperator                 // the database needs an operator: end the claim
+	errUnknown                  // not the message's fault, not known to pass: retry, uncounted, log as error
 )
 
 // classify decides what a failed attempt means. herr is the handler's own
-// error (nil when the handler did not fail).
+// error (nil when the handler did not fail). The handler's database errors go
+// through the same classifier as the adapter's own: a missing table or a
+// revoked grant is never the message's fault, so it never dead-letters it.
 func classify(err, herr error) errKind {
 	if herr != nil {
 		switch {
 		case errors.Is(herr, ErrPermanent):
 			return errPermanent
-		case isTransient(herr):
-			return errTransient
+		case pgerr.NeedsOperator(herr):
+			return errOperator
+		case errors.Is(herr, context.DeadlineExceeded), pgerr.Is(herr, pgerr.CodeQueryCanceled):
+			// The handler's own time limit: a handler that always times
+			// out must not retry forever uncounted.
+			return errHandler
+		case pgerr.IsRetryable(herr):
+			return errRetry
 		}
 		return errHandler
 	}
 	switch {
 	case errors.Is(err, inbox.ErrInvalidMessage), errors.Is(err, inbox.ErrFingerprintMismatch):
 		return errPermanent
-	case errors.Is(err, inbox.ErrInFlight), isTransient(err):
-		return errTransient
+	case errors.Is(err, inbox.ErrInFlight):
+		return errRetry
+	}
+	switch pgerr.Classify(err) {
+	case pgerr.Operator:
+		return errOperator
+	case pgerr.Retryable:
+		return errRetry
 	}
 	var ce *commitError
 	if errors.As(err, &ce) {
@@ -67,52 +78,5 @@ func classify(err, herr error) errKind {
 		// transaction aborted. The message's work is at fault.
 		return errHandler
 	}
-	return errInfra
-}
-
-// isTransient reports whether err is a database failure that retrying the
-// same work can get past: a lost or refused connection, a server shutting
-// down, a deadlock or serialization failure, a lock or resource shortage.
-// A context deadline is not (a handler that always times out must not retry
-// forever).
-func isTransient(err error) bool {
-	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "40001", // serialization_failure
-			"40P01", // deadlock_detected
-			"40003", // statement_completion_unknown
-			"55P03", // lock_not_available
-			"57P01", // admin_shutdown (pg_terminate_backend)
-			"57P02", // crash_shutdown
-			"57P03", // cannot_connect_now
-			"57P05", // idle_session_timeout
-			"25P03", // idle_in_transaction_session_timeout
-			"58000", // system_error
-			"58030": // io_error
-			return true
-		}
-		switch pgErr.Code[:2] {
-		case "08", // connection_exception
-			"53": // insufficient_resources (too many connections, out of memory, disk full)
-			return true
-		}
-		return false
-	}
-	if pgconn.SafeToRetry(err) || errors.Is(err, pgconn.ErrConnClosed) {
-		return true
-	}
-	var connectErr *pgconn.ConnectError
-	if errors.As(err, &connectErr) {
-		return true
-	}
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) {
-		return true
-	}
-	var netErr net.Error
-	return errors.As(err, &netErr)
+	return errUnknown
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testutil"
 	"github.com/pgbox/pgbox/relay"
 )
 
@@ -193,13 +194,50 @@ func TestConsumerPermanentErrorInBatch(t *testing.T) {
 	st := h.Stats()
 	require.EqualValues(t, 1, st.DeadLettered)
 	require.GreaterOrEqual(t, st.BatchFallbacks, uint64(1))
-	// Once in the batch, once alone: no retries.
-	require.EqualValues(t, 2, calls.Load())
+	// Once, in the batch: no retries, and no second run after the fallback.
+	require.EqualValues(t, 1, calls.Load())
 	dl := b.outboxDLQ(t, "svc.dead")
 	require.Len(t, dl, 1)
 	require.Equal(t, "1", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
 	require.Equal(t, "17", dl[0].Headers[inboxsarama.HeaderDLQSourceOffset])
 	require.Contains(t, dl[0].Headers[inboxsarama.HeaderDLQError], "malformed amount")
+}
+
+// MaxAttempts counts every run of the handler, the one inside a batch too:
+// a batch with a failing message falls back to one by one, and the failing
+// message's handler runs exactly MaxAttempts times in all (it used to run
+// once more).
+func TestConsumerMaxAttemptsInBatch(t *testing.T) {
+	t.Parallel()
+	b := cgSetup(t, 1)
+	evs := events("e", 20)
+	poison := evs[6]
+	b.produceEvents(t, evs...)
+
+	var calls atomic.Int64
+	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+		if ev, _ := m.Header(eventHeader); string(ev) == poison {
+			calls.Add(1)
+			return errors.New("account closed")
+		}
+		return effect(ctx, tx, m)
+	}
+	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), fn, inboxsarama.Options{
+		BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond,
+		DeadLetterTopic: "svc.dead",
+	})
+	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
+	testutil.Eventually(t, 30*time.Second, "all other effects", func() bool { n, _ := b.effects(t); return n == 19 })
+	testutil.Eventually(t, 10*time.Second, "offset committed", func() bool { return b.committedOffset(t, "svc", b.topic, 0) == 20 })
+	m.stop()
+
+	require.EqualValues(t, 3, calls.Load(), "the handler ran MaxAttempts times, the batch run included")
+	st := h.Stats()
+	require.EqualValues(t, 1, st.DeadLettered)
+	require.EqualValues(t, 3, st.Failures)
+	dl := b.outboxDLQ(t, "svc.dead")
+	require.Len(t, dl, 1)
+	require.Equal(t, "3", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
 }
 
 // A message the inbox cannot key (ByHeader, header missing) can never

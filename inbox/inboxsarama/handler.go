@@ -1,11 +1,10 @@
 package inboxsarama
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/internal/backoff"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -36,6 +36,19 @@ const (
 	DrainTimeoutDefault = 5 * time.Second
 )
 
+// Sentinels for the Options durations whose zero is a meaningful value (a
+// zero field means the default).
+const (
+	// NoBatchWait asks Options.BatchWait for no wait: a batch is what is
+	// already buffered.
+	NoBatchWait time.Duration = -1
+	// NoRetryBackoff asks Options.RetryBackoff for no wait between retries.
+	NoRetryBackoff time.Duration = -1
+	// NoDrainTimeout asks Options.DrainTimeout for none: a transaction in
+	// flight when its session ends is rolled back at once.
+	NoDrainTimeout time.Duration = -1
+)
+
 // Options configures NewHandler. The zero value is
 // usable: one message per transaction, five attempts, dead letters to
 // "<topic>.dlq", no topic ids.
@@ -48,21 +61,23 @@ type Options struct {
 	BatchSize int
 
 	// BatchWait is how long a batch waits to fill up after its first message
-	// arrived; messages already buffered never wait. Defaults to
-	// BatchWaitDefault (10ms).
+	// arrived; messages already buffered never wait. NoBatchWait means no
+	// wait. Defaults to BatchWaitDefault (10ms).
 	BatchWait time.Duration
 
 	// MaxAttempts is how many times the handler runs for one message before
 	// the message is dead-lettered. Attempts are counted in PostgreSQL
-	// (pgbox_consumer_attempts), so they survive restarts and rebalances.
-	// Transient database errors do not count. Defaults to MaxAttemptsDefault
-	// (5).
+	// (pgbox_consumer_attempts), so they survive restarts and rebalances;
+	// a run inside a batch counts like any other. 1 means no retries.
+	// Database errors (retryable ones, and those that need an operator) are
+	// never the message's fault and do not count. Defaults to
+	// MaxAttemptsDefault (5).
 	MaxAttempts int
 
 	// RetryBackoff is the wait before the second attempt; it doubles per
 	// attempt (with ±20% jitter) up to MaxRetryBackoff. The same schedule
-	// paces retries after transient database errors. Defaults to
-	// RetryBackoffDefault (100ms).
+	// paces retries after transient database errors. NoRetryBackoff retries
+	// at once. Defaults to RetryBackoffDefault (100ms).
 	RetryBackoff time.Duration
 
 	// MaxRetryBackoff caps the wait between attempts. Defaults to
@@ -94,13 +109,14 @@ type Options struct {
 	// DrainTimeout is how long a transaction already running when its
 	// session ends (a rebalance, or Consume's ctx cancelled) may run on to
 	// commit; past it, its context is cancelled and it rolls back. No new
-	// transaction starts after the session ends. Defaults to
-	// DrainTimeoutDefault (5s); keep it below sarama's
+	// transaction starts after the session ends. NoDrainTimeout rolls it
+	// back at once. Defaults to DrainTimeoutDefault (5s); keep it below sarama's
 	// Consumer.Group.Rebalance.Timeout.
 	DrainTimeout time.Duration
 
-	// Logger receives retries (warn), dead letters and stalls (error).
-	// Defaults to a logger that discards everything.
+	// Logger receives retries (warn), dead letters, database errors and
+	// errors that need an operator (error). Defaults to slog.Default() when
+	// nil.
 	Logger *slog.Logger
 }
 
@@ -108,41 +124,46 @@ func (o Options) withDefaults() Options {
 	if o.BatchSize == 0 {
 		o.BatchSize = BatchSizeDefault
 	}
-	if o.BatchWait == 0 {
-		o.BatchWait = BatchWaitDefault
-	}
+	o.BatchWait = durationOr(o.BatchWait, BatchWaitDefault)
 	if o.MaxAttempts == 0 {
 		o.MaxAttempts = MaxAttemptsDefault
 	}
-	if o.RetryBackoff == 0 {
-		o.RetryBackoff = RetryBackoffDefault
-	}
+	o.RetryBackoff = durationOr(o.RetryBackoff, RetryBackoffDefault)
 	if o.MaxRetryBackoff == 0 {
 		o.MaxRetryBackoff = MaxRetryBackoffDefault
 	}
-	if o.DrainTimeout == 0 {
-		o.DrainTimeout = DrainTimeoutDefault
-	}
+	o.DrainTimeout = durationOr(o.DrainTimeout, DrainTimeoutDefault)
 	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+		o.Logger = slog.Default()
 	}
 	return o
+}
+
+// durationOr maps 0 to def and the No* sentinel (-1) to zero.
+func durationOr(d, def time.Duration) time.Duration {
+	switch d {
+	case 0:
+		return def
+	case -1:
+		return 0
+	}
+	return d
 }
 
 func (o Options) validate() error {
 	switch {
 	case o.BatchSize < 0:
 		return fmt.Errorf("inboxsarama: Options.BatchSize is negative (%d): use 1 for a transaction per message, or more to batch", o.BatchSize)
-	case o.BatchWait < 0:
-		return fmt.Errorf("inboxsarama: Options.BatchWait is negative (%v)", o.BatchWait)
+	case o.BatchWait < -1:
+		return fmt.Errorf("inboxsarama: Options.BatchWait is negative (%v): use NoBatchWait for no wait, 0 for the default", o.BatchWait)
 	case o.MaxAttempts < 0:
-		return fmt.Errorf("inboxsarama: Options.MaxAttempts is negative (%d): use 1 to dead-letter on the first failure", o.MaxAttempts)
-	case o.RetryBackoff < 0:
-		return fmt.Errorf("inboxsarama: Options.RetryBackoff is negative (%v)", o.RetryBackoff)
+		return fmt.Errorf("inboxsarama: Options.MaxAttempts is negative (%d): use 1 to dead-letter on the first failure (no retries), 0 for the default", o.MaxAttempts)
+	case o.RetryBackoff < -1:
+		return fmt.Errorf("inboxsarama: Options.RetryBackoff is negative (%v): use NoRetryBackoff for no wait, 0 for the default", o.RetryBackoff)
 	case o.MaxRetryBackoff < 0:
-		return fmt.Errorf("inboxsarama: Options.MaxRetryBackoff is negative (%v)", o.MaxRetryBackoff)
-	case o.DrainTimeout < 0:
-		return fmt.Errorf("inboxsarama: Options.DrainTimeout is negative (%v)", o.DrainTimeout)
+		return fmt.Errorf("inboxsarama: Options.MaxRetryBackoff is negative (%v): use NoRetryBackoff for no wait at all, 0 for the default", o.MaxRetryBackoff)
+	case o.DrainTimeout < -1:
+		return fmt.Errorf("inboxsarama: Options.DrainTimeout is negative (%v): use NoDrainTimeout to roll back at once, 0 for the default", o.DrainTimeout)
 	}
 	if o.DeadLetterTopic != "" {
 		if err := outbox.ValidateTopic(o.DeadLetterTopic); err != nil {
@@ -158,7 +179,8 @@ type Stats struct {
 	Processed       uint64 // messages whose handler ran and whose transaction committed
 	Duplicates      uint64 // messages skipped as already processed, committed
 	Failures        uint64 // handler attempts that failed (each counts toward MaxAttempts)
-	TransientErrors uint64 // attempts that failed on a transient database error (not counted)
+	TransientErrors uint64 // attempts that failed on a retryable database error (not counted as attempts)
+	OperatorErrors  uint64 // database errors that need an operator and ended a claim (not counted as attempts)
 	Retries         uint64 // attempts repeated after a failure of either kind
 	DeadLettered    uint64 // messages dead-lettered
 	BatchFallbacks  uint64 // batches retried message by message after a failure
@@ -180,8 +202,13 @@ type Handler struct {
 	afterCommit func([]inbox.Message)
 
 	stats struct {
-		processed, duplicates, failures, transient, retries, dead, fallbacks atomic.Uint64
+		processed, duplicates, failures, transient, operator, retries, dead, fallbacks atomic.Uint64
 	}
+
+	// ended holds, per session, the error that needs an operator which
+	// ended one of its claims; Cleanup returns it, so Consume does.
+	endedMu sync.Mutex
+	ended   map[sarama.ConsumerGroupSession]error
 }
 
 var _ sarama.ConsumerGroupHandler = (*Handler)(nil)
@@ -198,19 +225,28 @@ var _ sarama.ConsumerGroupHandler = (*Handler)(nil)
 // exactly-once in effect.
 //
 // Failures:
-//   - Transient database errors (connection lost, admin shutdown, deadlock,
-//     serialization failure, inbox.ErrInFlight...) retry the same message with
-//     backoff, indefinitely; the offset does not move.
-//   - A handler error counts as an attempt (kept in pgbox_consumer_attempts)
-//     and the message is retried with backoff, up to opts.MaxAttempts. Then
-//     it is dead-lettered: one transaction records its key in the inbox (a
+//   - Database errors that retrying can fix (connection lost, failover,
+//     deadlock, serialization failure, lock or connection shortage,
+//     inbox.ErrInFlight...) retry the same message with backoff,
+//     indefinitely; the offset does not move and no attempt is counted.
+//   - Database errors that need an operator (a missing table, column or
+//     function, a revoked grant, failed authentication), from the adapter's
+//     own SQL or from fn's, end the claim: ConsumeClaim returns the error
+//     (wrapping inbox.ErrNeedsOperator and naming the fix), which ends the
+//     session, and Consume returns it (from Cleanup). Nothing is counted as
+//     an attempt or dead-lettered; the offset does not move, so once the
+//     operator fixed the database the next Consume carries on.
+//   - Any other handler error counts as an attempt (kept in
+//     pgbox_consumer_attempts) and the message is retried with backoff, up to
+//     opts.MaxAttempts runs of fn in all (batch runs included). Then it is
+//     dead-lettered: one transaction records its key in the inbox (a
 //     redelivery is a duplicate), records it in pgbox_consumer_dead with the
 //     error, and writes a dead-letter record to the outbox (original key,
-//     value and headers plus the Header* headers) for the relay to publish;
-//     then the offset advances. Wrap an error in Permanent to dead-letter at
-//     once; inbox.ErrInvalidMessage and inbox.ErrFingerprintMismatch are permanent too.
-//   - Any other error (a missing table, a permission) stalls the partition
-//     with error logs and backoff rather than dead-lettering healthy messages.
+//     value and headers plus the HeaderDLQ* headers) for the relay to
+//     publish; then the offset advances. Wrap an error in Permanent to
+//     dead-letter at once; inbox.ErrInvalidMessage and
+//     inbox.ErrFingerprintMismatch are permanent too. fn's own context
+//     deadline (or statement_timeout) is its fault, and counts.
 //
 // A panic in fn is recovered and counts as a failed attempt.
 func NewHandler(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts Options) (*Handler, error) {
@@ -221,7 +257,7 @@ func NewHandler(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts 
 		return nil, errors.New("inboxsarama: NewHandler: nil *inbox.Inbox (make one with inbox.New)")
 	}
 	if fn == nil {
-		return nil, errors.New("inboxsarama: NewHandler: nil inbox.HandlerFunc")
+		return nil, errors.New("inboxsarama: NewHandler: nil HandlerFunc (pass the func that does each message's business work)")
 	}
 	if err := opts.validate(); err != nil {
 		return nil, err
@@ -237,6 +273,7 @@ func (h *Handler) Stats() Stats {
 		Duplicates:      h.stats.duplicates.Load(),
 		Failures:        h.stats.failures.Load(),
 		TransientErrors: h.stats.transient.Load(),
+		OperatorErrors:  h.stats.operator.Load(),
 		Retries:         h.stats.retries.Load(),
 		DeadLettered:    h.stats.dead.Load(),
 		BatchFallbacks:  h.stats.fallbacks.Load(),
@@ -247,39 +284,41 @@ func (h *Handler) Stats() Stats {
 // state (topic ids, pending attempts) is read when each claim starts.
 func (h *Handler) Setup(sarama.ConsumerGroupSession) error { return nil }
 
-// Cleanup implements sarama.ConsumerGroupHandler. It does nothing.
-func (h *Handler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+// Cleanup implements sarama.ConsumerGroupHandler. It returns the error that
+// needs an operator which ended one of the session's claims, if any, so that
+// Consume returns it.
+func (h *Handler) Cleanup(sess sarama.ConsumerGroupSession) error {
+	h.endedMu.Lock()
+	defer h.endedMu.Unlock()
+	err := h.ended[sess]
+	delete(h.ended, sess)
+	return err
+}
 
 // ConsumeClaim implements sarama.ConsumerGroupHandler. It returns when the
 // session ends or the claim is revoked, after the transaction in flight (if
-// any) committed or rolled back; offsets are marked only after a commit.
+// any) committed or rolled back; offsets are marked only after a commit. It
+// returns an error only when the database needs an operator (see NewHandler).
 func (h *Handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	c := newClaimRun(h, sess, claim)
 	defer c.close()
-	if !c.start() {
-		return nil
-	}
-	for {
-		batch, ok := c.next()
-		if !ok {
-			return nil
+	c.run()
+	if c.fatal != nil {
+		h.endedMu.Lock()
+		if h.ended == nil {
+			h.ended = map[sarama.ConsumerGroupSession]error{}
 		}
-		if !c.handle(batch) {
-			return nil
+		if h.ended[sess] == nil {
+			h.ended[sess] = c.fatal
 		}
+		h.endedMu.Unlock()
 	}
+	return c.fatal
 }
 
 // backoff returns the wait before retry n (n ≥ 1).
 func (h *Handler) backoff(n int) time.Duration {
-	d := h.opts.RetryBackoff
-	for i := 1; i < n && d < h.opts.MaxRetryBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, h.opts.MaxRetryBackoff)
-	// ±20% jitter, so partitions retrying together spread out.
-	j := time.Duration(float64(d) * (rand.Float64()*0.4 - 0.2))
-	return max(d+j, 0)
+	return backoff.Delay(h.opts.RetryBackoff, h.opts.MaxRetryBackoff, n)
 }
 
 func (h *Handler) deadLetterTopic(source string) string {
@@ -287,8 +326,4 @@ func (h *Handler) deadLetterTopic(source string) string {
 		return h.opts.DeadLetterTopic
 	}
 	return source + DeadLetterSuffixDefault
-}
-
-func isCanceled(err error) bool {
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
