@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/internal/testutil"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -274,9 +275,9 @@ func TestConcurrentDuplicates(t *testing.T) {
 // waitBlocked waits until the backend pid waits on a lock.
 func (b *testBundle) waitBlocked(t *testing.T, pid uint32) {
 	t.Helper()
-	require.Eventually(t, func() bool {
+	testutil.Eventually(t, 10*time.Second, "the backend to wait on a lock", func() bool {
 		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`, pid) == 1
-	}, 10*time.Second, 5*time.Millisecond)
+	})
 }
 
 func TestInFlightWaits(t *testing.T) {

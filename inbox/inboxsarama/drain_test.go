@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/internal/testutil"
 )
 
 // A transaction in flight when the session ends may finish within
@@ -41,7 +42,7 @@ func TestConsumerSessionEndFinishesInFlight(t *testing.T) {
 
 	h2 := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{})
 	m2 := startMember(t, b.addrs, "svc", []string{b.topic}, h2)
-	waitFor(t, 30*time.Second, "the rest", func() bool { n, _ := b.effects(t); return n == 5 })
+	testutil.Eventually(t, 30*time.Second, "the rest", func() bool { n, _ := b.effects(t); return n == 5 })
 	m2.stop()
 	require.Zero(t, h2.Stats().Duplicates, "nothing redelivered")
 }
@@ -76,7 +77,7 @@ func TestConsumerSessionEndRollsBackAfterDrainTimeout(t *testing.T) {
 
 	h2 := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{})
 	m2 := startMember(t, b.addrs, "svc", []string{b.topic}, h2)
-	waitFor(t, 30*time.Second, "the rest", func() bool { n, _ := b.effects(t); return n == 5 })
+	testutil.Eventually(t, 30*time.Second, "the rest", func() bool { n, _ := b.effects(t); return n == 5 })
 	m2.stop()
 	rows, distinct := b.effects(t)
 	require.Equal(t, 5, rows)

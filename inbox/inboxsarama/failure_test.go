@@ -103,7 +103,7 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	// Restart: one more failure reaches MaxAttempts.
 	h2 := mustHandler(t, b.db.Pool, ib, failing(2), opts)
 	m2 := startMember(t, b.addrs, "svc", []string{b.topic}, h2)
-	waitFor(t, 30*time.Second, "later messages", func() bool { n, _ := b.effects(t); return n == 9 })
+	testutil.Eventually(t, 30*time.Second, "later messages", func() bool { n, _ := b.effects(t); return n == 9 })
 	m2.stop()
 
 	require.EqualValues(t, 4, calls.Load(), "3 failed attempts (the 3rd interrupted one did not count) + 1 after restart")
@@ -140,7 +140,7 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	b.produceEvents(t, poison, "e-after")
 	h3 := mustHandler(t, b.db.Pool, ib, failing(3), opts)
 	m3 := startMember(t, b.addrs, "svc", []string{b.topic}, h3)
-	waitFor(t, 30*time.Second, "message after the resend", func() bool { n, _ := b.effects(t); return n == 10 })
+	testutil.Eventually(t, 30*time.Second, "message after the resend", func() bool { n, _ := b.effects(t); return n == 10 })
 	m3.stop()
 	require.EqualValues(t, 4, calls.Load(), "the resend did not run the handler")
 	require.EqualValues(t, 1, h3.Stats().Duplicates)
@@ -184,8 +184,8 @@ func TestConsumerPermanentErrorInBatch(t *testing.T) {
 		BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 5, DeadLetterTopic: "svc.dead",
 	})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	waitFor(t, 30*time.Second, "all other effects", func() bool { n, _ := b.effects(t); return n == 29 })
-	waitFor(t, 10*time.Second, "offset committed", func() bool { return b.committedOffset(t, "svc", b.topic, 0) == 30 })
+	testutil.Eventually(t, 30*time.Second, "all other effects", func() bool { n, _ := b.effects(t); return n == 29 })
+	testutil.Eventually(t, 10*time.Second, "offset committed", func() bool { return b.committedOffset(t, "svc", b.topic, 0) == 30 })
 	m.stop()
 
 	rows, distinct := b.effects(t)
@@ -255,7 +255,7 @@ func TestConsumerInvalidMessageDeadLettered(t *testing.T) {
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
 	h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	waitFor(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
+	testutil.Eventually(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
 	m.stop()
 	require.EqualValues(t, 1, h.Stats().DeadLettered)
 	var key *string

@@ -18,6 +18,7 @@ import (
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/internal/testutil"
 )
 
 // eventHeader carries the producer-assigned event id in these tests.
@@ -182,18 +183,6 @@ func mustHandler(t testing.TB, pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.Han
 	return h
 }
 
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func events(prefix string, n int) []string {
 	out := make([]string, n)
 	for i := range out {
@@ -240,7 +229,7 @@ func TestConsumerProcessesAndMarks(t *testing.T) {
 			ib := newTestInbox(t, "svc", inbox.ByOffset())
 			h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{BatchSize: batch, Client: client})
 			m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-			waitFor(t, 30*time.Second, "all effects", func() bool { n, _ := b.effects(t); return n >= len(evs) })
+			testutil.Eventually(t, 30*time.Second, "all effects", func() bool { n, _ := b.effects(t); return n >= len(evs) })
 			m.stop()
 
 			rows, distinct := b.effects(t)
@@ -276,14 +265,14 @@ func TestConsumerTopicRecreatedIsNotDuplicate(t *testing.T) {
 
 	b.produceEvents(t, "old-0", "old-1")
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	waitFor(t, 30*time.Second, "old effects", func() bool { n, _ := b.effects(t); return n == 2 })
+	testutil.Eventually(t, 30*time.Second, "old effects", func() bool { n, _ := b.effects(t); return n == 2 })
 	m.stop()
 
 	admin, err := sarama.NewClusterAdmin(b.addrs, kafkatest.Config())
 	require.NoError(t, err)
 	defer admin.Close()
 	require.NoError(t, admin.DeleteTopic(b.topic))
-	waitFor(t, 10*time.Second, "topic deleted", func() bool {
+	testutil.Eventually(t, 10*time.Second, "topic deleted", func() bool {
 		ts, err := admin.ListTopics()
 		require.NoError(t, err)
 		_, ok := ts[b.topic]
@@ -295,7 +284,7 @@ func TestConsumerTopicRecreatedIsNotDuplicate(t *testing.T) {
 	b.produceEvents(t, "new-0", "new-1")
 
 	m = startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	waitFor(t, 30*time.Second, "new effects", func() bool { n, _ := b.effects(t); return n == 4 })
+	testutil.Eventually(t, 30*time.Second, "new effects", func() bool { n, _ := b.effects(t); return n == 4 })
 	m.stop()
 	rows, distinct := b.effects(t)
 	require.Equal(t, 4, rows)
@@ -363,7 +352,7 @@ func TestConsumerTopicIDFallback(t *testing.T) {
 	}
 	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByOffset()), fn, inboxsarama.Options{Client: client})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	waitFor(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
+	testutil.Eventually(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
 	m.stop()
 	require.Equal(t, []string{"", ""}, ids)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM pgbox_inbox WHERE key = 'events/0/1'`))

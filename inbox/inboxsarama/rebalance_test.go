@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/internal/testutil"
 )
 
 // sends builds n records of which about a fifth resend an earlier event id
@@ -73,7 +74,7 @@ func TestConsumerRebalancesWithResends(t *testing.T) {
 	chunk(8)
 	cm.stop()
 	chunk(9)
-	waitFor(t, 90*time.Second, "every event processed", func() bool {
+	testutil.Eventually(t, 90*time.Second, "every event processed", func() bool {
 		_, distinct := b.effects(t)
 		return distinct == unique
 	})
@@ -121,7 +122,7 @@ func TestConsumerCooperativeRebalance(t *testing.T) {
 	a.stop()
 	cm := join(50)
 	b.produce(t, msgs[2000:]...)
-	waitFor(t, 90*time.Second, "every event processed", func() bool {
+	testutil.Eventually(t, 90*time.Second, "every event processed", func() bool {
 		_, distinct := b.effects(t)
 		return distinct == unique
 	})
