@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
 // maxVanished bounds the retries when a conflicting row disappears between the
@@ -33,8 +35,10 @@ const maxVanished = 3
 // Errors: when h fails, the key and everything h wrote are rolled back to the
 // savepoint, so even a caller that commits anyway commits no trace of the
 // message; the error wraps h's. On every error the caller's transaction stays
-// usable (unless the connection itself failed). Bad input fails before
-// anything is sent, with ErrInvalidMessage.
+// usable, unless the connection itself failed or pgbox's table is missing
+// (an error wrapping ErrNeedsOperator: pgx prepares the pipelined statements
+// before the savepoint runs, and a failed prepare aborts the transaction; roll
+// it back). Bad input fails before anything is sent, with ErrInvalidMessage.
 //
 // Savepoints: on success Process leaves its savepoint open rather than pay a
 // round trip to release it; it ends with the transaction (or with a savepoint
@@ -118,10 +122,11 @@ func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string,
 	}
 	br := tx.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
-		// The savepoint itself failed: the transaction was unusable before we
-		// started, and there is nothing of ours to undo.
+		// The savepoint itself failed (the transaction was unusable before
+		// we started), or preparing the batch did (pgbox_inbox missing):
+		// no savepoint exists, there is nothing of ours to undo.
 		_ = br.Close()
-		return false, nil, nil, fmt.Errorf("savepoint: %w", err)
+		return false, nil, nil, fmt.Errorf("savepoint: %w", pgerr.WithFix(err))
 	}
 	if ib.lockTimeout != "" {
 		_, err = br.Exec()
@@ -195,9 +200,8 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 	if err := ib.dedupBatch(ctx, tx, p); err != nil {
 		var spErr *savepointError
 		if errors.As(err, &spErr) {
-			// The transaction was unusable before we started: nothing of
-			// ours to undo.
-			return nil, fmt.Errorf("inbox: consumer %q: %w", ib.consumer, err)
+			// No savepoint exists (see dedupOne): nothing of ours to undo.
+			return nil, fmt.Errorf("inbox: consumer %q: %w", ib.consumer, pgerr.WithFix(err))
 		}
 		err = ib.dedupErr(err)
 		if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
