@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgbox/pgbox/internal/backoff"
+	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
 // Cleaner prunes pgbox tables. It is safe for concurrent use; passes of
@@ -38,23 +40,40 @@ func New(cfg Config) (*Cleaner, error) {
 	return &Cleaner{cfg: cfg.withDefaults(), stats: Stats{Topics: map[string]TopicStats{}}}, nil
 }
 
+// ErrNeedsOperator is in the error RunOnce and Run return when the database
+// fails in a way retrying cannot fix: pgbox's tables missing (migrations not
+// run), a revoked grant, failed authentication. The error names the fix. It
+// is the same value as inbox.ErrNeedsOperator and relay.ErrNeedsOperator.
+var ErrNeedsOperator = pgerr.ErrNeedsOperator
+
+// retryBackoffMin is the first wait after a pass failed on a retryable
+// database error; it doubles up to Config.Interval.
+const retryBackoffMin = time.Second
+
 // Run runs a pass now and then every Config.Interval until ctx is done, and
-// then returns nil. Errors of a pass are logged and counted in Stats, and the
-// next pass runs as scheduled.
+// then returns nil. Errors of a pass are logged and counted in Stats. A pass
+// that failed on a database error retrying can fix (connection lost,
+// failover, lock timeout) is retried with backoff, sooner than Interval; one
+// that needs an operator (ErrNeedsOperator: missing tables, a revoked grant)
+// ends Run with that error. Other errors wait for the next scheduled pass.
 func (c *Cleaner) Run(ctx context.Context) error {
+	b := backoff.Backoff{Base: retryBackoffMin, Limit: c.cfg.Interval}
 	for {
-		// A failed pass is logged and counted by RunOnce; the next one runs
-		// as scheduled.
-		_, _ = c.RunOnce(ctx)
+		_, err := c.RunOnce(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		t := time.NewTimer(c.cfg.Interval)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		wait := c.cfg.Interval
+		switch {
+		case err == nil:
+			b.Reset()
+		case errors.Is(err, ErrNeedsOperator):
+			return err
+		case pgerr.IsRetryable(err):
+			wait = min(b.Next(), c.cfg.Interval)
+		}
+		if !backoff.Sleep(ctx, wait) {
 			return nil
-		case <-t.C:
 		}
 	}
 }
@@ -68,11 +87,12 @@ func (c *Cleaner) Run(ctx context.Context) error {
 // Kafka problems are not errors: the topics concerned are skipped and listed
 // with a Reason. A database error ends the pass with an error; what was deleted
 // before stays deleted (each batch is its own transaction) and is in the
-// Report. When ctx is cancelled the pass stops within one batch and returns
-// ctx's error.
+// Report. A database error retrying cannot fix (missing tables, a revoked
+// grant) wraps ErrNeedsOperator and names the fix. When ctx is cancelled the
+// pass stops within one batch and returns ctx's error.
 func (c *Cleaner) RunOnce(ctx context.Context) (Report, error) {
 	rep := Report{Start: time.Now(), DryRun: c.cfg.DryRun}
-	err := c.runOnce(ctx, &rep)
+	err := pgerr.WithFix(c.runOnce(ctx, &rep))
 	rep.Duration = time.Since(rep.Start)
 	c.record(ctx, rep, err)
 	if err != nil {
@@ -256,7 +276,7 @@ func (c *Cleaner) pruneTopic(ctx context.Context, conn *pgxpool.Conn, rep *Repor
 						})
 					}
 					err := del(sqlDeleteInboxBatch)
-					if isLockTimeout(err) {
+					if pgerr.IsLockTimeout(err) {
 						c.cfg.Logger.InfoContext(ctx, "cleanup: a key is locked by a writer, retrying the batch without it", "topic", tr.Topic)
 						err = del(sqlDeleteInboxBatchSkipLocked)
 					}
@@ -374,6 +394,9 @@ func (c *Cleaner) record(ctx context.Context, rep Report, err error) {
 		c.cfg.Logger.InfoContext(ctx, "cleanup pass done", attrs...)
 	case errors.Is(err, context.Canceled):
 		c.cfg.Logger.InfoContext(ctx, "cleanup pass cancelled", attrs...)
+	case errors.Is(err, ErrNeedsOperator):
+		c.cfg.Logger.ErrorContext(ctx, "cleanup pass failed: the database needs an operator",
+			append(attrs, "fix", pgerr.Fix(err), "error", err)...)
 	default:
 		c.cfg.Logger.ErrorContext(ctx, "cleanup pass failed", append(attrs, "error", err)...)
 	}
@@ -389,11 +412,6 @@ func (c *Cleaner) Stats() Stats {
 }
 
 var errNoRows = pgx.ErrNoRows
-
-func isLockTimeout(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
-}
 
 func pgxCollectStrings(rows pgx.Rows) ([]string, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[string])

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/internal/testutil"
 )
 
 // Two cleaners on separate pools (as two processes would be): while one holds
@@ -173,7 +174,7 @@ func TestRunOnSchedule(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(ctx) }()
-	require.Eventually(t, func() bool { return c.Stats().Passes >= 3 }, 30*time.Second, 5*time.Millisecond)
+	testutil.Eventually(t, 30*time.Second, "three passes", func() bool { return c.Stats().Passes >= 3 })
 	cancel()
 	require.NoError(t, <-errc, "Run returns nil when ctx is cancelled")
 	st := c.Stats()
@@ -360,10 +361,10 @@ func TestCancelBlockedStatement(t *testing.T) {
 	// a moment later: the next pass may find it held just once or twice.
 	next := b.cleaner(t, Config{})
 	var rep Report
-	require.Eventually(t, func() bool {
+	testutil.Eventually(t, 30*time.Second, "the cancelled pass's cleanup lock to go", func() bool {
 		rep, err = next.RunOnce(ctx)
 		require.NoError(t, err)
 		return !rep.Locked
-	}, 30*time.Second, 10*time.Millisecond, "the cancelled pass's cleanup lock must go")
+	})
 	require.Equal(t, int64(10), rep.Deleted)
 }

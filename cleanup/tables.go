@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
 // Forever, as a Tables retention, keeps those rows: they are never pruned.
@@ -167,7 +169,7 @@ func (c *Cleaner) pruneJob(ctx context.Context, conn *pgxpool.Conn, rep *Report,
 				})
 			}
 			err := del(job.del)
-			if isLockTimeout(err) {
+			if pgerr.IsLockTimeout(err) {
 				err = del(job.delSL)
 			}
 			return err

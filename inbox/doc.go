@@ -61,6 +61,17 @@
 // the connection's search_path. Rows are pruned by package cleanup once Kafka
 // can no longer redeliver their message.
 //
-// For a ready-made sarama consumer-group handler that runs this loop (offsets,
-// retries, dead letters), see NewConsumerGroupHandler.
+// # Errors that need an operator
+//
+// A database error retrying cannot fix (pgbox_inbox missing because the
+// migrations were not run, a revoked grant) wraps ErrNeedsOperator and names
+// the fix; the same sentinel is exported by relay and cleanup.
+//
+// # Kafka clients
+//
+// The package links no Kafka client: Message is a plain struct, so a service
+// on sarama, franz-go or confluent-kafka-go, or one calling Process from an
+// HTTP handler, uses it the same way. For a ready-made sarama consumer-group
+// handler that runs this loop (offsets, batches, retries, dead letters, topic
+// ids), see package inbox/inboxsarama.
 package inbox

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 // exampleDB creates a schema of its own on DATABASE_URL, migrated, and returns
@@ -43,7 +44,7 @@ func Example() {
 	msg := inbox.Message{
 		Topic: "orders", Partition: 0, Offset: 7,
 		Key: []byte("order-1"), Value: []byte(`{"amount":100}`),
-		Headers: []inbox.Header{{Key: "event-id", Value: []byte("evt-1")}},
+		Headers: []outbox.Header{{Key: "event-id", Value: []byte("evt-1")}},
 	}
 	// The same event delivered twice, e.g. after a crash before the offset commit.
 	for range 2 {

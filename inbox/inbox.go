@@ -11,8 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
 // Sentinel errors, for errors.Is. Errors returned by Process and
@@ -33,6 +34,12 @@ var (
 	// exceeded Config.LockTimeout (or the caller's own lock_timeout). Nothing
 	// was written; back off and redeliver.
 	ErrInFlight = errors.New("key is being processed by another transaction")
+	// ErrNeedsOperator marks a database error that retrying cannot fix: a
+	// missing table, column or function (migrations not run, or a deploy's
+	// migration skipped), a revoked grant, an unknown schema or database,
+	// failed authentication. The error names the fix. It is the same value
+	// as relay.ErrNeedsOperator and cleanup.ErrNeedsOperator.
+	ErrNeedsOperator = pgerr.ErrNeedsOperator
 )
 
 // HandlerFunc does a message's business work inside the caller's
@@ -258,19 +265,14 @@ func release(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-func isLockTimeout(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
-}
-
 // dedupErr turns an error of the dedup step (after ROLLBACK TO SAVEPOINT)
 // into what the caller sees.
 func (ib *Inbox) dedupErr(err error) error {
-	if isLockTimeout(err) {
+	if pgerr.IsLockTimeout(err) {
 		ib.stats.inFlight.Add(1)
 		return fmt.Errorf("%w (lock timeout %sms): %w", ErrInFlight, cmpOr(ib.lockTimeout, "caller's"), err)
 	}
-	return fmt.Errorf("dedup insert into pgbox_inbox: %w", err)
+	return fmt.Errorf("dedup insert into pgbox_inbox: %w", pgerr.WithFix(err))
 }
 
 func cmpOr(a, b string) string {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 type testBundle struct {
@@ -42,7 +43,7 @@ func newInbox(t *testing.T, cfg inbox.Config) *inbox.Inbox {
 	return ib
 }
 
-func msg(topic string, partition int32, offset int64, value string, headers ...inbox.Header) inbox.Message {
+func msg(topic string, partition int32, offset int64, value string, headers ...outbox.Header) inbox.Message {
 	return inbox.Message{Topic: topic, Partition: partition, Offset: offset, Value: []byte(value), Headers: headers,
 		Timestamp: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 }
@@ -187,7 +188,7 @@ func TestProcessTwoConsumersOneKey(t *testing.T) {
 	b := setup(t)
 	a := newInbox(t, inbox.Config{Consumer: "billing", Key: inbox.ByHeader("event-id")})
 	c := newInbox(t, inbox.Config{Consumer: "shipping", Key: inbox.ByHeader("event-id")})
-	m := msg("orders", 0, 1, "v", inbox.Header{Key: "event-id", Value: []byte("evt-1")})
+	m := msg("orders", 0, 1, "v", outbox.Header{Key: "event-id", Value: []byte("evt-1")})
 
 	for _, ib := range []*inbox.Inbox{a, c} {
 		res, err := b.process(t, ib, m, pay)
@@ -210,7 +211,7 @@ func TestProcessInvalidMessage(t *testing.T) {
 	ctx := context.Background()
 	byHeader := newInbox(t, inbox.Config{Key: inbox.ByHeader("event-id")})
 	byOffset := newInbox(t, inbox.Config{})
-	hdr := func(v string) inbox.Header { return inbox.Header{Key: "event-id", Value: []byte(v)} }
+	hdr := func(v string) outbox.Header { return outbox.Header{Key: "event-id", Value: []byte(v)} }
 
 	cases := []struct {
 		name string

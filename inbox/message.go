@@ -4,14 +4,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/IBM/sarama"
+	"github.com/pgbox/pgbox/outbox"
 )
-
-// Header is one Kafka record header.
-type Header struct {
-	Key   string
-	Value []byte
-}
 
 // Message is the part of a Kafka record the inbox needs. Topic, Partition and
 // Offset are stored with the key (cleanup prunes by topic); Value is
@@ -22,40 +16,15 @@ type Message struct {
 	Offset    int64
 	Key       []byte
 	Value     []byte
-	Headers   []Header
+	// Headers are the record's headers, in order; the same type outbox
+	// writes, so a handler can pass them on.
+	Headers []outbox.Header
 	// Timestamp is the record's timestamp; the zero time stores NULL.
 	Timestamp time.Time
 	// TopicID is the topic's id from Kafka metadata (Kafka ≥ 2.8), optional.
 	// When set, ByOffset keys include it, so that a topic deleted and
 	// recreated under the same name does not collide with its old offsets.
 	TopicID string
-}
-
-// FromSarama converts a record consumed with sarama. TopicID is left empty:
-// sarama's ConsumerMessage does not carry it.
-func FromSarama(m *sarama.ConsumerMessage) Message {
-	if m == nil {
-		return Message{}
-	}
-	var hs []Header
-	if len(m.Headers) > 0 {
-		hs = make([]Header, 0, len(m.Headers))
-		for _, h := range m.Headers {
-			if h == nil {
-				continue
-			}
-			hs = append(hs, Header{Key: string(h.Key), Value: h.Value})
-		}
-	}
-	return Message{
-		Topic:     m.Topic,
-		Partition: m.Partition,
-		Offset:    m.Offset,
-		Key:       m.Key,
-		Value:     m.Value,
-		Headers:   hs,
-		Timestamp: m.Timestamp,
-	}
 }
 
 // Header returns the value of the last header named name (Kafka allows

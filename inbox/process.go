@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
 // maxVanished bounds the retries when a conflicting row disappears between the
@@ -33,8 +35,10 @@ const maxVanished = 3
 // Errors: when h fails, the key and everything h wrote are rolled back to the
 // savepoint, so even a caller that commits anyway commits no trace of the
 // message; the error wraps h's. On every error the caller's transaction stays
-// usable (unless the connection itself failed). Bad input fails before
-// anything is sent, with ErrInvalidMessage.
+// usable, unless the connection itself failed or pgbox's table is missing
+// (an error wrapping ErrNeedsOperator: pgx prepares the pipelined statements
+// before the savepoint runs, and a failed prepare aborts the transaction; roll
+// it back). Bad input fails before anything is sent, with ErrInvalidMessage.
 //
 // Savepoints: on success Process leaves its savepoint open rather than pay a
 // round trip to release it; it ends with the transaction (or with a savepoint
@@ -118,10 +122,11 @@ func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string,
 	}
 	br := tx.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
-		// The savepoint itself failed: the transaction was unusable before we
-		// started, and there is nothing of ours to undo.
+		// The savepoint itself failed (the transaction was unusable before
+		// we started), or preparing the batch did (pgbox_inbox missing):
+		// no savepoint exists, there is nothing of ours to undo.
 		_ = br.Close()
-		return false, nil, nil, fmt.Errorf("savepoint: %w", err)
+		return false, nil, nil, fmt.Errorf("savepoint: %w", pgerr.WithFix(err))
 	}
 	if ib.lockTimeout != "" {
 		_, err = br.Exec()
@@ -188,87 +193,138 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 	if len(ms) == 0 {
 		return nil, nil
 	}
-	results := make([]Result, len(ms))
-	fps := make([][]byte, len(ms))
-	first := make(map[string]int, len(ms)) // key → index of its first copy
+	p, err := ib.planBatch(ms)
+	if err != nil {
+		return nil, err
+	}
+	if err := ib.dedupBatch(ctx, tx, p); err != nil {
+		var spErr *savepointError
+		if errors.As(err, &spErr) {
+			// No savepoint exists (see dedupOne): nothing of ours to undo.
+			return nil, fmt.Errorf("inbox: consumer %q: %w", ib.consumer, pgerr.WithFix(err))
+		}
+		err = ib.dedupErr(err)
+		if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
+			err = fmt.Errorf("%w (and %w)", err, rbErr)
+		}
+		return nil, fmt.Errorf("inbox: consumer %q, batch of %d: %w", ib.consumer, len(ms), err)
+	}
+	if err := ib.checkStored(ms, p); err != nil {
+		if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
+			err = fmt.Errorf("%w (and %w)", err, rbErr)
+		}
+		return nil, err
+	}
+	if err := ib.runBatch(ctx, tx, ms, h, p); err != nil {
+		return nil, err
+	}
+	return p.results, nil
+}
+
+// batchPlan is one ProcessBatch call's keys and what the database said of
+// them.
+type batchPlan struct {
+	results []Result
+	fps     [][]byte
+	first   map[string]int // key → index of its first copy in ms
 	// Columns of the distinct keys, in order of first appearance.
-	var (
-		keys       = make([]string, 0, len(ms))
-		topics     = make([]string, 0, len(ms))
-		partitions = make([]int32, 0, len(ms))
-		offsets    = make([]int64, 0, len(ms))
-		colFPs     = make([][]byte, 0, len(ms))
-		recordAts  = make([]pgtype.Timestamptz, 0, len(ms))
-	)
+	keys       []string
+	topics     []string
+	partitions []int32
+	offsets    []int64
+	colFPs     [][]byte
+	recordAts  []pgtype.Timestamptz
+	// rows holds each distinct key's outcome: inserted now, or the stored
+	// fingerprint and result.
+	rows map[string]storedRow
+}
+
+type storedRow struct {
+	inserted bool
+	fp, res  []byte
+}
+
+// planBatch keys and fingerprints every message, rejecting the batch on an
+// invalid message or a fingerprint mismatch between copies within it.
+func (ib *Inbox) planBatch(ms []Message) (*batchPlan, error) {
+	n := len(ms)
+	p := &batchPlan{
+		results: make([]Result, n), fps: make([][]byte, n), first: make(map[string]int, n),
+		keys: make([]string, 0, n), topics: make([]string, 0, n), partitions: make([]int32, 0, n),
+		offsets: make([]int64, 0, n), colFPs: make([][]byte, 0, n), recordAts: make([]pgtype.Timestamptz, 0, n),
+		rows: make(map[string]storedRow, n),
+	}
 	for i, m := range ms {
 		key, err := ib.key.key(m)
 		if err != nil {
 			ib.stats.invalid.Add(1)
 			return nil, ib.msgErr(i, m, "", fmt.Errorf("%w: %w", ErrInvalidMessage, err))
 		}
-		results[i].Key = key
-		fps[i] = ib.sum(m.Value)
-		if j, ok := first[key]; ok {
-			if mismatch(fps[i], fps[j]) {
+		p.results[i].Key = key
+		p.fps[i] = ib.sum(m.Value)
+		if j, ok := p.first[key]; ok {
+			if mismatch(p.fps[i], p.fps[j]) {
 				ib.stats.mismatches.Add(1)
 				return nil, ib.msgErr(i, m, key, fmt.Errorf("%w (message %d of the batch has this key)", ErrFingerprintMismatch, j))
 			}
-			results[i].Duplicate = true
+			p.results[i].Duplicate = true
 			continue
 		}
-		first[key] = i
-		keys = append(keys, key)
-		topics = append(topics, m.Topic)
-		partitions = append(partitions, m.Partition)
-		offsets = append(offsets, m.Offset)
-		colFPs = append(colFPs, fps[i])
-		recordAts = append(recordAts, recordAt(m.Timestamp))
+		p.first[key] = i
+		p.keys = append(p.keys, key)
+		p.topics = append(p.topics, m.Topic)
+		p.partitions = append(p.partitions, m.Partition)
+		p.offsets = append(p.offsets, m.Offset)
+		p.colFPs = append(p.colFPs, p.fps[i])
+		p.recordAts = append(p.recordAts, recordAt(m.Timestamp))
 	}
+	return p, nil
+}
 
-	type row struct {
-		inserted bool
-		fp, res  []byte
-	}
-	rows := make(map[string]row, len(keys))
-	// scanInserted records the keys an insert returned; scanStored the
-	// stored rows of keys that conflicted.
-	scanInserted := func(r pgx.Rows) error {
-		for r.Next() {
-			var k string
-			if err := r.Scan(&k); err != nil {
-				r.Close()
-				return err
-			}
-			rows[k] = row{inserted: true}
+// scanInserted records the keys an insert returned.
+func (p *batchPlan) scanInserted(r pgx.Rows) error {
+	for r.Next() {
+		var k string
+		if err := r.Scan(&k); err != nil {
+			r.Close()
+			return err
 		}
-		return r.Err()
+		p.rows[k] = storedRow{inserted: true}
 	}
-	scanStored := func(r pgx.Rows) error {
-		for r.Next() {
-			var k string
-			var x row
-			if err := r.Scan(&k, &x.fp, &x.res); err != nil {
-				r.Close()
-				return err
-			}
-			rows[k] = x
-		}
-		return r.Err()
-	}
+	return r.Err()
+}
 
+// scanStored records the stored rows of keys that conflicted.
+func (p *batchPlan) scanStored(r pgx.Rows) error {
+	for r.Next() {
+		var k string
+		var x storedRow
+		if err := r.Scan(&k, &x.fp, &x.res); err != nil {
+			r.Close()
+			return err
+		}
+		p.rows[k] = x
+	}
+	return r.Err()
+}
+
+// dedupBatch opens the savepoint and inserts every distinct key in one
+// round trip, then reads the stored rows of the keys that conflicted. On
+// error the caller rolls back to the savepoint.
+func (ib *Inbox) dedupBatch(ctx context.Context, tx pgx.Tx, p *batchPlan) error {
 	b := &pgx.Batch{}
 	b.Queue(sqlSavepoint)
 	if ib.lockTimeout != "" {
 		b.Queue(sqlSetLockTimeout, ib.lockTimeout)
 	}
-	b.Queue(sqlInsertMany, ib.consumer, keys, topics, partitions, offsets, colFPs, recordAts)
+	b.Queue(sqlInsertMany, ib.consumer, p.keys, p.topics, p.partitions, p.offsets, p.colFPs, p.recordAts)
 	if ib.lockTimeout != "" {
 		b.Queue(sqlRestoreLockTimeout)
 	}
 	br := tx.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
-		return nil, fmt.Errorf("inbox: consumer %q: savepoint: %w", ib.consumer, err)
+		return &savepointError{err: err}
 	}
 	var err error
 	if ib.lockTimeout != "" {
@@ -277,7 +333,7 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 	if err == nil {
 		var r pgx.Rows
 		if r, err = br.Query(); err == nil {
-			err = scanInserted(r)
+			err = p.scanInserted(r)
 		}
 	}
 	if err == nil && ib.lockTimeout != "" {
@@ -286,106 +342,122 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	// Keys that conflicted: read their stored rows (a new statement, so rows
-	// committed by transactions the insert waited for are visible). A row
-	// deleted meanwhile (by a concurrent cleanup) is inserted again.
-	for attempt := 0; err == nil && len(rows) < len(keys); attempt++ {
+	if err != nil {
+		return err
+	}
+	return ib.readConflicts(ctx, tx, p)
+}
+
+// readConflicts reads the stored rows of keys that conflicted (a new
+// statement, so rows committed by transactions the insert waited for are
+// visible). A row deleted meanwhile (by a concurrent cleanup) is inserted
+// again.
+func (ib *Inbox) readConflicts(ctx context.Context, tx pgx.Tx, p *batchPlan) error {
+	for attempt := 0; len(p.rows) < len(p.keys); attempt++ {
 		if attempt == maxVanished {
-			err = fmt.Errorf("keys conflicted but their rows kept vanishing (%d attempts)", maxVanished)
-			break
+			return fmt.Errorf("keys conflicted but their rows kept vanishing (%d attempts)", maxVanished)
 		}
-		missing := missingKeys(keys, func(k string) bool { _, ok := rows[k]; return ok })
-		var r pgx.Rows
-		if r, err = tx.Query(ctx, sqlSelectMany, ib.consumer, missing); err == nil {
-			err = scanStored(r)
+		missing := missingKeys(p.keys, func(k string) bool { _, ok := p.rows[k]; return ok })
+		r, err := tx.Query(ctx, sqlSelectMany, ib.consumer, missing)
+		if err == nil {
+			err = p.scanStored(r)
 		}
-		if err != nil || len(rows) == len(keys) {
-			break
+		if err != nil {
+			return err
+		}
+		if len(p.rows) == len(p.keys) {
+			return nil
 		}
 		var mk, mt []string
 		var mp []int32
 		var mo []int64
 		var mf [][]byte
 		var mr []pgtype.Timestamptz
-		for i, k := range keys {
-			if _, ok := rows[k]; !ok {
-				mk, mt, mp, mo, mf, mr = append(mk, k), append(mt, topics[i]), append(mp, partitions[i]),
-					append(mo, offsets[i]), append(mf, colFPs[i]), append(mr, recordAts[i])
+		for i, k := range p.keys {
+			if _, ok := p.rows[k]; !ok {
+				mk, mt, mp, mo, mf, mr = append(mk, k), append(mt, p.topics[i]), append(mp, p.partitions[i]),
+					append(mo, p.offsets[i]), append(mf, p.colFPs[i]), append(mr, p.recordAts[i])
 			}
 		}
 		if r, err = tx.Query(ctx, sqlInsertMany, ib.consumer, mk, mt, mp, mo, mf, mr); err == nil {
-			err = scanInserted(r)
+			err = p.scanInserted(r)
+		}
+		if err != nil {
+			return err
 		}
 	}
-	if err != nil {
-		err = ib.dedupErr(err)
-		if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
-			err = fmt.Errorf("%w (and %w)", err, rbErr)
-		}
-		return nil, fmt.Errorf("inbox: consumer %q, batch of %d: %w", ib.consumer, len(ms), err)
-	}
+	return nil
+}
 
-	// Fingerprints against stored keys, before any handler runs.
+// checkStored compares fingerprints against stored keys, before any handler
+// runs.
+func (ib *Inbox) checkStored(ms []Message, p *batchPlan) error {
 	for i, m := range ms {
-		if first[results[i].Key] != i {
+		key := p.results[i].Key
+		if p.first[key] != i {
 			continue
 		}
-		if r := rows[results[i].Key]; !r.inserted && mismatch(fps[i], r.fp) {
+		if r := p.rows[key]; !r.inserted && mismatch(p.fps[i], r.fp) {
 			ib.stats.mismatches.Add(1)
-			err := ib.msgErr(i, m, results[i].Key, ErrFingerprintMismatch)
-			if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
-				err = fmt.Errorf("%w (and %w)", err, rbErr)
-			}
-			return nil, err
+			return ib.msgErr(i, m, key, ErrFingerprintMismatch)
 		}
 	}
+	return nil
+}
 
+// runBatch runs h, in input order, for each message whose key is new, then
+// stores the results handlers set. On error it has rolled back to the
+// savepoint.
+func (ib *Inbox) runBatch(ctx context.Context, tx pgx.Tx, ms []Message, h HandlerFunc, p *batchPlan) error {
 	slot := &resultSlot{}
 	hctx := context.WithValue(ctx, resultSlotKey{}, slot)
 	var setKeys []string
 	var setResults [][]byte
 	processed, dups := 0, 0
 	for i, m := range ms {
-		j := first[results[i].Key]
-		if j != i { // a later copy within the batch
-			results[i].Duplicate = true
-			results[i].Stored = results[j].Stored
+		res := &p.results[i]
+		if j := p.first[res.Key]; j != i { // a later copy within the batch
+			res.Duplicate, res.Stored = true, p.results[j].Stored
 			dups++
 			continue
 		}
-		r := rows[results[i].Key]
-		if !r.inserted {
-			results[i].Duplicate = true
-			results[i].Stored = r.res
+		if r := p.rows[res.Key]; !r.inserted {
+			res.Duplicate, res.Stored = true, r.res
 			dups++
 			continue
 		}
 		*slot = resultSlot{}
 		if err := h(hctx, tx, m); err != nil {
 			ib.stats.handlerErrors.Add(1)
-			err = ib.msgErr(i, m, results[i].Key, fmt.Errorf("handler: %w", err))
+			err = ib.msgErr(i, m, res.Key, fmt.Errorf("handler: %w", err))
 			if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
 				err = fmt.Errorf("%w (and %w)", err, rbErr)
 			}
-			return nil, err
+			return err
 		}
 		processed++
 		if slot.set {
-			results[i].Stored = slot.b
-			setKeys = append(setKeys, results[i].Key)
+			res.Stored = slot.b
+			setKeys = append(setKeys, res.Key)
 			setResults = append(setResults, slot.b)
 		}
 	}
 	if len(setKeys) > 0 {
 		if _, err := tx.Exec(ctx, sqlSetResults, ib.consumer, setKeys, setResults); err != nil {
 			_ = rollbackToSavepoint(ctx, tx)
-			return nil, fmt.Errorf("inbox: consumer %q: store results: %w", ib.consumer, err)
+			return fmt.Errorf("inbox: consumer %q: store results: %w", ib.consumer, err)
 		}
 	}
 	ib.stats.processed.Add(uint64(processed))
 	ib.stats.duplicates.Add(uint64(dups))
-	return results, nil
+	return nil
 }
+
+// savepointError is a failure of the savepoint that opens a batch.
+type savepointError struct{ err error }
+
+func (e *savepointError) Error() string { return "savepoint: " + e.err.Error() }
+func (e *savepointError) Unwrap() error { return e.err }
 
 func missingKeys(keys []string, have func(string) bool) []string {
 	var out []string

@@ -9,11 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/internal/testutil"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 // callLog is a handler that writes a payments row and remembers the order of
@@ -43,7 +44,7 @@ func TestProcessBatch(t *testing.T) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{Key: inbox.ByHeader("event-id")})
 	ev := func(id string, offset int64, value string) inbox.Message {
-		return msg("orders", 0, offset, value, inbox.Header{Key: "event-id", Value: []byte(id)})
+		return msg("orders", 0, offset, value, outbox.Header{Key: "event-id", Value: []byte(id)})
 	}
 	receipt := func(m inbox.Message) string { return "receipt-" + string(m.Value) }
 
@@ -130,7 +131,7 @@ func TestFingerprintMismatch(t *testing.T) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{Key: inbox.ByHeader("event-id")})
 	ev := func(id string, offset int64, value string) inbox.Message {
-		return msg("orders", 0, offset, value, inbox.Header{Key: "event-id", Value: []byte(id)})
+		return msg("orders", 0, offset, value, outbox.Header{Key: "event-id", Value: []byte(id)})
 	}
 	_, err := b.process(t, ib, ev("evt-1", 1, `{"amount":100}`), pay)
 	require.NoError(t, err)
@@ -181,7 +182,7 @@ func TestFingerprintsOff(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ib := newInbox(t, inbox.Config{Key: inbox.ByHeader("event-id"), DisableFingerprint: true})
-	h := inbox.Header{Key: "event-id", Value: []byte("evt-1")}
+	h := outbox.Header{Key: "event-id", Value: []byte("evt-1")}
 	_, err := b.process(t, ib, msg("orders", 0, 1, "one", h), pay)
 	require.NoError(t, err)
 	res, err := b.process(t, ib, msg("orders", 0, 2, "two", h), pay)
@@ -274,9 +275,9 @@ func TestConcurrentDuplicates(t *testing.T) {
 // waitBlocked waits until the backend pid waits on a lock.
 func (b *testBundle) waitBlocked(t *testing.T, pid uint32) {
 	t.Helper()
-	require.Eventually(t, func() bool {
+	testutil.Eventually(t, 10*time.Second, "the backend to wait on a lock", func() bool {
 		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`, pid) == 1
-	}, 10*time.Second, 5*time.Millisecond)
+	})
 }
 
 func TestInFlightWaits(t *testing.T) {
@@ -400,7 +401,7 @@ func TestKeys(t *testing.T) {
 
 	// Repeated headers: the last one wins.
 	byHeader := newInbox(t, inbox.Config{Key: inbox.ByHeader("event-id")})
-	k, err = byHeader.Key(inbox.Message{Topic: "orders", Headers: []inbox.Header{
+	k, err = byHeader.Key(inbox.Message{Topic: "orders", Headers: []outbox.Header{
 		{Key: "event-id", Value: []byte("one")}, {Key: "Event-Id", Value: []byte("x")}, {Key: "event-id", Value: []byte("two")}}})
 	require.NoError(t, err)
 	require.Equal(t, "two", k)
@@ -409,18 +410,6 @@ func TestKeys(t *testing.T) {
 	k, err = byFunc.Key(inbox.Message{Topic: "orders", Key: []byte("o-1")})
 	require.NoError(t, err)
 	require.Equal(t, "order:o-1", k)
-}
-
-func TestFromSarama(t *testing.T) {
-	t.Parallel()
-	ts := time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)
-	m := inbox.FromSarama(&sarama.ConsumerMessage{
-		Topic: "orders", Partition: 2, Offset: 99, Key: []byte("k"), Value: []byte("v"), Timestamp: ts,
-		Headers: []*sarama.RecordHeader{{Key: []byte("event-id"), Value: []byte("evt-9")}, nil},
-	})
-	require.Equal(t, inbox.Message{Topic: "orders", Partition: 2, Offset: 99, Key: []byte("k"), Value: []byte("v"),
-		Timestamp: ts, Headers: []inbox.Header{{Key: "event-id", Value: []byte("evt-9")}}}, m)
-	require.Equal(t, inbox.Message{}, inbox.FromSarama(nil))
 }
 
 // TestConcurrentBatches runs two batches with the same keys in opposite

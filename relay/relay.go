@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	ibackoff "github.com/pgbox/pgbox/internal/backoff"
+	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
 var (
@@ -21,6 +23,11 @@ var (
 	ErrLaneCountMismatch = errors.New("relay: lane count differs from the running instances'")
 	// ErrRunning is returned by Run when the Relay is already running.
 	ErrRunning = errors.New("relay: Run called while already running")
+	// ErrNeedsOperator is in the error Run returns when the database needs
+	// a person: pgbox's tables missing (migrations not run), a revoked
+	// grant, failed authentication. The error names the fix. It is the same
+	// value as inbox.ErrNeedsOperator and cleanup.ErrNeedsOperator.
+	ErrNeedsOperator = pgerr.ErrNeedsOperator
 )
 
 // Relay publishes committed outbox rows to Kafka. Make one with New and call
@@ -118,9 +125,12 @@ func (r *Relay) Stats() Stats {
 
 // Run publishes until ctx is canceled, then finishes or releases the
 // in-flight batch (waiting at most StopTimeout for a send), gives up its
-// lanes and returns nil. It returns an error only when it cannot start:
-// ErrLaneCountMismatch, ErrRunning, or missing pgbox tables. Database and broker failures are
-// logged and retried with backoff, never returned.
+// lanes and returns nil. It returns an error when it cannot start
+// (ErrLaneCountMismatch, ErrRunning), and, at start or while running, when
+// the database fails in a way retrying cannot fix: an error wrapping
+// ErrNeedsOperator that names the fix (missing pgbox tables, a revoked grant),
+// logged at ERROR. Other database and broker failures are logged and retried
+// with backoff, never returned.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return ErrRunning
@@ -144,15 +154,19 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	r.log.InfoContext(ctx, "relay started", "lanes", r.cfg.Lanes, "brokers", r.cfg.Brokers)
 
-	runCtx, cancel := context.WithCancel(ctx)
+	runCtx, cancel := context.WithCancelCause(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { r.heartbeatLoop(runCtx) })
+	wg.Go(func() { r.heartbeatLoop(runCtx, cancel) })
 	if !r.cfg.NoListen {
-		wg.Go(func() { r.listenLoop(runCtx) })
+		wg.Go(func() { r.listenLoop(runCtx, cancel) })
 	}
 	r.workLoop(runCtx, prod)
-	cancel()
+	fatal := context.Cause(runCtx)
+	cancel(nil)
 	wg.Wait()
+	if !errors.Is(fatal, ErrNeedsOperator) {
+		fatal = nil
+	}
 
 	stopCtx, stopCancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StopTimeout)
 	defer stopCancel()
@@ -163,25 +177,41 @@ func (r *Relay) Run(ctx context.Context) error {
 	// Close the producer in the background: records given up on at stop
 	// may still be retrying against an unreachable broker.
 	go prod.close()
+	if fatal != nil {
+		r.log.ErrorContext(stopCtx, "relay stopped: the database needs an operator", "fix", pgerr.Fix(fatal), "error", fatal)
+		return fatal
+	}
 	r.log.InfoContext(stopCtx, "relay stopped")
 	return nil
 }
 
+// stopOn ends Run with err when retrying cannot fix it, and reports whether
+// it did.
+func (r *Relay) stopOn(what string, err error, stop context.CancelCauseFunc) bool {
+	if !pgerr.NeedsOperator(err) {
+		return false
+	}
+	stop(fmt.Errorf("relay: %s: %w", what, pgerr.WithFix(err)))
+	return true
+}
+
 // retry runs fn until it succeeds, returns ErrLaneCountMismatch, or ctx ends.
 func retry(ctx context.Context, r *Relay, what string, fn func(context.Context) error) error {
-	var b backoff
+	b := ibackoff.Backoff{Base: backoffMin, Limit: r.cfg.MaxBackoff}
 	for {
 		err := fn(ctx)
 		if err == nil || errors.Is(err, ErrLaneCountMismatch) {
 			return err
 		}
-		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-			return fmt.Errorf("relay: %s: %w (apply pgbox's migrations first: migrations.Up, or `pgbox-relay migrate`)", what, err)
+		if pgerr.NeedsOperator(err) {
+			err = fmt.Errorf("relay: %s: %w", what, pgerr.WithFix(err))
+			r.log.ErrorContext(ctx, "relay cannot start: the database needs an operator", "fix", pgerr.Fix(err), "error", err)
+			return err
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		d := b.next(r.cfg.MaxBackoff)
+		d := b.Next()
 		r.log.WarnContext(ctx, what+" failed, retrying", "error", err, "backoff", d)
 		if !sleep(ctx, d) {
 			return ctx.Err()
@@ -220,11 +250,13 @@ func (r *Relay) ensureLanes(ctx context.Context) error {
 	})
 }
 
-func (r *Relay) heartbeatLoop(ctx context.Context) {
+func (r *Relay) heartbeatLoop(ctx context.Context, stop context.CancelCauseFunc) {
 	t := time.NewTicker(r.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
-		r.heartbeat(ctx)
+		if err := r.heartbeat(ctx); err != nil && r.stopOn("heartbeat", err, stop) {
+			return
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -233,7 +265,7 @@ func (r *Relay) heartbeatLoop(ctx context.Context) {
 	}
 }
 
-func (r *Relay) heartbeat(ctx context.Context) {
+func (r *Relay) heartbeat(ctx context.Context) error {
 	// A heartbeat slower than the lease is worthless; don't let one hang.
 	hctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL/2)
 	defer cancel()
@@ -242,10 +274,10 @@ func (r *Relay) heartbeat(ctx context.Context) {
 	var backlog int64
 	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.id, r.cfg.LeaseTTL, r.cfg.Lanes, backlogCap, r.cfg.HeartbeatInterval).Scan(&held, &released, &live, &backlog)
 	if err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !pgerr.NeedsOperator(err) {
 			r.log.WarnContext(ctx, "heartbeat failed", "error", err)
 		}
-		return
+		return err
 	}
 	if released > 0 || time.Since(r.t0) >= time.Duration(r.leaseUntil.Load()) {
 		// Lanes were handed over, or the leases may have lapsed before this
@@ -263,6 +295,7 @@ func (r *Relay) heartbeat(ctx context.Context) {
 	}
 	r.instances.Store(int64(live))
 	r.backlog.Store(backlog)
+	return nil
 }
 
 // leaseHeld reports whether rows claimed in lease generation gen may still
@@ -281,14 +314,14 @@ func (r *Relay) wakeUp() {
 
 // listenLoop holds a dedicated connection LISTENing on Channel and turns
 // any number of notifications into at most one pending wake-up.
-func (r *Relay) listenLoop(ctx context.Context) {
-	var b backoff
+func (r *Relay) listenLoop(ctx context.Context, stop context.CancelCauseFunc) {
+	b := ibackoff.Backoff{Base: backoffMin, Limit: r.cfg.MaxBackoff}
 	for ctx.Err() == nil {
 		err := r.listen(ctx)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || r.stopOn("listen", err, stop) {
 			return
 		}
-		d := b.next(r.cfg.MaxBackoff)
+		d := b.Next()
 		r.log.WarnContext(ctx, "listen failed, polling meanwhile", "error", err, "backoff", d)
 		sleep(ctx, d)
 	}

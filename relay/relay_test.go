@@ -252,7 +252,8 @@ func TestRunWithoutMigrations(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err = r.Run(ctx)
-	require.ErrorContains(t, err, "apply pgbox's migrations first")
+	require.ErrorIs(t, err, relay.ErrNeedsOperator)
+	require.ErrorContains(t, err, "pgbox-relay migrate up")
 	require.NoError(t, ctx.Err())
 }
 

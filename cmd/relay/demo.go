@@ -23,6 +23,7 @@ import (
 
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/migrations"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/relay"
@@ -84,7 +85,7 @@ type demo struct {
 
 	pool     *pgxpool.Pool
 	ib       *inbox.Inbox
-	handler  *inbox.ConsumerGroupHandler
+	handler  *inboxsarama.Handler
 	relay    *relay.Relay
 	counters demoCounters
 
@@ -99,7 +100,7 @@ type demo struct {
 // the member's claims so the producer can wait for a settled group (the
 // latency figures then measure the pipeline, not the group's first join).
 type memberHandler struct {
-	*inbox.ConsumerGroupHandler
+	*inboxsarama.Handler
 	d      *demo
 	member int
 }
@@ -112,7 +113,7 @@ func (h memberHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	h.d.mu.Lock()
 	h.d.claims[h.member] = n
 	h.d.mu.Unlock()
-	return h.ConsumerGroupHandler.Setup(sess)
+	return h.Handler.Setup(sess)
 }
 
 // groupSettled reports whether every member has a session and together they
@@ -161,7 +162,7 @@ func (d *demo) run(ctx context.Context) error {
 	where := "embedded Kafka-protocol broker (kfake)"
 	if len(d.a.opts.Kafka.Brokers) == 0 {
 		c, err := kfake.NewCluster(kfake.NumBrokers(1),
-			kfake.SeedTopics(int32(d.o.Partitions), d.orders, d.pays, d.orders+inbox.DeadLetterSuffixDefault))
+			kfake.SeedTopics(int32(d.o.Partitions), d.orders, d.pays, d.orders+inboxsarama.DeadLetterSuffixDefault))
 		if err != nil {
 			return fmt.Errorf("start embedded Kafka broker: %w", err)
 		}
@@ -198,7 +199,7 @@ func (d *demo) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.handler, err = inbox.NewConsumerGroupHandler(d.pool, d.ib, d.charge, inbox.HandlerOptions{
+	d.handler, err = inboxsarama.NewHandler(d.pool, d.ib, d.charge, inboxsarama.Options{
 		BatchSize: 16, Logger: d.log.With("component", "consumer"),
 	})
 	if err != nil {
@@ -314,7 +315,7 @@ func (d *demo) createTopics() error {
 		return fmt.Errorf("kafka admin (%s): %w", d.a.opts.Kafka.redacted(), err)
 	}
 	defer admin.Close()
-	for _, t := range []string{d.orders, d.pays, d.orders + inbox.DeadLetterSuffixDefault} {
+	for _, t := range []string{d.orders, d.pays, d.orders + inboxsarama.DeadLetterSuffixDefault} {
 		err := admin.CreateTopic(t, &sarama.TopicDetail{NumPartitions: int32(d.o.Partitions), ReplicationFactor: -1}, false)
 		if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 			return fmt.Errorf("create topic %s: %w", t, err)
@@ -373,7 +374,7 @@ func (d *demo) dropSchema() {
 func (d *demo) charge(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 	var o order
 	if err := json.Unmarshal(m.Value, &o); err != nil {
-		return inbox.Permanent(fmt.Errorf("order at %s/%d@%d is not JSON: %w", m.Topic, m.Partition, m.Offset, err))
+		return inboxsarama.Permanent(fmt.Errorf("order at %s/%d@%d is not JSON: %w", m.Topic, m.Partition, m.Offset, err))
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO demo_charges (order_id, customer, amount_cents) VALUES ($1, $2, $3)`,
 		o.OrderID, o.Customer, o.AmountCents); err != nil {

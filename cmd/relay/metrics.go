@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/relay"
 )
 
@@ -30,7 +31,7 @@ type statsSources struct {
 	Relay    *relay.Relay
 	Cleaner  *cleanup.Cleaner
 	Inbox    *inbox.Inbox
-	Consumer *inbox.ConsumerGroupHandler
+	Consumer *inboxsarama.Handler
 	Pool     *pgxpool.Pool
 	Lanes    int
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 // gather returns the value of every unlabelled metric of the exporter.
@@ -44,7 +45,7 @@ func TestExporterDedupHits(t *testing.T) {
 	require.NoError(t, err)
 	e := newExporter(statsSources{Inbox: ib, Pool: db.Pool, Lanes: 4})
 
-	m := inbox.Message{Topic: "orders", Partition: 0, Offset: 1, Value: []byte("v"), Headers: []inbox.Header{{Key: "id", Value: []byte("o-1")}}}
+	m := inbox.Message{Topic: "orders", Partition: 0, Offset: 1, Value: []byte("v"), Headers: []outbox.Header{{Key: "id", Value: []byte("o-1")}}}
 	for range 3 {
 		require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 			_, err := ib.Process(ctx, tx, m, func(context.Context, pgx.Tx, inbox.Message) error { return nil })

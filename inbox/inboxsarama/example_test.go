@@ -1,4 +1,4 @@
-package inbox_test
+package inboxsarama_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
 )
@@ -20,7 +21,7 @@ import (
 // payments event in one transaction per batch. The same order sent twice
 // (same event id) is paid once; a crash or rebalance redelivery would be
 // skipped the same way.
-func ExampleNewConsumerGroupHandler() {
+func ExampleNewHandler() {
 	ctx := context.Background()
 	pool, brokers, done := consumerExampleEnv(ctx) // a fresh schema and an embedded broker
 	defer done()
@@ -29,12 +30,12 @@ func ExampleNewConsumerGroupHandler() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	h, err := inbox.NewConsumerGroupHandler(pool, ib, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+	h, err := inboxsarama.NewHandler(pool, ib, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO payments (order_id, amount) VALUES ($1, $2)`, string(m.Key), string(m.Value)); err != nil {
 			return err // retried with backoff, then dead-lettered to orders.dlq
 		}
 		return outbox.Write(ctx, tx, outbox.Message{Topic: "payments.v1", Key: m.Key, Value: []byte("paid " + string(m.Value))})
-	}, inbox.HandlerOptions{BatchSize: 100})
+	}, inboxsarama.Options{BatchSize: 100})
 	if err != nil {
 		log.Fatal(err)
 	}

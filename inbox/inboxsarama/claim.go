@@ -1,13 +1,18 @@
-package inbox
+package inboxsarama
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
 // maxPending bounds the messages read ahead from a claim while a message is
@@ -16,7 +21,7 @@ const maxPending = 1024
 
 // claimRun is the state of one ConsumeClaim call: one partition, one session.
 type claimRun struct {
-	h     *ConsumerGroupHandler
+	h     *Handler
 	sess  sarama.ConsumerGroupSession
 	claim sarama.ConsumerGroupClaim
 
@@ -31,13 +36,25 @@ type claimRun struct {
 	// deleted in the transaction that finally processes them.
 	attempted map[int64]struct{}
 
+	// exhausted holds messages whose last allowed attempt ran in a batch
+	// that then fell back to one by one: they are dead-lettered, not run again.
+	exhausted map[int64]exhausted
+
 	pending []*sarama.ConsumerMessage // read ahead, not yet handled
 	closed  bool                      // claim.Messages() is closed: revoked
+
+	// fatal is the error retrying cannot fix that ended the claim.
+	fatal error
 }
 
-func newClaimRun(h *ConsumerGroupHandler, sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) *claimRun {
+type exhausted struct {
+	cause    error
+	attempts int
+}
+
+func newClaimRun(h *Handler, sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) *claimRun {
 	work, cancel := context.WithCancel(context.WithoutCancel(sess.Context()))
-	c := &claimRun{h: h, sess: sess, claim: claim, work: work, cancelWork: cancel, attempted: map[int64]struct{}{}}
+	c := &claimRun{h: h, sess: sess, claim: claim, work: work, cancelWork: cancel, attempted: map[int64]struct{}{}, exhausted: map[int64]exhausted{}}
 	c.stopDrain = context.AfterFunc(sess.Context(), func() {
 		t := time.AfterFunc(h.opts.DrainTimeout, cancel)
 		context.AfterFunc(work, func() { t.Stop() })
@@ -57,6 +74,20 @@ func (c *claimRun) stopped() bool {
 	return c.closed || c.sess.Context().Err() != nil || c.work.Err() != nil
 }
 
+// run processes the claim until the session ends, the claim is revoked, or
+// an error that needs an operator (then in c.fatal) ends it.
+func (c *claimRun) run() {
+	if !c.start() {
+		return
+	}
+	for {
+		batch, ok := c.next()
+		if !ok || !c.handle(batch) {
+			return
+		}
+	}
+}
+
 // start reads the topic id and the partition's pending attempts, retrying
 // until it succeeds or the session ends.
 func (c *claimRun) start() bool {
@@ -68,6 +99,9 @@ func (c *claimRun) start() bool {
 		}
 		if c.stopped() {
 			return false
+		}
+		if classify(err, nil) == errOperator {
+			return c.fail(inbox.Message{Topic: topic, Partition: partition, Offset: c.claim.InitialOffset()}, err, "starting the claim")
 		}
 		c.h.log.ErrorContext(c.work, "pgbox: starting claim failed, retrying",
 			"topic", topic, "partition", partition, "attempt", n, "error", err)
@@ -190,17 +224,12 @@ fill:
 
 // handle processes one batch; false when the claim must stop.
 func (c *claimRun) handle(batch []*sarama.ConsumerMessage) bool {
-	if len(batch) == 1 {
-		return c.handleOne(batch[0])
+	if len(batch) == 1 || c.anyAttempted(batch) {
+		// A message that failed before is processed on its own, so its
+		// attempts row is maintained.
+		return c.handleEach(batch)
 	}
-	for _, m := range batch {
-		if _, ok := c.attempted[m.Offset]; ok {
-			// A message that failed before: process each on its own, so its
-			// attempts row is maintained.
-			return c.handleEach(batch)
-		}
-	}
-	msgs := make([]Message, len(batch))
+	msgs := make([]inbox.Message, len(batch))
 	for i, m := range batch {
 		msgs[i] = c.message(m)
 	}
@@ -209,7 +238,7 @@ func (c *claimRun) handle(batch []*sarama.ConsumerMessage) bool {
 			return false
 		}
 		var herr error
-		var res []Result
+		var res []inbox.Result
 		err := c.inTx(func(tx pgx.Tx) error {
 			var err error
 			res, err = c.h.ib.ProcessBatch(c.work, tx, msgs, c.wrap(&herr))
@@ -225,23 +254,67 @@ func (c *claimRun) handle(batch []*sarama.ConsumerMessage) bool {
 		if c.work.Err() != nil {
 			return false
 		}
-		switch classify(err, herr) {
-		case errTransient, errInfra:
-			c.h.stats.transient.Add(1)
-			c.h.stats.retries.Add(1)
-			c.logRetry(msgs[0], n, err, "batch of "+fmt.Sprint(len(msgs)))
-			if !c.sleep(c.h.backoff(n)) {
+		kind := classify(err, herr)
+		if kind == errRetry || kind == errUnknown || kind == errOperator {
+			if !c.infraError(kind, msgs[0], n, err, fmt.Sprintf("batch of %d", len(msgs))) {
 				return false
 			}
-		default:
-			// A handler (or message) failed: isolate it.
-			c.h.stats.fallbacks.Add(1)
-			c.h.log.WarnContext(c.work, "pgbox: batch failed, processing its messages one by one",
-				"topic", msgs[0].Topic, "partition", msgs[0].Partition, "first_offset", msgs[0].Offset,
-				"size", len(msgs), "error", err)
-			return c.handleEach(batch)
+			continue
+		}
+		return c.fallBack(batch, msgs, err, herr, kind)
+	}
+}
+
+func (c *claimRun) anyAttempted(batch []*sarama.ConsumerMessage) bool {
+	for _, m := range batch {
+		if _, ok := c.attempted[m.Offset]; ok {
+			return true
 		}
 	}
+	return false
+}
+
+// fallBack handles a batch that failed because of one of its messages: the
+// failed handler run counts as that message's attempt (so MaxAttempts holds in
+// batch mode too), and the batch is processed again message by message, so
+// one poison message cannot hold back the others.
+func (c *claimRun) fallBack(batch []*sarama.ConsumerMessage, msgs []inbox.Message, err, herr error, kind errKind) bool {
+	c.h.stats.fallbacks.Add(1)
+	c.h.log.WarnContext(c.work, "pgbox: batch failed, processing its messages one by one",
+		"topic", msgs[0].Topic, "partition", msgs[0].Partition, "first_offset", msgs[0].Offset,
+		"size", len(msgs), "error", err)
+	var me *inbox.MessageError
+	if herr != nil && errors.As(err, &me) && me.Index >= 0 && me.Index < len(msgs) {
+		m := msgs[me.Index]
+		c.h.stats.failures.Add(1)
+		attempts, ok := c.countAttempt(m, err)
+		if !ok {
+			return false
+		}
+		if attempts > 0 && (kind == errPermanent || attempts >= c.h.opts.MaxAttempts) {
+			c.exhausted[m.Offset] = exhausted{cause: err, attempts: attempts}
+		}
+	}
+	return c.handleEach(batch)
+}
+
+// countAttempt records a failed attempt of m, retrying database errors;
+// attempts is 0 when recording failed in a way the next run of the message
+// will retry, ok false when the claim must stop.
+func (c *claimRun) countAttempt(m inbox.Message, cause error) (attempts int, ok bool) {
+	attempts, err := c.recordAttempt(m, cause)
+	if err == nil {
+		c.attempted[m.Offset] = struct{}{}
+		return attempts, true
+	}
+	if c.work.Err() != nil {
+		return 0, false
+	}
+	kind := classify(err, nil)
+	if kind == errHandler || kind == errPermanent {
+		kind = errUnknown
+	}
+	return 0, c.infraError(kind, m, 1, err, "recording the attempt")
 }
 
 func (c *claimRun) handleEach(batch []*sarama.ConsumerMessage) bool {
@@ -257,73 +330,112 @@ func (c *claimRun) handleEach(batch []*sarama.ConsumerMessage) bool {
 // false when the claim must stop.
 func (c *claimRun) handleOne(sm *sarama.ConsumerMessage) bool {
 	m := c.message(sm)
+	if x, ok := c.exhausted[m.Offset]; ok {
+		// Its last allowed attempt ran in a batch.
+		delete(c.exhausted, m.Offset)
+		return c.deadLetter(sm, m, x.cause, x.attempts)
+	}
 	for n := 1; ; n++ {
 		if c.stopped() {
 			return false
 		}
-		_, hadAttempts := c.attempted[m.Offset]
-		var herr error
-		var res Result
-		err := c.inTx(func(tx pgx.Tx) error {
-			var err error
-			res, err = c.h.ib.Process(c.work, tx, m, c.wrap(&herr))
-			if err == nil && hadAttempts {
-				_, err = tx.Exec(c.work, sqlDeleteAttempts, c.h.ib.Consumer(), m.Topic, m.TopicID, m.Partition, m.Offset)
-				if err != nil {
-					err = fmt.Errorf("delete from pgbox_consumer_attempts: %w", err)
-				}
-			}
-			return err
-		})
+		res, err, herr := c.processOne(m)
 		if err == nil {
 			delete(c.attempted, m.Offset)
 			c.count(res)
-			c.committed([]Message{m}, sm)
+			c.committed([]inbox.Message{m}, sm)
 			return true
 		}
 		if c.work.Err() != nil {
 			return false
 		}
 		kind := classify(err, herr)
-		switch kind {
-		case errTransient, errInfra:
-			c.h.stats.transient.Add(1)
-			c.h.stats.retries.Add(1)
-			c.logRetry(m, n, err, "")
-			if !c.sleep(c.h.backoff(n)) {
+		if kind == errRetry || kind == errUnknown || kind == errOperator {
+			if !c.infraError(kind, m, n, err, "") {
 				return false
 			}
 			continue
 		}
-		// A failed attempt: count it in its own short transaction.
-		c.h.stats.failures.Add(1)
-		attempts, aerr := c.recordAttempt(m, err)
-		if aerr != nil {
-			if c.work.Err() != nil {
-				return false
-			}
-			c.h.stats.retries.Add(1)
-			c.logRetry(m, n, aerr, "")
-			if !c.sleep(c.h.backoff(n)) {
-				return false
-			}
-			continue
-		}
-		c.attempted[m.Offset] = struct{}{}
-		if kind == errPermanent || attempts >= c.h.opts.MaxAttempts {
-			return c.deadLetter(sm, m, err, attempts)
-		}
-		c.h.stats.retries.Add(1)
-		c.h.log.WarnContext(c.work, "pgbox: handler failed, retrying",
-			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
-			"attempt", attempts, "max_attempts", c.h.opts.MaxAttempts, "error", err)
-		if !c.sleep(c.h.backoff(attempts)) {
-			return false
+		done, ok := c.failed(sm, m, err, kind)
+		if !ok || done {
+			return ok
 		}
 	}
 }
 
-func (c *claimRun) recordAttempt(m Message, cause error) (int, error) {
+// processOne runs one transaction: Process, and the deletion of m's attempts
+// row once it succeeded. herr is the handler's own error.
+func (c *claimRun) processOne(m inbox.Message) (res inbox.Result, err, herr error) {
+	_, hadAttempts := c.attempted[m.Offset]
+	err = c.inTx(func(tx pgx.Tx) error {
+		var err error
+		res, err = c.h.ib.Process(c.work, tx, m, c.wrap(&herr))
+		if err == nil && hadAttempts {
+			_, err = tx.Exec(c.work, sqlDeleteAttempts, c.h.ib.Consumer(), m.Topic, m.TopicID, m.Partition, m.Offset)
+			if err != nil {
+				err = fmt.Errorf("delete from pgbox_consumer_attempts: %w", err)
+			}
+		}
+		return err
+	})
+	return res, err, herr
+}
+
+// failed handles an attempt that failed through the message's (or its
+// handler's) fault: it counts the attempt, then dead-letters m or waits before
+// the next attempt. done is true when m was dead-lettered, ok false when the
+// claim must stop.
+func (c *claimRun) failed(sm *sarama.ConsumerMessage, m inbox.Message, err error, kind errKind) (done, ok bool) {
+	c.h.stats.failures.Add(1)
+	attempts, ok := c.countAttempt(m, err)
+	if !ok || attempts == 0 {
+		return false, ok
+	}
+	if kind == errPermanent || attempts >= c.h.opts.MaxAttempts {
+		return true, c.deadLetter(sm, m, err, attempts)
+	}
+	c.h.stats.retries.Add(1)
+	c.h.log.WarnContext(c.work, "pgbox: handler failed, retrying",
+		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+		"attempt", attempts, "max_attempts", c.h.opts.MaxAttempts, "error", err)
+	return false, c.sleep(c.h.backoff(attempts))
+}
+
+// infraError handles a database (or other infrastructure) error that is not
+// the message's fault: never counted as an attempt, never dead-lettered. A
+// retryable one waits and returns true; one that needs an operator ends the
+// claim with it (false).
+func (c *claimRun) infraError(kind errKind, m inbox.Message, n int, err error, what string) bool {
+	if what == "" {
+		what = "message"
+	}
+	if kind == errOperator {
+		return c.fail(m, err, what)
+	}
+	c.h.stats.transient.Add(1)
+	c.h.stats.retries.Add(1)
+	level, msg := slog.LevelWarn, "pgbox: transient database error, retrying"
+	if kind == errUnknown {
+		level, msg = slog.LevelError, "pgbox: database error, retrying"
+	}
+	c.h.log.Log(c.work, level, msg,
+		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "what", what, "retry", n, "error", err)
+	return c.sleep(c.h.backoff(n))
+}
+
+// fail ends the claim with err, an error retrying cannot fix: ConsumeClaim
+// returns it, and the session's Cleanup hands it to Consume.
+func (c *claimRun) fail(m inbox.Message, err error, what string) bool {
+	c.h.stats.operator.Add(1)
+	c.fatal = fmt.Errorf("inboxsarama: consumer %q, %s/%d: %s at offset %d: %w",
+		c.h.ib.Consumer(), m.Topic, m.Partition, what, m.Offset, pgerr.WithFix(err))
+	c.h.log.ErrorContext(c.work, "pgbox: database needs an operator, ending the claim",
+		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "what", what,
+		"fix", pgerr.Fix(err), "error", err)
+	return false
+}
+
+func (c *claimRun) recordAttempt(m inbox.Message, cause error) (int, error) {
 	var n int
 	err := c.h.pool.QueryRow(c.work, sqlRecordAttempt, c.h.ib.Consumer(), m.Topic, m.TopicID, m.Partition, m.Offset,
 		errorText(cause)).Scan(&n)
@@ -335,7 +447,7 @@ func (c *claimRun) recordAttempt(m Message, cause error) (int, error) {
 
 // deadLetter dead-letters m, retrying database errors until it commits;
 // false when the claim must stop first.
-func (c *claimRun) deadLetter(sm *sarama.ConsumerMessage, m Message, cause error, attempts int) bool {
+func (c *claimRun) deadLetter(sm *sarama.ConsumerMessage, m inbox.Message, cause error, attempts int) bool {
 	for n := 1; ; n++ {
 		if c.stopped() {
 			return false
@@ -358,11 +470,14 @@ func (c *claimRun) deadLetter(sm *sarama.ConsumerMessage, m Message, cause error
 					"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
 					"attempts", attempts, "dead_letter_topic", dlq, "error", cause)
 			}
-			c.committed([]Message{m}, sm)
+			c.committed([]inbox.Message{m}, sm)
 			return true
 		}
 		if c.work.Err() != nil {
 			return false
+		}
+		if classify(err, nil) == errOperator {
+			return c.fail(m, err, "dead-lettering")
 		}
 		c.h.stats.retries.Add(1)
 		c.h.log.ErrorContext(c.work, "pgbox: dead-lettering failed, retrying",
@@ -403,9 +518,9 @@ func (e *commitError) Unwrap() error { return e.err }
 
 // wrap adapts the user's handler: it records the handler's own error in
 // *herr (to tell it from the inbox's) and turns a panic into an error.
-func (c *claimRun) wrap(herr *error) HandlerFunc {
+func (c *claimRun) wrap(herr *error) inbox.HandlerFunc {
 	fn := c.h.fn
-	return func(ctx context.Context, tx pgx.Tx, m Message) (err error) {
+	return func(ctx context.Context, tx pgx.Tx, m inbox.Message) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
 				err = fmt.Errorf("handler panicked: %v", r)
@@ -418,13 +533,13 @@ func (c *claimRun) wrap(herr *error) HandlerFunc {
 	}
 }
 
-func (c *claimRun) message(sm *sarama.ConsumerMessage) Message {
-	m := FromSarama(sm)
+func (c *claimRun) message(sm *sarama.ConsumerMessage) inbox.Message {
+	m := Message(sm)
 	m.TopicID = c.topicID
 	return m
 }
 
-func (c *claimRun) count(r Result) {
+func (c *claimRun) count(r inbox.Result) {
 	if r.Duplicate {
 		c.h.stats.duplicates.Add(1)
 	} else {
@@ -433,7 +548,7 @@ func (c *claimRun) count(r Result) {
 }
 
 // committed runs after a commit: the hook, then the offset mark.
-func (c *claimRun) committed(msgs []Message, last *sarama.ConsumerMessage) {
+func (c *claimRun) committed(msgs []inbox.Message, last *sarama.ConsumerMessage) {
 	if c.h.afterCommit != nil {
 		c.h.afterCommit(msgs)
 	}
@@ -441,14 +556,6 @@ func (c *claimRun) committed(msgs []Message, last *sarama.ConsumerMessage) {
 	if c.h.opts.CommitOffsets {
 		c.sess.Commit()
 	}
-}
-
-func (c *claimRun) logRetry(m Message, n int, err error, what string) {
-	if what == "" {
-		what = "message"
-	}
-	c.h.log.WarnContext(c.work, "pgbox: transient database error, retrying",
-		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "what", what, "retry", n, "error", err)
 }
 
 // errorText is an error's message fit for a text column and a header.
@@ -467,3 +574,7 @@ func errorText(err error) string {
 	}
 	return strings.ToValidUTF8(string(out), "\uFFFD")
 }
+
+// cleanupTimeout bounds the rollback after a failure; it runs even when the
+// work context is already cancelled.
+const cleanupTimeout = 10 * time.Second

@@ -1,4 +1,4 @@
-package inbox_test
+package inboxsarama_test
 
 import (
 	"context"
@@ -13,8 +13,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/internal/testutil"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -89,12 +91,12 @@ func TestConsumerChainAcrossServices(t *testing.T) {
 	}
 	// Service B: payments → effects, deduped on the relay's event id.
 	ibB := newTestInbox(t, "svc-b", inbox.ByHeader(relay.EventIDHeader))
-	hB := mustHandler(t, dbB.Pool, ibB, effect, inbox.HandlerOptions{BatchSize: 20})
+	hB := mustHandler(t, dbB.Pool, ibB, effect, inboxsarama.Options{BatchSize: 20})
 
 	rng := rand.New(rand.NewPCG(3, 4))
 	msgs, unique := sends("orders", "order", 1200, rng)
-	newA := func() (*inbox.ConsumerGroupHandler, *member) {
-		h := mustHandler(t, dbA.Pool, ibA, handlerA, inbox.HandlerOptions{BatchSize: 10})
+	newA := func() (*inboxsarama.Handler, *member) {
+		h := mustHandler(t, dbA.Pool, ibA, handlerA, inboxsarama.Options{BatchSize: 10})
 		return h, startMember(t, addrs, "svc-a", []string{"orders"}, h)
 	}
 	channel := "pgbox_" + dbA.Schema
@@ -103,21 +105,21 @@ func TestConsumerChainAcrossServices(t *testing.T) {
 	mB := startMember(t, addrs, "svc-b", []string{"payments"}, hB)
 
 	a.produce(t, msgs[:400]...)
-	waitFor(t, 60*time.Second, "A has started", func() bool { n, _ := a.effects(t); return n > 100 })
+	testutil.Eventually(t, 60*time.Second, "A has started", func() bool { n, _ := a.effects(t); return n > 100 })
 	mA.stop() // A restarts mid-stream
 	hA2, mA2 := newA()
 	a.produce(t, msgs[400:800]...)
-	waitFor(t, 60*time.Second, "B has started", func() bool { n, _ := bsvc.effects(t); return n > 100 })
+	testutil.Eventually(t, 60*time.Second, "B has started", func() bool { n, _ := bsvc.effects(t); return n > 100 })
 	stopRelay() // the relay restarts mid-stream (another instance)
 	startRelay(t, dbA.Pool, addrs, "relay-2", channel)
 	a.produce(t, msgs[800:]...)
 
-	waitFor(t, 90*time.Second, "every event reached B", func() bool {
+	testutil.Eventually(t, 90*time.Second, "every event reached B", func() bool {
 		_, distinct := bsvc.effects(t)
 		return distinct == unique
 	})
 	// Let any late duplicate (a republished outbox row) arrive and be deduped.
-	waitFor(t, 30*time.Second, "outbox drained", func() bool {
+	testutil.Eventually(t, 30*time.Second, "outbox drained", func() bool {
 		return a.count(t, `SELECT count(*) FROM pgbox_outbox`) == 0
 	})
 	mA2.stop()

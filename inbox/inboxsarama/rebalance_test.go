@@ -1,4 +1,4 @@
-package inbox_test
+package inboxsarama_test
 
 import (
 	"fmt"
@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/internal/testutil"
 )
 
 // sends builds n records of which about a fifth resend an earlier event id
@@ -44,12 +46,12 @@ func TestConsumerRebalancesWithResends(t *testing.T) {
 	msgs, unique := sends(b.topic, "ev", 10_000, rng)
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	var handlers []*inbox.ConsumerGroupHandler
+	var handlers []*inboxsarama.Handler
 	var batchN atomic.Int64
 	join := func() *member {
 		// Alternate batch sizes, so both paths meet in one group.
 		batch := []int{50, 1, 20}[batchN.Add(1)%3]
-		h := mustHandler(t, b.db.Pool, ib, effect, inbox.HandlerOptions{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+		h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
 		handlers = append(handlers, h)
 		return startMember(t, b.addrs, "svc", []string{b.topic}, h)
 	}
@@ -72,7 +74,7 @@ func TestConsumerRebalancesWithResends(t *testing.T) {
 	chunk(8)
 	cm.stop()
 	chunk(9)
-	waitFor(t, 90*time.Second, "every event processed", func() bool {
+	testutil.Eventually(t, 90*time.Second, "every event processed", func() bool {
 		_, distinct := b.effects(t)
 		return distinct == unique
 	})
@@ -99,14 +101,18 @@ func TestConsumerCooperativeRebalance(t *testing.T) {
 	b := cgSetup(t, 4)
 	rng := rand.New(rand.NewPCG(5, 6))
 	msgs, unique := sends(b.topic, "ev", 3000, rng)
-	cfg := cgConfig()
-	cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	var handlers []*inbox.ConsumerGroupHandler
+	var handlers []*inboxsarama.Handler
 	join := func(batch int) *member {
-		h := mustHandler(t, b.db.Pool, ib, effect, inbox.HandlerOptions{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+		h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
 		handlers = append(handlers, h)
+		// Each member gets its own config and strategy, as separate
+		// processes do: sarama's sticky strategies keep state in the
+		// strategy value (Plan writes it), so one value shared by several
+		// members in a process is a data race (this test's old one).
+		cfg := cgConfig()
+		cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
 		return startMemberConfig(t, cfg, b.addrs, "svc", []string{b.topic}, h)
 	}
 	a := join(20)
@@ -116,7 +122,7 @@ func TestConsumerCooperativeRebalance(t *testing.T) {
 	a.stop()
 	cm := join(50)
 	b.produce(t, msgs[2000:]...)
-	waitFor(t, 90*time.Second, "every event processed", func() bool {
+	testutil.Eventually(t, 90*time.Second, "every event processed", func() bool {
 		_, distinct := b.effects(t)
 		return distinct == unique
 	})

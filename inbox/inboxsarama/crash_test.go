@@ -1,4 +1,4 @@
-package inbox_test
+package inboxsarama_test
 
 import (
 	"bufio"
@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 )
 
 // Child mode: the crash test re-executes this test binary with
@@ -45,9 +46,9 @@ func TestConsumerChildProcess(t *testing.T) {
 	require.NoError(t, err)
 	defer client.Close()
 	ib := newTestInbox(t, group, inbox.ByOffset())
-	h := mustHandler(t, pool, ib, effect, inbox.HandlerOptions{Client: client, CommitOffsets: true})
+	h := mustHandler(t, pool, ib, effect, inboxsarama.Options{Client: client, CommitOffsets: true})
 	var mu sync.Mutex
-	inbox.SetAfterCommitForTest(h, func(ms []inbox.Message) {
+	inboxsarama.SetAfterCommitForTest(h, func(ms []inbox.Message) {
 		mu.Lock()
 		defer mu.Unlock()
 		st := h.Stats()

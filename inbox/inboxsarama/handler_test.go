@@ -1,4 +1,4 @@
-package inbox_test
+package inboxsarama_test
 
 import (
 	"context"
@@ -15,8 +15,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/internal/testutil"
 )
 
 // eventHeader carries the producer-assigned event id in these tests.
@@ -136,19 +138,19 @@ func newTestInbox(t testing.TB, consumer string, key inbox.KeyStrategy) *inbox.I
 
 // member is one running consumer-group member.
 type member struct {
-	h      *inbox.ConsumerGroupHandler
+	h      *inboxsarama.Handler
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
 // startMember joins group with h and consumes until stopped (or the test
 // ends).
-func startMember(t testing.TB, addrs []string, group string, topics []string, h *inbox.ConsumerGroupHandler) *member {
+func startMember(t testing.TB, addrs []string, group string, topics []string, h *inboxsarama.Handler) *member {
 	t.Helper()
 	return startMemberConfig(t, cgConfig(), addrs, group, topics, h)
 }
 
-func startMemberConfig(t testing.TB, cfg *sarama.Config, addrs []string, group string, topics []string, h *inbox.ConsumerGroupHandler) *member {
+func startMemberConfig(t testing.TB, cfg *sarama.Config, addrs []string, group string, topics []string, h *inboxsarama.Handler) *member {
 	t.Helper()
 	cg, err := sarama.NewConsumerGroup(addrs, group, cfg)
 	require.NoError(t, err)
@@ -174,23 +176,11 @@ func (m *member) stop() {
 	<-m.done
 }
 
-func mustHandler(t testing.TB, pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts inbox.HandlerOptions) *inbox.ConsumerGroupHandler {
+func mustHandler(t testing.TB, pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts inboxsarama.Options) *inboxsarama.Handler {
 	t.Helper()
-	h, err := inbox.NewConsumerGroupHandler(pool, ib, fn, opts)
+	h, err := inboxsarama.NewHandler(pool, ib, fn, opts)
 	require.NoError(t, err)
 	return h
-}
-
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func events(prefix string, n int) []string {
@@ -237,9 +227,9 @@ func TestConsumerProcessesAndMarks(t *testing.T) {
 			require.NoError(t, err)
 			defer client.Close()
 			ib := newTestInbox(t, "svc", inbox.ByOffset())
-			h := mustHandler(t, b.db.Pool, ib, effect, inbox.HandlerOptions{BatchSize: batch, Client: client})
+			h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{BatchSize: batch, Client: client})
 			m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-			waitFor(t, 30*time.Second, "all effects", func() bool { n, _ := b.effects(t); return n >= len(evs) })
+			testutil.Eventually(t, 30*time.Second, "all effects", func() bool { n, _ := b.effects(t); return n >= len(evs) })
 			m.stop()
 
 			rows, distinct := b.effects(t)
@@ -271,18 +261,18 @@ func TestConsumerTopicRecreatedIsNotDuplicate(t *testing.T) {
 	require.NoError(t, err)
 	defer client.Close()
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	h := mustHandler(t, b.db.Pool, ib, effect, inbox.HandlerOptions{Client: client})
+	h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{Client: client})
 
 	b.produceEvents(t, "old-0", "old-1")
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	waitFor(t, 30*time.Second, "old effects", func() bool { n, _ := b.effects(t); return n == 2 })
+	testutil.Eventually(t, 30*time.Second, "old effects", func() bool { n, _ := b.effects(t); return n == 2 })
 	m.stop()
 
 	admin, err := sarama.NewClusterAdmin(b.addrs, kafkatest.Config())
 	require.NoError(t, err)
 	defer admin.Close()
 	require.NoError(t, admin.DeleteTopic(b.topic))
-	waitFor(t, 10*time.Second, "topic deleted", func() bool {
+	testutil.Eventually(t, 10*time.Second, "topic deleted", func() bool {
 		ts, err := admin.ListTopics()
 		require.NoError(t, err)
 		_, ok := ts[b.topic]
@@ -294,7 +284,7 @@ func TestConsumerTopicRecreatedIsNotDuplicate(t *testing.T) {
 	b.produceEvents(t, "new-0", "new-1")
 
 	m = startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	waitFor(t, 30*time.Second, "new effects", func() bool { n, _ := b.effects(t); return n == 4 })
+	testutil.Eventually(t, 30*time.Second, "new effects", func() bool { n, _ := b.effects(t); return n == 4 })
 	m.stop()
 	rows, distinct := b.effects(t)
 	require.Equal(t, 4, rows)
@@ -306,7 +296,7 @@ func TestConsumerTopicRecreatedIsNotDuplicate(t *testing.T) {
 	require.Equal(t, 2, ids, "keys of the two incarnations carry different topic ids")
 }
 
-func TestNewConsumerGroupHandlerValidates(t *testing.T) {
+func TestNewHandlerValidates(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
@@ -315,32 +305,32 @@ func TestNewConsumerGroupHandlerValidates(t *testing.T) {
 		pool *pgxpool.Pool
 		ib   *inbox.Inbox
 		fn   inbox.HandlerFunc
-		opts inbox.HandlerOptions
+		opts inboxsarama.Options
 		want string
 	}{
-		{"nil pool", nil, ib, effect, inbox.HandlerOptions{}, "nil pool"},
-		{"nil inbox", db.Pool, nil, effect, inbox.HandlerOptions{}, "nil *Inbox"},
-		{"nil handler", db.Pool, ib, nil, inbox.HandlerOptions{}, "nil HandlerFunc"},
-		{"negative batch", db.Pool, ib, effect, inbox.HandlerOptions{BatchSize: -1}, "BatchSize is negative"},
-		{"negative attempts", db.Pool, ib, effect, inbox.HandlerOptions{MaxAttempts: -2}, "MaxAttempts is negative"},
-		{"bad dlq topic", db.Pool, ib, effect, inbox.HandlerOptions{DeadLetterTopic: "dead letters"}, `DeadLetterTopic "dead letters"`},
+		{"nil pool", nil, ib, effect, inboxsarama.Options{}, "nil pool"},
+		{"nil inbox", db.Pool, nil, effect, inboxsarama.Options{}, "nil *inbox.Inbox"},
+		{"nil handler", db.Pool, ib, nil, inboxsarama.Options{}, "nil HandlerFunc"},
+		{"negative batch", db.Pool, ib, effect, inboxsarama.Options{BatchSize: -1}, "BatchSize is negative"},
+		{"negative attempts", db.Pool, ib, effect, inboxsarama.Options{MaxAttempts: -2}, "MaxAttempts is negative"},
+		{"bad dlq topic", db.Pool, ib, effect, inboxsarama.Options{DeadLetterTopic: "dead letters"}, `DeadLetterTopic "dead letters"`},
 	} {
-		_, err := inbox.NewConsumerGroupHandler(tc.pool, tc.ib, tc.fn, tc.opts)
+		_, err := inboxsarama.NewHandler(tc.pool, tc.ib, tc.fn, tc.opts)
 		require.ErrorContains(t, err, tc.want, tc.name)
 	}
-	_, err := inbox.NewConsumerGroupHandler(db.Pool, ib, effect, inbox.HandlerOptions{})
+	_, err := inboxsarama.NewHandler(db.Pool, ib, effect, inboxsarama.Options{})
 	require.NoError(t, err)
 }
 
 func TestPermanent(t *testing.T) {
 	t.Parallel()
-	require.NoError(t, inbox.Permanent(nil))
+	require.NoError(t, inboxsarama.Permanent(nil))
 	base := errors.New("bad payload")
-	err := fmt.Errorf("handler: %w", inbox.Permanent(base))
-	require.ErrorIs(t, err, inbox.ErrPermanent)
+	err := fmt.Errorf("handler: %w", inboxsarama.Permanent(base))
+	require.ErrorIs(t, err, inboxsarama.ErrPermanent)
 	require.ErrorIs(t, err, base)
 	require.Equal(t, "handler: bad payload", err.Error())
-	require.NotErrorIs(t, base, inbox.ErrPermanent)
+	require.NotErrorIs(t, base, inboxsarama.ErrPermanent)
 }
 
 // The documented fallback: a client that cannot ask for topic ids (protocol
@@ -360,9 +350,9 @@ func TestConsumerTopicIDFallback(t *testing.T) {
 		ids = append(ids, m.TopicID)
 		return effect(ctx, tx, m)
 	}
-	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByOffset()), fn, inbox.HandlerOptions{Client: client})
+	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByOffset()), fn, inboxsarama.Options{Client: client})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	waitFor(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
+	testutil.Eventually(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
 	m.stop()
 	require.Equal(t, []string{"", ""}, ids)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM pgbox_inbox WHERE key = 'events/0/1'`))

@@ -1,4 +1,4 @@
-package inbox
+package inboxsarama
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -19,7 +20,7 @@ const (
 	HeaderDLQSourceTopicID  = "pgbox.dlq.source-topic-id" // its id, when known
 	HeaderDLQSourcePart     = "pgbox.dlq.source-partition"
 	HeaderDLQSourceOffset   = "pgbox.dlq.source-offset"
-	HeaderDLQConsumer       = "pgbox.dlq.consumer" // Inbox.Consumer()
+	HeaderDLQConsumer       = "pgbox.dlq.consumer" // inbox.Inbox.Consumer()
 	HeaderDLQKey            = "pgbox.dlq.key"      // the inbox key, when the record had one
 	HeaderDLQContentDropped = "pgbox.dlq.dropped"  // why the value and original headers were left out
 )
@@ -29,7 +30,7 @@ const (
 // pgbox_consumer_dead, and write the dead-letter record to the outbox. dup is
 // true when the key turned out to be processed meanwhile (nothing written);
 // written is false when this record was dead-lettered before.
-func (c *claimRun) writeDeadLetter(tx pgx.Tx, m Message, cause error, attempts int) (dup, written bool, dlq string, err error) {
+func (c *claimRun) writeDeadLetter(tx pgx.Tx, m inbox.Message, cause error, attempts int) (dup, written bool, dlq string, err error) {
 	ctx := c.work
 	dlq = c.h.deadLetterTopic(m.Topic)
 	consumer := c.h.ib.Consumer()
@@ -41,7 +42,7 @@ func (c *claimRun) writeDeadLetter(tx pgx.Tx, m Message, cause error, attempts i
 		return false, false, dlq, fmt.Errorf("savepoint: %w", err)
 	}
 	var key *string
-	res, perr := c.h.ib.Process(ctx, sp, m, func(context.Context, pgx.Tx, Message) error { return nil })
+	res, perr := c.h.ib.Process(ctx, sp, m, func(context.Context, pgx.Tx, inbox.Message) error { return nil })
 	switch {
 	case perr == nil:
 		if err := sp.Commit(ctx); err != nil {
@@ -56,7 +57,7 @@ func (c *claimRun) writeDeadLetter(tx pgx.Tx, m Message, cause error, attempts i
 			return true, false, dlq, nil
 		}
 		key = &res.Key
-	case errors.Is(perr, ErrInvalidMessage), errors.Is(perr, ErrFingerprintMismatch):
+	case errors.Is(perr, inbox.ErrInvalidMessage), errors.Is(perr, inbox.ErrFingerprintMismatch):
 		// No key to record (or it belongs to a different payload): the
 		// pgbox_consumer_dead row alone makes this idempotent.
 		if err := sp.Rollback(ctx); err != nil {
@@ -93,16 +94,14 @@ func (c *claimRun) writeDeadLetter(tx pgx.Tx, m Message, cause error, attempts i
 	return false, written, dlq, nil
 }
 
-func deadLetterRecord(m Message, consumer string, key *string, cause error, attempts int, dlq string) outbox.Message {
+func deadLetterRecord(m inbox.Message, consumer string, key *string, cause error, attempts int, dlq string) outbox.Message {
 	hs := make([]outbox.Header, 0, len(m.Headers)+9)
-	for _, h := range m.Headers {
-		hs = append(hs, outbox.Header{Key: h.Key, Value: h.Value})
-	}
+	hs = append(hs, m.Headers...)
 	hs = append(hs, dlqHeaders(m, consumer, key, cause, attempts)...)
 	return outbox.Message{Topic: dlq, Key: m.Key, Value: m.Value, Headers: hs}
 }
 
-func dlqHeaders(m Message, consumer string, key *string, cause error, attempts int) []outbox.Header {
+func dlqHeaders(m inbox.Message, consumer string, key *string, cause error, attempts int) []outbox.Header {
 	hs := []outbox.Header{
 		{Key: HeaderDLQError, Value: []byte(errorText(cause))},
 		{Key: HeaderDLQAttempts, Value: []byte(strconv.Itoa(attempts))},

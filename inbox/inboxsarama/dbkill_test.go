@@ -1,4 +1,4 @@
-package inbox_test
+package inboxsarama_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 )
 
 // The consumers' database connections are killed (pg_terminate_backend) over
@@ -23,7 +24,7 @@ func TestConsumerDatabaseConnectionsKilled(t *testing.T) {
 	app := "pgbox-cg-kill-" + b.db.Schema
 	pool := poolWithAppName(t, b.db, app, 8)
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	opts := inbox.HandlerOptions{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond}
+	opts := inboxsarama.Options{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond}
 	h1 := mustHandler(t, pool, ib, effect, opts)
 	opts.BatchSize = 25
 	h2 := mustHandler(t, pool, ib, effect, opts)

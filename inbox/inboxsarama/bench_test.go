@@ -1,4 +1,4 @@
-package inbox_test
+package inboxsarama_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 )
@@ -26,7 +27,7 @@ const benchMessages = 20_000
 const benchInsert = `INSERT INTO effects (event, topic, partition, "offset") VALUES ($1, $2, $3, $4)`
 
 // BenchmarkConsumer: records consumed per second through the adapter
-// (inbox.NewConsumerGroupHandler: Process or ProcessBatch, business INSERT,
+// (inboxsarama.NewHandler: Process or ProcessBatch, business INSERT,
 // commit, mark) against a plain sarama consumer group doing the same business
 // INSERT without dedup (one autocommit INSERT per record at batch 1; one
 // transaction of 100 INSERTs at batch 100). 20k records pre-produced on 4
@@ -110,7 +111,7 @@ func (env *consumerBench) pgbox(batch int) makeHandler {
 			ev, _ := m.Header(eventHeader)
 			_, err := tx.Exec(ctx, benchInsert, string(ev), m.Topic, m.Partition, m.Offset)
 			return err
-		}, inbox.HandlerOptions{BatchSize: batch})
+		}, inboxsarama.Options{BatchSize: batch})
 		return h, func() int64 { return int64(h.Stats().Processed) }
 	}
 }
@@ -221,7 +222,7 @@ func (h *plainHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 			h.done.Add(1)
 			continue
 		}
-		timer := time.NewTimer(inbox.BatchWaitDefault)
+		timer := time.NewTimer(inboxsarama.BatchWaitDefault)
 	fill:
 		for len(batch) < h.batch {
 			select {

@@ -1,4 +1,4 @@
-package inbox_test
+package inboxsarama_test
 
 import (
 	"context"
@@ -14,7 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testutil"
 	"github.com/pgbox/pgbox/relay"
 )
 
@@ -85,7 +87,7 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 			return effect(ctx, tx, m)
 		}
 	}
-	opts := inbox.HandlerOptions{MaxAttempts: 3, RetryBackoff: 20 * time.Millisecond, DrainTimeout: 50 * time.Millisecond}
+	opts := inboxsarama.Options{MaxAttempts: 3, RetryBackoff: 20 * time.Millisecond, DrainTimeout: 50 * time.Millisecond}
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
 	h1 := mustHandler(t, b.db.Pool, ib, failing(1), opts)
@@ -101,7 +103,7 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	// Restart: one more failure reaches MaxAttempts.
 	h2 := mustHandler(t, b.db.Pool, ib, failing(2), opts)
 	m2 := startMember(t, b.addrs, "svc", []string{b.topic}, h2)
-	waitFor(t, 30*time.Second, "later messages", func() bool { n, _ := b.effects(t); return n == 9 })
+	testutil.Eventually(t, 30*time.Second, "later messages", func() bool { n, _ := b.effects(t); return n == 9 })
 	m2.stop()
 
 	require.EqualValues(t, 4, calls.Load(), "3 failed attempts (the 3rd interrupted one did not count) + 1 after restart")
@@ -126,19 +128,19 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	require.Equal(t, poison, string(dl[0].Key))
 	require.Equal(t, "payload of "+poison, string(dl[0].Value))
 	require.Equal(t, poison, dl[0].Headers[eventHeader], "original headers kept")
-	require.Contains(t, dl[0].Headers[inbox.HeaderDLQError], "account closed")
-	require.Equal(t, "3", dl[0].Headers[inbox.HeaderDLQAttempts])
-	require.Equal(t, "events", dl[0].Headers[inbox.HeaderDLQSourceTopic])
-	require.Equal(t, "0", dl[0].Headers[inbox.HeaderDLQSourcePart])
-	require.Equal(t, "4", dl[0].Headers[inbox.HeaderDLQSourceOffset])
-	require.Equal(t, "svc", dl[0].Headers[inbox.HeaderDLQConsumer])
-	require.Equal(t, poison, dl[0].Headers[inbox.HeaderDLQKey])
+	require.Contains(t, dl[0].Headers[inboxsarama.HeaderDLQError], "account closed")
+	require.Equal(t, "3", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
+	require.Equal(t, "events", dl[0].Headers[inboxsarama.HeaderDLQSourceTopic])
+	require.Equal(t, "0", dl[0].Headers[inboxsarama.HeaderDLQSourcePart])
+	require.Equal(t, "4", dl[0].Headers[inboxsarama.HeaderDLQSourceOffset])
+	require.Equal(t, "svc", dl[0].Headers[inboxsarama.HeaderDLQConsumer])
+	require.Equal(t, poison, dl[0].Headers[inboxsarama.HeaderDLQKey])
 
 	// The key is recorded: a resend of the poison event is a duplicate.
 	b.produceEvents(t, poison, "e-after")
 	h3 := mustHandler(t, b.db.Pool, ib, failing(3), opts)
 	m3 := startMember(t, b.addrs, "svc", []string{b.topic}, h3)
-	waitFor(t, 30*time.Second, "message after the resend", func() bool { n, _ := b.effects(t); return n == 10 })
+	testutil.Eventually(t, 30*time.Second, "message after the resend", func() bool { n, _ := b.effects(t); return n == 10 })
 	m3.stop()
 	require.EqualValues(t, 4, calls.Load(), "the resend did not run the handler")
 	require.EqualValues(t, 1, h3.Stats().Duplicates)
@@ -154,13 +156,13 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	for _, h := range got[0].Headers {
 		hs[string(h.Key)] = string(h.Value)
 	}
-	require.Equal(t, "3", hs[inbox.HeaderDLQAttempts])
-	require.Equal(t, "4", hs[inbox.HeaderDLQSourceOffset])
-	require.Contains(t, hs[inbox.HeaderDLQError], "account closed")
+	require.Equal(t, "3", hs[inboxsarama.HeaderDLQAttempts])
+	require.Equal(t, "4", hs[inboxsarama.HeaderDLQSourceOffset])
+	require.Contains(t, hs[inboxsarama.HeaderDLQError], "account closed")
 	require.NotEmpty(t, hs[relay.EventIDHeader])
 }
 
-// inbox.Permanent skips the retries; a batch with a poison message falls back
+// inboxsarama.Permanent skips the retries; a batch with a poison message falls back
 // to one-by-one processing, so only the poison message is dead-lettered.
 func TestConsumerPermanentErrorInBatch(t *testing.T) {
 	t.Parallel()
@@ -173,17 +175,17 @@ func TestConsumerPermanentErrorInBatch(t *testing.T) {
 	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		if ev, _ := m.Header(eventHeader); string(ev) == poison {
 			calls.Add(1)
-			return inbox.Permanent(errors.New("malformed amount"))
+			return inboxsarama.Permanent(errors.New("malformed amount"))
 		}
 		return effect(ctx, tx, m)
 	}
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	h := mustHandler(t, b.db.Pool, ib, fn, inbox.HandlerOptions{
+	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Options{
 		BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 5, DeadLetterTopic: "svc.dead",
 	})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	waitFor(t, 30*time.Second, "all other effects", func() bool { n, _ := b.effects(t); return n == 29 })
-	waitFor(t, 10*time.Second, "offset committed", func() bool { return b.committedOffset(t, "svc", b.topic, 0) == 30 })
+	testutil.Eventually(t, 30*time.Second, "all other effects", func() bool { n, _ := b.effects(t); return n == 29 })
+	testutil.Eventually(t, 10*time.Second, "offset committed", func() bool { return b.committedOffset(t, "svc", b.topic, 0) == 30 })
 	m.stop()
 
 	rows, distinct := b.effects(t)
@@ -192,13 +194,50 @@ func TestConsumerPermanentErrorInBatch(t *testing.T) {
 	st := h.Stats()
 	require.EqualValues(t, 1, st.DeadLettered)
 	require.GreaterOrEqual(t, st.BatchFallbacks, uint64(1))
-	// Once in the batch, once alone: no retries.
-	require.EqualValues(t, 2, calls.Load())
+	// Once, in the batch: no retries, and no second run after the fallback.
+	require.EqualValues(t, 1, calls.Load())
 	dl := b.outboxDLQ(t, "svc.dead")
 	require.Len(t, dl, 1)
-	require.Equal(t, "1", dl[0].Headers[inbox.HeaderDLQAttempts])
-	require.Equal(t, "17", dl[0].Headers[inbox.HeaderDLQSourceOffset])
-	require.Contains(t, dl[0].Headers[inbox.HeaderDLQError], "malformed amount")
+	require.Equal(t, "1", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
+	require.Equal(t, "17", dl[0].Headers[inboxsarama.HeaderDLQSourceOffset])
+	require.Contains(t, dl[0].Headers[inboxsarama.HeaderDLQError], "malformed amount")
+}
+
+// MaxAttempts counts every run of the handler, the one inside a batch too:
+// a batch with a failing message falls back to one by one, and the failing
+// message's handler runs exactly MaxAttempts times in all (it used to run
+// once more).
+func TestConsumerMaxAttemptsInBatch(t *testing.T) {
+	t.Parallel()
+	b := cgSetup(t, 1)
+	evs := events("e", 20)
+	poison := evs[6]
+	b.produceEvents(t, evs...)
+
+	var calls atomic.Int64
+	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+		if ev, _ := m.Header(eventHeader); string(ev) == poison {
+			calls.Add(1)
+			return errors.New("account closed")
+		}
+		return effect(ctx, tx, m)
+	}
+	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), fn, inboxsarama.Options{
+		BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond,
+		DeadLetterTopic: "svc.dead",
+	})
+	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
+	testutil.Eventually(t, 30*time.Second, "all other effects", func() bool { n, _ := b.effects(t); return n == 19 })
+	testutil.Eventually(t, 10*time.Second, "offset committed", func() bool { return b.committedOffset(t, "svc", b.topic, 0) == 20 })
+	m.stop()
+
+	require.EqualValues(t, 3, calls.Load(), "the handler ran MaxAttempts times, the batch run included")
+	st := h.Stats()
+	require.EqualValues(t, 1, st.DeadLettered)
+	require.EqualValues(t, 3, st.Failures)
+	dl := b.outboxDLQ(t, "svc.dead")
+	require.Len(t, dl, 1)
+	require.Equal(t, "3", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
 }
 
 // A message the inbox cannot key (ByHeader, header missing) can never
@@ -214,9 +253,9 @@ func TestConsumerInvalidMessageDeadLettered(t *testing.T) {
 	b.produceEvents(t, msgs[1])
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	h := mustHandler(t, b.db.Pool, ib, effect, inbox.HandlerOptions{})
+	h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	waitFor(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
+	testutil.Eventually(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
 	m.stop()
 	require.EqualValues(t, 1, h.Stats().DeadLettered)
 	var key *string

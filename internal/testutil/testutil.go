@@ -1,0 +1,25 @@
+// Package testutil holds pgbox's test helpers that are not about a database
+// or a broker (see internal/testdb and internal/kafkatest for those).
+package testutil
+
+import (
+	"testing"
+	"time"
+)
+
+// pollInterval is how often Eventually checks its condition.
+const pollInterval = 20 * time.Millisecond
+
+// Eventually polls cond until it returns true, failing the test (with what,
+// naming the condition) if it has not within timeout. Unlike testify's
+// Eventually it calls cond on the test's goroutine, so cond may use require.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(pollInterval)
+	}
+}
