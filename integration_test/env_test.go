@@ -57,8 +57,10 @@ const (
 // Registered first, it runs last, after the pools and brokers closed. (Per
 // test rather than in TestMain, so the chaos harness' TestMain merges freely.)
 func checkLeaks(t *testing.T) {
-	opt := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, opt) })
+	opts := []goleak.Option{goleak.IgnoreCurrent(),
+		// sarama's metrics registry starts one global ticker, forever.
+		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick")}
+	t.Cleanup(func() { goleak.VerifyNone(t, opts...) })
 }
 
 // repoRoot is the checkout's root (this file's directory's parent).
