@@ -215,20 +215,22 @@ func newChain(t *testing.T, partsURL, directURL string, addrs []string) *chain {
 	return c
 }
 
-// write commits perKey events for each of keys keys, one transaction per
-// event (an orders row and its outbox row), one writer per key, so each key's
-// events commit in sequence order.
-func (c *chain) write(ctx context.Context, keys, perKey int) error {
+// write commits events from..to (sequence numbers) for each of keys keys,
+// one transaction per event (an orders row and its outbox row), one writer
+// per key, so each key's events commit in sequence order; pace is slept
+// between two events of a key.
+func (c *chain) write(ctx context.Context, keys, from, to int, pace time.Duration) error {
 	errs := make(chan error, keys)
 	var wg sync.WaitGroup
 	for k := range keys {
 		wg.Go(func() {
 			key := fmt.Sprintf("acct-%03d", k)
-			for seq := 1; seq <= perKey; seq++ {
+			for seq := from; seq <= to; seq++ {
 				if err := c.writeOne(ctx, key, seq); err != nil {
 					errs <- fmt.Errorf("write %s seq %d: %w", key, seq, err)
 					return
 				}
+				time.Sleep(pace)
 			}
 		})
 	}

@@ -39,7 +39,7 @@ func TestPgbouncerTransactionMode(t *testing.T) {
 	one := c.startConsumer(ctx, paymentsGroup, 1)      // Inbox.Process
 	batched := c.startConsumer(ctx, paymentsGroup, 16) // Inbox.ProcessBatch
 
-	require.NoError(t, c.write(ctx, keys, perKey))
+	require.NoError(t, c.write(ctx, keys, 1, perKey, 0))
 	c.waitPaid(total, 3*time.Minute)
 	c.verify(keys, perKey)
 	t.Logf("member stats: %+v / %+v", one.Stats(), batched.Stats())
