@@ -42,10 +42,10 @@ func TestLongTransaction(t *testing.T) {
 	opened := time.Now()
 
 	// Wave 1, paced over about half the hold: the relay and the consumers
-	// keep up with it while the snapshot is held.
+	// get all of it through while the snapshot is held (the transaction stays
+	// open until then, and for at least hold).
 	require.NoError(t, c.write(ctx, keys, 1, perKey, 250*time.Millisecond))
-	c.waitPaid(keys*perKey, hold)
-	require.Less(t, time.Since(opened), hold, "wave 1 was paid only after the long transaction would have ended")
+	c.waitPaid(keys*perKey, 2*time.Minute)
 	var xminHeld bool
 	require.NoError(t, c.direct.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity
 		WHERE datname = current_database() AND state = 'idle in transaction' AND backend_xmin IS NOT NULL`).Scan(&xminHeld))
