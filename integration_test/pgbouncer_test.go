@@ -18,18 +18,26 @@ import (
 // TestPgbouncerTransactionMode runs the whole chain (outbox.Write, the relay,
 // the consumer adapter with Inbox.Process and ProcessBatch, and cleanup)
 // through pgbouncer in transaction pool mode, with the settings
-// docs/operations/pgbouncer.md gives: pgx's default_query_exec_mode=cache_describe (no
-// named prepared statements) and the relay's NoListen. Migrations run
-// directly (they take a session advisory lock).
+// docs/operations/pgbouncer.md gives: a pgx query mode without named prepared
+// statements (each of the three: cache_describe, exec, simple_protocol) and
+// the relay's NoListen. Migrations run directly (goose takes a session
+// advisory lock).
 func TestPgbouncerTransactionMode(t *testing.T) {
+	bouncer := pgbouncerURL(t)
+	for _, mode := range []string{"cache_describe", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) { testPgbouncer(t, bouncer, mode) })
+	}
+}
+
+func testPgbouncer(t *testing.T, bouncer, mode string) {
 	checkLeaks(t)
-	const keys, perKey = 24, 40
+	const keys, perKey = 16, 30
 	total := keys * perKey
 
 	name, direct := newDatabase(t)
-	bouncer := withParam(t, withDatabase(t, pgbouncerURL(t), name), "default_query_exec_mode", "cache_describe")
+	parts := withParam(t, withDatabase(t, bouncer, name), "default_query_exec_mode", mode)
 	addrs := newBroker(t)
-	c := newChain(t, bouncer, direct, addrs)
+	c := newChain(t, parts, direct, addrs)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer c.wg.Wait()
