@@ -64,7 +64,7 @@ if [[ -z $bindir && $cmd == url ]]; then
     bindir=$(find_bindir || true)
   fi
   [[ -n $bindir ]] || die "no PostgreSQL server binaries (initdb, pg_ctl) found.
-  Either set DATABASE_URL to a PostgreSQL 13+ database you may create schemas in,
+  Either set DATABASE_URL to a PostgreSQL 14+ database you may create schemas in,
   or install the server: as root, 'apt-get install postgresql' (Debian/Ubuntu);
   or put a directory holding initdb and pg_ctl on PATH."
 fi
