@@ -39,6 +39,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/migrations"
@@ -280,7 +281,7 @@ func pay(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 	s, _ := m.Header(seqHeader)
 	seq, err := strconv.Atoi(string(s))
 	if err != nil {
-		return inbox.Permanent(fmt.Errorf("event %s: bad seq header %q", id, s))
+		return inboxsarama.Permanent(fmt.Errorf("event %s: bad seq header %q", id, s))
 	}
 	key := string(m.Key)
 	if _, err := tx.Exec(ctx, `INSERT INTO payments (event_id, key, seq) VALUES ($1, $2, $3)`, string(id), key, seq); err != nil {
@@ -291,11 +292,11 @@ func pay(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 
 // startConsumer runs one member of group with its own pool until the test
 // ends, deduplicating through the inbox of consumer "payments".
-func (c *chain) startConsumer(ctx context.Context, group string, batch int) *inbox.ConsumerGroupHandler {
+func (c *chain) startConsumer(ctx context.Context, group string, batch int) *inboxsarama.Handler {
 	t := c.t
 	ib, err := inbox.New(inbox.Config{Consumer: "payments", Key: inbox.ByHeader(relay.EventIDHeader)})
 	require.NoError(t, err)
-	h, err := inbox.NewConsumerGroupHandler(newPool(t, c.url, 4), ib, pay, inbox.HandlerOptions{BatchSize: batch})
+	h, err := inboxsarama.NewHandler(newPool(t, c.url, 4), ib, pay, inboxsarama.Options{BatchSize: batch})
 	require.NoError(t, err)
 	cfg := kafkatest.Config()
 	cfg.Consumer.Group.Session.Timeout = 2 * time.Second
