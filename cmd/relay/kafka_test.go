@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"math/big"
 	"net"
@@ -22,6 +23,7 @@ import (
 	"github.com/xdg-go/scram"
 
 	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testdb"
 )
 
 // listTopics connects the way the binary does (its client config, its lazy
@@ -292,5 +294,47 @@ func TestRedactDSN(t *testing.T) {
 		got := redactDSN(in)
 		require.Equal(t, want, got, in)
 		require.NotContains(t, got, "hunter2")
+	}
+}
+
+// TestRunRefusedLoginLogsNoSecret runs the binary against brokers that
+// refuse its login (wrong password), debug logging on: /readyz says which
+// mechanism and user were refused, the relay keeps retrying, and no line of
+// its output carries either password.
+func TestRunRefusedLoginLogsNoSecret(t *testing.T) {
+	t.Parallel()
+	pki := newTestPKI(t)
+	const right, wrong = "r1ght-Pa55", "wr0ng-Pa55"
+	for _, tc := range []struct {
+		mech string
+		pki  *testPKI
+	}{{"PLAIN", nil}, {"SCRAM-SHA-256", &pki}, {"SCRAM-SHA-512", nil}} {
+		t.Run(tc.mech, func(t *testing.T) {
+			t.Parallel()
+			k := saslBroker(t, tc.pki, tc.mech, "alice", right)
+			db := testdb.New(t)
+			env := append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS="+strings.Join(k.Brokers, ","),
+				"PGBOX_LOG_LEVEL=debug",
+				"PGBOX_KAFKA_SASL_MECHANISM="+tc.mech, "PGBOX_KAFKA_SASL_USER=alice", "PGBOX_KAFKA_SASL_PASSWORD="+wrong)
+			if tc.pki != nil {
+				env = append(env, "PGBOX_KAFKA_TLS_CA="+k.TLSCA, "PGBOX_KAFKA_TLS_CERT="+k.TLSCert, "PGBOX_KAFKA_TLS_KEY="+k.TLSKey)
+			}
+			p := startRelay(t, env, "run")
+			base := "http://" + p.httpAddr(t)
+			code, body := httpGet(t, base+"/readyz")
+			require.Equal(t, 503, code, body)
+			var ready readyReport
+			require.NoError(t, json.Unmarshal([]byte(body), &ready), body)
+			require.Contains(t, ready.Kafka, "SASL "+tc.mech+` as user "alice"`)
+			require.Contains(t, ready.Kafka, "check the SASL mechanism, user and password")
+			waitFor(t, "the relay to log a failed connection", time.Minute, func() bool {
+				return strings.Contains(p.output(), "connect to Kafka failed")
+			})
+			require.Equal(t, 0, p.stop(t), p.output())
+			out := p.output() + body
+			require.Contains(t, out, "kafka_sasl_password=(redacted)")
+			require.NotContains(t, out, right)
+			require.NotContains(t, out, wrong)
+		})
 	}
 }
