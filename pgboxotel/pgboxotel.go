@@ -36,10 +36,10 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 
 	// Propagator writes the trace context into outbox headers and reads it
-	// back from consumed records. Defaults to propagation.TraceContext{}: the
-	// W3C traceparent and tracestate headers, which other Kafka clients'
-	// instrumentation reads too. Not the global propagator, which is a no-op
-	// unless the program set one.
+	// back from consumed records; pass a composite one to carry baggage too.
+	// The global propagator is not used: it is a no-op unless the program set
+	// one. Defaults to propagation.TraceContext{}, the W3C traceparent and
+	// tracestate headers, which other Kafka clients' instrumentation reads.
 	Propagator propagation.TextMapPropagator
 
 	// ConsumerGroup, when set, is recorded on process spans as
