@@ -29,7 +29,7 @@
 //
 // In code:
 //
-//	tr := pgboxotel.New(pgboxotel.Config{TracerProvider: tp})
+//	tr, err := pgboxotel.New(pgboxotel.Config{TracerProvider: tp}) // your provider; never a global by default
 //
 //	// writer, inside its span and transaction
 //	err := outbox.Write(ctx, tx, tr.Inject(ctx, outbox.Message{Topic: "payments.v1", Key: key, Value: v})...)

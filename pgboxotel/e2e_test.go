@@ -77,7 +77,7 @@ func TestOneTraceWriterToHandler(t *testing.T) {
 	t.Parallel()
 	const topic, group = "payments.v1", "ledger-svc"
 	tp, rec := recorder(t)
-	tr := pgboxotel.New(pgboxotel.Config{TracerProvider: tp, ConsumerGroup: group})
+	tr := mustTracer(t, pgboxotel.Config{TracerProvider: tp, ConsumerGroup: group})
 	db := testdb.New(t)
 	c := kafkatest.New(t, kfake.SeedTopics(2, topic))
 	addrs := c.ListenAddrs()

@@ -31,11 +31,14 @@ func Example() {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	defer func() { _ = tp.Shutdown(ctx) }()
-	tr := pgboxotel.New(pgboxotel.Config{TracerProvider: tp, ConsumerGroup: "ledger-svc"})
+	tr, err := pgboxotel.New(pgboxotel.Config{TracerProvider: tp, ConsumerGroup: "ledger-svc"})
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	// Payment service: Inject puts the span's context into the event's headers.
 	writeCtx, charge := tp.Tracer("payments-svc").Start(ctx, "charge card")
-	err := pgx.BeginFunc(writeCtx, db.Pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(writeCtx, db.Pool, func(tx pgx.Tx) error {
 		// ... business writes ...
 		return outbox.Write(writeCtx, tx, tr.Inject(writeCtx,
 			outbox.Message{Topic: "payments.v1", Key: []byte("order-1"), Value: []byte(`{"amount":100}`)})...)

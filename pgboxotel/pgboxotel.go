@@ -2,11 +2,11 @@ package pgboxotel
 
 import (
 	"context"
+	"errors"
 	"strconv"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -27,12 +27,12 @@ const (
 	TracestateHeader  = "tracestate"
 )
 
-// Config configures a Tracer. The zero value is usable.
+// Config configures a Tracer. TracerProvider is required.
 type Config struct {
 	// TracerProvider makes the tracer of the spans pgboxotel starts (the
-	// consumer's process span, the relay's optional send span). Defaults to
-	// otel.GetTracerProvider(), the global provider (a no-op until the
-	// program sets one).
+	// consumer's process span, the relay's optional send span). Required:
+	// pgboxotel never reaches for a global; pass otel.GetTracerProvider() to
+	// use the global one deliberately.
 	TracerProvider trace.TracerProvider
 
 	// Propagator writes the trace context into outbox headers and reads it
@@ -55,17 +55,19 @@ type Tracer struct {
 	group  string
 }
 
+// ErrNoTracerProvider is returned by New when Config.TracerProvider is nil.
+var ErrNoTracerProvider = errors.New("pgboxotel: Config.TracerProvider is nil (pass your program's provider, e.g. an sdktrace.TracerProvider, or otel.GetTracerProvider() for the global one)")
+
 // New returns a Tracer for cfg.
-func New(cfg Config) *Tracer {
-	tp := cfg.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
+func New(cfg Config) (*Tracer, error) {
+	if cfg.TracerProvider == nil {
+		return nil, ErrNoTracerProvider
 	}
 	prop := cfg.Propagator
 	if prop == nil {
 		prop = propagation.TraceContext{}
 	}
-	return &Tracer{tracer: tp.Tracer(ScopeName), prop: prop, group: cfg.ConsumerGroup}
+	return &Tracer{tracer: cfg.TracerProvider.Tracer(ScopeName), prop: prop, group: cfg.ConsumerGroup}, nil
 }
 
 // Inject returns copies of msgs whose headers carry the trace context of ctx

@@ -3,6 +3,8 @@ package pgboxotel_test
 import (
 	"context"
 	"errors"
+	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/IBM/sarama"
@@ -18,6 +20,20 @@ import (
 	"github.com/pgbox/pgbox/pgboxotel"
 )
 
+func mustTracer(t *testing.T, cfg pgboxotel.Config) *pgboxotel.Tracer {
+	t.Helper()
+	tr, err := pgboxotel.New(cfg)
+	require.NoError(t, err)
+	return tr
+}
+
+func TestNewNeedsTracerProvider(t *testing.T) {
+	t.Parallel()
+	_, err := pgboxotel.New(pgboxotel.Config{})
+	require.ErrorIs(t, err, pgboxotel.ErrNoTracerProvider)
+	require.ErrorContains(t, err, "Config.TracerProvider")
+}
+
 func header(hs []outbox.Header, key string) (string, int) {
 	var v string
 	n := 0
@@ -32,7 +48,7 @@ func header(hs []outbox.Header, key string) (string, int) {
 func TestInject(t *testing.T) {
 	t.Parallel()
 	tp, _ := recorder(t)
-	tr := pgboxotel.New(pgboxotel.Config{TracerProvider: tp})
+	tr := mustTracer(t, pgboxotel.Config{TracerProvider: tp})
 
 	// Spare capacity in the caller's header slice: Inject must not write
 	// into it, nor change the caller's messages.
@@ -74,7 +90,7 @@ func TestInject(t *testing.T) {
 func TestInjectCustomPropagator(t *testing.T) {
 	t.Parallel()
 	tp, _ := recorder(t)
-	tr := pgboxotel.New(pgboxotel.Config{TracerProvider: tp,
+	tr := mustTracer(t, pgboxotel.Config{TracerProvider: tp,
 		Propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})})
 	m, err := baggage.NewMember("tenant", "acme")
 	require.NoError(t, err)
@@ -103,7 +119,7 @@ func toInbox(m outbox.Message, offset int64) inbox.Message {
 func TestHandler(t *testing.T) {
 	t.Parallel()
 	tp, rec := recorder(t)
-	tr := pgboxotel.New(pgboxotel.Config{TracerProvider: tp})
+	tr := mustTracer(t, pgboxotel.Config{TracerProvider: tp})
 	ctx, writer := tp.Tracer("test").Start(context.Background(), "write")
 	writer.End()
 	msg := toInbox(tr.Inject(ctx, outbox.Message{Topic: "payments.v1"})[0], 42)
@@ -140,7 +156,7 @@ func TestHandler(t *testing.T) {
 func TestSendSpan(t *testing.T) {
 	t.Parallel()
 	tp, rec := recorder(t)
-	tr := pgboxotel.New(pgboxotel.Config{TracerProvider: tp})
+	tr := mustTracer(t, pgboxotel.Config{TracerProvider: tp})
 	ctx, writer := tp.Tracer("test").Start(context.Background(), "write")
 	writer.End()
 	row := tr.Inject(ctx, outbox.Message{Topic: "payments.v1"})[0]
@@ -183,4 +199,18 @@ func TestSendSpan(t *testing.T) {
 	require.Equal(t, "Unset", sends[0]["status"])
 	require.Equal(t, "Error", sends[1]["status"])
 	require.NotContains(t, sends[1], "messaging.kafka.offset")
+}
+
+// OpenTelemetry is this package's dependency alone: no other package of the
+// module (the binary included) links it.
+func TestOnlyPgboxotelLinksOpenTelemetry(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-f", `{{if not (eq .Name "pgboxotel")}}{{.ImportPath}}{{end}}`, "github.com/pgbox/pgbox/...").CombinedOutput()
+	require.NoError(t, err, string(out))
+	pkgs := strings.Fields(string(out))
+	require.Contains(t, pkgs, "github.com/pgbox/pgbox/outbox", "go list output looks wrong")
+	deps, err := exec.Command("go", append([]string{"list", "-deps"}, pkgs...)...).CombinedOutput()
+	require.NoError(t, err, string(deps))
+	require.Contains(t, string(deps), "github.com/IBM/sarama", "go list -deps output looks wrong")
+	require.NotContains(t, string(deps), "go.opentelemetry.io")
 }
