@@ -321,11 +321,17 @@ func TestRunRefusedLoginLogsNoSecret(t *testing.T) {
 			}
 			p := startRelay(t, env, "run")
 			base := "http://" + p.httpAddr(t)
-			code, body := httpGet(t, base+"/readyz")
-			require.Equal(t, 503, code, body)
+			// /readyz answers within 3s; a slow machine may answer "deadline
+			// exceeded" before the broker's refusal is in: ask again.
 			var ready readyReport
-			require.NoError(t, json.Unmarshal([]byte(body), &ready), body)
-			require.Contains(t, ready.Kafka, "SASL "+tc.mech+` as user "alice"`)
+			var body string
+			waitFor(t, "/readyz to report the refused login", time.Minute, func() bool {
+				var code int
+				code, body = httpGet(t, base+"/readyz")
+				require.Equal(t, 503, code, body)
+				require.NoError(t, json.Unmarshal([]byte(body), &ready), body)
+				return strings.Contains(ready.Kafka, "SASL "+tc.mech+` as user "alice"`)
+			})
 			require.Contains(t, ready.Kafka, "check the SASL mechanism, user and password")
 			waitFor(t, "the relay to log a failed connection", time.Minute, func() bool {
 				return strings.Contains(p.output(), "connect to Kafka failed")
