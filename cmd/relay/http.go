@@ -36,7 +36,7 @@ func (l *lazyKafka) connect() (sarama.Client, sarama.ClusterAdmin, error) {
 	}
 	c, err := sarama.NewClient(l.brokers, l.cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, kafkaConnectError(l.brokers, l.cfg, err)
 	}
 	a, err := sarama.NewClusterAdminFromClient(c)
 	if err != nil {

@@ -1,23 +1,17 @@
 package main
 
 import (
-	"crypto/hmac"
-	"crypto/pbkdf2"
-	"crypto/rand"
-	"crypto/sha256"
-	"crypto/sha512"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"hash"
+	"io"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/xdg-go/scram"
 )
 
 func parseKafkaVersion(v string) (sarama.KafkaVersion, error) {
@@ -58,10 +52,10 @@ func (k kafkaOptions) saramaConfig() (*sarama.Config, error) {
 			cfg.Net.SASL.Mechanism = sarama.SASLTypePlaintext
 		case "SCRAM-SHA-256":
 			cfg.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA256
-			cfg.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: sha256.New} }
+			cfg.Net.SASL.SCRAMClientGeneratorFunc = newSCRAMClientFunc(k.SASLMechanism, scram.SHA256)
 		case "SCRAM-SHA-512":
 			cfg.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA512
-			cfg.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: sha512.New} }
+			cfg.Net.SASL.SCRAMClientGeneratorFunc = newSCRAMClientFunc(k.SASLMechanism, scram.SHA512)
 		default:
 			return nil, fmt.Errorf("kafka SASL mechanism %q: must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", k.SASLMechanism)
 		}
@@ -104,7 +98,31 @@ func (k kafkaOptions) tlsConfig() (*tls.Config, error) {
 	return tc, nil
 }
 
-// redactedKafka describes the Kafka settings for logs, without the password.
+// kafkaConnectError names what a failed connection to brokers used: the
+// brokers, the SASL mechanism and user, and TLS; never the password. A
+// broker refuses a SASL login with SASL_AUTHENTICATION_FAILED, or (kfake,
+// some proxies) just closes the connection, which sarama reports as EOF:
+// with SASL on, both get a hint to check the credentials.
+func kafkaConnectError(brokers []string, cfg *sarama.Config, err error) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "kafka brokers %s", strings.Join(brokers, ","))
+	var with []string
+	if cfg.Net.SASL.Enable {
+		with = append(with, fmt.Sprintf("SASL %s as user %q", cfg.Net.SASL.Mechanism, cfg.Net.SASL.User))
+	}
+	if cfg.Net.TLS.Enable {
+		with = append(with, "TLS")
+	}
+	if len(with) > 0 {
+		fmt.Fprintf(&b, " (%s)", strings.Join(with, ", "))
+	}
+	if cfg.Net.SASL.Enable && (errors.Is(err, sarama.ErrSASLAuthenticationFailed) || errors.Is(err, io.EOF)) {
+		b.WriteString(": login refused or connection closed: check the SASL mechanism, user and password")
+	}
+	return fmt.Errorf("%s: %w", b.String(), err)
+}
+
+// redacted describes the Kafka settings for logs, without the password.
 func (k kafkaOptions) redacted() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "brokers=%s version=%s", strings.Join(k.Brokers, ","), k.Version)
@@ -117,113 +135,52 @@ func (k kafkaOptions) redacted() string {
 	return b.String()
 }
 
-// scramClient implements the client side of SCRAM (RFC 5802) for sarama,
-// with SHA-256 or SHA-512. Passwords are used as given (no SASLprep), which
-// is exact for ASCII passwords.
+// scramClient adapts github.com/xdg-go/scram (nonce, proof, the server's
+// signature check, a 4096 minimum iteration count) to sarama.SCRAMClient.
+// Sarama makes one per authentication attempt.
+//
+// The user name and password are used as given, not SASLprep'd: Kafka
+// brokers derive a SCRAM credential from the password's UTF-8 bytes
+// (ScramFormatter.normalize does no SASLprep), and so do the Java client and
+// franz-go. SASLprep would change or reject some passwords those accept
+// (decomposed accents, non-breaking spaces, emoji), and then a password that
+// works everywhere else would fail here.
 type scramClient struct {
-	hash func() hash.Hash
-
-	user, password, authz string
-	step                  int
-	nonce                 string
-	clientFirstBare       string
-	serverSignature       []byte
-	done                  bool
+	mechanism string
+	hash      scram.HashGeneratorFcn
+	user      string
+	conv      *scram.ClientConversation
 }
 
-func (c *scramClient) Begin(user, password, authz string) error {
-	c.user, c.password, c.authz = user, password, authz
-	c.step, c.done = 0, false
+func newSCRAMClientFunc(mechanism string, hash scram.HashGeneratorFcn) func() sarama.SCRAMClient {
+	return func() sarama.SCRAMClient { return &scramClient{mechanism: mechanism, hash: hash} }
+}
+
+// Begin starts a conversation. The password stays inside the scram.Client;
+// no error of this type ever contains it.
+func (c *scramClient) Begin(user, password, authzID string) error {
+	c.user = user
+	cl, err := c.hash.NewClientUnprepped(user, password, authzID)
+	if err != nil {
+		return c.wrap(err)
+	}
+	c.conv = cl.NewConversation()
 	return nil
 }
 
-func (c *scramClient) Done() bool { return c.done }
-
-func scramEscape(s string) string {
-	return strings.NewReplacer("=", "=3D", ",", "=2C").Replace(s)
-}
-
-func (c *scramClient) gs2Header() string {
-	if c.authz == "" {
-		return "n,,"
-	}
-	return "n,a=" + scramEscape(c.authz) + ","
-}
-
 func (c *scramClient) Step(challenge string) (string, error) {
-	c.step++
-	switch c.step {
-	case 1:
-		b := make([]byte, 24)
-		if _, err := rand.Read(b); err != nil {
-			return "", fmt.Errorf("scram: nonce: %w", err)
-		}
-		c.nonce = base64.RawStdEncoding.EncodeToString(b)
-		c.clientFirstBare = "n=" + scramEscape(c.user) + ",r=" + c.nonce
-		return c.gs2Header() + c.clientFirstBare, nil
-	case 2:
-		attrs := scramAttrs(challenge)
-		if e, ok := attrs["e"]; ok {
-			return "", fmt.Errorf("scram: server error %q", e)
-		}
-		nonce, salt64, iter := attrs["r"], attrs["s"], attrs["i"]
-		if !strings.HasPrefix(nonce, c.nonce) || len(nonce) == len(c.nonce) {
-			return "", errors.New("scram: server nonce does not extend the client nonce")
-		}
-		salt, err := base64.StdEncoding.DecodeString(salt64)
-		if err != nil {
-			return "", fmt.Errorf("scram: bad salt: %w", err)
-		}
-		n, err := strconv.Atoi(iter)
-		if err != nil || n < 1 {
-			return "", fmt.Errorf("scram: bad iteration count %q", iter)
-		}
-		size := c.hash().Size()
-		salted, err := pbkdf2.Key(c.hash, c.password, salt, n, size)
-		if err != nil {
-			return "", fmt.Errorf("scram: %w", err)
-		}
-		clientKey := c.hmac(salted, "Client Key")
-		h := c.hash()
-		h.Write(clientKey)
-		storedKey := h.Sum(nil)
-		finalNoProof := "c=" + base64.StdEncoding.EncodeToString([]byte(c.gs2Header())) + ",r=" + nonce
-		authMessage := c.clientFirstBare + "," + challenge + "," + finalNoProof
-		sig := c.hmac(storedKey, authMessage)
-		proof := make([]byte, len(clientKey))
-		for i := range clientKey {
-			proof[i] = clientKey[i] ^ sig[i]
-		}
-		serverKey := c.hmac(salted, "Server Key")
-		c.serverSignature = c.hmac(serverKey, authMessage)
-		return finalNoProof + ",p=" + base64.StdEncoding.EncodeToString(proof), nil
-	case 3:
-		attrs := scramAttrs(challenge)
-		if e, ok := attrs["e"]; ok {
-			return "", fmt.Errorf("scram: authentication failed: %s", e)
-		}
-		v, err := base64.StdEncoding.DecodeString(attrs["v"])
-		if err != nil || !hmac.Equal(v, c.serverSignature) {
-			return "", errors.New("scram: the server's signature does not match (wrong server or man in the middle)")
-		}
-		c.done = true
-		return "", nil
+	if c.conv == nil {
+		return "", c.wrap(fmt.Errorf("step before begin"))
 	}
-	return "", errors.New("scram: unexpected extra step")
+	resp, err := c.conv.Step(challenge)
+	if err != nil {
+		return "", c.wrap(err)
+	}
+	return resp, nil
 }
 
-func (c *scramClient) hmac(key []byte, msg string) []byte {
-	m := hmac.New(c.hash, key)
-	m.Write([]byte(msg))
-	return m.Sum(nil)
-}
+func (c *scramClient) Done() bool { return c.conv != nil && c.conv.Done() }
 
-func scramAttrs(s string) map[string]string {
-	out := map[string]string{}
-	for _, part := range strings.Split(s, ",") {
-		if len(part) >= 2 && part[1] == '=' {
-			out[part[:1]] = part[2:]
-		}
-	}
-	return out
+func (c *scramClient) wrap(err error) error {
+	return fmt.Errorf("kafka SASL %s as user %q: %w", c.mechanism, c.user, err)
 }
