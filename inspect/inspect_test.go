@@ -45,7 +45,7 @@ func TestReadExact(t *testing.T) {
 	exec(t, db, `INSERT INTO pgbox_relay_lanes (lane, lanes, owner, expires_at, epoch)
 		VALUES (0, 2, 'relay-a', now() + interval '1 minute', 7), (1, 2, NULL, '-infinity', 3)`)
 	exec(t, db, `INSERT INTO pgbox_relay_instances (instance, expires_at) VALUES ('relay-a', now() + interval '1 minute')`)
-	outboxRows(t, db, "orders", 0, 3, time.Hour)  // lane 0
+	outboxRows(t, db, "orders", 0, 3, time.Hour)   // lane 0
 	outboxRows(t, db, "orders", 3, 2, time.Minute) // lane 1
 	outboxRows(t, db, "payments", 5, 4, 0)         // lane 1
 	exec(t, db, `UPDATE pgbox_outbox SET parked_at = now(), attempts = 5, last_error = 'too large'
