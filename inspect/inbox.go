@@ -108,13 +108,25 @@ func (s *Snapshot) addCutoffs(ctx context.Context, cfg cleanup.Config, log *slog
 		s.Cutoffs = "unknown: " + err.Error()
 		return
 	}
-	s.Cutoffs = "from Kafka topic configs (retention.ms + segment.ms + buffer)"
+	s.ApplyCutoffs(reps, "from Kafka topic configs (retention.ms + segment.ms + buffer)")
+}
+
+// ApplyCutoffs compares each inbox entry's oldest key with its topic's window
+// in reps (from cleanup.Cutoffs, or a cleaner's last pass), and records
+// source in Snapshot.Cutoffs. Entries whose topic reps lacks get a Note.
+func (s *Snapshot) ApplyCutoffs(reps []cleanup.TopicReport, source string) {
+	s.Cutoffs = source
 	byTopic := make(map[string]cleanup.TopicReport, len(reps))
 	for _, r := range reps {
 		byTopic[r.Topic] = r
 	}
 	for k := range s.Inbox {
-		s.Inbox[k].applyCutoff(byTopic[s.Inbox[k].Topic], s.Time)
+		tr, ok := byTopic[s.Inbox[k].Topic]
+		if !ok {
+			s.Inbox[k].Note = "window unknown: no cleanup plan for this topic yet"
+			continue
+		}
+		s.Inbox[k].applyCutoff(tr, s.Time)
 	}
 }
 

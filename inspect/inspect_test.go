@@ -3,18 +3,23 @@ package inspect_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	// sarama's metrics registry starts a process-wide ticker on first use.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"))
 }
 
 func exec(t *testing.T, db *testdb.DB, sql string, args ...any) {
@@ -171,4 +176,35 @@ func TestOptionsValidation(t *testing.T) {
 	_, err := inspect.Read(context.Background(), nil, inspect.Options{ExactLimit: -1, StatementTimeout: -time.Second})
 	require.ErrorContains(t, err, "ExactLimit -1")
 	require.ErrorContains(t, err, "StatementTimeout -1s")
+}
+
+// TestReadCutoffs: each consumer's oldest key is compared with its topic's
+// cleanup window read from Kafka; overdue and never-pruned topics say so.
+func TestReadCutoffs(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	cluster := kafkatest.New(t)
+	ms := func(d time.Duration) *string { s := strconv.FormatInt(d.Milliseconds(), 10); return &s }
+	kafkatest.CreateTopic(t, cluster.ListenAddrs(), "orders", 1, map[string]*string{"retention.ms": ms(time.Hour), "segment.ms": ms(10 * time.Minute)})
+	compact := "compact"
+	kafkatest.CreateTopic(t, cluster.ListenAddrs(), "ledger", 1, map[string]*string{"cleanup.policy": &compact})
+	admin, err := sarama.NewClusterAdmin(cluster.ListenAddrs(), kafkatest.Config())
+	require.NoError(t, err)
+	defer func() { _ = admin.Close() }()
+	inboxKeys(t, db, "svc", "orders", 2, 3*time.Hour)
+	inboxKeys(t, db, "svc", "ledger", 2, time.Hour)
+
+	snap, err := inspect.Read(context.Background(), db.Pool, inspect.Options{Cutoffs: &cleanup.Config{Admin: admin, Buffer: time.Hour}})
+	require.NoError(t, err)
+	require.Contains(t, snap.Cutoffs, "from Kafka topic configs")
+	require.Len(t, snap.Inbox, 2)
+	ledger, orders := snap.Inbox[0], snap.Inbox[1]
+	require.Equal(t, "ledger", ledger.Topic)
+	require.Nil(t, ledger.Window)
+	require.Equal(t, "never pruned: compacted", ledger.Note)
+	require.Equal(t, "orders", orders.Topic)
+	require.InDelta(t, (2*time.Hour + 10*time.Minute).Seconds(), *orders.Window, 0.001)
+	require.InDelta(t, -(50 * time.Minute).Seconds(), *orders.Margin, 5)
+	require.True(t, orders.Cutoff.Equal(snap.Time.Add(-(2*time.Hour + 10*time.Minute))))
+	require.Contains(t, orders.Note, "overdue")
 }
