@@ -114,6 +114,11 @@ func (o Options) validate() error {
 // the search_path.
 var ErrSchemaMissing = errors.New("the pgbox tables are missing from the search_path: run `pgbox-relay migrate up`, or set the schema")
 
+// ErrNoConnection is returned (wrapped) when no transaction could be begun:
+// the database could not be reached, as opposed to a query that failed or
+// ran past its statement timeout.
+var ErrNoConnection = errors.New("no database connection")
+
 // Read takes one snapshot. It runs in a transaction of its own on db (a
 // savepoint when db is a pgx.Tx), rolled back at the end, each query bounded by Options.StatementTimeout; ctx bounds the whole.
 func Read(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
@@ -138,7 +143,7 @@ func Read(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
 func readTx(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("inspect: begin: %w", err)
+		return nil, fmt.Errorf("inspect: begin: %w (%w)", err, ErrNoConnection)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	timeout := fmt.Sprintf("%dms", max(opts.StatementTimeout.Milliseconds(), 1))
