@@ -49,7 +49,6 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 			[]string{"PGBOX_KAFKA_TLS_KEY", "together"}},
 		{"bad bool", append(db, "KAFKA_BROKERS=k:9092"), []string{"cleanup", "--dry-run=perhaps"},
 			[]string{"--dry-run", "true or false"}},
-		{"demo replay > orders", db, []string{"demo", "--orders", "10", "--replay", "11"}, []string{"--replay", "at most --orders"}},
 		{"version with args", nil, []string{"version", "extra"}, []string{"no arguments"}},
 	}
 	for _, tc := range cases {

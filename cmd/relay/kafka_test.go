@@ -1,15 +1,6 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -68,80 +59,13 @@ func TestKafkaSASL(t *testing.T) {
 	}
 }
 
-// testPKI is a CA with one server and one client certificate, as PEM files.
-type testPKI struct {
-	caFile, certFile, keyFile string
-	serverTLS                 *tls.Config
-}
-
-func newTestPKI(t *testing.T) testPKI {
-	t.Helper()
-	dir := t.TempDir()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "pgbox test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	require.NoError(t, err)
-	ca, err := x509.ParseCertificate(caDER)
-	require.NoError(t, err)
-
-	issue := func(serial int64, cn string, usage x509.ExtKeyUsage, ips []net.IP) ([]byte, *ecdsa.PrivateKey) {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		require.NoError(t, err)
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial),
-			Subject:      pkix.Name{CommonName: cn},
-			NotBefore:    time.Now().Add(-time.Hour),
-			NotAfter:     time.Now().Add(24 * time.Hour),
-			KeyUsage:     x509.KeyUsageDigitalSignature,
-			ExtKeyUsage:  []x509.ExtKeyUsage{usage},
-			IPAddresses:  ips,
-			DNSNames:     []string{"localhost"},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		require.NoError(t, err)
-		return der, key
-	}
-	writePEM := func(name, typ string, der []byte) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600))
-		return p
-	}
-	srvDER, srvKey := issue(2, "127.0.0.1", x509.ExtKeyUsageServerAuth, []net.IP{net.ParseIP("127.0.0.1")})
-	cliDER, cliKey := issue(3, "pgbox-relay", x509.ExtKeyUsageClientAuth, nil)
-	cliKeyDER, err := x509.MarshalECPrivateKey(cliKey)
-	require.NoError(t, err)
-
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return testPKI{
-		caFile:   writePEM("ca.pem", "CERTIFICATE", caDER),
-		certFile: writePEM("client.pem", "CERTIFICATE", cliDER),
-		keyFile:  writePEM("client-key.pem", "EC PRIVATE KEY", cliKeyDER),
-		serverTLS: &tls.Config{
-			Certificates: []tls.Certificate{{Certificate: [][]byte{srvDER}, PrivateKey: srvKey}},
-			ClientCAs:    pool,
-			ClientAuth:   tls.RequireAndVerifyClientCert,
-			MinVersion:   tls.VersionTLS12,
-		},
-	}
-}
-
 func TestKafkaTLS(t *testing.T) {
 	t.Parallel()
-	pki := newTestPKI(t)
-	c := kafkatest.New(t, kfake.TLS(pki.serverTLS), kfake.SeedTopics(1, "sasl-tls-probe"))
+	pki := kafkatest.NewPKI(t)
+	c := kafkatest.New(t, kfake.TLS(pki.ServerTLS), kfake.SeedTopics(1, "sasl-tls-probe"))
 
 	k := baseKafka(c.ListenAddrs())
-	k.TLSCA, k.TLSCert, k.TLSKey = pki.caFile, pki.certFile, pki.keyFile
+	k.TLSCA, k.TLSCert, k.TLSKey = pki.CAFile, pki.CertFile, pki.KeyFile
 	require.NoError(t, listTopics(t, k), "CA + client certificate must connect")
 
 	noCA := k
@@ -149,7 +73,7 @@ func TestKafkaTLS(t *testing.T) {
 	require.Error(t, listTopics(t, noCA), "the broker's certificate is not signed by a system root")
 
 	noClientCert := baseKafka(c.ListenAddrs())
-	noClientCert.TLSCA = pki.caFile
+	noClientCert.TLSCA = pki.CAFile
 	require.Error(t, listTopics(t, noClientCert), "the broker requires a client certificate")
 
 	plain := baseKafka(c.ListenAddrs())
@@ -158,11 +82,11 @@ func TestKafkaTLS(t *testing.T) {
 
 func TestKafkaTLSAndSASL(t *testing.T) {
 	t.Parallel()
-	pki := newTestPKI(t)
-	c := kafkatest.New(t, kfake.TLS(pki.serverTLS), kfake.EnableSASL(),
+	pki := kafkatest.NewPKI(t)
+	c := kafkatest.New(t, kfake.TLS(pki.ServerTLS), kfake.EnableSASL(),
 		kfake.Superuser("SCRAM-SHA-256", "bob", "pw"), kfake.SeedTopics(1, "sasl-tls-probe"))
 	k := baseKafka(c.ListenAddrs())
-	k.TLSCA, k.TLSCert, k.TLSKey = pki.caFile, pki.certFile, pki.keyFile
+	k.TLSCA, k.TLSCert, k.TLSKey = pki.CAFile, pki.CertFile, pki.KeyFile
 	k.SASLMechanism, k.SASLUser, k.SASLPassword = "SCRAM-SHA-256", "bob", "pw"
 	require.NoError(t, listTopics(t, k))
 }
