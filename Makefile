@@ -31,7 +31,7 @@ fmt:
 	gofmt -w $$(git ls-files '*.go')
 
 build:
-	$(GO) build -o bin/pgbox-relay ./cmd/relay
+	$(GO) build -o bin/pgbox-relay ./cmd/pgbox-relay
 
 db-url: ## print the DATABASE_URL the targets use
 	@$(DEVDB) url

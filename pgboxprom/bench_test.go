@@ -16,7 +16,7 @@ import (
 	"github.com/pgbox/pgbox/pgboxprom"
 )
 
-// The scrape's database reads before package inspect (cmd/relay's
+// The scrape's database reads before package inspect (cmd/pgbox-relay's
 // collectStatus without the inbox): the lane table, then count(*) GROUP BY
 // over the whole outbox. Kept here as the baseline.
 const (

@@ -1,15 +1,15 @@
-// Command relay is pgbox's one binary: it drains the outbox to Kafka, prunes
+// Command pgbox-relay is pgbox's one binary: it drains the outbox to Kafka, prunes
 // the inbox and outbox on a schedule, migrates the schema, reports backlog,
 // and prints status. The orders→payments demo is examples/demo (`make demo`).
 //
-//	relay run                 relay + cleanup on a schedule, /metrics, /healthz, /readyz
-//	relay migrate up|down|status
-//	relay cleanup [--dry-run] one cleanup pass, for an external cron
-//	relay status [--json]     backlog, lanes, parked rows, inbox ages
-//	relay version
+//	pgbox-relay run                 relay + cleanup on a schedule, /metrics, /healthz, /readyz
+//	pgbox-relay migrate up|down|status
+//	pgbox-relay cleanup [--dry-run] one cleanup pass, for an external cron
+//	pgbox-relay status [--json]     backlog, lanes, parked rows, inbox ages
+//	pgbox-relay version
 //
 // Settings come from flags or environment variables (DATABASE_URL,
-// KAFKA_BROKERS, PGBOX_…); `relay <command> --help` lists them with their
+// KAFKA_BROKERS, PGBOX_…); `pgbox-relay <command> --help` lists them with their
 // defaults. Exit codes: 0 success, 1 failure, 2 bad flags, environment or
 // arguments.
 package main
@@ -106,7 +106,7 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	}
 	c := findCommand(name)
 	if c == nil {
-		fmt.Fprintf(stderr, "relay: unknown command %q (allowed: run, migrate, cleanup, status, version; see `relay --help`)\n", name)
+		fmt.Fprintf(stderr, "pgbox-relay: unknown command %q (allowed: run, migrate, cleanup, status, version; see `pgbox-relay --help`)\n", name)
 		return 2
 	}
 	opts := &options{}
@@ -120,22 +120,22 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		err = opts.validate(c.name)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "relay: %v\n", trimUsage(err))
+		fmt.Fprintf(stderr, "pgbox-relay: %v\n", trimUsage(err))
 		return 2
 	}
 	a := &app{opts: opts, set: set, stdout: stdout, stderr: stderr, getenv: getenv}
 	a.log = newLogger(stderr, opts.LogFormat, opts.LogLevel)
 	if err := c.run(ctx, a, pos); err != nil {
 		if errors.Is(err, errUsage) {
-			fmt.Fprintf(stderr, "relay: %v\n", trimUsage(err))
+			fmt.Fprintf(stderr, "pgbox-relay: %v\n", trimUsage(err))
 			return 2
 		}
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-			fmt.Fprintf(stderr, "relay %s: interrupted\n", c.name)
+			fmt.Fprintf(stderr, "pgbox-relay %s: interrupted\n", c.name)
 			return 1
 		}
-		a.log.Error("relay "+c.name+" failed", "err", err)
-		fmt.Fprintf(stderr, "relay %s: %v\n", c.name, err)
+		a.log.Error("pgbox-relay "+c.name+" failed", "err", err)
+		fmt.Fprintf(stderr, "pgbox-relay %s: %v\n", c.name, err)
 		return 1
 	}
 	return 0
@@ -152,9 +152,9 @@ func trimUsage(err error) string {
 }
 
 func topUsage(out io.Writer) {
-	fmt.Fprint(out, `relay — pgbox's operator binary: outbox relay, cleanup, migrations, status.
+	fmt.Fprint(out, `pgbox-relay — pgbox's operator binary: outbox relay, cleanup, migrations, status.
 
-Usage: relay <command> [flags]
+Usage: pgbox-relay <command> [flags]
 
 Commands:
 `)
@@ -170,7 +170,7 @@ Exit codes: 0 success, 1 failure, 2 bad flags, environment or arguments.
 	set := newSettings()
 	opts.bind(set, allGroups...)
 	printSettings(out, set.list)
-	fmt.Fprintln(out, "\n`relay <command> --help` shows the settings one command reads.")
+	fmt.Fprintln(out, "\n`pgbox-relay <command> --help` shows the settings one command reads.")
 }
 
 func firstLine(s string) string {

@@ -21,7 +21,7 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	if len(args) > 0 {
 		return usageError("run takes no arguments (got %q)", args)
 	}
-	a.logSettings("relay run starting")
+	a.logSettings("pgbox-relay run starting")
 	pool, err := a.openPool(ctx)
 	if err != nil {
 		return err

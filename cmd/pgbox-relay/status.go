@@ -19,7 +19,7 @@ import (
 func schemaHint(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return fmt.Errorf("%w (the pgbox tables are missing from the search_path: run `relay migrate up`, or set --schema)", err)
+		return fmt.Errorf("%w (the pgbox tables are missing from the search_path: run `pgbox-relay migrate up`, or set --schema)", err)
 	}
 	return err
 }
