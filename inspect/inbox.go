@@ -15,42 +15,47 @@ import (
 )
 
 // readInbox lists each (consumer, topic) pair with its oldest key (a loose
-// index scan), and counts its keys up to the limit, else estimates them.
+// index scan) and its keys counted up to the limit; pairs at the limit get
+// the planner's estimate instead, all in one round trip.
 func (s *Snapshot) readInbox(ctx context.Context, tx pgx.Tx, opts Options) error {
-	rows, err := tx.Query(ctx, sqlInboxOldest)
+	rows, err := tx.Query(ctx, sqlInboxOldest, opts.ExactLimit)
 	if err != nil {
 		return fmt.Errorf("inspect: read pgbox_inbox oldest keys: %w", err)
 	}
 	s.Inbox, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (InboxTopic, error) {
 		var i InboxTopic
-		err := r.Scan(&i.Consumer, &i.Topic, &i.Oldest)
+		err := r.Scan(&i.Consumer, &i.Topic, &i.Oldest, &i.Keys)
 		return i, err
 	})
 	if err != nil {
 		return fmt.Errorf("inspect: read pgbox_inbox oldest keys: %w", err)
 	}
+	batch := &pgx.Batch{}
 	for k := range s.Inbox {
 		in := &s.Inbox[k]
 		in.OldestAge = max(s.Time.Sub(in.Oldest), 0).Seconds()
-		if err := tx.QueryRow(ctx, sqlInboxKeysBounded, in.Consumer, in.Topic, opts.ExactLimit).Scan(&in.Keys); err != nil {
-			return fmt.Errorf("inspect: count pgbox_inbox keys of consumer %q, topic %q: %w", in.Consumer, in.Topic, err)
-		}
 		if in.Keys < int64(opts.ExactLimit) {
 			continue
 		}
-		est, err := planRows(ctx, tx, sqlInboxKeysEstimate, in.Consumer, in.Topic)
-		if err != nil {
-			return fmt.Errorf("inspect: estimate pgbox_inbox keys of consumer %q, topic %q: %w", in.Consumer, in.Topic, err)
-		}
-		in.Keys, in.Estimated = max(est, in.Keys), true
+		batch.Queue(sqlInboxKeysEstimate, in.Consumer, in.Topic).QueryRow(func(row pgx.Row) error {
+			est, err := planRows(row)
+			if err != nil {
+				return fmt.Errorf("inspect: estimate pgbox_inbox keys of consumer %q, topic %q: %w", in.Consumer, in.Topic, err)
+			}
+			in.Keys, in.Estimated = max(est, in.Keys), true
+			return nil
+		})
 	}
-	return nil
+	if batch.Len() == 0 {
+		return nil
+	}
+	return tx.SendBatch(ctx, batch).Close()
 }
 
 // planRows returns the planner's row estimate of an EXPLAIN (FORMAT JSON).
-func planRows(ctx context.Context, tx pgx.Tx, explain string, args ...any) (int64, error) {
+func planRows(row pgx.Row) (int64, error) {
 	var raw []byte
-	if err := tx.QueryRow(ctx, explain, args...).Scan(&raw); err != nil {
+	if err := row.Scan(&raw); err != nil {
 		return 0, err
 	}
 	var plan []struct {

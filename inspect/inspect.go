@@ -147,12 +147,9 @@ func readTx(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	timeout := fmt.Sprintf("%dms", max(opts.StatementTimeout.Milliseconds(), 1))
-	if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true)`, timeout); err != nil {
-		return nil, fmt.Errorf("inspect: set statement_timeout: %w", err)
-	}
 	snap := &Snapshot{}
-	if err := tx.QueryRow(ctx, sqlNow).Scan(&snap.Time); err != nil {
-		return nil, fmt.Errorf("inspect: read the database clock: %w", err)
+	if err := tx.QueryRow(ctx, sqlStart, timeout).Scan(&snap.Time); err != nil {
+		return nil, fmt.Errorf("inspect: set statement_timeout, read the database clock: %w", err)
 	}
 	snap.Time = snap.Time.UTC()
 	for _, step := range []func(context.Context, pgx.Tx, Options) error{

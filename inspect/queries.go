@@ -13,7 +13,9 @@ FROM pgbox_relay_lanes ORDER BY lane`
 const sqlInstances = `SELECT instance, started_at, heartbeat_at, expires_at > now()
 FROM pgbox_relay_instances ORDER BY instance`
 
-const sqlNow = `SELECT now()`
+// sqlStart bounds the snapshot's statements (SET LOCAL statement_timeout:
+// $1) and reads the clock every age is measured from.
+const sqlStart = `SELECT now() FROM set_config('statement_timeout', $1, true)`
 
 // sqlUnpublishedBounded counts unparked rows up to $1, along
 // pgbox_outbox_claim_idx.
@@ -55,8 +57,9 @@ const sqlParkedNewest = `SELECT id, event_id::text, topic, attempts, coalesce(la
 FROM pgbox_outbox WHERE parked_at IS NOT NULL ORDER BY parked_at DESC, id DESC LIMIT $1`
 
 // sqlInboxOldest lists every (consumer, topic) pair of the inbox with its
-// oldest key, in a loose index scan over pgbox_inbox_consumer_topic_age_idx:
-// each step jumps to the next pair and lands on its oldest key.
+// oldest key, in a loose index scan over pgbox_inbox_consumer_topic_age_idx
+// (each step jumps to the next pair and lands on its oldest key), and counts
+// each pair's keys up to $1 along the same index.
 const sqlInboxOldest = `
 WITH RECURSIVE p AS (
     (SELECT consumer, topic, GREATEST(received_at, record_at) AS oldest FROM pgbox_inbox
@@ -67,10 +70,9 @@ WITH RECURSIVE p AS (
         WHERE (i.consumer, i.topic) > (p.consumer, p.topic)
         ORDER BY i.consumer, i.topic, GREATEST(i.received_at, i.record_at) LIMIT 1) n
 )
-SELECT consumer, topic, oldest FROM p`
-
-// sqlInboxKeysBounded counts one pair's keys up to $3.
-const sqlInboxKeysBounded = `SELECT count(*) FROM (SELECT 1 FROM pgbox_inbox WHERE consumer = $1 AND topic = $2 LIMIT $3) s`
+SELECT p.consumer, p.topic, p.oldest,
+    (SELECT count(*) FROM (SELECT 1 FROM pgbox_inbox k WHERE k.consumer = p.consumer AND k.topic = p.topic LIMIT $1) c)
+FROM p`
 
 // sqlInboxKeysEstimate is the planner's estimate of one pair's keys (its
 // EXPLAIN, which reads statistics only).
