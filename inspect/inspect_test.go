@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,6 +98,13 @@ func TestReadExact(t *testing.T) {
 	require.InDelta(t, (2 * time.Hour).Seconds(), snap.Inbox[1].OldestAge, 5)
 	require.Contains(t, snap.Cutoffs, "unknown")
 	require.Equal(t, []inspect.DeadCount{{Consumer: "svc", Topic: "orders", Count: 1}}, snap.Dead)
+
+	var text strings.Builder
+	snap.WriteText(&text)
+	for _, want := range []string{"OUTBOX: 8 unpublished, 1 parked, oldest unpublished 1h (lanes: 2)", "too large",
+		"RELAY INSTANCES (2 lanes, 1 unowned)", "relay-a", "audit", "DEAD LETTERS"} {
+		require.Contains(t, text.String(), want)
+	}
 }
 
 // TestReadEstimates: past the exact limit, counts are planner estimates,

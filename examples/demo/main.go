@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pgbox/pgbox/internal/durtext"
 	"github.com/pgbox/pgbox/internal/kafkaconf"
 )
 
@@ -261,29 +262,5 @@ func redactErr(err error, dsn string) string {
 	return msg
 }
 
-// durText prints a duration rounded for people: 3d4h, 2h5m, 41s, 120ms
-// (as pgbox-relay prints them).
-func durText(d time.Duration) string {
-	if d == 0 {
-		return "-"
-	}
-	neg := ""
-	if d < 0 {
-		neg, d = "-", -d
-	}
-	switch {
-	case d >= 48*time.Hour:
-		days, h := d/(24*time.Hour), (d%(24*time.Hour))/time.Hour
-		if h == 0 {
-			return fmt.Sprintf("%s%dd", neg, days)
-		}
-		return fmt.Sprintf("%s%dd%dh", neg, days, h)
-	case d >= time.Hour:
-		s := d.Round(time.Minute).String()
-		s = strings.TrimSuffix(strings.TrimSuffix(s, "0s"), "0m")
-		return neg + s
-	case d >= time.Second:
-		return neg + d.Round(time.Second).String()
-	}
-	return neg + d.Round(time.Millisecond).String()
-}
+// durText prints a duration rounded for people, as pgbox-relay does.
+func durText(d time.Duration) string { return durtext.Short(d) }
