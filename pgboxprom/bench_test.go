@@ -90,88 +90,86 @@ func seedScrapeBench(b *testing.B, pool *pgxpool.Pool, outboxRows, inboxRows int
 	exec(`ANALYZE pgbox_inbox`)
 }
 
-// BenchmarkScrape: one Prometheus scrape of pgboxprom's Collector (database
-// metrics through package inspect: backlog, lanes, parked rows, inbox key
-// ages per consumer and topic) against the scrape's queries before it
-// (baseline), on the same 5M-row outbox backlog and 10M inbox keys. Sized by
-// PGBOX_BENCH_OUTBOX_ROWS and PGBOX_BENCH_INBOX_ROWS; the load takes
-// minutes at full size, and runs only with -bench.
-func BenchmarkScrape(b *testing.B) {
+// BenchmarkInspect builds one 5M-row outbox backlog and 10M inbox keys
+// (sized by PGBOX_BENCH_OUTBOX_ROWS and PGBOX_BENCH_INBOX_ROWS; the load takes
+// minutes at full size and runs only with -bench), then measures on it:
+//
+//   - scrape: one Prometheus scrape of pgboxprom's Collector (database
+//     metrics through package inspect: backlog, lanes, parked rows, inbox key
+//     ages per consumer and topic) against the scrape's queries before it
+//     (baseline: count(*) GROUP BY over the whole outbox);
+//   - status: inspect.Read, what `pgbox-relay status` prints, against
+//     status's queries before it (baseline: the same outbox count plus
+//     count(*) GROUP BY over the whole inbox).
+func BenchmarkInspect(b *testing.B) {
 	outboxRows := benchRows(b, "PGBOX_BENCH_OUTBOX_ROWS", 5_000_000)
 	inboxRows := benchRows(b, "PGBOX_BENCH_INBOX_ROWS", 10_000_000)
 	db := testdb.New(b)
 	seedScrapeBench(b, db.Pool, outboxRows, inboxRows)
-	ctx := context.Background()
-
-	b.Run("pgbox", func(b *testing.B) {
-		c, err := pgboxprom.New(pgboxprom.Config{DB: db.Pool, Inspect: inspect.Options{Lanes: 16}})
-		require.NoError(b, err)
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(c)
-		_, err = reg.Gather() // warm the pool's connection
-		require.NoError(b, err)
-		b.ResetTimer()
-		start := time.Now()
-		for b.Loop() {
-			mfs, err := reg.Gather()
-			require.NoError(b, err)
-			require.NotEmpty(b, mfs)
-		}
-		b.ReportMetric(float64(time.Since(start).Microseconds())/1000/float64(b.N), "scrape-ms")
+	b.Run("scrape", func(b *testing.B) {
+		b.Run("pgbox", func(b *testing.B) { benchScrape(b, db.Pool) })
+		b.Run("baseline", func(b *testing.B) {
+			benchBaseline(b, db.Pool, "scrape-ms", baselineLanesSQL, baselineBacklogSQL)
+		})
 	})
-	b.Run("baseline", func(b *testing.B) {
-		_, err := db.Pool.Exec(ctx, `SELECT 1`)
-		require.NoError(b, err)
-		b.ResetTimer()
-		start := time.Now()
-		for b.Loop() {
-			for _, q := range []struct {
-				sql  string
-				args []any
-			}{{baselineLanesSQL, nil}, {baselineBacklogSQL, []any{16}}} {
-				rows, err := db.Pool.Query(ctx, q.sql, q.args...)
-				require.NoError(b, err)
-				for rows.Next() {
-				}
-				require.NoError(b, rows.Err())
-			}
-		}
-		b.ReportMetric(float64(time.Since(start).Microseconds())/1000/float64(b.N), "scrape-ms")
+	b.Run("status", func(b *testing.B) {
+		b.Run("pgbox", func(b *testing.B) { benchStatus(b, db.Pool) })
+		b.Run("baseline", func(b *testing.B) {
+			benchBaseline(b, db.Pool, "status-ms", baselineLanesSQL, baselineBacklogSQL, baselineStatusInboxSQL)
+		})
 	})
 }
 
-// BenchmarkStatus: `status` (inspect.Read) against status's inbox count
-// before it (baseline: count(*) GROUP BY over the whole inbox, which the
-// outbox baseline of BenchmarkScrape adds to). Same data and sizing.
-func BenchmarkStatus(b *testing.B) {
-	outboxRows := benchRows(b, "PGBOX_BENCH_OUTBOX_ROWS", 5_000_000)
-	inboxRows := benchRows(b, "PGBOX_BENCH_INBOX_ROWS", 10_000_000)
-	db := testdb.New(b)
-	seedScrapeBench(b, db.Pool, outboxRows, inboxRows)
+func benchScrape(b *testing.B, pool *pgxpool.Pool) {
+	c, err := pgboxprom.New(pgboxprom.Config{DB: pool, Inspect: inspect.Options{Lanes: 16}})
+	require.NoError(b, err)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	_, err = reg.Gather() // warm the pool's connection
+	require.NoError(b, err)
+	b.ResetTimer()
+	start := time.Now()
+	for b.Loop() {
+		mfs, err := reg.Gather()
+		require.NoError(b, err)
+		require.NotEmpty(b, mfs)
+	}
+	b.ReportMetric(float64(time.Since(start).Microseconds())/1000/float64(b.N), "scrape-ms")
+}
+
+func benchStatus(b *testing.B, pool *pgxpool.Pool) {
 	ctx := context.Background()
-	b.Run("pgbox", func(b *testing.B) {
-		start := time.Now()
-		for b.Loop() {
-			snap, err := inspect.Read(ctx, db.Pool, inspect.Options{})
-			require.NoError(b, err)
-			require.NotEmpty(b, snap.Inbox)
-		}
-		b.ReportMetric(float64(time.Since(start).Microseconds())/1000/float64(b.N), "status-ms")
-	})
-	b.Run("baseline", func(b *testing.B) {
-		start := time.Now()
-		for b.Loop() {
-			for _, q := range []struct {
-				sql  string
-				args []any
-			}{{baselineLanesSQL, nil}, {baselineBacklogSQL, []any{16}}, {baselineStatusInboxSQL, nil}} {
-				rows, err := db.Pool.Query(ctx, q.sql, q.args...)
-				require.NoError(b, err)
-				for rows.Next() {
-				}
-				require.NoError(b, rows.Err())
+	_, err := inspect.Read(ctx, pool, inspect.Options{}) // warm up
+	require.NoError(b, err)
+	b.ResetTimer()
+	start := time.Now()
+	for b.Loop() {
+		snap, err := inspect.Read(ctx, pool, inspect.Options{})
+		require.NoError(b, err)
+		require.NotEmpty(b, snap.Inbox)
+	}
+	b.ReportMetric(float64(time.Since(start).Microseconds())/1000/float64(b.N), "status-ms")
+}
+
+// benchBaseline runs the old queries (the backlog one takes the lane count, 16).
+func benchBaseline(b *testing.B, pool *pgxpool.Pool, unit string, queries ...string) {
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `SELECT 1`)
+	require.NoError(b, err)
+	b.ResetTimer()
+	start := time.Now()
+	for b.Loop() {
+		for _, q := range queries {
+			var args []any
+			if q == baselineBacklogSQL {
+				args = []any{16}
 			}
+			rows, err := pool.Query(ctx, q, args...)
+			require.NoError(b, err)
+			for rows.Next() {
+			}
+			require.NoError(b, rows.Err())
 		}
-		b.ReportMetric(float64(time.Since(start).Microseconds())/1000/float64(b.N), "status-ms")
-	})
+	}
+	b.ReportMetric(float64(time.Since(start).Microseconds())/1000/float64(b.N), unit)
 }
