@@ -13,7 +13,7 @@ BENCHTIME ?= 1x
 .PHONY: demo test test-short bench vet fmt db-url db-stop db-wipe build clean
 
 demo: ## run the orders→payments demo on an embedded Kafka broker
-	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) run ./cmd/relay demo $(DEMO_ARGS)
+	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) run ./examples/demo $(DEMO_ARGS)
 
 test: ## the whole suite, with the race detector, against real PostgreSQL
 	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) test -race -count=1 -timeout 40m $(PKG)
@@ -31,7 +31,7 @@ fmt:
 	gofmt -w $$(git ls-files '*.go')
 
 build:
-	$(GO) build -o bin/pgbox-relay ./cmd/relay
+	$(GO) build -o bin/pgbox-relay ./cmd/pgbox-relay
 
 db-url: ## print the DATABASE_URL the targets use
 	@$(DEVDB) url

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/internal/testutil"
@@ -215,12 +216,12 @@ func TestRunPublishesServesMetricsAndStops(t *testing.T) {
 	// status sees this instance holding every lane.
 	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + db.URL}, "status", "--json")
 	require.Equal(t, 0, r.code, r.stderr)
-	var st statusReport
+	var st inspect.Snapshot
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
 	require.Len(t, st.Instances, 1)
 	require.True(t, st.Instances[0].Live)
-	require.Len(t, st.LaneRows, 4)
-	for _, l := range st.LaneRows {
+	require.Len(t, st.Lanes, 4)
+	for _, l := range st.Lanes {
 		require.True(t, l.Held, "lane %d", l.Lane)
 		require.Equal(t, st.Instances[0].Instance, l.Owner)
 	}

@@ -228,7 +228,7 @@ func (s *settings) parse(cmd string, args []string, getenv func(string) string, 
 			if s.flagErr != nil {
 				err = s.flagErr
 			}
-			return nil, usageError("%s: %v (run `relay %s --help` for the settings)", cmd, err, cmd)
+			return nil, usageError("%s: %v (run `pgbox-relay %s --help` for the settings)", cmd, err, cmd)
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -276,7 +276,7 @@ func (s *settings) quoted(st *setting, v string) string {
 // usage prints every setting of the command with its environment variable and
 // default.
 func (s *settings) usage(out io.Writer, cmd string) {
-	fmt.Fprintf(out, "Usage: relay %s [flags]\n\n", cmdSynopsis(cmd))
+	fmt.Fprintf(out, "Usage: pgbox-relay %s [flags]\n\n", cmdSynopsis(cmd))
 	if d := cmdDoc(cmd); d != "" {
 		fmt.Fprintf(out, "%s\n\n", d)
 	}

@@ -1,4 +1,8 @@
-package main
+// Package kafkaconf builds the sarama client configuration pgbox's binary and
+// examples share from operator settings: version, timeouts, SASL (PLAIN,
+// SCRAM-SHA-256, SCRAM-SHA-512) and TLS. Secrets never appear in what
+// Redacted returns.
+package kafkaconf
 
 import (
 	"crypto/tls"
@@ -14,7 +18,25 @@ import (
 	"github.com/xdg-go/scram"
 )
 
-func parseKafkaVersion(v string) (sarama.KafkaVersion, error) {
+// Options are the Kafka client settings (flags/env of the binary).
+type Options struct {
+	Brokers       []string
+	Version       string
+	ClientID      string
+	Timeout       time.Duration
+	SASLMechanism string
+	SASLUser      string
+	SASLPassword  string
+	TLS           bool
+	TLSCA         string
+	TLSCert       string
+	TLSKey        string
+	TLSSkipVerify bool
+}
+
+// ParseVersion parses a Kafka version that the relay's idempotent producer
+// can use (0.11.0 or newer).
+func ParseVersion(v string) (sarama.KafkaVersion, error) {
 	kv, err := sarama.ParseKafkaVersion(v)
 	if err != nil {
 		return kv, fmt.Errorf("must be a Kafka version like 2.8.0 or 3.6.0")
@@ -25,12 +47,12 @@ func parseKafkaVersion(v string) (sarama.KafkaVersion, error) {
 	return kv, nil
 }
 
-// saramaConfig builds the client configuration every Kafka client of the
+// Sarama builds the client configuration every Kafka client of the
 // binary shares: version, timeouts, SASL and TLS. Callers add producer or
 // consumer settings on top.
-func (k kafkaOptions) saramaConfig() (*sarama.Config, error) {
+func (k Options) Sarama() (*sarama.Config, error) {
 	cfg := sarama.NewConfig()
-	v, err := parseKafkaVersion(k.Version)
+	v, err := ParseVersion(k.Version)
 	if err != nil {
 		return nil, fmt.Errorf("kafka version %q: %w", k.Version, err)
 	}
@@ -75,7 +97,7 @@ func (k kafkaOptions) saramaConfig() (*sarama.Config, error) {
 	return cfg, nil
 }
 
-func (k kafkaOptions) tlsConfig() (*tls.Config, error) {
+func (k Options) tlsConfig() (*tls.Config, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: k.TLSSkipVerify} //nolint:gosec // operator's explicit choice
 	if k.TLSCA != "" {
 		pem, err := os.ReadFile(k.TLSCA)
@@ -98,12 +120,12 @@ func (k kafkaOptions) tlsConfig() (*tls.Config, error) {
 	return tc, nil
 }
 
-// kafkaConnectError names what a failed connection to brokers used: the
+// ConnectError names what a failed connection to brokers used: the
 // brokers, the SASL mechanism and user, and TLS; never the password. A
 // broker refuses a SASL login with SASL_AUTHENTICATION_FAILED, or (kfake,
 // some proxies) just closes the connection, which sarama reports as EOF:
 // with SASL on, both get a hint to check the credentials.
-func kafkaConnectError(brokers []string, cfg *sarama.Config, err error) error {
+func ConnectError(brokers []string, cfg *sarama.Config, err error) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kafka brokers %s", strings.Join(brokers, ","))
 	var with []string
@@ -122,8 +144,8 @@ func kafkaConnectError(brokers []string, cfg *sarama.Config, err error) error {
 	return fmt.Errorf("%s: %w", b.String(), err)
 }
 
-// redacted describes the Kafka settings for logs, without the password.
-func (k kafkaOptions) redacted() string {
+// Redacted describes the Kafka settings for logs, without the password.
+func (k Options) Redacted() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "brokers=%s version=%s", strings.Join(k.Brokers, ","), k.Version)
 	if k.SASLMechanism != "" {

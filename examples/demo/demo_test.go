@@ -1,7 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +19,68 @@ import (
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 )
+
+// demoBin is the demo binary, built once for the package's tests (with
+// -race when the tests are, so the subprocess is checked too).
+var demoBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "pgbox-demo-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	demoBin = filepath.Join(dir, "demo")
+	args := []string{"build", "-o", demoBin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, ".")...)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build demo binary:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// runDemo runs the demo binary with args and only the environment given
+// (plus the test process's, minus every setting the demo reads).
+func runDemo(t *testing.T, timeout time.Duration, env []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, demoBin, args...)
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if k != "DATABASE_URL" && k != "KAFKA_BROKERS" && !strings.HasPrefix(k, "PGBOX_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			t.Fatalf("run demo %v: %v", args, err)
+		}
+		code = ee.ExitCode()
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("demo %v did not finish within %v\nstdout:\n%s\nstderr:\n%s", args, timeout, &stdout, &stderr)
+	}
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
 
 // demoSchema names a schema for one demo run and drops it when the test ends.
 func demoSchema(t *testing.T) string {
@@ -44,7 +111,7 @@ func TestDemoShort(t *testing.T) {
 	t.Parallel()
 	schema := demoSchema(t)
 	env := []string{"DATABASE_URL=" + testdb.ServerURL(t)}
-	r := runRelay(t, 3*time.Minute, env, "demo", "--orders=300", "--replay=40", "--rate=0", "--partitions=3",
+	r := runDemo(t, 3*time.Minute, env, "--orders=300", "--replay=40", "--rate=0", "--partitions=3",
 		"--demo-schema="+schema, "--duration=150s")
 	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 	for _, want := range []string{
@@ -61,7 +128,7 @@ func TestDemoShort(t *testing.T) {
 	require.Contains(t, r.stderr, "orders sent 300/300", "the progress line ends with the final counts")
 
 	// Re-running works: the schema is reset at start.
-	r = runRelay(t, 3*time.Minute, env, "demo", "--orders=50", "--replay=5", "--rate=0", "--partitions=2", "--consumers=1",
+	r = runDemo(t, 3*time.Minute, env, "--orders=50", "--replay=5", "--rate=0", "--partitions=2", "--consumers=1",
 		"--demo-schema="+schema, "--duration=150s", "--keep-schema=false")
 	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 	require.Contains(t, r.stdout, "PASS")
@@ -74,7 +141,7 @@ func TestDemoCheckFails(t *testing.T) {
 	t.Parallel()
 	schema := demoSchema(t)
 	env := []string{"DATABASE_URL=" + testdb.ServerURL(t)}
-	r := runRelay(t, 3*time.Minute, env, "demo", "--orders=100", "--replay=20", "--duplicate-percent=20", "--rate=0",
+	r := runDemo(t, 3*time.Minute, env, "--orders=100", "--replay=20", "--duplicate-percent=20", "--rate=0",
 		"--partitions=2", "--dedup-key=offset", "--demo-schema="+schema, "--duration=150s", "--keep-schema=false")
 	require.Equal(t, 1, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 	require.Contains(t, r.stdout, "FAILED: DIFFERS FROM unique orders")
@@ -93,7 +160,7 @@ func TestDemoExternalBrokerWithSASL(t *testing.T) {
 	schema := demoSchema(t)
 	env := []string{"DATABASE_URL=" + testdb.ServerURL(t), "KAFKA_BROKERS=" + strings.Join(c.ListenAddrs(), ","),
 		"PGBOX_KAFKA_SASL_MECHANISM=SCRAM-SHA-512", "PGBOX_KAFKA_SASL_USER=demo", "PGBOX_KAFKA_SASL_PASSWORD=p4ss"}
-	r := runRelay(t, 3*time.Minute, env, "demo", "--orders=60", "--replay=6", "--rate=0", "--partitions=2",
+	r := runDemo(t, 3*time.Minute, env, "--orders=60", "--replay=6", "--rate=0", "--partitions=2",
 		"--demo-schema="+schema, "--duration=150s", "--keep-schema=false")
 	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 	require.Contains(t, r.stderr, "Kafka at "+c.ListenAddrs()[0])
@@ -105,13 +172,41 @@ func TestDemoExternalBrokerWithSASL(t *testing.T) {
 // requires TLS with a client certificate.
 func TestDemoExternalBrokerWithMutualTLS(t *testing.T) {
 	t.Parallel()
-	pki := newTestPKI(t)
-	c := kafkatest.New(t, kfake.TLS(pki.serverTLS))
+	pki := kafkatest.NewPKI(t)
+	c := kafkatest.New(t, kfake.TLS(pki.ServerTLS))
 	schema := demoSchema(t)
 	env := []string{"DATABASE_URL=" + testdb.ServerURL(t), "KAFKA_BROKERS=" + strings.Join(c.ListenAddrs(), ","),
-		"PGBOX_KAFKA_TLS_CA=" + pki.caFile, "PGBOX_KAFKA_TLS_CERT=" + pki.certFile, "PGBOX_KAFKA_TLS_KEY=" + pki.keyFile}
-	r := runRelay(t, 3*time.Minute, env, "demo", "--orders=60", "--replay=6", "--rate=0", "--partitions=2",
+		"PGBOX_KAFKA_TLS_CA=" + pki.CAFile, "PGBOX_KAFKA_TLS_CERT=" + pki.CertFile, "PGBOX_KAFKA_TLS_KEY=" + pki.KeyFile}
+	r := runDemo(t, 3*time.Minute, env, "--orders=60", "--replay=6", "--rate=0", "--partitions=2",
 		"--demo-schema="+schema, "--duration=150s", "--keep-schema=false")
 	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 	require.Regexp(t, `(?m)^PASS`, r.stdout)
+}
+
+// TestDemoUsageErrors: bad settings exit 2 naming the setting, and no
+// password reaches the output. (Moved from cmd/relay with the demo.)
+func TestDemoUsageErrors(t *testing.T) {
+	t.Parallel()
+	db := []string{"DATABASE_URL=postgres://alice:hunter2@127.0.0.1:1/db"}
+	for _, tc := range []struct {
+		name string
+		env  []string
+		args []string
+		want []string
+	}{
+		{"replay > orders", db, []string{"--orders", "10", "--replay", "11"}, []string{"--replay", "at most --orders"}},
+		{"missing database", nil, nil, []string{"DATABASE_URL", "--database-url"}},
+		{"bad env", append(db, "PGBOX_DEMO_ORDERS=many"), nil, []string{"PGBOX_DEMO_ORDERS", `"many"`}},
+		{"arguments", db, []string{"extra"}, []string{"no arguments"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := runDemo(t, time.Minute, tc.env, tc.args...)
+			require.Equal(t, 2, r.code, "stderr: %s", r.stderr)
+			for _, w := range tc.want {
+				require.Contains(t, r.stderr, w)
+			}
+			require.NotContains(t, r.stderr+r.stdout, "hunter2")
+		})
+	}
 }

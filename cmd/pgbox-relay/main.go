@@ -1,16 +1,15 @@
-// Command relay is pgbox's one binary: it drains the outbox to Kafka, prunes
+// Command pgbox-relay is pgbox's one binary: it drains the outbox to Kafka, prunes
 // the inbox and outbox on a schedule, migrates the schema, reports backlog,
-// and runs a self-contained demo.
+// and prints status. The orders→payments demo is examples/demo (`make demo`).
 //
-//	relay run                 relay + cleanup on a schedule, /metrics, /healthz, /readyz
-//	relay migrate up|down|status
-//	relay cleanup [--dry-run] one cleanup pass, for an external cron
-//	relay status [--json]     backlog, lanes, parked rows, inbox ages
-//	relay demo                orders→payments on an embedded Kafka broker
-//	relay version
+//	pgbox-relay run                 relay + cleanup on a schedule, /metrics, /healthz, /readyz
+//	pgbox-relay migrate up|down|status
+//	pgbox-relay cleanup [--dry-run] one cleanup pass, for an external cron
+//	pgbox-relay status [--json]     backlog, lanes, parked rows, inbox ages
+//	pgbox-relay version
 //
 // Settings come from flags or environment variables (DATABASE_URL,
-// KAFKA_BROKERS, PGBOX_…); `relay <command> --help` lists them with their
+// KAFKA_BROKERS, PGBOX_…); `pgbox-relay <command> --help` lists them with their
 // defaults. Exit codes: 0 success, 1 failure, 2 bad flags, environment or
 // arguments.
 package main
@@ -54,8 +53,6 @@ func init() {
 			groups: []string{groupDB, groupKafka, groupCleanup, groupCleanupOnce, groupLog}, run: cmdCleanup},
 		{name: "status", synopsis: "status [--json]", doc: "Print the outbox backlog per topic and lane, the oldest unpublished row, parked\nrows, lane owners, and inbox keys per consumer and topic. With Kafka brokers\nset, each topic's oldest key is compared with its cleanup cutoff.",
 			groups: []string{groupDB, groupKafkaOptional, groupCleanup, groupStatus, groupLog}, run: cmdStatus},
-		{name: "demo", synopsis: "demo", doc: "Run an orders→payments flow end to end: a producer with injected duplicates,\na consumer-group service using the inbox and the outbox, the relay, one\ncleanup pass; then check and print a summary. Uses an embedded Kafka broker\nunless KAFKA_BROKERS is set, and its own schema (reset at start).",
-			groups: []string{groupDB, groupKafkaOptional, groupDemo, groupHTTP, groupLog}, run: cmdDemo},
 		{name: "version", synopsis: "version", doc: "Print the version of this binary and of the schema it ships.",
 			groups: nil, run: cmdVersion},
 	}
@@ -109,7 +106,7 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	}
 	c := findCommand(name)
 	if c == nil {
-		fmt.Fprintf(stderr, "relay: unknown command %q (allowed: run, migrate, cleanup, status, demo, version; see `relay --help`)\n", name)
+		fmt.Fprintf(stderr, "pgbox-relay: unknown command %q (allowed: run, migrate, cleanup, status, version; see `pgbox-relay --help`)\n", name)
 		return 2
 	}
 	opts := &options{}
@@ -123,22 +120,22 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		err = opts.validate(c.name)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "relay: %v\n", trimUsage(err))
+		fmt.Fprintf(stderr, "pgbox-relay: %v\n", trimUsage(err))
 		return 2
 	}
 	a := &app{opts: opts, set: set, stdout: stdout, stderr: stderr, getenv: getenv}
 	a.log = newLogger(stderr, opts.LogFormat, opts.LogLevel)
 	if err := c.run(ctx, a, pos); err != nil {
 		if errors.Is(err, errUsage) {
-			fmt.Fprintf(stderr, "relay: %v\n", trimUsage(err))
+			fmt.Fprintf(stderr, "pgbox-relay: %v\n", trimUsage(err))
 			return 2
 		}
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-			fmt.Fprintf(stderr, "relay %s: interrupted\n", c.name)
+			fmt.Fprintf(stderr, "pgbox-relay %s: interrupted\n", c.name)
 			return 1
 		}
-		a.log.Error("relay "+c.name+" failed", "err", err)
-		fmt.Fprintf(stderr, "relay %s: %v\n", c.name, err)
+		a.log.Error("pgbox-relay "+c.name+" failed", "err", err)
+		fmt.Fprintf(stderr, "pgbox-relay %s: %v\n", c.name, err)
 		return 1
 	}
 	return 0
@@ -155,9 +152,9 @@ func trimUsage(err error) string {
 }
 
 func topUsage(out io.Writer) {
-	fmt.Fprint(out, `relay — pgbox's operator binary: outbox relay, cleanup, migrations, status, demo.
+	fmt.Fprint(out, `pgbox-relay — pgbox's operator binary: outbox relay, cleanup, migrations, status.
 
-Usage: relay <command> [flags]
+Usage: pgbox-relay <command> [flags]
 
 Commands:
 `)
@@ -173,7 +170,7 @@ Exit codes: 0 success, 1 failure, 2 bad flags, environment or arguments.
 	set := newSettings()
 	opts.bind(set, allGroups...)
 	printSettings(out, set.list)
-	fmt.Fprintln(out, "\n`relay <command> --help` shows the settings one command reads.")
+	fmt.Fprintln(out, "\n`pgbox-relay <command> --help` shows the settings one command reads.")
 }
 
 func firstLine(s string) string {

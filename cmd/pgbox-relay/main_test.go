@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	relayBin = filepath.Join(dir, "relay")
+	relayBin = filepath.Join(dir, "pgbox-relay")
 	// Built with -race when the tests are, so the subprocesses are checked too.
 	args := []string{"build", "-o", relayBin}
 	if raceEnabled {

@@ -1,17 +1,7 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/base64"
 	"encoding/json"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/xdg-go/scram"
 
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
@@ -60,17 +49,17 @@ var saslMechanisms = []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}
 // saslBroker starts a broker whose only user is user/password with mech,
 // behind mutual TLS when pki is not nil, and returns the binary's Kafka
 // options for it (the right password, TLS files set).
-func saslBroker(t *testing.T, pki *testPKI, mech, user, password string) kafkaOptions {
+func saslBroker(t *testing.T, pki *kafkatest.PKI, mech, user, password string) kafkaOptions {
 	t.Helper()
 	opts := []kfake.Opt{kfake.EnableSASL(), kfake.Superuser(mech, user, password), kfake.SeedTopics(1, "sasl-tls-probe")}
 	if pki != nil {
-		opts = append(opts, kfake.TLS(pki.serverTLS))
+		opts = append(opts, kfake.TLS(pki.ServerTLS))
 	}
 	c := kafkatest.New(t, opts...)
 	k := baseKafka(c.ListenAddrs())
 	k.SASLMechanism, k.SASLUser, k.SASLPassword = mech, user, password
 	if pki != nil {
-		k.TLSCA, k.TLSCert, k.TLSKey = pki.caFile, pki.certFile, pki.keyFile
+		k.TLSCA, k.TLSCert, k.TLSKey = pki.CAFile, pki.CertFile, pki.KeyFile
 	}
 	return k
 }
@@ -80,12 +69,12 @@ func saslBroker(t *testing.T, pki *testPKI, mech, user, password string) kafkaOp
 // that names the mechanism and the user and contains no password.
 func TestKafkaSASL(t *testing.T) {
 	t.Parallel()
-	pki := newTestPKI(t)
+	pki := kafkatest.NewPKI(t)
 	const right, wrong = "s3cret=,pw", "wr0ng-pw"
 	for _, mech := range saslMechanisms {
 		for _, withTLS := range []bool{false, true} {
 			name := mech
-			var p *testPKI
+			var p *kafkatest.PKI
 			if withTLS {
 				name, p = mech+"+TLS", &pki
 			}
@@ -147,112 +136,13 @@ func TestKafkaSASLCredentialsAsGiven(t *testing.T) {
 	}
 }
 
-// TestSCRAMClientErrors: the adapter's own errors (a protocol failure it
-// detects) name the mechanism and the user, never the password.
-func TestSCRAMClientErrors(t *testing.T) {
-	t.Parallel()
-	c := newSCRAMClientFunc("SCRAM-SHA-256", scram.SHA256)()
-	require.NoError(t, c.Begin("alice", "hunter2", ""))
-	first, err := c.Step("")
-	require.NoError(t, err)
-	require.Contains(t, first, "n=alice,r=")
-	require.False(t, c.Done())
-
-	// A server nonce that does not extend the client's: a man in the middle
-	// or a broken server.
-	_, err = c.Step("r=someone-else,s=" + base64.StdEncoding.EncodeToString([]byte("salt")) + ",i=4096")
-	require.ErrorContains(t, err, `kafka SASL SCRAM-SHA-256 as user "alice"`)
-	require.ErrorContains(t, err, "nonce")
-	require.NotContains(t, err.Error(), "hunter2")
-
-	// Too few iterations: refused, not computed with a weak key.
-	c = newSCRAMClientFunc("SCRAM-SHA-512", scram.SHA512)()
-	require.NoError(t, c.Begin("alice", "hunter2", ""))
-	first, err = c.Step("")
-	require.NoError(t, err)
-	nonce := first[strings.Index(first, "r=")+2:]
-	_, err = c.Step("r=" + nonce + "srv,s=" + base64.StdEncoding.EncodeToString([]byte("salt")) + ",i=1")
-	require.ErrorContains(t, err, `kafka SASL SCRAM-SHA-512 as user "alice"`)
-	require.ErrorContains(t, err, "iterations")
-
-	_, err = newSCRAMClientFunc("SCRAM-SHA-256", scram.SHA256)().Step("")
-	require.ErrorContains(t, err, "SCRAM-SHA-256")
-}
-
-// testPKI is a CA with one server and one client certificate, as PEM files.
-type testPKI struct {
-	caFile, certFile, keyFile string
-	serverTLS                 *tls.Config
-}
-
-func newTestPKI(t *testing.T) testPKI {
-	t.Helper()
-	dir := t.TempDir()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "pgbox test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	require.NoError(t, err)
-	ca, err := x509.ParseCertificate(caDER)
-	require.NoError(t, err)
-
-	issue := func(serial int64, cn string, usage x509.ExtKeyUsage, ips []net.IP) ([]byte, *ecdsa.PrivateKey) {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		require.NoError(t, err)
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial),
-			Subject:      pkix.Name{CommonName: cn},
-			NotBefore:    time.Now().Add(-time.Hour),
-			NotAfter:     time.Now().Add(24 * time.Hour),
-			KeyUsage:     x509.KeyUsageDigitalSignature,
-			ExtKeyUsage:  []x509.ExtKeyUsage{usage},
-			IPAddresses:  ips,
-			DNSNames:     []string{"localhost"},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		require.NoError(t, err)
-		return der, key
-	}
-	writePEM := func(name, typ string, der []byte) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600))
-		return p
-	}
-	srvDER, srvKey := issue(2, "127.0.0.1", x509.ExtKeyUsageServerAuth, []net.IP{net.ParseIP("127.0.0.1")})
-	cliDER, cliKey := issue(3, "pgbox-relay", x509.ExtKeyUsageClientAuth, nil)
-	cliKeyDER, err := x509.MarshalECPrivateKey(cliKey)
-	require.NoError(t, err)
-
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return testPKI{
-		caFile:   writePEM("ca.pem", "CERTIFICATE", caDER),
-		certFile: writePEM("client.pem", "CERTIFICATE", cliDER),
-		keyFile:  writePEM("client-key.pem", "EC PRIVATE KEY", cliKeyDER),
-		serverTLS: &tls.Config{
-			Certificates: []tls.Certificate{{Certificate: [][]byte{srvDER}, PrivateKey: srvKey}},
-			ClientCAs:    pool,
-			ClientAuth:   tls.RequireAndVerifyClientCert,
-			MinVersion:   tls.VersionTLS12,
-		},
-	}
-}
-
 func TestKafkaTLS(t *testing.T) {
 	t.Parallel()
-	pki := newTestPKI(t)
-	c := kafkatest.New(t, kfake.TLS(pki.serverTLS), kfake.SeedTopics(1, "sasl-tls-probe"))
+	pki := kafkatest.NewPKI(t)
+	c := kafkatest.New(t, kfake.TLS(pki.ServerTLS), kfake.SeedTopics(1, "sasl-tls-probe"))
 
 	k := baseKafka(c.ListenAddrs())
-	k.TLSCA, k.TLSCert, k.TLSKey = pki.caFile, pki.certFile, pki.keyFile
+	k.TLSCA, k.TLSCert, k.TLSKey = pki.CAFile, pki.CertFile, pki.KeyFile
 	require.NoError(t, listTopics(t, k), "CA + client certificate must connect")
 
 	noCA := k
@@ -260,7 +150,7 @@ func TestKafkaTLS(t *testing.T) {
 	require.Error(t, listTopics(t, noCA), "the broker's certificate is not signed by a system root")
 
 	noClientCert := baseKafka(c.ListenAddrs())
-	noClientCert.TLSCA = pki.caFile
+	noClientCert.TLSCA = pki.CAFile
 	require.Error(t, listTopics(t, noClientCert), "the broker requires a client certificate")
 
 	plain := baseKafka(c.ListenAddrs())
@@ -303,11 +193,11 @@ func TestRedactDSN(t *testing.T) {
 // its output carries either password.
 func TestRunRefusedLoginLogsNoSecret(t *testing.T) {
 	t.Parallel()
-	pki := newTestPKI(t)
+	pki := kafkatest.NewPKI(t)
 	const right, wrong = "r1ght-Pa55", "wr0ng-Pa55"
 	for _, tc := range []struct {
 		mech string
-		pki  *testPKI
+		pki  *kafkatest.PKI
 	}{{"PLAIN", nil}, {"SCRAM-SHA-256", &pki}, {"SCRAM-SHA-512", nil}} {
 		t.Run(tc.mech, func(t *testing.T) {
 			t.Parallel()

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/pgboxprom"
 	"github.com/pgbox/pgbox/relay"
 )
 
@@ -19,7 +21,7 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	if len(args) > 0 {
 		return usageError("run takes no arguments (got %q)", args)
 	}
-	a.logSettings("relay run starting")
+	a.logSettings("pgbox-relay run starting")
 	pool, err := a.openPool(ctx)
 	if err != nil {
 		return err
@@ -51,7 +53,11 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 			return err
 		}
 	}
-	exp := newExporter(statsSources{Relay: r, Cleaner: cl, Pool: pool, Lanes: a.opts.Relay.Lanes})
+	exp, err := newMetrics(pgboxprom.Config{Relay: r, Cleaner: cl, DB: pool,
+		Inspect: inspect.Options{Lanes: a.opts.Relay.Lanes}, Logger: a.log.With("component", "metrics")})
+	if err != nil {
+		return err
+	}
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -71,7 +77,7 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 		cleanDone <- nil
 	}
 	pollDone := make(chan struct{})
-	go func() { exp.pollLatency(runCtx); close(pollDone) }()
+	go func() { exp.col.Run(runCtx); close(pollDone) }()
 	a.log.Info("relay running", "instance", r.Instance(), "lanes", a.opts.Relay.Lanes,
 		"cleanup_interval", a.opts.CleanupInterval.String(), "kafka", a.opts.Kafka.redacted())
 

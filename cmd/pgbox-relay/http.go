@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"sync"
@@ -11,10 +12,31 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/pgbox/pgbox/internal/kafkaconf"
+	"github.com/pgbox/pgbox/pgboxprom"
 	"github.com/pgbox/pgbox/relay"
 )
+
+// metrics is the binary's registry: pgbox's collector plus the Go runtime's
+// and the process's.
+type metrics struct {
+	reg *prometheus.Registry
+	col *pgboxprom.Collector
+}
+
+func newMetrics(cfg pgboxprom.Config) (*metrics, error) {
+	col, err := pgboxprom.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(col, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &metrics{reg: reg, col: col}, nil
+}
 
 // lazyKafka is a Kafka client and admin made on first use and kept (sarama
 // reconnects by itself), so that the process starts while Kafka is down and
@@ -36,7 +58,7 @@ func (l *lazyKafka) connect() (sarama.Client, sarama.ClusterAdmin, error) {
 	}
 	c, err := sarama.NewClient(l.brokers, l.cfg)
 	if err != nil {
-		return nil, nil, kafkaConnectError(l.brokers, l.cfg, err)
+		return nil, nil, kafkaconf.ConnectError(l.brokers, l.cfg, err)
 	}
 	a, err := sarama.NewClusterAdminFromClient(c)
 	if err != nil {
@@ -125,9 +147,9 @@ func (r *readiness) check(ctx context.Context) readyReport {
 		s := r.relay.Stats()
 		switch {
 		case s.Lanes > 0:
-			rep.Lanes = "holding " + itoa(s.Lanes) + " of " + itoa(r.lanes)
+			rep.Lanes = fmt.Sprintf("holding %d of %d", s.Lanes, r.lanes)
 		case s.Instances > r.lanes:
-			rep.Lanes = "standby: " + itoa(s.Instances) + " instances for " + itoa(r.lanes) + " lanes"
+			rep.Lanes = fmt.Sprintf("standby: %d instances for %d lanes", s.Instances, r.lanes)
 		default:
 			rep.Lanes, rep.Ready = "no lanes held yet", false
 		}
@@ -137,9 +159,9 @@ func (r *readiness) check(ctx context.Context) readyReport {
 
 // serveHTTP serves /metrics, /healthz and /readyz on addr until ctx ends.
 // It returns once the listener is bound (or failed to bind).
-func serveHTTP(ctx context.Context, addr string, e *exporter, ready *readiness, log *logger) (bound string, done <-chan error, err error) {
+func serveHTTP(ctx context.Context, addr string, m *metrics, ready *readiness, log *logger) (bound string, done <-chan error, err error) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{Registry: e.reg}))
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))

@@ -129,14 +129,11 @@ func (d *demo) groupSettled() bool {
 }
 
 func cmdDemo(ctx context.Context, a *app, args []string) error {
-	if len(args) > 0 {
-		return usageError("demo takes no arguments (got %q)", args)
-	}
 	d := &demo{a: a, o: a.opts.Demo, seen: map[string]map[string]struct{}{}, latDone: map[string]bool{}, claims: map[int]int{}}
 	// Library logs would tear the progress line: warnings and up only, unless
 	// a level was asked for.
 	d.log = a.log
-	if a.set.source["log-level"] == "" {
+	if !a.opts.logLevelSet {
 		d.log = newLogger(a.stderr, a.opts.LogFormat, "warn")
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.o.Duration)
@@ -153,7 +150,7 @@ func (d *demo) run(ctx context.Context) error {
 	prog := newProgress(d.a.stderr)
 
 	// Kafka: embedded unless KAFKA_BROKERS is set.
-	base, err := d.a.opts.Kafka.saramaConfig()
+	base, err := d.a.opts.Kafka.Sarama()
 	if err != nil {
 		return err
 	}
@@ -205,10 +202,11 @@ func (d *demo) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rk, err := relayKafkaConfig(d.a.opts.Kafka, relay.MaxMessageBytesDefault)
-	if err != nil {
-		return err
-	}
+	// The relay's producer: relay.NewKafkaConfig's idempotent-producer
+	// settings on top of the client settings (SASL, TLS) the demo shares.
+	rk := relay.NewKafkaConfig()
+	rk.Version, rk.ClientID, rk.Net, rk.Metadata = base.Version, base.ClientID, base.Net, base.Metadata
+	rk.Net.MaxOpenRequests = 1
 	rk.Metadata.Retry.Backoff = 50 * time.Millisecond
 	rk.Producer.Retry.Backoff = 50 * time.Millisecond
 	d.relay, err = relay.New(relay.Config{
@@ -244,9 +242,7 @@ func (d *demo) run(ctx context.Context) error {
 		}
 	})
 	if d.a.opts.HTTPAddr != "" {
-		exp := newExporter(statsSources{Relay: d.relay, Inbox: d.ib, Consumer: d.handler, Pool: d.pool, Lanes: 4})
-		go exp.pollLatency(svcCtx)
-		if _, _, err := serveHTTP(svcCtx, d.a.opts.HTTPAddr, exp, &readiness{pool: d.pool, relay: d.relay, lanes: 4}, d.a.log); err != nil {
+		if err := d.serveMetrics(svcCtx, &wg); err != nil {
 			return err
 		}
 	}
@@ -294,9 +290,12 @@ func (d *demo) run(ctx context.Context) error {
 	took := time.Since(start)
 
 	// Cleanup runs once, as an operator's cron would.
-	lk := &lazyKafka{brokers: d.brokers, cfg: d.kcfg}
-	defer lk.Close()
-	cl, err := cleanup.New(cleanup.Config{Pool: d.pool, Admin: lk, Logger: d.log.With("component", "cleanup")})
+	admin, err := sarama.NewClusterAdmin(d.brokers, d.kcfg)
+	if err != nil {
+		return fmt.Errorf("kafka admin (%s): %w", d.a.opts.Kafka.Redacted(), err)
+	}
+	defer admin.Close()
+	cl, err := cleanup.New(cleanup.Config{Pool: d.pool, Admin: admin, Logger: d.log.With("component", "cleanup")})
 	if err != nil {
 		return err
 	}
@@ -312,7 +311,7 @@ func (d *demo) run(ctx context.Context) error {
 func (d *demo) createTopics() error {
 	admin, err := sarama.NewClusterAdmin(d.brokers, d.kcfg)
 	if err != nil {
-		return fmt.Errorf("kafka admin (%s): %w", d.a.opts.Kafka.redacted(), err)
+		return fmt.Errorf("kafka admin (%s): %w", d.a.opts.Kafka.Redacted(), err)
 	}
 	defer admin.Close()
 	for _, t := range []string{d.orders, d.pays, d.orders + inboxsarama.DeadLetterSuffixDefault} {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 )
@@ -63,7 +65,7 @@ func TestStatusWithoutSchemaSaysMigrate(t *testing.T) {
 	db := testdb.Empty(t)
 	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + db.URL}, "status")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "relay migrate up")
+	require.Contains(t, r.stderr, "pgbox-relay migrate up")
 }
 
 // seedInbox adds keys for topic "orders" received age ago.
@@ -71,7 +73,7 @@ func seedInbox(t *testing.T, db *testdb.DB, consumer, topic string, ages ...time
 	t.Helper()
 	for i, age := range ages {
 		_, err := db.Pool.Exec(context.Background(), `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at)
-			VALUES ($1, $2, $3, 0, $4, now() - $5::interval)`, consumer, topic+"-"+age.String()+"-"+itoa(i), topic, i, age.String())
+			VALUES ($1, $2, $3, 0, $4, now() - $5::interval)`, consumer, topic+"-"+age.String()+"-"+strconv.Itoa(i), topic, i, age.String())
 		require.NoError(t, err)
 	}
 }
@@ -101,12 +103,12 @@ func TestCleanupAndStatusCommands(t *testing.T) {
 	// status: the overdue keys show a negative margin against the cutoff.
 	r := runRelay(t, time.Minute, env, "status", "--json")
 	require.Equal(t, 0, r.code, r.stderr)
-	var st statusReport
+	var st inspect.Snapshot
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
-	require.EqualValues(t, 3, st.Unsent)
-	require.NotNil(t, st.OldestAge)
+	require.EqualValues(t, 3, st.Outbox.Unpublished)
+	require.NotNil(t, st.Outbox.OldestAge)
 	require.Len(t, st.Inbox, 2)
-	byTopic := map[string]inboxRow{}
+	byTopic := map[string]inspect.InboxTopic{}
 	for _, in := range st.Inbox {
 		byTopic[in.Topic] = in
 	}

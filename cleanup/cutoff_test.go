@@ -1,0 +1,66 @@
+package cleanup
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/stretchr/testify/require"
+)
+
+// TestCutoffsWithoutLock: Cutoffs gives each topic the window a pass would
+// use, while another cleaner's pass holds the cleanup lease (it never waits on it).
+func TestCutoffsWithoutLock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.topic(t, "c-finite", map[string]string{"retention.ms": ms(time.Hour), "segment.ms": ms(10 * time.Minute)})
+	b.topic(t, "c-compact", map[string]string{"cleanup.policy": "compact"})
+
+	// Another cleaner's pass holds the lease.
+	_, err := b.db.Pool.Exec(ctx, `INSERT INTO pgbox_cleanup_lease (owner, expires_at) VALUES ('other-cleaner', now() + interval '1 hour')`)
+	require.NoError(t, err)
+
+	now := fixedNow()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	got, err := Cutoffs(ctx, Config{Admin: b.admin, Buffer: time.Hour, Topics: map[string]Topic{"c-forced": {Window: 3 * time.Hour}}},
+		[]string{"c-finite", "c-compact", "c-missing", "c-forced"}, now)
+	require.NoError(t, err)
+	require.Len(t, got, 4)
+
+	require.Equal(t, "c-finite", got[0].Topic)
+	require.False(t, got[0].Skipped)
+	require.Equal(t, 2*time.Hour+10*time.Minute, got[0].Window)
+	requireSameTime(t, now.Add(-got[0].Window), got[0].Cutoff)
+
+	require.True(t, got[1].Skipped)
+	require.Equal(t, ReasonCompacted, got[1].Reason)
+
+	require.True(t, got[2].Skipped)
+	require.Equal(t, ReasonTopicNotFound, got[2].Reason)
+
+	require.False(t, got[3].Skipped, "a forced window decides a topic Kafka does not know")
+	require.True(t, got[3].Forced)
+	require.Equal(t, 3*time.Hour, got[3].Window)
+}
+
+// TestCutoffsValidation: Admin is required, Pool is not, bad settings are
+// named.
+func TestCutoffsValidation(t *testing.T) {
+	t.Parallel()
+	_, err := Cutoffs(context.Background(), Config{}, []string{"x"}, time.Now())
+	require.ErrorContains(t, err, "missing Admin")
+	_, err = Cutoffs(context.Background(), Config{Admin: nopDescriber{}, Buffer: -time.Second}, []string{"x"}, time.Now())
+	require.ErrorContains(t, err, "Buffer")
+	got, err := Cutoffs(context.Background(), Config{Admin: nopDescriber{}}, nil, time.Now())
+	require.NoError(t, err)
+	require.Empty(t, got)
+}
+
+type nopDescriber struct{}
+
+func (nopDescriber) DescribeConfigs([]*sarama.ConfigResource, sarama.DescribeConfigsOptions) ([]*sarama.ConfigResourceResult, error) {
+	return nil, nil
+}

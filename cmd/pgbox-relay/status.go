@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/relay"
+)
+
+// schemaHint turns "relation does not exist" into advice.
+func schemaHint(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return fmt.Errorf("%w (the pgbox tables are missing from the search_path: run `pgbox-relay migrate up`, or set --schema)", err)
+	}
+	return err
+}
+
+// cmdStatus prints inspect.Read's snapshot: as text, or with --json as the
+// snapshot's JSON (what a service gets from inspect.Read).
+func cmdStatus(ctx context.Context, a *app, args []string) error {
+	if len(args) > 0 {
+		return usageError("status takes no arguments (got %q)", args)
+	}
+	pool, err := a.openPool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	opts := inspect.Options{Lanes: relay.LanesDefault, Logger: a.log.With("component", "status")}
+	if len(a.opts.Kafka.Brokers) > 0 {
+		kcfg, err := a.opts.Kafka.saramaConfig()
+		if err != nil {
+			return err
+		}
+		lk := &lazyKafka{brokers: a.opts.Kafka.Brokers, cfg: kcfg}
+		defer lk.Close()
+		cc := a.cleanupConfig(nil, lk, true)
+		opts.Cutoffs = &cc
+	}
+	snap, err := inspect.Read(ctx, pool, opts)
+	if err != nil {
+		return err
+	}
+	if len(a.opts.Kafka.Brokers) == 0 {
+		snap.Cutoffs = "unknown: set KAFKA_BROKERS to compare inbox ages with each topic's retention window"
+	}
+	if a.opts.JSON {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(snap)
+	}
+	snap.WriteText(a.stdout)
+	return nil
+}

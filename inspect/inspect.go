@@ -1,0 +1,204 @@
+// Package inspect reads typed snapshots of pgbox's state for operators: the
+// outbox backlog per topic and lane, parked rows, relay lanes and instances,
+// inbox keys and each consumer's oldest key per topic against the topic's
+// cleanup cutoff, and dead letters. It is what `pgbox-relay status` prints and
+// what package pgboxprom exports as metrics; a service reads the same
+// snapshot by calling Read.
+//
+// Reading costs about the same whatever the tables hold: every query follows
+// an index or stops at a limit (Options.ExactLimit), so a snapshot stays a few
+// milliseconds with millions of backlog rows or inbox keys. Counts past the
+// limit are planner estimates (Estimated is set); ages are always exact. A
+// snapshot never takes or waits on the cleanup lock and runs in one transaction
+// (rolled back: it writes nothing), bounded by Options.StatementTimeout.
+package inspect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgbox/pgbox/cleanup"
+)
+
+// Defaults for Options fields left zero.
+const (
+	// LanesDefault is the relay's default lane count (relay.LanesDefault).
+	LanesDefault = 16
+	// ExactLimitDefault is how many rows a count reads before it becomes an estimate.
+	ExactLimitDefault = 1000
+	// StatementTimeoutDefault bounds every query of a snapshot.
+	StatementTimeoutDefault = 2 * time.Second
+	// ParkedListDefault is how many of the newest parked rows a snapshot lists.
+	ParkedListDefault = 10
+)
+
+// DB is what Read queries: a *pgxpool.Pool, *pgx.Conn or pgx.Tx satisfies it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Options configures Read.
+type Options struct {
+	// Lanes groups the backlog by lane when no relay ever ran (the lane table
+	// is empty); otherwise the lane table's count is used. Defaults to
+	// LanesDefault (16, the relay's default).
+	Lanes int
+
+	// ExactLimit is how many rows a count reads; a count that reaches it is
+	// replaced by the planner's estimate and marked Estimated. Defaults to
+	// ExactLimitDefault (1,000).
+	ExactLimit int
+
+	// StatementTimeout bounds each query of the snapshot (SET LOCAL
+	// statement_timeout). Defaults to StatementTimeoutDefault (2s).
+	StatementTimeout time.Duration
+
+	// ParkedList is how many of the newest parked rows are listed. Defaults
+	// to ParkedListDefault (10).
+	ParkedList int
+
+	// Cutoffs, when set, compares each inbox topic's oldest key with the
+	// topic's cleanup window: cleanup.Cutoffs reads the windows from Kafka
+	// with this config (Admin required; Pool unused). It never takes the
+	// cleanup lock. Defaults to nil: no comparison, Snapshot.Cutoffs says why.
+	Cutoffs *cleanup.Config
+
+	// Logger receives a line when the cutoffs cannot be read. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.Lanes == 0 {
+		o.Lanes = LanesDefault
+	}
+	if o.ExactLimit == 0 {
+		o.ExactLimit = ExactLimitDefault
+	}
+	if o.StatementTimeout == 0 {
+		o.StatementTimeout = StatementTimeoutDefault
+	}
+	if o.ParkedList == 0 {
+		o.ParkedList = ParkedListDefault
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+func (o Options) validate() error {
+	var errs []error
+	if o.Lanes < 0 {
+		errs = append(errs, fmt.Errorf("inspect: Lanes %d is negative (use a positive count, or zero for %d)", o.Lanes, LanesDefault))
+	}
+	if o.ExactLimit < 0 {
+		errs = append(errs, fmt.Errorf("inspect: ExactLimit %d is negative (use a positive count, or zero for %d)", o.ExactLimit, ExactLimitDefault))
+	}
+	if o.StatementTimeout < 0 {
+		errs = append(errs, fmt.Errorf("inspect: StatementTimeout %v is negative (use a positive duration, or zero for %v)", o.StatementTimeout, StatementTimeoutDefault))
+	}
+	if o.ParkedList < 0 {
+		errs = append(errs, fmt.Errorf("inspect: ParkedList %d is negative (use a positive count, or zero for %d)", o.ParkedList, ParkedListDefault))
+	}
+	return errors.Join(errs...)
+}
+
+// ErrSchemaMissing is returned (wrapped) when the pgbox tables are not on
+// the search_path.
+var ErrSchemaMissing = errors.New("the pgbox tables are missing from the search_path: run `pgbox-relay migrate up`, or set the schema")
+
+// ErrNoConnection is returned (wrapped) when no transaction could be begun:
+// the database could not be reached, as opposed to a query that failed or
+// ran past its statement timeout.
+var ErrNoConnection = errors.New("no database connection")
+
+// Read takes one snapshot. It runs in a transaction of its own on db (a
+// savepoint when db is a pgx.Tx), rolled back at the end, each query bounded by Options.StatementTimeout; ctx bounds the whole.
+func Read(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	start := time.Now()
+	snap, err := readTx(ctx, db, opts)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Cutoffs != nil {
+		snap.addCutoffs(ctx, *opts.Cutoffs, opts.Logger)
+	} else {
+		snap.Cutoffs = "unknown: no Kafka admin to read topic configs from"
+	}
+	snap.ReadSeconds = time.Since(start).Seconds()
+	return snap, nil
+}
+
+func readTx(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("inspect: begin: %w (%w)", err, ErrNoConnection)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	timeout := fmt.Sprintf("%dms", max(opts.StatementTimeout.Milliseconds(), 1))
+	snap := &Snapshot{}
+	if err := tx.QueryRow(ctx, sqlStart, timeout).Scan(&snap.Time); err != nil {
+		return nil, fmt.Errorf("inspect: set statement_timeout, read the database clock: %w", err)
+	}
+	snap.Time = snap.Time.UTC()
+	for _, step := range []func(context.Context, pgx.Tx, Options) error{
+		snap.readLanes, snap.readBacklog, snap.readLaneAges, snap.readParked, snap.readInbox, snap.readDead,
+	} {
+		if err := step(ctx, tx, opts); err != nil {
+			return nil, schemaHint(err)
+		}
+	}
+	return snap, nil
+}
+
+// schemaHint wraps ErrSchemaMissing into "relation does not exist".
+func schemaHint(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return fmt.Errorf("%w (%w)", err, ErrSchemaMissing)
+	}
+	return err
+}
+
+func (s *Snapshot) readLanes(ctx context.Context, tx pgx.Tx, opts Options) error {
+	rows, err := tx.Query(ctx, sqlLanes)
+	if err != nil {
+		return fmt.Errorf("inspect: read pgbox_relay_lanes: %w", err)
+	}
+	s.Lanes, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Lane, error) {
+		var l Lane
+		err := r.Scan(&l.Lane, &l.Lanes, &l.Owner, &l.Held, &l.Epoch, &l.ExpiresIn)
+		return l, err
+	})
+	if err != nil {
+		return fmt.Errorf("inspect: read pgbox_relay_lanes: %w", err)
+	}
+	s.LaneCount = opts.Lanes
+	if len(s.Lanes) > 0 {
+		s.LaneCount = s.Lanes[0].Lanes
+	}
+	rows, err = tx.Query(ctx, sqlInstances)
+	if err != nil {
+		return fmt.Errorf("inspect: read pgbox_relay_instances: %w", err)
+	}
+	s.Instances, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Instance, error) {
+		var i Instance
+		err := r.Scan(&i.Instance, &i.StartedAt, &i.HeartbeatAt, &i.Live)
+		return i, err
+	})
+	if err != nil {
+		return fmt.Errorf("inspect: read pgbox_relay_instances: %w", err)
+	}
+	return nil
+}

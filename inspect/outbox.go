@@ -1,0 +1,120 @@
+package inspect
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// readBacklog counts unparked rows exactly up to the limit, by topic and
+// lane; past it, per topic from planner statistics.
+func (s *Snapshot) readBacklog(ctx context.Context, tx pgx.Tx, opts Options) error {
+	var n int64
+	if err := tx.QueryRow(ctx, sqlUnpublishedBounded, opts.ExactLimit).Scan(&n); err != nil {
+		return fmt.Errorf("inspect: count pgbox_outbox: %w", err)
+	}
+	if n < int64(opts.ExactLimit) {
+		rows, err := tx.Query(ctx, sqlBacklogExact, s.LaneCount)
+		if err != nil {
+			return fmt.Errorf("inspect: read pgbox_outbox backlog: %w", err)
+		}
+		s.Topics, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (TopicBacklog, error) {
+			var b TopicBacklog
+			err := r.Scan(&b.Topic, &b.Lane, &b.Unpublished)
+			return b, err
+		})
+		if err != nil {
+			return fmt.Errorf("inspect: read pgbox_outbox backlog: %w", err)
+		}
+		s.Outbox.Unpublished = n
+		return nil
+	}
+	rows, err := tx.Query(ctx, sqlBacklogEstimate)
+	if err != nil {
+		return fmt.Errorf("inspect: estimate pgbox_outbox backlog: %w", err)
+	}
+	s.Topics, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (TopicBacklog, error) {
+		b := TopicBacklog{Lane: -1, Estimated: true}
+		err := r.Scan(&b.Topic, &b.Unpublished)
+		return b, err
+	})
+	if err != nil {
+		return fmt.Errorf("inspect: estimate pgbox_outbox backlog: %w", err)
+	}
+	var sum int64
+	for _, b := range s.Topics {
+		sum += b.Unpublished
+	}
+	// At least what was counted: statistics can lag a fast-growing backlog.
+	s.Outbox.Unpublished, s.Outbox.Estimated = max(sum, n), true
+	return nil
+}
+
+// readLaneAges finds each lane's oldest unpublished row, one index probe per
+// slot.
+func (s *Snapshot) readLaneAges(ctx context.Context, tx pgx.Tx, _ Options) error {
+	oldest := make([]*time.Time, s.LaneCount)
+	rows, err := tx.Query(ctx, sqlOldestPerSlot)
+	if err != nil {
+		return fmt.Errorf("inspect: read pgbox_outbox oldest rows: %w", err)
+	}
+	for rows.Next() {
+		var slot int
+		var at *time.Time
+		if err := rows.Scan(&slot, &at); err != nil {
+			rows.Close()
+			return fmt.Errorf("inspect: read pgbox_outbox oldest rows: %w", err)
+		}
+		if lane := slot % s.LaneCount; at != nil && (oldest[lane] == nil || at.Before(*oldest[lane])) {
+			oldest[lane] = at
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("inspect: read pgbox_outbox oldest rows: %w", err)
+	}
+	var overall time.Duration = -1
+	s.LaneAges = make([]LaneAge, s.LaneCount)
+	for lane, at := range oldest {
+		s.LaneAges[lane].Lane = lane
+		if at != nil {
+			age := max(s.Time.Sub(*at), 0)
+			s.LaneAges[lane].OldestAge = seconds(age)
+			overall = max(overall, age)
+		}
+	}
+	if overall >= 0 {
+		s.Outbox.OldestAge = seconds(overall)
+	}
+	return nil
+}
+
+// readParked counts parked rows per topic (bounded) and lists the newest.
+func (s *Snapshot) readParked(ctx context.Context, tx pgx.Tx, opts Options) error {
+	rows, err := tx.Query(ctx, sqlParkedBounded, opts.ExactLimit)
+	if err != nil {
+		return fmt.Errorf("inspect: count parked rows: %w", err)
+	}
+	s.ParkedTopics, err = pgx.CollectRows(rows, pgx.RowToStructByPos[TopicCount])
+	if err != nil {
+		return fmt.Errorf("inspect: count parked rows: %w", err)
+	}
+	for _, p := range s.ParkedTopics {
+		s.Outbox.Parked += p.Count
+	}
+	s.Outbox.ParkedCapped = s.Outbox.Parked >= int64(opts.ExactLimit)
+	rows, err = tx.Query(ctx, sqlParkedNewest, opts.ParkedList)
+	if err != nil {
+		return fmt.Errorf("inspect: list parked rows: %w", err)
+	}
+	s.Parked, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedRow, error) {
+		var p ParkedRow
+		err := r.Scan(&p.ID, &p.EventID, &p.Topic, &p.Attempts, &p.LastError, &p.ParkedAt)
+		return p, err
+	})
+	if err != nil {
+		return fmt.Errorf("inspect: list parked rows: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,83 @@
+package inspect
+
+// All of inspect's SQL. Every query is bounded by an index or a LIMIT, so a
+// snapshot costs about the same with an empty outbox and a 5-million-row
+// backlog; counts that would need a scan are bounded counts that become
+// planner estimates past Options.ExactLimit. Tables are unqualified: they
+// resolve through the connection's search_path.
+
+const sqlLanes = `SELECT lane, lanes, coalesce(owner, ''), expires_at > now(), epoch,
+	CASE WHEN expires_at > now() THEN extract(epoch FROM expires_at - now()) ELSE 0 END::float8
+FROM pgbox_relay_lanes ORDER BY lane`
+
+const sqlInstances = `SELECT instance, started_at, heartbeat_at, expires_at > now()
+FROM pgbox_relay_instances ORDER BY instance`
+
+// sqlStart bounds the snapshot's statements (SET LOCAL statement_timeout:
+// $1) and reads the clock every age is measured from.
+const sqlStart = `SELECT now() FROM set_config('statement_timeout', $1, true)`
+
+// sqlUnpublishedBounded counts unparked rows up to $1, along
+// pgbox_outbox_claim_idx.
+const sqlUnpublishedBounded = `SELECT count(*) FROM (SELECT 1 FROM pgbox_outbox WHERE parked_at IS NULL LIMIT $1) s`
+
+// sqlBacklogExact groups the unparked rows by topic and lane; run only when
+// sqlUnpublishedBounded found fewer than the exact limit. $1: lanes.
+const sqlBacklogExact = `SELECT topic, (slot % $1)::int, count(*)::bigint
+FROM pgbox_outbox WHERE parked_at IS NULL GROUP BY 1, 2 ORDER BY 1, 2`
+
+// sqlBacklogEstimate estimates the unparked rows per topic from planner
+// statistics: the claim index's row count (pg_class.reltuples, kept by
+// ANALYZE and VACUUM) times each topic's share among the outbox's most common
+// topics (pg_stats). Topics too rare to be among the most common values are
+// missing from it.
+const sqlBacklogEstimate = `SELECT v.topic, round(greatest(i.reltuples, 0) * v.freq)::bigint
+FROM pg_class i,
+     pg_stats s,
+     unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(topic, freq)
+WHERE i.oid = 'pgbox_outbox_claim_idx'::regclass
+  AND s.schemaname = (SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = 'pgbox_outbox'::regclass)
+  AND s.tablename = 'pgbox_outbox' AND s.attname = 'topic'
+ORDER BY 1`
+
+// sqlOldestPerSlot finds each slot's oldest unparked row: one probe of
+// pgbox_outbox_claim_idx (slot, id) per slot, 256 in all, whatever the
+// backlog. Lanes are groups of slots (slot % lanes).
+const sqlOldestPerSlot = `SELECT s.slot, (SELECT o.created_at FROM pgbox_outbox o
+	WHERE o.slot = s.slot::smallint AND o.parked_at IS NULL ORDER BY o.id LIMIT 1)
+FROM generate_series(0, 255) AS s(slot)`
+
+// sqlParkedBounded counts parked rows per topic, the first $1 of them, along
+// pgbox_outbox_parked_idx.
+const sqlParkedBounded = `SELECT topic, count(*)::bigint
+FROM (SELECT topic FROM pgbox_outbox WHERE parked_at IS NOT NULL LIMIT $1) s GROUP BY 1 ORDER BY 1`
+
+// sqlParkedNewest lists the newest parked rows.
+const sqlParkedNewest = `SELECT id, event_id::text, topic, attempts, coalesce(last_error, ''), parked_at
+FROM pgbox_outbox WHERE parked_at IS NOT NULL ORDER BY parked_at DESC, id DESC LIMIT $1`
+
+// sqlInboxOldest lists every (consumer, topic) pair of the inbox with its
+// oldest key, in a loose index scan over pgbox_inbox_consumer_topic_age_idx
+// (each step jumps to the next pair and lands on its oldest key), and counts
+// each pair's keys up to $1 along the same index.
+const sqlInboxOldest = `
+WITH RECURSIVE p AS (
+    (SELECT consumer, topic, GREATEST(received_at, record_at) AS oldest FROM pgbox_inbox
+     ORDER BY consumer, topic, GREATEST(received_at, record_at) LIMIT 1)
+    UNION ALL
+    SELECT n.consumer, n.topic, n.oldest FROM p, LATERAL (
+        SELECT i.consumer, i.topic, GREATEST(i.received_at, i.record_at) AS oldest FROM pgbox_inbox i
+        WHERE (i.consumer, i.topic) > (p.consumer, p.topic)
+        ORDER BY i.consumer, i.topic, GREATEST(i.received_at, i.record_at) LIMIT 1) n
+)
+SELECT p.consumer, p.topic, p.oldest,
+    (SELECT count(*) FROM (SELECT 1 FROM pgbox_inbox k WHERE k.consumer = p.consumer AND k.topic = p.topic LIMIT $1) c)
+FROM p`
+
+// sqlInboxKeysEstimate is the planner's estimate of one pair's keys (its
+// EXPLAIN, which reads statistics only).
+const sqlInboxKeysEstimate = `EXPLAIN (FORMAT JSON) SELECT 1 FROM pgbox_inbox WHERE consumer = $1 AND topic = $2`
+
+// sqlDeadBounded counts dead letters per consumer and topic, the first $1.
+const sqlDeadBounded = `SELECT consumer, topic, count(*)::bigint
+FROM (SELECT consumer, topic FROM pgbox_consumer_dead LIMIT $1) s GROUP BY 1, 2 ORDER BY 1, 2`

@@ -1,0 +1,137 @@
+// Package archtest keeps the package table of DESIGN.md true: which pgbox
+// package may import what.
+package archtest
+
+import (
+	"encoding/json"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const module = "github.com/pgbox/pgbox"
+
+// pkg is what `go list -json` says about one package.
+type pkg struct {
+	ImportPath   string
+	Imports      []string // non-test imports
+	TestImports  []string
+	XTestImports []string
+	Deps         []string
+}
+
+// listAll lists every package of the module, tests' imports included.
+func listAll(t *testing.T) []pkg {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-json", "-deps=false", module+"/...").Output()
+	require.NoError(t, err)
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	var pkgs []pkg
+	for {
+		var p pkg
+		err := dec.Decode(&p)
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		pkgs = append(pkgs, p)
+	}
+	require.Greater(t, len(pkgs), 8, "go list output looks wrong")
+	return pkgs
+}
+
+// deps lists the packages path links, transitively (non-test).
+func deps(t *testing.T, path string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", path).Output()
+	require.NoError(t, err)
+	return strings.Fields(string(out))
+}
+
+func importsPrefix(imports []string, prefix string) string {
+	for _, i := range imports {
+		if strings.HasPrefix(i, prefix) {
+			return i
+		}
+	}
+	return ""
+}
+
+const (
+	kfake      = "github.com/twmb/franz-go/pkg/kfake"
+	sarama     = "github.com/IBM/sarama"
+	prometheus = "github.com/prometheus/"
+)
+
+func rel(path string) string { return strings.TrimPrefix(strings.TrimPrefix(path, module), "/") }
+
+// TestOnlyExamplesAndTestsImportKfake: the embedded broker is for the demo
+// and tests; no library or binary code links it.
+func TestOnlyExamplesAndTestsImportKfake(t *testing.T) {
+	t.Parallel()
+	for _, p := range listAll(t) {
+		r := rel(p.ImportPath)
+		if strings.HasPrefix(r, "examples/") || r == "internal/kafkatest" {
+			continue
+		}
+		require.Empty(t, importsPrefix(p.Imports, kfake), "%s imports kfake outside a _test file", p.ImportPath)
+	}
+	for _, d := range deps(t, module+"/cmd/pgbox-relay") {
+		require.NotEqual(t, kfake, d, "the production binary links kfake")
+	}
+}
+
+// TestOnlyPgboxpromImportsPrometheus: the Prometheus client is pgboxprom's
+// (and the binary's, and examples') alone.
+func TestOnlyPgboxpromImportsPrometheus(t *testing.T) {
+	t.Parallel()
+	for _, p := range listAll(t) {
+		r := rel(p.ImportPath)
+		if r == "pgboxprom" || strings.HasPrefix(r, "cmd/") || strings.HasPrefix(r, "examples/") {
+			continue
+		}
+		require.Empty(t, importsPrefix(p.Imports, prometheus), "%s imports the Prometheus client", p.ImportPath)
+	}
+	for _, lib := range []string{"inbox", "outbox", "relay", "cleanup", "migrations", "inspect"} {
+		for _, d := range deps(t, module+"/"+lib) {
+			require.False(t, strings.HasPrefix(d, prometheus), "%s links %s", lib, d)
+			require.NotEqual(t, kfake, d, "%s links kfake", lib)
+		}
+	}
+}
+
+// TestInboxCoreHasNoSarama: Inbox.Process needs pgx only; the sarama
+// consumer-group adapter lives in its own package.
+//
+// Enforced once inbox/inboxsarama exists (the adapter's move lands on
+// another branch); until then package inbox still holds the adapter.
+func TestInboxCoreHasNoSarama(t *testing.T) {
+	t.Parallel()
+	if err := exec.Command("go", "list", module+"/inbox/inboxsarama").Run(); err != nil {
+		t.Skip("inbox/inboxsarama does not exist yet: the consumer adapter has not moved out of inbox")
+	}
+	for _, d := range deps(t, module+"/inbox") {
+		require.NotEqual(t, sarama, d, "package inbox links sarama: the consumer adapter belongs in inbox/inboxsarama")
+	}
+}
+
+// TestInspectImportsPgxAndCleanupOnly: the inspection package reads the
+// database and cleanup's cutoffs, nothing else of pgbox.
+func TestInspectImportsPgxAndCleanupOnly(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, module+"/inspect").Output()
+	require.NoError(t, err)
+	for _, i := range strings.Fields(string(out)) {
+		if strings.HasPrefix(i, module+"/internal/") {
+			continue
+		}
+		if strings.HasPrefix(i, module+"/") {
+			require.Equal(t, module+"/cleanup", i, "inspect imports %s", i)
+		} else if strings.Contains(i, ".") {
+			require.True(t, strings.HasPrefix(i, "github.com/jackc/pgx/v5"), "inspect imports %s", i)
+		}
+	}
+}

@@ -1,0 +1,215 @@
+// Package pgboxprom exports pgbox's state as Prometheus metrics: a
+// prometheus.Collector over the relay's, cleaner's, inbox's and consumer
+// adapter's counters and, read at scrape time through package inspect, the
+// outbox backlog, lane owners, parked rows, each consumer's oldest inbox key
+// per topic against its cleanup cutoff, and dead letters.
+//
+// It registers nothing globally: a service adds the Collector to its own
+// registry (prometheus.NewRegistry, or the default one if it uses that).
+// It is the only pgbox package that imports client_golang.
+package pgboxprom
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/relay"
+)
+
+// Defaults for Config fields left zero.
+const (
+	// ScrapeTimeoutDefault bounds a scrape's database reads.
+	ScrapeTimeoutDefault = 2 * time.Second
+	// LatencyPollDefault is how often Run feeds the batch-latency histogram.
+	LatencyPollDefault = 250 * time.Millisecond
+)
+
+// Config says what a Collector reads; every source is optional and nil
+// sources export nothing.
+type Config struct {
+	// Relay's counters (relay.Relay.Stats). Defaults to nil.
+	Relay *relay.Relay
+	// Cleaner's counters and its last pass's windows, which also give the
+	// inbox cutoff metrics. Defaults to nil.
+	Cleaner *cleanup.Cleaner
+	// Inbox is an in-process inbox whose counters are exported. Defaults to nil.
+	Inbox *inbox.Inbox
+	// Consumer is the sarama consumer adapter. Defaults to nil.
+	Consumer *inboxsarama.Handler
+
+	// DB is read at every scrape through inspect.Read (a *pgxpool.Pool).
+	// Defaults to nil: no database metrics.
+	DB inspect.DB
+	// Inspect configures those reads. Its StatementTimeout defaults to half
+	// of ScrapeTimeout; its Cutoffs, when set, give the inbox cutoff metrics
+	// when no Cleaner does (cleanup.Cutoffs, one Kafka request per scrape).
+	// Defaults to inspect's defaults.
+	Inspect inspect.Options
+	// ScrapeTimeout bounds a scrape's database reads. Defaults to
+	// ScrapeTimeoutDefault (2s).
+	ScrapeTimeout time.Duration
+
+	// LatencyPoll is how often Run feeds the batch-latency histogram from the
+	// relay's counters. Defaults to LatencyPollDefault (250ms).
+	LatencyPoll time.Duration
+
+	// Logger receives a line when a scrape's database read fails. Defaults
+	// to slog.Default().
+	Logger *slog.Logger
+}
+
+// Collector is a prometheus.Collector over the sources of its Config.
+type Collector struct {
+	cfg     Config
+	latency prometheus.Histogram
+
+	mu      sync.Mutex
+	lastN   uint64
+	lastSum time.Duration
+}
+
+// New validates cfg and returns a Collector; register it with
+// registry.MustRegister(c). It starts nothing: call Run for a finer-grained
+// latency histogram.
+func New(cfg Config) (*Collector, error) {
+	if cfg.ScrapeTimeout < 0 {
+		return nil, fmt.Errorf("pgboxprom: ScrapeTimeout %v is negative (use a positive duration, or zero for %v)", cfg.ScrapeTimeout, ScrapeTimeoutDefault)
+	}
+	if cfg.LatencyPoll < 0 {
+		return nil, fmt.Errorf("pgboxprom: LatencyPoll %v is negative (use a positive duration, or zero for %v)", cfg.LatencyPoll, LatencyPollDefault)
+	}
+	if cfg.ScrapeTimeout == 0 {
+		cfg.ScrapeTimeout = ScrapeTimeoutDefault
+	}
+	if cfg.LatencyPoll == 0 {
+		cfg.LatencyPoll = LatencyPollDefault
+	}
+	if cfg.Inspect.StatementTimeout == 0 {
+		cfg.Inspect.StatementTimeout = cfg.ScrapeTimeout / 2
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Inspect.Logger == nil {
+		cfg.Inspect.Logger = cfg.Logger
+	}
+	c := &Collector{cfg: cfg}
+	c.latency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "pgbox_relay_batch_latency_seconds",
+		Help:    "Relay pass latency, claim to delete. Fed from the relay's counters every LatencyPoll while Run runs, else at each scrape: passes within one feed are observed at their mean.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	})
+	return c, nil
+}
+
+// Run feeds the batch-latency histogram every Config.LatencyPoll until ctx
+// ends. Optional: without it, the histogram is fed at each scrape.
+func (c *Collector) Run(ctx context.Context) {
+	if c.cfg.Relay == nil {
+		return
+	}
+	t := time.NewTicker(c.cfg.LatencyPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			c.feedLatency()
+			return
+		case <-t.C:
+			c.feedLatency()
+		}
+	}
+}
+
+func (c *Collector) feedLatency() {
+	s := c.cfg.Relay.Stats()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, sum := s.Batches-c.lastN, s.BatchLatencyTotal-c.lastSum
+	c.lastN, c.lastSum = s.Batches, s.BatchLatencyTotal
+	if n == 0 {
+		return
+	}
+	mean := (sum / time.Duration(n)).Seconds()
+	for range n {
+		c.latency.Observe(mean)
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range allDescs {
+		ch <- d
+	}
+	c.latency.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if c.cfg.Relay != nil {
+		c.feedLatency()
+		c.collectRelay(ch)
+	}
+	c.latency.Collect(ch)
+	if c.cfg.Cleaner != nil {
+		c.collectCleaner(ch)
+	}
+	if ib := c.cfg.Inbox; ib != nil {
+		s := ib.Stats()
+		counter(ch, dInboxProcessed, float64(s.Processed))
+		counter(ch, dInboxDup, float64(s.Duplicates))
+	}
+	if c.cfg.Consumer != nil {
+		c.collectConsumer(ch)
+	}
+	if c.cfg.DB != nil {
+		c.collectDB(ch)
+	}
+}
+
+func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+}
+
+func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+}
+
+func (c *Collector) collectRelay(ch chan<- prometheus.Metric) {
+	s := c.cfg.Relay.Stats()
+	counter(ch, dPublished, float64(s.Published))
+	counter(ch, dRetried, float64(s.Retried))
+	counter(ch, dParked, float64(s.Parked))
+	counter(ch, dBatches, float64(s.Batches))
+	gauge(ch, dLatMax, s.BatchLatencyMax.Seconds())
+	gauge(ch, dRelayBack, float64(s.Backlog))
+	gauge(ch, dLanesHeld, float64(s.Lanes))
+	gauge(ch, dInstances, float64(s.Instances))
+}
+
+func (c *Collector) collectCleaner(ch chan<- prometheus.Metric) {
+	s := c.cfg.Cleaner.Stats()
+	counter(ch, dCleanDeleted, float64(s.Deleted))
+	counter(ch, dCleanPasses, float64(s.Passes))
+	counter(ch, dCleanLocked, float64(s.PassesLocked))
+	counter(ch, dCleanErrors, float64(s.PassErrors))
+	counter(ch, dCleanSkipped, float64(s.TopicsSkipped))
+	if !s.LastPass.IsZero() {
+		gauge(ch, dCleanLast, float64(s.LastPass.UnixNano())/1e9)
+	}
+	for topic, ts := range s.Topics {
+		counter(ch, dCleanTopic, float64(ts.Deleted), topic)
+		if ts.Reason == "" && ts.Window > 0 {
+			gauge(ch, dCleanMargin, ts.Margin.Seconds(), topic)
+		}
+	}
+}
