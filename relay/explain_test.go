@@ -29,7 +29,7 @@ func TestClaimQueryUsesIndex(t *testing.T) {
 		ANALYZE pgbox_outbox; ANALYZE pgbox_relay_lanes;`)
 	require.NoError(t, err)
 
-	rows, err := db.Pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) "+claimSQL, "me", 500, 16, allSlots(0), 62, []int64{})
+	rows, err := db.Pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) "+claimSQL, "me", 500, 16, allSlots(0), 62, make([]int64, 256))
 	require.NoError(t, err)
 	var plan []string
 	for rows.Next() {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgbox/pgbox/outbox"
@@ -126,4 +128,46 @@ func TestNotifyWakesRelay(t *testing.T) {
 	}
 	waitFor(t, "published counted", func() bool { return a.r.Stats().Published == 3 })
 	_ = relay.EventIDHeader
+}
+
+// Many records of one key are in flight at once (whole batches per
+// partition), so a failure in the middle of a key's run must cut it cleanly:
+// nothing after the failed batch may reach Kafka before it. The broker fails
+// one partition's produce requests (more often than the producer retries,
+// so batches fail and wait for the next pass), answers another's with
+// REQUEST_TIMED_OUT after writing them (the retry must be deduplicated, not
+// written twice), and hides a third partition's leader for a while; the
+// backlog holds hundreds of rows per key. Every event arrives, in order per
+// key, without duplicates.
+func TestFailureMidPipelineReordersNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	const keys, perKey = 9, 150
+	createCounters(t, b, keys)
+	for range perKey {
+		for k := range keys {
+			require.NoError(t, writeCounted(ctx, b, keyed(k)))
+		}
+	}
+	produce := []kmsg.Key{kmsg.Produce}
+	notLeader := b.cluster.Fault(kfake.Fault{Keys: produce, Topic: b.topic, Partitions: []int32{0}, Err: kerr.NotLeaderForPartition, Count: 7})
+	timedOut := b.cluster.Fault(kfake.Fault{Keys: produce, Topic: b.topic, Partitions: []int32{1}, Err: kerr.RequestTimedOut, Count: 2})
+	noLeader := b.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Metadata}, Topic: b.topic, Partitions: []int32{2}, Err: kerr.LeaderNotAvailable, Count: 6})
+	cfg := b.config("a")
+	cfg.BatchSize = 400 // several passes, each with many rows per key
+	cfg.Kafka = kafkaConfig()
+	cfg.Kafka.Producer.MaxMessageBytes = 4096 // a partition's rows take several record batches per pass
+	a := start(t, cfg)
+
+	got := readEvents(t, b, keys*perKey)
+	dups := checkOrder(t, b, got)
+	require.Zero(t, dups, "a retried batch is deduplicated by the broker (same producer id and sequence)")
+	require.Len(t, got, keys*perKey)
+	waitFor(t, "outbox emptied", func() bool { return b.outboxCount(t, "true") == 0 })
+	require.Equal(t, 7, notLeader.Hits())
+	require.Equal(t, 2, timedOut.Hits())
+	require.Positive(t, noLeader.Hits())
+	require.Positive(t, a.r.Stats().Retried, "some batches failed and were sent again in a later pass")
+	require.Zero(t, a.r.Stats().Parked)
 }

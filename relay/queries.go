@@ -76,13 +76,16 @@ DELETE FROM pgbox_relay_instances WHERE instance = $1`
 // sequence-gap race cannot skip it), because rows leave the table only once
 // published.
 //
-// At most $5 rows come from one slot, so a batch spans several slots (more
-// distinct keys per batch, shorter per-key chains).
+// At most $5 rows come from one slot, so a batch spans several slots when
+// the backlog does.
 //
-// $6 lists rows already published whose delete is still running.
+// $6 holds, per slot (index slot + 1), the id up to which to skip: rows in
+// flight or whose delete is still running. The bound is an index condition,
+// so the scan starts past them (and past the dead index entries of rows
+// deleted before them) instead of filtering them out one by one.
 //
 // $1 instance, $2 batch size, $3 lane count, $4 slots, $5 rows per slot,
-// $6 ids to skip.
+// $6 per-slot bounds (256 ids, 0 for none).
 const claimSQL = `SELECT o.id, o.event_id, o.slot, o.topic, o.key, o.value, o.headers, o.created_at, o.attempts, s.epoch
 FROM (
 	SELECT g.slot, l.epoch
@@ -94,7 +97,7 @@ FROM (
 CROSS JOIN LATERAL (
 	SELECT id, event_id, slot, topic, key, value, headers, created_at, attempts
 	FROM pgbox_outbox
-	WHERE slot = s.slot AND parked_at IS NULL AND NOT (id = ANY($6::bigint[]))
+	WHERE slot = s.slot AND parked_at IS NULL AND id > coalesce(($6::bigint[])[s.slot + 1], 0)
 	ORDER BY id
 	LIMIT $5
 ) o

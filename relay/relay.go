@@ -33,6 +33,7 @@ type Relay struct {
 	wake    chan struct{}
 	fin     *finishJob // background delete; owned by the worker goroutine
 	pre     *claimJob  // prefetched next batch; owned by the worker goroutine
+	passes  int        // non-empty passes; owned by the worker goroutine
 
 	// leaseUntil is when this instance's leases run out unless renewed: the
 	// start of the last successful heartbeat plus LeaseTTL, as a duration
