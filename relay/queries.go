@@ -84,6 +84,14 @@ DELETE FROM pgbox_relay_instances WHERE instance = $1`
 // so the scan starts past them (and past the dead index entries of rows
 // deleted before them) instead of filtering them out one by one.
 //
+// The slot is matched as a row comparison, (slot, id) > (s, bound) AND
+// slot <= s, not as slot = s AND id > bound: with the equality, when a few
+// hot keys fill the table (so slot statistics are skewed), the planner
+// prefers the primary key in id order and filters on slot, which walks the
+// whole table for every empty slot (seconds per claim on 200k rows). Only
+// pgbox_outbox_claim_idx can answer the row comparison in (slot, id)
+// order, and it positions the scan at (s, bound) directly.
+//
 // $1 instance, $2 batch size, $3 lane count, $4 slots, $5 rows per slot,
 // $6 per-slot bounds (256 ids, 0 for none).
 const claimSQL = `SELECT o.id, o.event_id, o.slot, o.topic, o.key, o.value, o.headers, o.created_at, o.attempts, s.epoch
@@ -97,8 +105,9 @@ FROM (
 CROSS JOIN LATERAL (
 	SELECT id, event_id, slot, topic, key, value, headers, created_at, attempts
 	FROM pgbox_outbox
-	WHERE slot = s.slot AND parked_at IS NULL AND id > coalesce(($6::bigint[])[s.slot + 1], 0)
-	ORDER BY id
+	WHERE (slot, id) > (s.slot::smallint, coalesce(($6::bigint[])[s.slot + 1], 0)) AND slot <= s.slot
+	  AND parked_at IS NULL
+	ORDER BY slot, id
 	LIMIT $5
 ) o
 LIMIT $2`
