@@ -9,11 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -170,4 +172,50 @@ func TestFailureMidPipelineReordersNothing(t *testing.T) {
 	require.Positive(t, noLeader.Hits())
 	require.Positive(t, a.r.Stats().Retried, "some batches failed and were sent again in a later pass")
 	require.Zero(t, a.r.Stats().Parked)
+}
+
+// The broker rejects a record batch for what it holds (here: larger than
+// the topic's max.message.bytes, which is below the producer's limit). The
+// relay sends that partition's rows one per batch to find the bad row: only
+// it fails (and is parked at MaxAttempts), every other row goes out, in
+// order, and the bad row's key continues once it is parked.
+func TestBatchRejectedByBrokerFindsTheBadRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	limit := "1200"
+	kafkatest.CreateTopic(t, b.addrs, "small", 3, map[string]*string{"max.message.bytes": &limit})
+	b.topic = "small"
+	const keys = 4
+	createCounters(t, b, keys)
+	for range 5 {
+		for k := range keys {
+			require.NoError(t, writeCounted(ctx, b, keyed(k)))
+		}
+	}
+	b.write(t, msg(b.topic, "big", strings.Repeat("x", 1500)))
+	for range 5 {
+		for k := range keys {
+			require.NoError(t, writeCounted(ctx, b, keyed(k)))
+		}
+	}
+	b.write(t, msg(b.topic, "big", "after"))
+	cfg := b.config("a")
+	cfg.MaxAttempts = 2
+	a := start(t, cfg)
+
+	got := readEvents(t, b, 10*keys+1)
+	var counted []*sarama.ConsumerMessage
+	for _, m := range got {
+		if string(m.Key) == "big" {
+			require.Equal(t, "after", string(m.Value), "the oversized row never arrives")
+			continue
+		}
+		counted = append(counted, m)
+	}
+	require.Len(t, counted, 10*keys)
+	require.Zero(t, checkOrder(t, b, counted))
+	waitFor(t, "only the parked row remains", func() bool { return b.outboxCount(t, "true") == 1 })
+	require.Equal(t, 1, b.outboxCount(t, "key = 'big' AND parked_at IS NOT NULL AND attempts = 2 AND last_error ILIKE '%too large%'"))
+	require.EqualValues(t, 1, a.r.Stats().Parked)
 }

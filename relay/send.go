@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -258,7 +259,7 @@ func (s *sendState) apply(results []chunkResult) (retry []string) {
 				s.p.stale = true
 			}
 			retry = append(retry, c.tp.topic)
-		case permanent(res.err) && len(c.rows) > 1:
+		case len(c.rows) > 1 && rejectsContent(res.err):
 			// Nothing of it was written: send its rows one per batch to find
 			// the bad one(s).
 			q.rows = append(c.rows, q.rows...)
@@ -313,4 +314,18 @@ func toRecord(m *sarama.ProducerMessage) *sarama.Record {
 		rec.Value, _ = m.Value.Encode()
 	}
 	return rec
+}
+
+// rejectsContent reports a broker's rejection of what a batch holds (one of
+// its records, or its size), as opposed to its topic: sending the rows one
+// per batch then finds the bad one.
+func rejectsContent(err error) bool {
+	for _, k := range []sarama.KError{
+		sarama.ErrMessageSizeTooLarge, sarama.ErrMessageSetSizeTooLarge, sarama.ErrInvalidRecord, sarama.ErrPolicyViolation,
+	} {
+		if errors.Is(err, k) {
+			return true
+		}
+	}
+	return false
 }
