@@ -39,7 +39,7 @@ func BenchmarkLatency(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			var all, steady []time.Duration
 			for range b.N {
-				run := latencyRun(b, mode == "notify", 1000, 5*time.Second)
+				run, _ := latencyRun(b, mode == "notify", 8, 1000, 5*time.Second)
 				all = append(all, run...)
 				steady = append(steady, run[1000:]...) // after the first second
 			}
@@ -60,7 +60,46 @@ func BenchmarkLatency(b *testing.B) {
 	}
 }
 
-func latencyRun(b *testing.B, notify bool, rate int, dur time.Duration) []time.Duration {
+// BenchmarkWriterTax: what the wake-up costs the writers (issue 14). One
+// and eight writers commit 1,000 single-message transactions a second for
+// 5 s, with a relay running, once with outbox Notify on and once with it
+// off (the relay then polls every BusyPollInterval), alternating run by run.
+// It reports the rate the writers reached either way, their ratio
+// (x-baseline, Notify on over off: the target is >= 0.95), and the
+// commit-to-received p99 with Notify on (target <= 10 ms) and off.
+func BenchmarkWriterTax(b *testing.B) {
+	for _, writers := range []int{1, 8} {
+		b.Run("writers="+strconv.Itoa(writers), func(b *testing.B) {
+			var onRate, offRate float64
+			var on, off []time.Duration
+			for i := range b.N {
+				for j := range 2 {
+					notify := (i+j)%2 == 0
+					lat, rate := latencyRun(b, notify, writers, 1000, 5*time.Second)
+					if notify {
+						on, onRate = append(on, lat...), onRate+rate
+					} else {
+						off, offRate = append(off, lat...), offRate+rate
+					}
+				}
+			}
+			slices.Sort(on)
+			slices.Sort(off)
+			p99 := func(d []time.Duration) float64 { return float64(d[min(len(d)-1, len(d)*99/100)]) / 1e6 }
+			b.ReportMetric(onRate/float64(b.N), "notify-writer-tx/s")
+			b.ReportMetric(offRate/float64(b.N), "off-writer-tx/s")
+			b.ReportMetric(onRate/offRate, "x-baseline")
+			b.ReportMetric(p99(on), "notify-p99-ms")
+			b.ReportMetric(p99(off), "off-p99-ms")
+		})
+	}
+}
+
+// latencyRun has writers commit rate single-message transactions a second,
+// on a fixed schedule, for dur, with a relay running, and returns each
+// message's commit-to-received latency and the rate the writers reached
+// (below rate when commits fall behind the schedule).
+func latencyRun(b *testing.B, notify bool, writers, rate int, dur time.Duration) ([]time.Duration, float64) {
 	ctx := context.Background()
 	tb := benchBundle(b)
 	cfg := tb.config("bench")
@@ -116,7 +155,6 @@ func latencyRun(b *testing.B, notify bool, rate int, dur time.Duration) []time.D
 	waitFor(b, "warm-up published", func() bool { return rr.r.Stats().Published == 1 })
 
 	// Writers on a fixed schedule: message i is due at start + i/rate.
-	const writers = 8
 	startAt := time.Now().Add(100 * time.Millisecond)
 	var wg sync.WaitGroup
 	for wi := range writers {
@@ -141,6 +179,11 @@ func latencyRun(b *testing.B, notify bool, rate int, dur time.Duration) []time.D
 		})
 	}
 	wg.Wait()
+	var lastCommit int64
+	for i := range committed {
+		lastCommit = max(lastCommit, committed[i].Load())
+	}
+	writerRate := float64(total) / time.Unix(0, lastCommit).Sub(startAt).Seconds()
 	waitFor(b, "all received", func() bool { return got.Load() == int64(total) })
 	if n := rr.r.Stats().Published; n < uint64(total) {
 		b.Logf("relay counted %d published", n)
@@ -151,7 +194,7 @@ func latencyRun(b *testing.B, notify bool, rate int, dur time.Duration) []time.D
 	for i := range total {
 		out = append(out, max(0, time.Duration(received[i]-committed[i].Load())))
 	}
-	return out
+	return out, writerRate
 }
 
 // countingTracer counts the statements a pool sends.
