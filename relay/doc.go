@@ -74,6 +74,13 @@
 // overlap: the next batch is claimed while the current one is sent, and a
 // sent batch is deleted in the background while the next goes out.
 //
+// Of Config.Kafka the relay uses the client settings (Version, Net,
+// Metadata, ClientID) and, of Producer: RequiredAcks, Timeout (the
+// broker's wait for acks), Retry.Max and Retry.Backoff, Compression and
+// CompressionLevel, MaxMessageBytes (the largest record batch) and
+// Partitioner. Settings of sarama's own AsyncProducer (Flush,
+// ChannelBufferSize, Return) do not apply.
+//
 // # Fencing and the duplicate window
 //
 // A lane's epoch changes whenever it changes owner. The delete (and the park)
