@@ -177,7 +177,7 @@
 // # Stats and logs
 //
 // Stats returns counters for an exporter: published, retried, parked,
-// batches, batch latency (last, max, total), backlog (table-wide, from the
-// heartbeat) and lanes held. Logs go to Config.Logger (slog, snake_case keys);
+// batches, batch latency (last, max, total), backlog (table-wide, counted
+// at every fifth heartbeat) and lanes held. Logs go to Config.Logger (slog, snake_case keys);
 // a canceled context is not logged as an error.
 package relay

@@ -34,6 +34,7 @@ type Relay struct {
 	fin     *finishJob // background delete; owned by the worker goroutine
 	pre     *claimJob  // prefetched next batch; owned by the worker goroutine
 	passes  int        // non-empty passes; owned by the worker goroutine
+	beats   int        // heartbeats; owned by the heartbeat goroutine
 
 	// leaseUntil is when this instance's leases run out unless renewed: the
 	// start of the last successful heartbeat plus LeaseTTL, as a duration
@@ -69,8 +70,9 @@ type Stats struct {
 	Batches uint64
 	// BatchLatency* describe non-empty passes, claim to delete.
 	BatchLatencyLast, BatchLatencyMax, BatchLatencyTotal time.Duration
-	// Backlog is the number of unpublished, unparked rows in the whole outbox
-	// at the last heartbeat, counted up to 100,000 so the count stays cheap.
+	// Backlog is the number of unpublished, unparked rows in the whole outbox,
+	// counted up to 100,000 at the first heartbeat and every fifth after it
+	// (every 10 s by default), in a statement of its own.
 	Backlog int64
 	// Lanes is how many lanes this instance held at its last heartbeat.
 	Lanes int
@@ -240,8 +242,7 @@ func (r *Relay) heartbeat(ctx context.Context) {
 	defer cancel()
 	start := time.Now()
 	var held, released, live int
-	var backlog int64
-	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.id, r.cfg.LeaseTTL, r.cfg.Lanes, backlogCap, r.cfg.HeartbeatInterval).Scan(&held, &released, &live, &backlog)
+	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.id, r.cfg.LeaseTTL, r.cfg.Lanes, r.cfg.HeartbeatInterval).Scan(&held, &released, &live)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.WarnContext(ctx, "heartbeat failed", "error", err)
@@ -263,6 +264,27 @@ func (r *Relay) heartbeat(ctx context.Context) {
 		}
 	}
 	r.instances.Store(int64(live))
+	if r.beats++; r.beats%backlogEvery == 1 {
+		r.countBacklog(ctx)
+	}
+}
+
+// backlogEvery: the backlog is counted at the first heartbeat and every
+// backlogEvery-th after it (every 10 s by default).
+const backlogEvery = 5
+
+// countBacklog refreshes Stats.Backlog, after the lease statement, so a slow
+// count never delays a renewal.
+func (r *Relay) countBacklog(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.HeartbeatInterval)
+	defer cancel()
+	var backlog int64
+	if err := r.cfg.Pool.QueryRow(cctx, backlogSQL, backlogCap).Scan(&backlog); err != nil {
+		if ctx.Err() == nil {
+			r.log.WarnContext(ctx, "counting the backlog failed", "error", err)
+		}
+		return
+	}
 	r.backlog.Store(backlog)
 }
 
