@@ -22,136 +22,11 @@ import (
 	"github.com/pgbox/pgbox/relay"
 )
 
-// fill commits n rows of 200 B values in transactions of 1000, over `keys`
-// distinct keys (0: every row its own key).
-func fill(b *testing.B, tb *testBundle, n, keys int, notify bool) {
-	b.Helper()
-	ctx := context.Background()
-	w, err := outbox.NewWriter(outbox.Config{Notify: notify, Channel: tb.channel})
-	if err != nil {
-		b.Fatal(err)
-	}
-	value := make([]byte, 200)
-	for i := 0; i < n; i += 1000 {
-		msgs := make([]outbox.Message, 0, 1000)
-		for j := i; j < min(n, i+1000); j++ {
-			k := j
-			if keys > 0 {
-				k = j % keys
-			}
-			msgs = append(msgs, outbox.Message{Topic: tb.topic, Key: fmt.Appendf(nil, "key-%d", k), Value: value})
-		}
-		if err := pgx.BeginFunc(ctx, tb.db.Pool, func(tx pgx.Tx) error { return w.Write(ctx, tx, msgs...) }); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 func benchBundle(b *testing.B) *testBundle {
 	tb := setup(b)
 	kafkatest.CreateTopic(b, tb.addrs, "bench", 6, nil)
 	tb.topic = "bench"
 	return tb
-}
-
-// BenchmarkDrain: publish a backlog of 50k rows of 200 B. baseline is the
-// hand-written loop: BEGIN; DELETE ... FOR UPDATE SKIP LOCKED ... RETURNING
-// 500 rows; one SendMessages; COMMIT. Sub-benchmarks by key spread: every
-// row its own key; rows over 1,000 keys (several rows per key per batch, so
-// several waves); and 10 hot keys (one produce round trip per row per key).
-// The baseline sends a whole batch at once whatever the keys, which is why
-// it cannot keep a key's order when a send fails midway.
-func BenchmarkDrain(b *testing.B) {
-	const rows = 50_000
-	for _, keys := range []int{0, 1000, 10} {
-		name := "keys=" + strconv.Itoa(keys)
-		if keys == 0 {
-			name = "keys=unique"
-		}
-		b.Run(name, func(b *testing.B) {
-			b.Run("pgbox", func(b *testing.B) {
-				var total time.Duration
-				for range b.N {
-					tb := benchBundle(b)
-					cfg := tb.config("bench")
-					rr := start(b, cfg)
-					waitFor(b, "lanes", func() bool { return rr.r.Stats().Lanes == 8 })
-					b.StopTimer()
-					fill(b, tb, rows, keys, false)
-					b.StartTimer()
-					t0 := time.Now()
-					rr.r.Stats()
-					// Wake it now rather than at its next poll.
-					if _, err := tb.db.Pool.Exec(context.Background(), "SELECT pg_notify($1, '')", tb.channel); err != nil {
-						b.Fatal(err)
-					}
-					for rr.r.Stats().Published < rows {
-						time.Sleep(2 * time.Millisecond)
-					}
-					total += time.Since(t0)
-					rr.stop(b)
-				}
-				b.ReportMetric(float64(rows*b.N)/total.Seconds(), "msgs/s")
-			})
-			b.Run("baseline", func(b *testing.B) {
-				var total time.Duration
-				for range b.N {
-					tb := benchBundle(b)
-					b.StopTimer()
-					fill(b, tb, rows, keys, false)
-					p, err := sarama.NewSyncProducer(tb.addrs, kafkaConfig())
-					if err != nil {
-						b.Fatal(err)
-					}
-					b.StartTimer()
-					t0 := time.Now()
-					baselineDrain(b, tb, p)
-					total += time.Since(t0)
-					_ = p.Close()
-				}
-				b.ReportMetric(float64(rows*b.N)/total.Seconds(), "msgs/s")
-			})
-		})
-	}
-}
-
-func baselineDrain(b *testing.B, tb *testBundle, p sarama.SyncProducer) {
-	ctx := context.Background()
-	for {
-		n := 0
-		err := pgx.BeginFunc(ctx, tb.db.Pool, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, `DELETE FROM pgbox_outbox WHERE id IN (
-				SELECT id FROM pgbox_outbox ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED)
-				RETURNING topic, key, value, event_id::text`)
-			if err != nil {
-				return err
-			}
-			var msgs []*sarama.ProducerMessage
-			for rows.Next() {
-				var topic, id string
-				var key, value []byte
-				if err := rows.Scan(&topic, &key, &value, &id); err != nil {
-					return err
-				}
-				msgs = append(msgs, &sarama.ProducerMessage{Topic: topic, Key: sarama.ByteEncoder(key), Value: sarama.ByteEncoder(value),
-					Headers: []sarama.RecordHeader{{Key: []byte(relay.EventIDHeader), Value: []byte(id)}}})
-			}
-			if err := rows.Err(); err != nil {
-				return err
-			}
-			n = len(msgs)
-			if n == 0 {
-				return nil
-			}
-			return p.SendMessages(msgs)
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-	}
 }
 
 // BenchmarkLatency: commit → record readable in Kafka, at 1,000 msgs/s, one
@@ -164,7 +39,7 @@ func BenchmarkLatency(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			var all, steady []time.Duration
 			for range b.N {
-				run := latencyRun(b, mode == "notify", 1000, 5*time.Second)
+				run, _ := latencyRun(b, mode == "notify", 8, 1000, 5*time.Second)
 				all = append(all, run...)
 				steady = append(steady, run[1000:]...) // after the first second
 			}
@@ -185,7 +60,46 @@ func BenchmarkLatency(b *testing.B) {
 	}
 }
 
-func latencyRun(b *testing.B, notify bool, rate int, dur time.Duration) []time.Duration {
+// BenchmarkWriterTax: what the wake-up costs the writers (issue 14). One
+// and eight writers commit 1,000 single-message transactions a second for
+// 5 s, with a relay running, once with outbox Notify on and once with it
+// off (the relay then polls every BusyPollInterval), alternating run by run.
+// It reports the rate the writers reached either way, their ratio
+// (x-baseline, Notify on over off: the target is >= 0.95), and the
+// commit-to-received p99 with Notify on (target <= 10 ms) and off.
+func BenchmarkWriterTax(b *testing.B) {
+	for _, writers := range []int{1, 8} {
+		b.Run("writers="+strconv.Itoa(writers), func(b *testing.B) {
+			var onRate, offRate float64
+			var on, off []time.Duration
+			for i := range b.N {
+				for j := range 2 {
+					notify := (i+j)%2 == 0
+					lat, rate := latencyRun(b, notify, writers, 1000, 5*time.Second)
+					if notify {
+						on, onRate = append(on, lat...), onRate+rate
+					} else {
+						off, offRate = append(off, lat...), offRate+rate
+					}
+				}
+			}
+			slices.Sort(on)
+			slices.Sort(off)
+			p99 := func(d []time.Duration) float64 { return float64(d[min(len(d)-1, len(d)*99/100)]) / 1e6 }
+			b.ReportMetric(onRate/float64(b.N), "notify-writer-tx/s")
+			b.ReportMetric(offRate/float64(b.N), "off-writer-tx/s")
+			b.ReportMetric(onRate/offRate, "x-baseline")
+			b.ReportMetric(p99(on), "notify-p99-ms")
+			b.ReportMetric(p99(off), "off-p99-ms")
+		})
+	}
+}
+
+// latencyRun has writers commit rate single-message transactions a second,
+// on a fixed schedule, for dur, with a relay running, and returns each
+// message's commit-to-received latency and the rate the writers reached
+// (below rate when commits fall behind the schedule).
+func latencyRun(b *testing.B, notify bool, writers, rate int, dur time.Duration) ([]time.Duration, float64) {
 	ctx := context.Background()
 	tb := benchBundle(b)
 	cfg := tb.config("bench")
@@ -241,7 +155,6 @@ func latencyRun(b *testing.B, notify bool, rate int, dur time.Duration) []time.D
 	waitFor(b, "warm-up published", func() bool { return rr.r.Stats().Published == 1 })
 
 	// Writers on a fixed schedule: message i is due at start + i/rate.
-	const writers = 8
 	startAt := time.Now().Add(100 * time.Millisecond)
 	var wg sync.WaitGroup
 	for wi := range writers {
@@ -266,6 +179,11 @@ func latencyRun(b *testing.B, notify bool, rate int, dur time.Duration) []time.D
 		})
 	}
 	wg.Wait()
+	var lastCommit int64
+	for i := range committed {
+		lastCommit = max(lastCommit, committed[i].Load())
+	}
+	writerRate := float64(total) / time.Unix(0, lastCommit).Sub(startAt).Seconds()
 	waitFor(b, "all received", func() bool { return got.Load() == int64(total) })
 	if n := rr.r.Stats().Published; n < uint64(total) {
 		b.Logf("relay counted %d published", n)
@@ -276,7 +194,7 @@ func latencyRun(b *testing.B, notify bool, rate int, dur time.Duration) []time.D
 	for i := range total {
 		out = append(out, max(0, time.Duration(received[i]-committed[i].Load())))
 	}
-	return out
+	return out, writerRate
 }
 
 // countingTracer counts the statements a pool sends.

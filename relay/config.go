@@ -241,8 +241,3 @@ func validateKafka(k *sarama.Config) error {
 	}
 	return nil
 }
-
-// rowsPerSlot is the most rows one claim takes from one slot, so a batch
-// spans many slots and thus many keys: a key has one record in flight at a
-// time, so a batch takes as many round trips as its busiest key has rows.
-const rowsPerSlot = 16

@@ -45,22 +45,41 @@
 // With one owner per lane and rows leaving the table only once published,
 // there is nothing to skip.
 //
-// # One record in flight per key
+// # Many records per key in flight, order kept
 //
-// One SendMessages call cannot promise that a failed record is not overtaken
-// by a later record of the same partition: sarama fails a message whose
-// leader it cannot find at that moment and goes on with the next, which may
-// succeed once the broker is back. So the relay sends through a sarama
-// AsyncProducer with at most one record in flight per (topic, key): a key's
-// next row goes out when the previous one is acknowledged, and once a row
-// fails the rest of its key waits for the next pass. Different keys run
-// concurrently, so the producer still batches; a hot key costs one produce
-// round trip per row (the price of strict order: about a third of the
-// unordered baseline's rate when all traffic is on 10 keys). Claims take at
-// most 16 rows per slot so that a batch spans many slots and keys. Under a
-// backlog the work overlaps: the next batch is claimed while the current one
-// is sent, and a sent batch is deleted in the background while the next goes
-// out.
+// The relay does not use sarama's AsyncProducer to send: that producer fails
+// a record whose partition leader it cannot find at that moment (or whose
+// retries ran out) and goes on with the next record of the partition, which
+// may succeed, so a key's later record could overtake a failed earlier one.
+// Instead it writes record batches itself, as an idempotent producer (a
+// producer id from InitProducerID and per-partition sequence numbers), over
+// sarama's client and wire types. A pass's rows are grouped by partition
+// (all rows of a key share one) in id order and cut into record batches of
+// up to Producer.MaxMessageBytes; each round sends one request per leader
+// broker holding at most one batch per partition. Kafka writes a batch whole
+// or not at all, and the next batch of a partition is built only after the
+// previous one was answered, so a failure cuts a partition cleanly:
+// everything before it is written, nothing after it was sent.
+//
+// A batch that fails with a retriable error (leader missing or moved,
+// timeout, broken connection) is sent again as the same batch with the same
+// sequence, so the broker drops it if the first try was written (no
+// duplicate), up to Producer.Retry.Max times after Producer.Retry.Backoff;
+// then its rows wait for the next pass, with the rest of that partition.
+// A batch the broker rejects as such (too large for the broker, invalid
+// record, policy) is sent again one row per batch, so only the bad row
+// fails. After any failed batch the producer takes a new producer id, so no
+// sequence gap is left behind. So a hot key costs no round trip per record:
+// a whole batch of it goes in one request. Under a backlog the steps
+// overlap: the next batch is claimed while the current one is sent, and a
+// sent batch is deleted in the background while the next goes out.
+//
+// Of Config.Kafka the relay uses the client settings (Version, Net,
+// Metadata, ClientID) and, of Producer: RequiredAcks, Timeout (the
+// broker's wait for acks), Retry.Max and Retry.Backoff, Compression and
+// CompressionLevel, MaxMessageBytes (the largest record batch) and
+// Partitioner. Settings of sarama's own AsyncProducer (Flush,
+// ChannelBufferSize, Return) do not apply.
 //
 // # Fencing and the duplicate window
 //
@@ -72,7 +91,8 @@
 // them, or its delete failed) are sent again by the next owner, with the same
 // event id. That is at most two batches of the instance that lost the lane:
 // the one it was sending and the previous one, whose delete runs in the
-// background while the next batch is claimed and sent. An instance also
+// background while the next batch is claimed and sent. A batch retried
+// within one send is not a duplicate: the broker recognizes its sequence. An instance also
 // stops sending rows it claimed before its leases could have lapsed (no
 // heartbeat for LeaseTTL, measured on the monotonic clock, so a paused
 // process notices) or before it handed lanes over: those rows stay for the
@@ -82,8 +102,9 @@
 //
 // # Failures
 //
-// Broker unreachable, leader moving, timeouts: the pass backs off (capped
-// exponential, MaxBackoff) and retries; nothing is marked. A row that fails
+// Broker unreachable, leader moving, timeouts: after the producer's own
+// retries, the pass backs off (capped exponential, MaxBackoff) and retries;
+// nothing is marked. A row that fails
 // permanently (unknown topic with auto-creation off, larger than the
 // producer or broker allows, invalid record, not authorized) gets attempts +
 // 1 and last_error; at MaxAttempts (5) it is parked (parked_at set) and the
@@ -129,28 +150,34 @@
 // # The claim query on a large table
 //
 // The partial index pgbox_outbox_claim_idx (slot, id) WHERE parked_at IS NULL
-// gives one short index range scan per owned slot. On 10M rows (1% parked,
-// an instance owning 4 of 16 lanes, PostgreSQL 15), a claim of 1,024 rows:
+// gives one short index range scan per owned slot, started past the rows in
+// flight (a per-slot id bound), so its cost depends neither on the table
+// size nor on the dead index entries of rows already deleted. The slot is
+// matched as a row comparison, (slot, id) > (s, bound) AND slot <= s, which
+// only this index answers in order: with slot = s the planner may take the
+// primary key instead when a few hot keys skew the slot statistics, and
+// walk the whole table for every empty slot. The plan:
 //
-//	Limit (actual time=0.086..2.788 rows=1024 loops=1)
-//	  ->  Nested Loop (actual time=0.085..2.731 rows=1024 loops=1)
-//	        ->  Sort (actual time=0.043..0.055 rows=64 loops=1)
-//	              Sort Key: ((((g.slot + 256) - 0) % 256))
-//	              ->  Nested Loop (actual time=0.013..0.029 rows=64 loops=1)
-//	                    ->  Seq Scan on pgbox_relay_lanes l (actual time=0.006..0.008 rows=4 loops=1)
-//	                          Filter: ((owner = 'me'::text) AND (lanes = 16) AND (expires_at > now()))
-//	                    ->  Function Scan on generate_series g (actual time=0.002..0.003 rows=16 loops=4)
-//	        ->  Limit (actual time=0.019..0.040 rows=16 loops=64)
-//	              ->  Index Scan using pgbox_outbox_claim_idx on pgbox_outbox (actual time=0.018..0.039 rows=16 loops=64)
-//	                    Index Cond: (slot = g.slot)
-//	Execution Time: 2.856 ms
+//	Limit
+//	  ->  Nested Loop
+//	        ->  Nested Loop
+//	              Join Filter: ((g.slot % l.lanes) = l.lane)
+//	              ->  Function Scan on unnest g
+//	              ->  Materialize
+//	                    ->  Seq Scan on pgbox_relay_lanes l
+//	                          Filter: ((owner = $1) AND (lanes = $3) AND (expires_at > now()))
+//	        ->  Limit
+//	              ->  Index Scan using pgbox_outbox_claim_idx on pgbox_outbox
+//	                    Index Cond: ((ROW(slot, id) > ROW((g.slot)::smallint, COALESCE(($6)[(g.slot + 1)], '0'::bigint))) AND (slot <= g.slot))
 //
-// TestClaimQueryUsesIndex asserts this plan shape on every run.
+// TestClaimQueryUsesIndex (300k rows, a third parked) and
+// TestClaimQueryUsesIndexWithHotKeys (custom and generic plans) assert this
+// plan shape on every run.
 //
 // # Stats and logs
 //
 // Stats returns counters for an exporter: published, retried, parked,
-// batches, batch latency (last, max, total), backlog (table-wide, from the
-// heartbeat) and lanes held. Logs go to Config.Logger (slog, snake_case keys);
+// batches, batch latency (last, max, total), backlog (table-wide, counted
+// at every fifth heartbeat) and lanes held. Logs go to Config.Logger (slog, snake_case keys);
 // a canceled context is not logged as an error.
 package relay

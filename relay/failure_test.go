@@ -9,9 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -127,4 +131,92 @@ func TestNotifyWakesRelay(t *testing.T) {
 	}
 	waitFor(t, "published counted", func() bool { return a.r.Stats().Published == 3 })
 	_ = relay.EventIDHeader
+}
+
+// Many records of one key are in flight at once (whole batches per
+// partition), so a failure in the middle of a key's run must cut it cleanly:
+// nothing after the failed batch may reach Kafka before it. The broker fails
+// one partition's produce requests (more often than the producer retries,
+// so batches fail and wait for the next pass), answers another's with
+// REQUEST_TIMED_OUT after writing them (the retry must be deduplicated, not
+// written twice), and hides a third partition's leader for a while; the
+// backlog holds hundreds of rows per key. Every event arrives, in order per
+// key, without duplicates.
+func TestFailureMidPipelineReordersNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	const keys, perKey = 9, 150
+	createCounters(t, b, keys)
+	for range perKey {
+		for k := range keys {
+			require.NoError(t, writeCounted(ctx, b, keyed(k)))
+		}
+	}
+	produce := []kmsg.Key{kmsg.Produce}
+	notLeader := b.cluster.Fault(kfake.Fault{Keys: produce, Topic: b.topic, Partitions: []int32{0}, Err: kerr.NotLeaderForPartition, Count: 7})
+	timedOut := b.cluster.Fault(kfake.Fault{Keys: produce, Topic: b.topic, Partitions: []int32{1}, Err: kerr.RequestTimedOut, Count: 2})
+	noLeader := b.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Metadata}, Topic: b.topic, Partitions: []int32{2}, Err: kerr.LeaderNotAvailable, Count: 6})
+	cfg := b.config("a")
+	cfg.BatchSize = 400 // several passes, each with many rows per key
+	cfg.Kafka = kafkaConfig()
+	cfg.Kafka.Producer.MaxMessageBytes = 4096 // a partition's rows take several record batches per pass
+	a := start(t, cfg)
+
+	got := readEvents(t, b, keys*perKey)
+	dups := checkOrder(t, b, got)
+	require.Zero(t, dups, "a retried batch is deduplicated by the broker (same producer id and sequence)")
+	require.Len(t, got, keys*perKey)
+	waitFor(t, "outbox emptied", func() bool { return b.outboxCount(t, "true") == 0 })
+	require.Equal(t, 7, notLeader.Hits())
+	require.Equal(t, 2, timedOut.Hits())
+	require.Positive(t, noLeader.Hits())
+	require.Positive(t, a.r.Stats().Retried, "some batches failed and were sent again in a later pass")
+	require.Zero(t, a.r.Stats().Parked)
+}
+
+// The broker rejects a record batch for what it holds (here: larger than
+// the topic's max.message.bytes, which is below the producer's limit). The
+// relay sends that partition's rows one per batch to find the bad row: only
+// it fails (and is parked at MaxAttempts), every other row goes out, in
+// order, and the bad row's key continues once it is parked.
+func TestBatchRejectedByBrokerFindsTheBadRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	limit := "1200"
+	kafkatest.CreateTopic(t, b.addrs, "small", 3, map[string]*string{"max.message.bytes": &limit})
+	b.topic = "small"
+	const keys = 4
+	createCounters(t, b, keys)
+	for range 5 {
+		for k := range keys {
+			require.NoError(t, writeCounted(ctx, b, keyed(k)))
+		}
+	}
+	b.write(t, msg(b.topic, "big", strings.Repeat("x", 1500)))
+	for range 5 {
+		for k := range keys {
+			require.NoError(t, writeCounted(ctx, b, keyed(k)))
+		}
+	}
+	b.write(t, msg(b.topic, "big", "after"))
+	cfg := b.config("a")
+	cfg.MaxAttempts = 2
+	a := start(t, cfg)
+
+	got := readEvents(t, b, 10*keys+1)
+	var counted []*sarama.ConsumerMessage
+	for _, m := range got {
+		if string(m.Key) == "big" {
+			require.Equal(t, "after", string(m.Value), "the oversized row never arrives")
+			continue
+		}
+		counted = append(counted, m)
+	}
+	require.Len(t, counted, 10*keys)
+	require.Zero(t, checkOrder(t, b, counted))
+	waitFor(t, "only the parked row remains", func() bool { return b.outboxCount(t, "true") == 1 })
+	require.Equal(t, 1, b.outboxCount(t, "key = 'big' AND parked_at IS NOT NULL AND attempts = 2 AND last_error ILIKE '%too large%'"))
+	require.EqualValues(t, 1, a.r.Stats().Parked)
 }

@@ -27,8 +27,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 
 	heartbeat := func(instance string) {
 		var held, released, live int
-		var backlog int64
-		require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, instance, "1 hour", 1, backlogCap, "0s").Scan(&held, &released, &live, &backlog))
+		require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, instance, "1 hour", 1, "0s").Scan(&held, &released, &live))
 	}
 	old := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, id: "old"}
 	heartbeat("old")

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 
 	"github.com/pgbox/pgbox/relay"
 )
@@ -19,7 +20,11 @@ func TestMain(m *testing.M) {
 	if os.Getenv("PGBOX_RELAY_CHILD") != "" {
 		os.Exit(runChild())
 	}
-	os.Exit(m.Run())
+	// Every relay, producer, broker and pool a test starts is gone when the
+	// tests end (sarama's client included: Run closes its producer). The
+	// one exception is go-metrics' process-wide meter ticker, which sarama
+	// starts once and nothing stops.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"))
 }
 
 func runChild() int {

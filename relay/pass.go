@@ -1,22 +1,23 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"strconv"
 	"time"
 
 	"github.com/IBM/sarama"
 
+	"github.com/pgbox/pgbox/internal/backoff"
 	"github.com/pgbox/pgbox/outbox"
 )
 
-// workLoop runs passes until ctx ends.
-func (r *Relay) workLoop(ctx context.Context, p *producer) {
+// workLoop runs passes until ctx ends, or a pass fails in a way retrying
+// cannot fix (then it stops Run through stop).
+func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCauseFunc) {
 	var (
-		b         backoff
+		b         = backoff.Backoff{Base: backoffMin, Limit: r.cfg.MaxBackoff}
 		busyUntil time.Time
 		nextSlot  int
 		full      = true // probe every owned slot, not just the ones named
@@ -43,15 +44,18 @@ func (r *Relay) workLoop(ctx context.Context, p *producer) {
 		var wait time.Duration
 		switch {
 		case res.err != nil || (res.failed > 0 && res.published == 0):
-			wait = b.next(r.cfg.MaxBackoff)
+			if res.err != nil && r.stopOn("pass", res.err, stop) {
+				return
+			}
+			wait = b.Next()
 			if res.err != nil && ctx.Err() == nil {
 				r.log.WarnContext(ctx, "pass failed", "error", res.err, "backoff", wait)
 			}
 		case res.failed > 0:
-			b = backoff{}
+			b.Reset()
 			wait = backoffMin // some rows went out: retry the rest soon
 		case res.claimed > 0:
-			b = backoff{}
+			b.Reset()
 			busyUntil = time.Now().Add(busyWindow)
 			if res.claimed < r.cfg.BatchSize {
 				full, carry = false, res.slots
@@ -93,28 +97,19 @@ type passResult struct {
 	err                        error
 }
 
+// prefetchMinRows: a batch at least this large looks like a backlog, so the
+// next one is claimed while it is sent.
+const prefetchMinRows = 16
+
+// claimPerSlot is the most rows one claim takes from one slot, so that a
+// batch spans several slots when a backlog is spread over many, while a few
+// hot keys still fill a batch.
+func (r *Relay) claimPerSlot() int { return max(prefetchMinRows, r.cfg.BatchSize/4) }
+
 // pass claims one batch, sends it and records the outcome.
 func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slotSet) passResult {
 	start := time.Now()
-	var rows []row
-	var err error
-	var gen int64
-	if pre := r.pre; pre != nil {
-		r.pre = nil
-		<-pre.done
-		rows, err, gen = pre.rows, pre.err, pre.gen
-	}
-	if err != nil || len(rows) == 0 {
-		gen = r.leaseGen.Load()
-		slots := allSlots(*nextSlot)
-		if only != nil {
-			if only.empty() {
-				return passResult{}
-			}
-			slots = only.list(*nextSlot)
-		}
-		rows, err = r.claim(ctx, slots, r.finishingIDs(nil))
-	}
+	rows, gen, err := r.takeBatch(ctx, *nextSlot, only)
 	if err != nil {
 		return passResult{err: fmt.Errorf("claim: %w", err)}
 	}
@@ -122,132 +117,186 @@ func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slot
 		return passResult{}
 	}
 	*nextSlot = (int(rows[len(rows)-1].slot) + 1) % outbox.Slots
-
-	// A full-looking batch means a backlog: claim the next batch while this
-	// one is sent, skipping this batch's rows (and those still being
-	// deleted). It is used only if this batch goes out whole; otherwise a
-	// key may have a failed row that its later rows must not overtake.
-	if len(rows) >= rowsPerSlot && ctx.Err() == nil {
-		exclude := make([]int64, 0, len(rows))
-		for i := range rows {
-			exclude = append(exclude, rows[i].id)
-		}
-		exclude = r.finishingIDs(exclude)
-		job := &claimJob{done: make(chan struct{}), gen: r.leaseGen.Load()}
-		first := *nextSlot
-		go func() {
-			defer close(job.done)
-			job.rows, job.err = r.claim(ctx, allSlots(first), exclude)
-		}()
-		r.pre = job
-	}
+	r.prefetch(ctx, rows, *nextSlot)
 
 	claimed := time.Now()
-	msgs := make([]*sarama.ProducerMessage, len(rows))
-	for i := range rows {
-		msgs[i] = toMessage(&rows[i], i)
-	}
-	outcome, stopped := r.sendChains(ctx, p, rows, msgs, gen)
-	sentAt := time.Now()
-	if stopped {
+	outcome, stopped := r.sendBatch(ctx, p, rows, gen)
+	t := r.tally(rows, outcome)
+	if stopped || len(t.okIDs) < len(rows) {
+		// The prefetched batch is used only if this one went out whole:
+		// otherwise a key may have a failed row that its later rows must
+		// not overtake.
 		r.dropPrefetch()
 	}
-	var (
-		okIDs, okEpochs, badIDs, badEpochs []int64
-		badErrs                            []string
-		transient                          int
-		firstErr                           error
-	)
-	for i := range rows {
-		e, tried := outcome[i]
-		switch {
-		case !tried: // held back behind a failed row of its key, or stopping
-		case e == nil:
-			okIDs = append(okIDs, rows[i].id)
-			okEpochs = append(okEpochs, rows[i].epoch)
-		case permanent(e):
-			badIDs = append(badIDs, rows[i].id)
-			badEpochs = append(badEpochs, rows[i].epoch)
-			badErrs = append(badErrs, e.Error())
-			r.log.Warn("publish failed permanently", "topic", rows[i].topic, "row_id", rows[i].id,
-				"event_id", rows[i].eventID.String(), "attempt", rows[i].attempts+1, "error", e)
-		default:
-			transient++
-			if firstErr == nil {
-				firstErr = e
-			}
-		}
+	r.waitFinish() // one finish at a time
+	if len(t.okIDs)+len(t.badIDs) == 0 {
+		return t.res
 	}
-	res := passResult{claimed: len(rows), published: len(okIDs), failed: transient + len(badIDs)}
-	for i := range rows {
-		res.slots.add(int(rows[i].slot))
-	}
-	if transient > 0 {
-		res.err = fmt.Errorf("send: %d of %d records failed, will retry: %w", transient, len(rows), firstErr)
-	}
-	r.retried.Add(uint64(transient))
-	if len(okIDs) < len(rows) {
-		r.dropPrefetch()
-	}
-	// One finish at a time: wait for the previous batch's.
-	if r.fin != nil {
-		<-r.fin.done
-		r.fin = nil
-	}
-	if len(okIDs)+len(badIDs) == 0 {
-		return res
-	}
+	b := finishedBatch{tally: t, rows: len(rows), start: start, claimed: claimed, sent: time.Now()}
 	// Record the outcome even when stopping: these records are in Kafka.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
-	finish := func() error {
-		defer cancel()
-		var deleted, parked int
-		if err := r.cfg.Pool.QueryRow(fctx, finishSQL, okIDs, okEpochs, badIDs, badEpochs, badErrs, r.cfg.MaxAttempts).Scan(&deleted, &parked); err != nil {
-			// The records went out but the rows stay: they will be sent again
-			// (same event ids). That is the at-least-once window.
-			return fmt.Errorf("record outcome of %d rows: %w", len(rows), err)
+	if t.res.failed > 0 || ctx.Err() != nil {
+		if err := r.finish(ctx, &b); err != nil {
+			t.res.err = err
 		}
-		if deleted < len(okIDs) {
-			r.log.Info("lane changed hands during the batch; the new owner may send some rows again", "sent", len(okIDs), "deleted", deleted)
-		}
-		lat := time.Since(start)
-		r.log.Debug("batch", "rows", len(rows), "published", len(okIDs), "claim", claimed.Sub(start), "send", sentAt.Sub(claimed), "finish", time.Since(sentAt))
-		r.published.Add(uint64(len(okIDs)))
-		r.retried.Add(uint64(len(badIDs) - parked))
-		r.parked.Add(uint64(parked))
-		r.batches.Add(1)
-		r.latLast.Store(int64(lat))
-		r.latTotal.Add(int64(lat))
-		for {
-			m := r.latMax.Load()
-			if int64(lat) <= m || r.latMax.CompareAndSwap(m, int64(lat)) {
-				break
-			}
-		}
-		if parked > 0 {
-			r.log.Error("rows parked after repeated permanent failures", "rows", parked, "max_attempts", r.cfg.MaxAttempts)
-		}
-		return nil
-	}
-	if res.failed > 0 || ctx.Err() != nil {
-		if err := finish(); err != nil {
-			res.err = err
-		}
-		return res
+		return t.res
 	}
 	// All went out: delete in the background while the next batch is claimed
 	// and sent. The next claim skips these rows; if the delete fails they
 	// are found again later and sent again (same event ids, after their
 	// key's earlier records, so a deduping consumer sees the same order).
-	job := &finishJob{done: make(chan struct{}), ids: okIDs}
+	job := &finishJob{done: make(chan struct{})}
+	for i := range rows {
+		if _, ok := outcome[i]; ok {
+			job.bounds.add(&rows[i])
+		}
+	}
 	go func() {
 		defer close(job.done)
-		if err := finish(); err != nil && ctx.Err() == nil {
+		if err := r.finish(ctx, &b); err != nil && ctx.Err() == nil {
 			r.log.Warn("recording a batch failed; its rows will be sent again", "error", err)
 		}
 	}()
 	r.fin = job
-	return res
+	return t.res
+}
+
+// takeBatch returns the prefetched batch if there is one, else claims from
+// the slots in rotation from nextSlot (only the ones in only, if given).
+func (r *Relay) takeBatch(ctx context.Context, nextSlot int, only *slotSet) ([]row, int64, error) {
+	if pre := r.pre; pre != nil {
+		r.pre = nil
+		<-pre.done
+		if pre.err == nil && len(pre.rows) > 0 {
+			return pre.rows, pre.gen, nil
+		}
+	}
+	gen := r.leaseGen.Load()
+	slots := allSlots(nextSlot)
+	if only != nil {
+		if only.empty() {
+			return nil, gen, nil
+		}
+		slots = only.list(nextSlot)
+	}
+	// A claim with no bounds sees every row, late commits too, once the
+	// previous batch's rows are gone.
+	r.waitFinish()
+	rows, err := r.claim(ctx, slots, nil)
+	return rows, gen, err
+}
+
+// prefetch claims the next batch in the background while rows are sent, if
+// rows look like a backlog. It claims above rows' ids in their slots (and
+// above the ids still being deleted), so it skips them, and also any row of
+// those slots that committed late with a lower id: every freshClaimEvery
+// passes there is no prefetch, and the next pass claims without bounds, so
+// such a row waits a few passes at most. It cannot be a row of a key in
+// rows that must go first: writers of one key serialize on its business row,
+// so a later-committing row of a key has a higher id (see package outbox).
+func (r *Relay) prefetch(ctx context.Context, rows []row, first int) {
+	r.passes++
+	if len(rows) < prefetchMinRows || ctx.Err() != nil || r.passes%freshClaimEvery == 0 {
+		return
+	}
+	var bounds slotBounds
+	for i := range rows {
+		bounds.add(&rows[i])
+	}
+	r.finishingBounds(&bounds)
+	job := &claimJob{done: make(chan struct{}), gen: r.leaseGen.Load()}
+	go func() {
+		defer close(job.done)
+		job.rows, job.err = r.claim(ctx, allSlots(first), &bounds)
+	}()
+	r.pre = job
+}
+
+// freshClaimEvery: one pass in this many claims without bounds (see prefetch).
+const freshClaimEvery = 16
+
+// slotBounds holds, per slot, the highest id a claim must skip up to (0:
+// none).
+type slotBounds [outbox.Slots]int64
+
+func (b *slotBounds) add(x *row) { b[x.slot] = max(b[x.slot], x.id) }
+
+// tally is a sent batch's outcome, as the finish statement takes it.
+type tally struct {
+	okIDs, okEpochs, badIDs, badEpochs []int64
+	badErrs                            []string
+	res                                passResult
+}
+
+func (r *Relay) tally(rows []row, outcome map[int]error) tally {
+	var t tally
+	var transient int
+	var firstErr error
+	for i := range rows {
+		e, tried := outcome[i]
+		t.res.slots.add(int(rows[i].slot))
+		switch {
+		case !tried: // held back behind a failed row of its key, or stopping
+		case e == nil:
+			t.okIDs = append(t.okIDs, rows[i].id)
+			t.okEpochs = append(t.okEpochs, rows[i].epoch)
+		case permanent(e):
+			t.badIDs = append(t.badIDs, rows[i].id)
+			t.badEpochs = append(t.badEpochs, rows[i].epoch)
+			t.badErrs = append(t.badErrs, e.Error())
+			r.log.Warn("publish failed permanently", "topic", rows[i].topic, "row_id", rows[i].id,
+				"event_id", rows[i].eventID.String(), "attempt", rows[i].attempts+1, "error", e)
+		default:
+			transient++
+			firstErr = cmp.Or(firstErr, e)
+		}
+	}
+	t.res.claimed, t.res.published, t.res.failed = len(rows), len(t.okIDs), transient+len(t.badIDs)
+	if transient > 0 {
+		t.res.err = fmt.Errorf("send: %d of %d records failed, will retry: %w", transient, len(rows), firstErr)
+	}
+	r.retried.Add(uint64(transient))
+	return t
+}
+
+// finishedBatch is a sent batch on its way to the finish statement.
+type finishedBatch struct {
+	tally
+	rows                 int
+	start, claimed, sent time.Time
+}
+
+// finish records a batch's outcome in one statement (delete the published
+// rows, count the failed ones' attempts) and updates the counters.
+func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	defer cancel()
+	var deleted, parked int
+	if err := r.cfg.Pool.QueryRow(fctx, finishSQL, b.okIDs, b.okEpochs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts).Scan(&deleted, &parked); err != nil {
+		// The records went out but the rows stay: they will be sent again
+		// (same event ids). That is the at-least-once window.
+		return fmt.Errorf("record outcome of %d rows: %w", b.rows, err)
+	}
+	if deleted < len(b.okIDs) {
+		r.log.Info("lane changed hands during the batch; the new owner may send some rows again", "sent", len(b.okIDs), "deleted", deleted)
+	}
+	lat := time.Since(b.start)
+	r.log.Debug("batch", "rows", b.rows, "published", len(b.okIDs), "claim", b.claimed.Sub(b.start), "send", b.sent.Sub(b.claimed), "finish", time.Since(b.sent))
+	r.published.Add(uint64(len(b.okIDs)))
+	r.retried.Add(uint64(len(b.badIDs) - parked))
+	r.parked.Add(uint64(parked))
+	r.batches.Add(1)
+	r.latLast.Store(int64(lat))
+	r.latTotal.Add(int64(lat))
+	for {
+		m := r.latMax.Load()
+		if int64(lat) <= m || r.latMax.CompareAndSwap(m, int64(lat)) {
+			break
+		}
+	}
+	if parked > 0 {
+		r.log.Error("rows parked after repeated permanent failures", "rows", parked, "max_attempts", r.cfg.MaxAttempts)
+	}
+	return nil
 }
 
 // claimJob is the next batch, claimed while the current one is sent.
@@ -265,24 +314,26 @@ func (r *Relay) dropPrefetch() {
 	}
 }
 
-// finishingIDs appends the ids whose background delete is still running.
-func (r *Relay) finishingIDs(ids []int64) []int64 {
+// finishingBounds adds the bounds of the rows whose background delete is
+// still running (acknowledged, not yet deleted).
+func (r *Relay) finishingBounds(into *slotBounds) {
 	if r.fin == nil {
-		return ids
+		return
 	}
 	select {
 	case <-r.fin.done:
 		r.fin = nil
-		return ids
 	default:
-		return append(ids, r.fin.ids...) // acknowledged, delete still running
+		for i, id := range r.fin.bounds {
+			into[i] = max(into[i], id)
+		}
 	}
 }
 
 // finishJob is a batch whose rows are being deleted in the background.
 type finishJob struct {
-	done chan struct{}
-	ids  []int64
+	done   chan struct{}
+	bounds slotBounds // of the rows it sent or failed
 }
 
 // waitFinish waits for the background delete, if any.
@@ -293,152 +344,13 @@ func (r *Relay) waitFinish() {
 	}
 }
 
-// sendChains sends a batch so that no record can overtake an earlier record
-// of its key: each (topic, key) is a chain of rows in id order with at most
-// one row in flight; a row goes out when the previous row of its key is
-// acknowledged, and once a row fails the rest of its key waits for the next
-// pass. Different keys' chains run concurrently, so the producer still
-// batches. One SendMessages of the whole batch could not promise this:
-// sarama fails a message whose partition leader it cannot find at that
-// moment and goes on with the next one, which may then succeed.
-//
-// It returns each tried row's error (nil: acknowledged). If ctx is canceled
-// it sends nothing more and waits up to StopTimeout for the rows in flight;
-// rows still unanswered then are left out (stopped is true) and stay in the
-// outbox. It also sends nothing more once the leases the rows were claimed
-// under may have run out (no heartbeat succeeded for LeaseTTL, e.g. the
-// process was paused).
-func (r *Relay) sendChains(ctx context.Context, p *producer, rows []row, msgs []*sarama.ProducerMessage, gen int64) (outcome map[int]error, stopped bool) {
-	outcome = make(map[int]error, len(rows))
-	results := make(chan result, len(rows)) // never blocks the router
-	keyOf := func(i int) string {
-		if rows[i].key == nil {
-			return "\x00nokey" + strconv.Itoa(i) // no key, no order to keep
-		}
-		return rows[i].topic + "\x00" + string(rows[i].key)
+// claim reads the next batch from slots, in slot order, skipping in each
+// slot the ids up to bounds (nil: none).
+func (r *Relay) claim(ctx context.Context, slots []int32, bounds *slotBounds) ([]row, error) {
+	if bounds == nil {
+		bounds = &slotBounds{}
 	}
-	chains := map[string][]int{}
-	var ready []int
-	for i := range rows {
-		msgs[i].Metadata = tag{idx: i, out: results}
-		k := keyOf(i)
-		if _, ok := chains[k]; !ok {
-			ready = append(ready, i) // the head of each chain goes first
-			chains[k] = []int{}
-			continue
-		}
-		chains[k] = append(chains[k], i)
-	}
-	inflight := 0
-	leaseLost := false
-	var stopTimer <-chan time.Time
-	done := ctx.Done()
-	for len(ready) > 0 || inflight > 0 {
-		var in chan<- *sarama.ProducerMessage
-		var next *sarama.ProducerMessage
-		if len(ready) > 0 && !leaseLost && !r.leaseHeld(gen) {
-			// Paused or cut off past the lease: another instance may own
-			// these lanes now. Send nothing more; the rows stay.
-			leaseLost = true
-			r.log.Warn("lease may have run out; holding back the rest of the batch", "rows", len(ready))
-		}
-		if len(ready) > 0 && stopTimer == nil && !leaseLost {
-			in, next = p.input(), msgs[ready[0]]
-		} else if inflight == 0 {
-			break // stopping, nothing in flight
-		}
-		select {
-		case in <- next:
-			ready = ready[1:]
-			inflight++
-		case res := <-results:
-			inflight--
-			outcome[res.idx] = res.err
-			if res.err == nil {
-				k := keyOf(res.idx)
-				if c := chains[k]; len(c) > 0 {
-					ready = append(ready, c[0])
-					chains[k] = c[1:]
-				}
-			}
-		case <-done:
-			done = nil
-			t := time.NewTimer(r.cfg.StopTimeout)
-			defer t.Stop()
-			stopTimer = t.C
-		case <-stopTimer:
-			r.log.Warn("stop: gave up waiting for records in flight; their rows stay in the outbox", "rows", inflight)
-			return outcome, true
-		}
-	}
-	return outcome, stopTimer != nil || leaseLost
-}
-
-// producer is a sarama AsyncProducer whose results are routed back to the
-// batch that sent each message (ProducerMessage.Metadata holds a tag).
-type producer struct {
-	ap     sarama.AsyncProducer
-	routed chan struct{} // closed when the producer's result channels are drained and closed
-}
-
-type tag struct {
-	idx int
-	out chan<- result
-}
-
-type result struct {
-	idx int
-	err error
-}
-
-func newProducer(brokers []string, cfg *sarama.Config) (*producer, error) {
-	ap, err := sarama.NewAsyncProducer(brokers, cfg)
-	if err != nil {
-		return nil, err
-	}
-	p := &producer{ap: ap, routed: make(chan struct{})}
-	go p.route()
-	return p, nil
-}
-
-func (p *producer) input() chan<- *sarama.ProducerMessage { return p.ap.Input() }
-
-func (p *producer) route() {
-	defer close(p.routed)
-	succ, errs := p.ap.Successes(), p.ap.Errors()
-	for succ != nil || errs != nil {
-		select {
-		case m, ok := <-succ:
-			if !ok {
-				succ = nil
-				continue
-			}
-			if t, ok := m.Metadata.(tag); ok {
-				t.out <- result{idx: t.idx}
-			}
-		case e, ok := <-errs:
-			if !ok {
-				errs = nil
-				continue
-			}
-			if t, ok := e.Msg.Metadata.(tag); ok {
-				t.out <- result{idx: t.idx, err: e.Err}
-			}
-		}
-	}
-}
-
-// close flushes what is buffered and stops the producer.
-func (p *producer) close() {
-	p.ap.AsyncClose()
-	<-p.routed
-}
-
-func (r *Relay) claim(ctx context.Context, slots []int32, exclude []int64) ([]row, error) {
-	if exclude == nil {
-		exclude = []int64{}
-	}
-	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.id, r.cfg.BatchSize, r.cfg.Lanes, slots, rowsPerSlot, exclude)
+	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.id, r.cfg.BatchSize, r.cfg.Lanes, slots, r.claimPerSlot(), bounds[:])
 	if err != nil {
 		return nil, err
 	}
@@ -454,8 +366,8 @@ func (r *Relay) claim(ctx context.Context, slots []int32, exclude []int64) ([]ro
 	return out, rows.Err()
 }
 
-func toMessage(x *row, i int) *sarama.ProducerMessage {
-	m := &sarama.ProducerMessage{Topic: x.topic, Metadata: i}
+func toMessage(x *row) *sarama.ProducerMessage {
+	m := &sarama.ProducerMessage{Topic: x.topic}
 	if x.key != nil {
 		m.Key = sarama.ByteEncoder(x.key)
 	}
@@ -497,26 +409,3 @@ func permanent(err error) bool {
 }
 
 const backoffMin = 100 * time.Millisecond
-
-// backoff is capped exponential backoff with jitter.
-type backoff struct{ d time.Duration }
-
-func (b *backoff) next(limit time.Duration) time.Duration {
-	if b.d == 0 {
-		b.d = backoffMin
-	} else {
-		b.d = min(2*b.d, limit)
-	}
-	return b.d/2 + rand.N(b.d/2+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}

@@ -15,19 +15,22 @@ const resetLanesSQL = `DELETE FROM pgbox_relay_lanes`
 
 const createLanesSQL = `INSERT INTO pgbox_relay_lanes (lane, lanes) SELECT g, $1 FROM generate_series(0, $1 - 1) g`
 
-// heartbeatSQL is the instance's one periodic statement: it renews the
+// heartbeatSQL is the instance's periodic lease statement: it renews the
 // instance row, computes this instance's share of the lanes (the live
 // instances sorted by name; instance #rank of n gets lane % n = rank),
 // releases owned lanes outside that share, renews or takes the lanes inside
 // it that are free, expired or already its own (a new owner gets a new
-// epoch), prunes long-dead instance rows, and counts the backlog.
+// epoch) and prunes long-dead instance rows. It stays cheap whatever the
+// backlog: counting the backlog is a statement of its own (backlogSQL),
+// which took seconds on a loaded server with 200k rows waiting and must not
+// delay a lease renewal.
 //
 // A released lane stays unclaimable for a grace period ($5, one heartbeat
 // interval): the releasing instance no longer claims from it, but its
 // in-flight batch can still finish and delete its rows (the epoch is
 // unchanged), so a rebalance does not normally cause duplicates.
 //
-// $1 instance, $2 lease TTL, $3 lane count, $4 backlog cap, $5 release grace.
+// $1 instance, $2 lease TTL, $3 lane count, $4 release grace.
 const heartbeatSQL = `WITH me AS (
 	INSERT INTO pgbox_relay_instances (instance, expires_at) VALUES ($1, now() + $2::interval)
 	ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at
@@ -42,7 +45,7 @@ const heartbeatSQL = `WITH me AS (
 	SELECT l.lane FROM pgbox_relay_lanes l JOIN ranked r ON r.instance = $1
 	WHERE l.lanes = $3 AND l.lane % r.n = r.rank
 ), released AS (
-	UPDATE pgbox_relay_lanes SET owner = NULL, expires_at = now() + $5::interval
+	UPDATE pgbox_relay_lanes SET owner = NULL, expires_at = now() + $4::interval
 	WHERE owner = $1 AND lane NOT IN (SELECT lane FROM target)
 	RETURNING lane
 ), held AS (
@@ -56,8 +59,10 @@ const heartbeatSQL = `WITH me AS (
 )
 SELECT (SELECT count(*) FROM held)::int,
        (SELECT count(*) FROM released)::int,
-       (SELECT count(*) FROM live)::int,
-       (SELECT count(*) FROM (SELECT 1 FROM pgbox_outbox WHERE parked_at IS NULL LIMIT $4) b)::bigint`
+       (SELECT count(*) FROM live)::int`
+
+// backlogSQL counts unpublished, unparked rows, up to $1 (backlogCap).
+const backlogSQL = `SELECT count(*) FROM (SELECT 1 FROM pgbox_outbox WHERE parked_at IS NULL LIMIT $1) b`
 
 // releaseSQL gives up every lane and the instance row on shutdown, so the
 // others take over at their next heartbeat instead of after LeaseTTL.
@@ -76,13 +81,24 @@ DELETE FROM pgbox_relay_instances WHERE instance = $1`
 // sequence-gap race cannot skip it), because rows leave the table only once
 // published.
 //
-// At most $5 rows come from one slot, so a batch spans several slots (more
-// distinct keys per batch, shorter per-key chains).
+// At most $5 rows come from one slot, so a batch spans several slots when
+// the backlog does.
 //
-// $6 lists rows already published whose delete is still running.
+// $6 holds, per slot (index slot + 1), the id up to which to skip: rows in
+// flight or whose delete is still running. The bound is an index condition,
+// so the scan starts past them (and past the dead index entries of rows
+// deleted before them) instead of filtering them out one by one.
+//
+// The slot is matched as a row comparison, (slot, id) > (s, bound) AND
+// slot <= s, not as slot = s AND id > bound: with the equality, when a few
+// hot keys fill the table (so slot statistics are skewed), the planner
+// prefers the primary key in id order and filters on slot, which walks the
+// whole table for every empty slot (seconds per claim on 200k rows). Only
+// pgbox_outbox_claim_idx can answer the row comparison in (slot, id)
+// order, and it positions the scan at (s, bound) directly.
 //
 // $1 instance, $2 batch size, $3 lane count, $4 slots, $5 rows per slot,
-// $6 ids to skip.
+// $6 per-slot bounds (256 ids, 0 for none).
 const claimSQL = `SELECT o.id, o.event_id, o.slot, o.topic, o.key, o.value, o.headers, o.created_at, o.attempts, s.epoch
 FROM (
 	SELECT g.slot, l.epoch
@@ -94,8 +110,9 @@ FROM (
 CROSS JOIN LATERAL (
 	SELECT id, event_id, slot, topic, key, value, headers, created_at, attempts
 	FROM pgbox_outbox
-	WHERE slot = s.slot AND parked_at IS NULL AND NOT (id = ANY($6::bigint[]))
-	ORDER BY id
+	WHERE (slot, id) > (s.slot::smallint, coalesce(($6::bigint[])[s.slot + 1], 0)) AND slot <= s.slot
+	  AND parked_at IS NULL
+	ORDER BY slot, id
 	LIMIT $5
 ) o
 LIMIT $2`

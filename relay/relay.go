@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	ibackoff "github.com/pgbox/pgbox/internal/backoff"
+	"github.com/pgbox/pgbox/internal/backoff"
 	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
@@ -40,6 +40,8 @@ type Relay struct {
 	wake    chan struct{}
 	fin     *finishJob // background delete; owned by the worker goroutine
 	pre     *claimJob  // prefetched next batch; owned by the worker goroutine
+	passes  int        // non-empty passes; owned by the worker goroutine
+	beats   int        // heartbeats; owned by the heartbeat goroutine
 
 	// leaseUntil is when this instance's leases run out unless renewed: the
 	// start of the last successful heartbeat plus LeaseTTL, as a duration
@@ -75,8 +77,9 @@ type Stats struct {
 	Batches uint64
 	// BatchLatency* describe non-empty passes, claim to delete.
 	BatchLatencyLast, BatchLatencyMax, BatchLatencyTotal time.Duration
-	// Backlog is the number of unpublished, unparked rows in the whole outbox
-	// at the last heartbeat, counted up to 100,000 so the count stays cheap.
+	// Backlog is the number of unpublished, unparked rows in the whole outbox,
+	// counted up to 100,000 at the first heartbeat and every fifth after it
+	// (every 10 s by default), in a statement of its own.
 	Backlog int64
 	// Lanes is how many lanes this instance held at its last heartbeat.
 	Lanes int
@@ -160,7 +163,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if !r.cfg.NoListen {
 		wg.Go(func() { r.listenLoop(runCtx, cancel) })
 	}
-	r.workLoop(runCtx, prod)
+	r.workLoop(runCtx, prod, cancel)
 	fatal := context.Cause(runCtx)
 	cancel(nil)
 	wg.Wait()
@@ -197,7 +200,7 @@ func (r *Relay) stopOn(what string, err error, stop context.CancelCauseFunc) boo
 
 // retry runs fn until it succeeds, returns ErrLaneCountMismatch, or ctx ends.
 func retry(ctx context.Context, r *Relay, what string, fn func(context.Context) error) error {
-	b := ibackoff.Backoff{Base: backoffMin, Limit: r.cfg.MaxBackoff}
+	b := backoff.Backoff{Base: backoffMin, Limit: r.cfg.MaxBackoff}
 	for {
 		err := fn(ctx)
 		if err == nil || errors.Is(err, ErrLaneCountMismatch) {
@@ -213,7 +216,7 @@ func retry(ctx context.Context, r *Relay, what string, fn func(context.Context) 
 		}
 		d := b.Next()
 		r.log.WarnContext(ctx, what+" failed, retrying", "error", err, "backoff", d)
-		if !sleep(ctx, d) {
+		if !backoff.Sleep(ctx, d) {
 			return ctx.Err()
 		}
 	}
@@ -271,8 +274,7 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 	defer cancel()
 	start := time.Now()
 	var held, released, live int
-	var backlog int64
-	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.id, r.cfg.LeaseTTL, r.cfg.Lanes, backlogCap, r.cfg.HeartbeatInterval).Scan(&held, &released, &live, &backlog)
+	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.id, r.cfg.LeaseTTL, r.cfg.Lanes, r.cfg.HeartbeatInterval).Scan(&held, &released, &live)
 	if err != nil {
 		if ctx.Err() == nil && !pgerr.NeedsOperator(err) {
 			r.log.WarnContext(ctx, "heartbeat failed", "error", err)
@@ -294,8 +296,29 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 		}
 	}
 	r.instances.Store(int64(live))
-	r.backlog.Store(backlog)
+	if r.beats++; r.beats%backlogEvery == 1 {
+		r.countBacklog(ctx)
+	}
 	return nil
+}
+
+// backlogEvery: the backlog is counted at the first heartbeat and every
+// backlogEvery-th after it (every 10 s by default).
+const backlogEvery = 5
+
+// countBacklog refreshes Stats.Backlog, after the lease statement, so a slow
+// count never delays a renewal.
+func (r *Relay) countBacklog(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.HeartbeatInterval)
+	defer cancel()
+	var backlog int64
+	if err := r.cfg.Pool.QueryRow(cctx, backlogSQL, backlogCap).Scan(&backlog); err != nil {
+		if ctx.Err() == nil {
+			r.log.WarnContext(ctx, "counting the backlog failed", "error", err)
+		}
+		return
+	}
+	r.backlog.Store(backlog)
 }
 
 // leaseHeld reports whether rows claimed in lease generation gen may still
@@ -315,7 +338,7 @@ func (r *Relay) wakeUp() {
 // listenLoop holds a dedicated connection LISTENing on Channel and turns
 // any number of notifications into at most one pending wake-up.
 func (r *Relay) listenLoop(ctx context.Context, stop context.CancelCauseFunc) {
-	b := ibackoff.Backoff{Base: backoffMin, Limit: r.cfg.MaxBackoff}
+	b := backoff.Backoff{Base: backoffMin, Limit: r.cfg.MaxBackoff}
 	for ctx.Err() == nil {
 		err := r.listen(ctx)
 		if ctx.Err() != nil || r.stopOn("listen", err, stop) {
@@ -323,7 +346,7 @@ func (r *Relay) listenLoop(ctx context.Context, stop context.CancelCauseFunc) {
 		}
 		d := b.Next()
 		r.log.WarnContext(ctx, "listen failed, polling meanwhile", "error", err, "backoff", d)
-		sleep(ctx, d)
+		backoff.Sleep(ctx, d)
 	}
 }
 

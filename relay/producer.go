@@ -1,0 +1,225 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// producer writes record batches to Kafka as an idempotent producer (a
+// producer id and per-partition sequence numbers from InitProducerID), using
+// sarama's client for metadata and its wire types, but not sarama's
+// AsyncProducer. The relay needs one thing the AsyncProducer cannot promise:
+// once a record of a partition fails, no later record of that partition is
+// delivered in the same send. The AsyncProducer fails a record whose leader
+// it cannot find at that moment (or whose retries ran out) and goes on with
+// the next, which may then succeed. Here a partition has at most one record
+// batch in flight, and the next is built only after the broker answered the
+// previous one, so a failure stops that partition's sending right there.
+//
+// A producer is used by one goroutine at a time (the relay's work loop);
+// within a send it talks to the brokers concurrently.
+type producer struct {
+	client     sarama.Client
+	conf       *sarama.Config
+	reqVersion int16
+	parts      map[string]sarama.Partitioner
+
+	// Idempotent producer state: a retry of a batch carries the batch's
+	// original sequence, so the broker drops it if the first try was
+	// written. Renewed (new id, sequences from 0) after anything that may
+	// have left a sequence unused: a batch given up on or rejected.
+	pid   int64
+	epoch int16
+	seq   map[topicPartition]int32
+	stale bool // renew the producer id before the next request
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+func newProducer(brokers []string, conf *sarama.Config) (*producer, error) {
+	c, err := sarama.NewClient(brokers, conf)
+	if err != nil {
+		return nil, err
+	}
+	return &producer{
+		client: c, conf: conf, reqVersion: produceRequestVersion(conf.Version),
+		parts: map[string]sarama.Partitioner{}, seq: map[topicPartition]int32{}, stale: true,
+	}, nil
+}
+
+// close closes the client; a request still waiting for its answer then fails.
+func (p *producer) close() { _ = p.client.Close() }
+
+// produceRequestVersion is the Produce API version sarama's own producer
+// uses for a broker version (at least 3: record batches with producer ids).
+func produceRequestVersion(v sarama.KafkaVersion) int16 {
+	switch {
+	case v.IsAtLeast(sarama.V3_7_0_0):
+		return 10
+	case v.IsAtLeast(sarama.V2_8_0_0):
+		return 9
+	case v.IsAtLeast(sarama.V2_4_0_0):
+		return 8
+	case v.IsAtLeast(sarama.V2_1_0_0):
+		return 7
+	case v.IsAtLeast(sarama.V2_0_0_0):
+		return 6
+	case v.IsAtLeast(sarama.V1_0_0_0):
+		return 5
+	default:
+		return 3
+	}
+}
+
+// renew gets a new producer id if the current one may have a gap in its
+// sequences.
+func (p *producer) renew() error {
+	if !p.stale {
+		return nil
+	}
+	resp, err := p.client.InitProducerID()
+	if err == nil && !errors.Is(resp.Err, sarama.ErrNoError) {
+		err = resp.Err
+	}
+	if err != nil {
+		return fmt.Errorf("init producer id: %w", err)
+	}
+	p.pid, p.epoch, p.stale = resp.ProducerID, resp.ProducerEpoch, false
+	clear(p.seq)
+	return nil
+}
+
+// partition picks m's partition with the configured partitioner, over all
+// of the topic's partitions (a key's partition must not depend on which
+// leaders are up).
+func (p *producer) partition(m *sarama.ProducerMessage) (int32, error) {
+	parts, err := p.client.Partitions(m.Topic)
+	if err != nil {
+		return -1, err
+	}
+	if len(parts) == 0 {
+		return -1, sarama.ErrLeaderNotAvailable
+	}
+	pr := p.parts[m.Topic]
+	if pr == nil {
+		pr = p.conf.Producer.Partitioner(m.Topic)
+		p.parts[m.Topic] = pr
+	}
+	i, err := pr.Partition(m, int32(len(parts)))
+	if err != nil {
+		return -1, err
+	}
+	if i < 0 || int(i) >= len(parts) {
+		return -1, sarama.ErrInvalidPartition
+	}
+	return parts[i], nil
+}
+
+// chunk is one record batch for one partition: rows (indexes into the
+// send's rows) in id order.
+type chunk struct {
+	tp    topicPartition
+	rows  []int
+	recs  []*sarama.Record
+	bytes int
+}
+
+// chunkResult is the broker's answer for one chunk: nil (written), a
+// partition error from the response, or the request's error.
+type chunkResult struct {
+	c   *chunk
+	err error
+	net bool // the request failed as a whole (connection, timeout)
+}
+
+// produce sends one request per leader broker, each holding at most one
+// chunk per partition, concurrently, and returns without waiting: every
+// chunk's result comes on out (buffered for all of them, so a caller that
+// stops waiting leaves nothing blocked).
+func (p *producer) produce(chunks []*chunk, out chan<- chunkResult) {
+	byLeader := map[*sarama.Broker][]*chunk{}
+	for _, c := range chunks {
+		b, err := p.client.Leader(c.tp.topic, c.tp.partition)
+		if err != nil {
+			out <- chunkResult{c: c, err: err}
+			continue
+		}
+		byLeader[b] = append(byLeader[b], c)
+	}
+	for b, cs := range byLeader {
+		req := &sarama.ProduceRequest{RequiredAcks: p.conf.Producer.RequiredAcks,
+			Timeout: int32(p.conf.Producer.Timeout / time.Millisecond), Version: p.reqVersion}
+		for _, c := range cs {
+			req.AddBatch(c.tp.topic, c.tp.partition, p.recordBatch(c))
+		}
+		go func() {
+			resp, err := b.Produce(req)
+			if err != nil {
+				_ = b.Close() // the client reopens it on next use
+			}
+			for _, c := range cs {
+				out <- blockResult(c, resp, err)
+			}
+		}()
+	}
+}
+
+func blockResult(c *chunk, resp *sarama.ProduceResponse, err error) chunkResult {
+	if err != nil {
+		return chunkResult{c: c, err: err, net: true}
+	}
+	block := resp.GetBlock(c.tp.topic, c.tp.partition)
+	switch {
+	case block == nil:
+		return chunkResult{c: c, err: sarama.ErrIncompleteResponse, net: true}
+	case errors.Is(block.Err, sarama.ErrNoError), errors.Is(block.Err, sarama.ErrDuplicateSequenceNumber):
+		return chunkResult{c: c}
+	default:
+		return chunkResult{c: c, err: block.Err}
+	}
+}
+
+func (p *producer) recordBatch(c *chunk) *sarama.RecordBatch {
+	now := time.Now().Truncate(time.Millisecond)
+	for i, r := range c.recs {
+		r.OffsetDelta = int64(i)
+	}
+	return &sarama.RecordBatch{
+		Version: 2, Codec: p.conf.Producer.Compression, CompressionLevel: p.conf.Producer.CompressionLevel,
+		FirstTimestamp: now, MaxTimestamp: now, LastOffsetDelta: int32(len(c.recs) - 1),
+		ProducerID: p.pid, ProducerEpoch: p.epoch, FirstSequence: p.seq[c.tp],
+		Records: c.recs,
+	}
+}
+
+// retriable reports whether a chunk's error may go away by sending the same
+// batch again (after a metadata refresh): the leader moved or is missing,
+// the broker timed out, the connection broke.
+func retriable(r chunkResult) bool {
+	if r.net {
+		return true
+	}
+	for _, k := range []sarama.KError{
+		sarama.ErrLeaderNotAvailable, sarama.ErrNotLeaderForPartition, sarama.ErrRequestTimedOut,
+		sarama.ErrNotEnoughReplicas, sarama.ErrNotEnoughReplicasAfterAppend, sarama.ErrKafkaStorageError,
+		sarama.ErrUnknownTopicOrPartition, sarama.ErrBrokerNotAvailable, sarama.ErrNetworkException,
+		sarama.ErrOutOfOrderSequenceNumber, sarama.ErrUnknownProducerID, sarama.ErrInvalidProducerEpoch,
+	} {
+		if errors.Is(r.err, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// sequenceBroken reports an error after which the producer id must change.
+func sequenceBroken(err error) bool {
+	return errors.Is(err, sarama.ErrOutOfOrderSequenceNumber) || errors.Is(err, sarama.ErrUnknownProducerID) ||
+		errors.Is(err, sarama.ErrInvalidProducerEpoch)
+}
