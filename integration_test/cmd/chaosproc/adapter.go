@@ -13,7 +13,6 @@ import (
 	"github.com/pgbox/pgbox/inbox"
 )
 
-
 // newAdapter returns the consumer-group handler: BEGIN; inbox dedup; fn; COMMIT; mark.
 func newAdapter(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, batch int, log *slog.Logger) (sarama.ConsumerGroupHandler, func() string, error) {
 	h, err := inbox.NewConsumerGroupHandler(pool, ib, fn, inbox.HandlerOptions{BatchSize: batch, Logger: log})

@@ -170,6 +170,12 @@ func (in *injector) terminateBackends(ctx context.Context) (string, error) {
 	return fmt.Sprintf("terminated %d of %d connections: %s", k, len(bs), strings.Join(names, ",")), nil
 }
 
+// cleanupBuffer is the cleanup pass's buffer beyond retention.ms +
+// segment.ms. Not 0s: the binary reads an explicit 0s as "use the 24h
+// default" (a zero-value defect being fixed), which would make the pass
+// delete nothing and the rewind prove nothing.
+const cleanupBuffer = "1s"
+
 // cleanupRewind: stop the payments group once it has consumed everything
 // retention is about to delete; let the broker apply the orders topic's
 // short retention; run `pgbox-relay cleanup` (buffer 0) on the payments
@@ -188,7 +194,7 @@ func (in *injector) cleanupRewind(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	out, err := in.w.RunRelay(ctx, "cleanup", "--database-url", in.w.PG.URL(PaymentsDB), "--kafka-brokers", in.w.Brokers[0], "--cleanup-buffer", "0s")
+	out, err := in.w.RunRelay(ctx, "cleanup", "--database-url", in.w.PG.URL(PaymentsDB), "--kafka-brokers", in.w.Brokers[0], "--cleanup-buffer", cleanupBuffer)
 	appendFile(filepath.Join(in.w.Dir, "cleanup.log"), out)
 	if err != nil {
 		return "", fmt.Errorf("pgbox-relay cleanup: %w\n%s", err, out)

@@ -138,6 +138,9 @@ func (w *World) run(ctx context.Context, cfg Config, rep *Report) error {
 		rep.Faults = append(rep.Faults, rec)
 	}
 	rep.Violations, rep.InboxDeleted, rep.Redelivered = in.violations, in.inboxDeleted, in.redelivered
+	if cfg.PerKind > 0 && in.inboxDeleted == 0 {
+		rep.Violations = append(rep.Violations, "VACUOUS CLEANUP: the cleanup faults deleted no inbox key, so the rewinds proved nothing (see cleanup.log)")
+	}
 	if err := w.drain(ctx, cfg, rep); err != nil {
 		return err
 	}
