@@ -233,29 +233,34 @@ func (in *injector) cleanupRewind(ctx context.Context) (string, error) {
 // (with a margin): retention must delete only what was consumed, or the
 // verifier would count Kafka's own deletions as lost events.
 func (in *injector) stopGroupCaughtUp(ctx context.Context) error {
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		for _, p := range in.w.Consumers {
-			if err := p.Term(15 * time.Second); err != nil {
+		// While they run: wait for the group to cover the retention edge
+		// a few seconds ahead, then stop it and check again.
+		ok, err := groupCovers(in.w.Brokers, time.Now().Add(-in.w.Opts.Retention+5*time.Second))
+		if err == nil && ok {
+			for _, p := range in.w.Consumers {
+				if err := p.Term(15 * time.Second); err != nil {
+					return err
+				}
+			}
+			ok, err = groupCovers(in.w.Brokers, time.Now().Add(-in.w.Opts.Retention+2*time.Second))
+			if err != nil || ok {
 				return err
 			}
-		}
-		ok, err := groupCovers(in.w.Brokers, time.Now().Add(-in.w.Opts.Retention+3*time.Second))
-		if err != nil || ok {
-			return err
+			for _, p := range in.w.Consumers {
+				if err := p.Start(); err != nil {
+					return err
+				}
+			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the payments group lags more than the orders topic's retention (%v) for 90s", in.w.Opts.Retention)
-		}
-		for _, p := range in.w.Consumers {
-			if err := p.Start(); err != nil {
-				return err
-			}
+			return fmt.Errorf("the payments group lagged more than the orders topic's retention (%v) for 3 minutes (last error: %v)", in.w.Opts.Retention, err)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(5 * time.Second):
+		case <-time.After(time.Second):
 		}
 	}
 }

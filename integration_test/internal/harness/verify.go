@@ -178,6 +178,12 @@ func (w *World) checkDownstream(ctx context.Context, v *Verdict, byOrder map[str
 	if err != nil {
 		return err
 	}
+	return checkRecords(v, recs, byOrder)
+}
+
+// checkRecords checks the payments topic's records (ordered by partition
+// and offset) against the effects.
+func checkRecords(v *Verdict, recs []*sarama.ConsumerMessage, byOrder map[string]effect) error {
 	v.DownstreamRecs = int64(len(recs))
 	seen := map[string]bool{}
 	type pos struct {
