@@ -30,8 +30,12 @@ func TestChaos(t *testing.T) {
 		t.Skip("chaos run skipped in -short mode")
 	}
 	cfg := harness.Config{Events: 3000, PerKind: 2, Gap: 3 * time.Second}
+	opts := harness.Options{Race: os.Getenv(envRace) == "1", Retention: 10 * time.Second}
 	if os.Getenv(envScale) == "large" {
 		cfg = harness.Config{Events: 200_000, PerKind: 5, Gap: 8 * time.Second}
+		// Consumers lag more under load: the cleanup fault waits for them
+		// to pass the retention edge.
+		opts.Retention = 30 * time.Second
 	}
 	cfg.Seed = uint64(time.Now().UnixNano())
 	envInt(t, envSeed, func(n int64) { cfg.Seed = uint64(n) })
@@ -41,9 +45,8 @@ func TestChaos(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Hour)
 	defer cancel()
-	w, err := harness.NewWorld(ctx, harness.Options{Race: os.Getenv(envRace) == "1", Logf: func(f string, a ...any) {
-		fmt.Printf(f+"\n", a...)
-	}})
+	opts.Logf = func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
+	w, err := harness.NewWorld(ctx, opts)
 	if err != nil {
 		t.Fatalf("chaos: start the chain: %v", err)
 	}

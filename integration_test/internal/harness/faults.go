@@ -194,7 +194,7 @@ func (in *injector) cleanupRewind(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	out, err := in.w.RunRelay(ctx, "cleanup", "--database-url", in.w.PG.URL(PaymentsDB), "--kafka-brokers", in.w.Brokers[0], "--cleanup-buffer", cleanupBuffer)
+	out, err := in.w.RunRelay(ctx, "cleanup", "--database-url", in.w.dsn(PaymentsDB, "cleanup"), "--kafka-brokers", in.w.Brokers[0], "--cleanup-buffer", cleanupBuffer)
 	appendFile(filepath.Join(in.w.Dir, "cleanup.log"), out)
 	if err != nil {
 		return "", fmt.Errorf("pgbox-relay cleanup: %w\n%s", err, out)

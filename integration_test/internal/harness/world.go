@@ -73,6 +73,18 @@ type Options struct {
 	Race bool
 	// Logf receives progress lines. Defaults to discarding them.
 	Logf func(format string, args ...any)
+
+	// BeforeServices runs once PostgreSQL, the databases and the broker
+	// are up and before any service starts (to start a pgbouncer in front
+	// of w.PG, say). Defaults to nothing.
+	BeforeServices func(ctx context.Context, w *World) error
+	// ServiceURL is the URL the services (orders, relays, payments) use
+	// for database db; app names the process. Defaults to the cluster's
+	// own URL with application_name set. The harness's own checks always
+	// connect to the cluster directly.
+	ServiceURL func(w *World, db, app string) string
+	// RelayArgs are extra flags for every relay process (--no-listen...).
+	RelayArgs []string
 }
 
 func (o Options) withDefaults() Options {
@@ -108,6 +120,8 @@ type World struct {
 
 	Orders    *Proc   // started by StartOrders
 	Relays    []*Proc // order relays first, then payment relays
+	// RelayHTTP[i] is Relays[i]'s /metrics, /healthz and /readyz address.
+	RelayHTTP []string
 	Consumers []*Proc
 
 	ordersEvents int64
@@ -152,6 +166,11 @@ func NewWorld(ctx context.Context, opts Options) (w *World, err error) {
 	}
 	if err := w.createTopics(); err != nil {
 		return w, err
+	}
+	if opts.BeforeServices != nil {
+		if err := opts.BeforeServices(ctx, w); err != nil {
+			return w, err
+		}
 	}
 	return w, w.startServices()
 }
@@ -257,6 +276,9 @@ func (w *World) createTopics() error {
 // dsn is db's URL with application_name set, so pg_stat_activity tells
 // whose connection a backend is.
 func (w *World) dsn(db, app string) string {
+	if w.Opts.ServiceURL != nil {
+		return w.Opts.ServiceURL(w, db, app)
+	}
 	u, _ := url.Parse(w.PG.URL(db))
 	q := u.Query()
 	q.Set("application_name", app)
@@ -274,8 +296,9 @@ func (w *World) startServices() error {
 		if err != nil {
 			return err
 		}
-		p := &Proc{Name: name, Path: w.Bin.Relay, LogPath: filepath.Join(w.Dir, name+".log"), Args: relayArgs(w.dsn(db, name), w.Brokers[0], name, port)}
+		p := &Proc{Name: name, Path: w.Bin.Relay, LogPath: filepath.Join(w.Dir, name+".log"), Args: append(relayArgs(w.dsn(db, name), w.Brokers[0], name, port), w.Opts.RelayArgs...)}
 		w.Relays = append(w.Relays, p)
+		w.RelayHTTP = append(w.RelayHTTP, "127.0.0.1:"+strconv.Itoa(port))
 	}
 	for i := range w.Opts.Consumers {
 		name := fmt.Sprintf("payments-%d", i+1)
