@@ -118,8 +118,8 @@ type World struct {
 	Broker  *Proc
 	Brokers []string
 
-	Orders    *Proc   // started by StartOrders
-	Relays    []*Proc // order relays first, then payment relays
+	Orders *Proc   // started by StartOrders
+	Relays []*Proc // order relays first, then payment relays
 	// RelayHTTP[i] is Relays[i]'s /metrics, /healthz and /readyz address.
 	RelayHTTP []string
 	Consumers []*Proc
