@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,7 +33,7 @@ const (
 type ordersService struct {
 	log      *slog.Logger
 	pool     *pgxpool.Pool
-	topic    string
+	topics   []string
 	accounts int
 	next     map[string]int64 // account → last committed seq
 	total    int64
@@ -47,7 +48,7 @@ func runOrders(ctx context.Context, log *slog.Logger, args []string) error {
 	events := fs.Int64("events", 1000, "orders to have committed in total")
 	rate := fs.Float64("rate", 100, "orders per second")
 	accounts := fs.Int("accounts", 100, "accounts (Kafka keys)")
-	topic := fs.String("topic", "orders.v1", "topic of the order events")
+	topic := fs.String("topic", "orders.v1", "topic of the order events; a comma-separated list spreads accounts over several")
 	seed := fs.Uint64("seed", 1, "random seed")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -62,7 +63,7 @@ func runOrders(ctx context.Context, log *slog.Logger, args []string) error {
 		return fmt.Errorf("orders: pool: %w", err)
 	}
 	defer pool.Close()
-	s := &ordersService{log: log, pool: pool, topic: *topic, accounts: *accounts}
+	s := &ordersService{log: log, pool: pool, topics: strings.Split(*topic, ","), accounts: *accounts}
 	rng := rand.New(rand.NewPCG(*seed, 7))
 	for !s.reload(ctx) {
 		if err := sleep(ctx, 200*time.Millisecond); err != nil {
@@ -77,8 +78,9 @@ func runOrders(ctx context.Context, log *slog.Logger, args []string) error {
 		if err := sleep(ctx, time.Until(due)); err != nil {
 			return err
 		}
-		acct := fmt.Sprintf("acct-%04d", rng.IntN(s.accounts))
-		if err := s.write(ctx, acct, 100+rng.Int64N(10000)); err != nil {
+		n := rng.IntN(s.accounts)
+		acct := fmt.Sprintf("acct-%04d", n)
+		if err := s.write(ctx, acct, s.topics[n%len(s.topics)], 100+rng.Int64N(10000)); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -94,7 +96,9 @@ func runOrders(ctx context.Context, log *slog.Logger, args []string) error {
 	return nil
 }
 
-func (s *ordersService) write(ctx context.Context, acct string, amount int64) error {
+// write commits one order of acct and its event on topic (an account's
+// events always go to one topic, so their order is defined).
+func (s *ordersService) write(ctx context.Context, acct, topic string, amount int64) error {
 	o := Order{Account: acct, Seq: s.next[acct] + 1, Amount: amount}
 	o.OrderID = fmt.Sprintf("%s-%06d", acct, o.Seq)
 	v, _ := json.Marshal(o)
@@ -102,7 +106,7 @@ func (s *ordersService) write(ctx context.Context, acct string, amount int64) er
 		if _, err := tx.Exec(ctx, insertOrderSQL, o.OrderID, o.Account, o.Seq, o.Amount); err != nil {
 			return fmt.Errorf("insert order %s: %w", o.OrderID, err)
 		}
-		return outbox.Write(ctx, tx, outbox.Message{Topic: s.topic, Key: []byte(acct), Value: v,
+		return outbox.Write(ctx, tx, outbox.Message{Topic: topic, Key: []byte(acct), Value: v,
 			Headers: []outbox.Header{{Key: "order-id", Value: []byte(o.OrderID)}}})
 	})
 	if err != nil {

@@ -46,7 +46,7 @@ func runPayments(ctx context.Context, log *slog.Logger, args []string) error {
 	db := fs.String("db", "", "database URL (required)")
 	brokers := fs.String("brokers", "", "comma-separated brokers (required)")
 	group := fs.String("group", "payments-svc", "consumer group")
-	in := fs.String("topic", "orders.v1", "topic consumed")
+	in := fs.String("topic", "orders.v1", "topics consumed, comma-separated")
 	out := fs.String("out-topic", "payments.v1", "topic the payment events go to")
 	member := fs.String("member", "m0", "this member's name (logs, payments.member)")
 	batch := fs.Int("batch", 16, "messages per transaction")
@@ -80,7 +80,7 @@ func runPayments(ctx context.Context, log *slog.Logger, args []string) error {
 	go logStats(ctx, log, stats)
 	log.Info("payments member starting", "member", *member, "group", *group, "topic", *in)
 	for ctx.Err() == nil {
-		if err := cg.Consume(ctx, []string{*in}, h); err != nil && ctx.Err() == nil {
+		if err := cg.Consume(ctx, strings.Split(*in, ","), h); err != nil && ctx.Err() == nil {
 			log.Warn("consumer group session ended", "err", err)
 			_ = sleep(ctx, 200*time.Millisecond)
 		}

@@ -190,16 +190,14 @@ func (in *injector) cleanupRewind(ctx context.Context) (string, error) {
 		return "", err
 	}
 	time.Sleep(500 * time.Millisecond) // the broker applies it on its own loop
-	keysBefore, err := in.inboxKeys(ctx)
+	keysBefore, err := in.w.InboxKeys(ctx)
 	if err != nil {
 		return "", err
 	}
-	out, err := in.w.RunRelay(ctx, "cleanup", "--database-url", in.w.dsn(PaymentsDB, "cleanup"), "--kafka-brokers", in.w.Brokers[0], "--cleanup-buffer", cleanupBuffer)
-	appendFile(filepath.Join(in.w.Dir, "cleanup.log"), out)
-	if err != nil {
-		return "", fmt.Errorf("pgbox-relay cleanup: %w\n%s", err, out)
+	if _, err := in.w.Cleanup(ctx); err != nil {
+		return "", err
 	}
-	keysAfter, err := in.inboxKeys(ctx)
+	keysAfter, err := in.w.InboxKeys(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -217,13 +215,8 @@ func (in *injector) cleanupRewind(ctx context.Context) (string, error) {
 		redeliver += hwm - earliest[tp]
 	}
 	in.redelivered += redeliver
-	if err := in.deleteGroup(ctx); err != nil {
+	if err := in.w.restartGroupAtEarliest(ctx); err != nil {
 		return "", err
-	}
-	for _, p := range in.w.Consumers {
-		if err := p.Start(); err != nil {
-			return "", err
-		}
 	}
 	return fmt.Sprintf("inbox keys %d → %d; group rewound to %v (%d records redelivered)", keysBefore, keysAfter, sortedOffsets(earliest), redeliver), nil
 }
@@ -326,13 +319,97 @@ func earliestOffsets(brokers []string, topic string) (map[string]int64, error) {
 	return out, nil
 }
 
-// deleteGroup deletes the payments group (its committed offsets), retrying
-// while the broker still counts a leaving member.
-func (in *injector) deleteGroup(ctx context.Context) error {
+// Cleanup runs one `pgbox-relay cleanup` pass on the payments database
+// (buffer 1s), logs its output to cleanup.log and returns it.
+func (w *World) Cleanup(ctx context.Context) (string, error) {
+	out, err := w.RunRelay(ctx, "cleanup", "--database-url", w.dsn(PaymentsDB, "cleanup"), "--kafka-brokers", w.Brokers[0], "--cleanup-buffer", cleanupBuffer)
+	appendFile(filepath.Join(w.Dir, "cleanup.log"), out)
+	if err != nil {
+		return out, fmt.Errorf("pgbox-relay cleanup: %w\n%s", err, out)
+	}
+	return out, nil
+}
+
+// WaitConsumed waits until the payments group's committed offsets reach the
+// high-water mark of every partition of every orders topic.
+func (w *World) WaitConsumed(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := w.groupAtEnd()
+		if err == nil && ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("group %s has not consumed every orders topic to its end within %v (last error: %v)", Group, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func (w *World) groupAtEnd() (bool, error) {
+	admin, err := sarama.NewClusterAdmin(w.Brokers, KafkaConfig())
+	if err != nil {
+		return false, err
+	}
+	defer admin.Close()
+	res, err := admin.ListConsumerGroupOffsets(Group, nil)
+	if err != nil {
+		return false, err
+	}
+	hwms, err := highWaterMarks(w.Brokers, w.Opts.OrderTopics)
+	if err != nil {
+		return false, err
+	}
+	for tp, hwm := range hwms {
+		var topic string
+		var p int32
+		if i := strings.LastIndexByte(tp, '/'); i > 0 {
+			topic = tp[:i]
+			fmt.Sscan(tp[i+1:], &p)
+		}
+		b := res.GetBlock(topic, p)
+		if hwm > 0 && (b == nil || b.Offset < hwm) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// Rewind stops the payments group, deletes it (its committed offsets) and
+// starts it again: its members begin at the earliest offset still in Kafka,
+// as `kafka-consumer-groups --reset-offsets --to-earliest` would.
+func (w *World) Rewind(ctx context.Context) error {
+	for _, p := range w.Consumers {
+		if err := p.Term(15 * time.Second); err != nil {
+			return err
+		}
+	}
+	return w.restartGroupAtEarliest(ctx)
+}
+
+// restartGroupAtEarliest deletes the stopped payments group, retrying while
+// the broker still counts a leaving member, and starts its members.
+func (w *World) restartGroupAtEarliest(ctx context.Context) error {
+	if err := w.deleteGroup(ctx); err != nil {
+		return err
+	}
+	for _, p := range w.Consumers {
+		if err := p.Start(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *World) deleteGroup(ctx context.Context) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		err := func() error {
-			admin, err := sarama.NewClusterAdmin(in.w.Brokers, KafkaConfig())
+			admin, err := sarama.NewClusterAdmin(w.Brokers, KafkaConfig())
 			if err != nil {
 				return err
 			}
@@ -353,8 +430,9 @@ func (in *injector) deleteGroup(ctx context.Context) error {
 	}
 }
 
-func (in *injector) inboxKeys(ctx context.Context) (int64, error) {
-	conn, err := pgx.Connect(ctx, in.w.PG.URL(PaymentsDB))
+// InboxKeys counts the payments service's inbox keys.
+func (w *World) InboxKeys(ctx context.Context) (int64, error) {
+	conn, err := pgx.Connect(ctx, w.PG.URL(PaymentsDB))
 	if err != nil {
 		return 0, err
 	}

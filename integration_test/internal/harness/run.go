@@ -141,7 +141,7 @@ func (w *World) run(ctx context.Context, cfg Config, rep *Report) error {
 	if cfg.PerKind > 0 && in.inboxDeleted == 0 {
 		rep.Violations = append(rep.Violations, "VACUOUS CLEANUP: the cleanup faults deleted no inbox key, so the rewinds proved nothing (see cleanup.log)")
 	}
-	if err := w.drain(ctx, cfg, rep); err != nil {
+	if err := w.drain(ctx, cfg.Events, cfg.DrainTimeout, rep); err != nil {
 		return err
 	}
 	v, err := w.Verify(ctx)
@@ -177,21 +177,29 @@ func (w *World) supervise(ctx context.Context, d time.Duration, rep *Report) err
 	}
 }
 
-// drain waits for the orders service to finish and every order to have its
-// effect and its downstream record.
-func (w *World) drain(ctx context.Context, cfg Config, rep *Report) error {
-	deadline := time.Now().Add(cfg.DrainTimeout)
+// WaitDrained waits up to timeout for the orders service to have committed
+// events orders and exited, and every order to have its effect and its
+// downstream record. It restarts processes that exit on their own and
+// returns what it restarted.
+func (w *World) WaitDrained(ctx context.Context, events int64, timeout time.Duration) ([]string, error) {
+	var rep Report
+	err := w.drain(ctx, events, timeout, &rep)
+	return rep.Exits, err
+}
+
+func (w *World) drain(ctx context.Context, events int64, timeout time.Duration, rep *Report) error {
+	deadline := time.Now().Add(timeout)
 	for {
 		if err := w.supervise(ctx, time.Second, rep); err != nil {
 			return err
 		}
 		c, err := w.counts(ctx)
 		ordersDone := !w.Orders.Running()
-		if err == nil && ordersDone && c.orders >= cfg.Events && c.effects >= c.orders && c.downstream >= c.effects {
+		if err == nil && ordersDone && c.orders >= events && c.effects >= c.orders && c.downstream >= c.effects {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("not drained after %v: orders service done=%t (%v), %+v (err %v)", cfg.DrainTimeout, ordersDone, w.Orders.ExitErr(), c, err)
+			return fmt.Errorf("not drained after %v: orders service done=%t (%v), %+v (err %v)", timeout, ordersDone, w.Orders.ExitErr(), c, err)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -85,6 +86,12 @@ type Options struct {
 	ServiceURL func(w *World, db, app string) string
 	// RelayArgs are extra flags for every relay process (--no-listen...).
 	RelayArgs []string
+	// OrderTopics are the topics the orders service spreads its accounts
+	// over and the payments group consumes. Defaults to [OrdersTopic].
+	OrderTopics []string
+	// TopicConfigs are topic configs of OrderTopics other than OrdersTopic
+	// (OrdersTopic has retention.ms = Retention and segment.ms 1s).
+	TopicConfigs map[string]map[string]string
 }
 
 func (o Options) withDefaults() Options {
@@ -102,6 +109,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Retention == 0 {
 		o.Retention = 10 * time.Second
+	}
+	if len(o.OrderTopics) == 0 {
+		o.OrderTopics = []string{OrdersTopic}
 	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
@@ -259,10 +269,17 @@ func (w *World) createTopics() error {
 	ret := strconv.FormatInt(w.Opts.Retention.Milliseconds(), 10)
 	seg := "1000"
 	forever := "-1"
-	topics := map[string]map[string]*string{
-		OrdersTopic:             {"retention.ms": &ret, "segment.ms": &seg},
-		OrdersTopic + dlqSuffix: {"retention.ms": &forever},
-		PaymentsTopic:           {"retention.ms": &forever},
+	topics := map[string]map[string]*string{PaymentsTopic: {"retention.ms": &forever}}
+	for _, t := range w.Opts.OrderTopics {
+		topics[t+dlqSuffix] = map[string]*string{"retention.ms": &forever}
+		if t == OrdersTopic {
+			topics[t] = map[string]*string{"retention.ms": &ret, "segment.ms": &seg}
+			continue
+		}
+		topics[t] = map[string]*string{}
+		for k, v := range w.Opts.TopicConfigs[t] {
+			topics[t][k] = &v
+		}
 	}
 	for name, cfg := range topics {
 		d := &sarama.TopicDetail{NumPartitions: int32(w.Opts.Partitions), ReplicationFactor: 1, ConfigEntries: cfg}
@@ -304,7 +321,7 @@ func (w *World) startServices() error {
 		name := fmt.Sprintf("payments-%d", i+1)
 		w.Consumers = append(w.Consumers, &Proc{Name: name, Path: w.Bin.Proc, LogPath: filepath.Join(w.Dir, name+".log"),
 			Args: []string{"payments", "--db", w.dsn(PaymentsDB, name), "--brokers", w.Brokers[0], "--group", Group,
-				"--topic", OrdersTopic, "--out-topic", PaymentsTopic, "--member", name}})
+				"--topic", strings.Join(w.Opts.OrderTopics, ","), "--out-topic", PaymentsTopic, "--member", name}})
 	}
 	for _, p := range append(append([]*Proc{}, w.Relays...), w.Consumers...) {
 		if err := p.Start(); err != nil {
@@ -329,7 +346,7 @@ func (w *World) StartOrders(events int64, rate float64, seed uint64) error {
 	w.ordersEvents = events
 	w.Orders = &Proc{Name: "orders", Path: w.Bin.Proc, LogPath: filepath.Join(w.Dir, "orders.log"),
 		Args: []string{"orders", "--db", w.dsn(OrdersDB, "orders"), "--events", strconv.FormatInt(events, 10),
-			"--rate", strconv.FormatFloat(rate, 'f', 2, 64), "--topic", OrdersTopic, "--seed", strconv.FormatUint(seed, 10)}}
+			"--rate", strconv.FormatFloat(rate, 'f', 2, 64), "--topic", strings.Join(w.Opts.OrderTopics, ","), "--seed", strconv.FormatUint(seed, 10)}}
 	return w.Orders.Start()
 }
 
