@@ -55,42 +55,65 @@ func requireVerdict(ctx context.Context, t *testing.T, w *harness.World) harness
 }
 
 // TestScenarioCleanupPolicies: one consumed topic per cleanup.policy Kafka
-// accepts, all with retention.ms -1. A cleanup pass must keep every inbox
-// key (Kafka may redeliver any of those records, forever), and a rewind of
-// the group to offset 0 must cause no second effect. Depends on the
-// cleanup.policy parsing fix (seams).
+// accepts (delete, compact, "compact,delete", empty), each with
+// retention.ms -1 and with a 2s retention. A cleanup pass must keep every
+// inbox key of a topic whose records Kafka never deletes by time (retention
+// -1, or a policy without delete); then the broker applies retention, the
+// group is rewound to the earliest offsets (0 where nothing was deleted),
+// and no order may take effect twice. Depends on the cleanup.policy parsing
+// fix (seams).
 func TestScenarioCleanupPolicies(t *testing.T) {
-	policies := map[string]string{
-		"orders.policy-delete":         "delete",
-		"orders.policy-compact":        "compact",
-		"orders.policy-compact-delete": "compact,delete",
-		"orders.policy-empty":          "",
-	}
 	opts := harness.Options{TopicConfigs: map[string]map[string]string{}}
-	for topic, policy := range policies {
-		opts.OrderTopics = append(opts.OrderTopics, topic)
-		opts.TopicConfigs[topic] = map[string]string{"cleanup.policy": policy, "retention.ms": "-1", "segment.ms": "1000"}
+	prunable := map[string]bool{}
+	for name, policy := range map[string]string{"delete": "delete", "compact": "compact", "compact-delete": "compact,delete", "empty": ""} {
+		for _, ret := range []string{"-1", "2000"} {
+			topic := fmt.Sprintf("orders.policy-%s.retention%s", name, ret)
+			opts.OrderTopics = append(opts.OrderTopics, topic)
+			opts.TopicConfigs[topic] = map[string]string{"cleanup.policy": policy, "retention.ms": ret, "segment.ms": "1000"}
+			prunable[topic] = ret != "-1" && (policy == "delete" || policy == "compact,delete")
+		}
 	}
 	ctx, w := scenarioWorld(t, opts)
-	const events = 1200
+	const events = 1600
 	require.NoError(t, w.StartOrders(events, 200, 1))
 	exits, err := w.WaitDrained(ctx, events, 5*time.Minute)
 	require.NoError(t, err)
 	require.Empty(t, exits)
 	require.NoError(t, w.WaitConsumed(ctx, time.Minute))
 
-	time.Sleep(3 * time.Second) // every key is now older than segment.ms + buffer
-	before, err := w.InboxKeys(ctx)
+	time.Sleep(5 * time.Second) // every key is now past retention + segment.ms + buffer
+	require.NoError(t, w.ApplyRetention())
+	before, err := inboxKeysByTopic(ctx, w)
 	require.NoError(t, err)
 	out, err := w.Cleanup(ctx)
 	require.NoError(t, err)
-	after, err := w.InboxKeys(ctx)
+	after, err := inboxKeysByTopic(ctx, w)
 	require.NoError(t, err)
-	require.Equal(t, before, after, "cleanup deleted inbox keys of topics Kafka keeps forever:\n%s", out)
+	for _, topic := range opts.OrderTopics {
+		require.NotZero(t, before[topic], topic)
+		if prunable[topic] {
+			continue
+		}
+		require.Equal(t, before[topic], after[topic], "cleanup deleted inbox keys of %s (%v), whose records Kafka keeps:\n%s", topic, opts.TopicConfigs[topic], out)
+	}
 
 	require.NoError(t, w.Rewind(ctx))
-	require.NoError(t, w.WaitConsumed(ctx, 3*time.Minute), "the rewound group re-reads every topic from offset 0")
+	require.NoError(t, w.WaitConsumed(ctx, 3*time.Minute), "the rewound group re-reads every topic from its earliest offset")
 	requireVerdict(ctx, t, w)
+}
+
+func inboxKeysByTopic(ctx context.Context, w *harness.World) (map[string]int64, error) {
+	conn, err := pgx.Connect(ctx, w.PG.URL(harness.PaymentsDB))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, _ := conn.Query(ctx, `SELECT topic, count(*) FROM pgbox_inbox GROUP BY topic`)
+	out := map[string]int64{}
+	var topic string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&topic, &n}, func() error { out[topic] = n; return nil })
+	return out, err
 }
 
 // TestScenarioBadDeploy: the payments service's business table disappears

@@ -186,10 +186,9 @@ func (in *injector) cleanupRewind(ctx context.Context) (string, error) {
 	if err := in.stopGroupCaughtUp(ctx); err != nil {
 		return "", err
 	}
-	if err := in.w.Broker.Signal(syscall.SIGUSR1); err != nil {
+	if err := in.w.ApplyRetention(); err != nil {
 		return "", err
 	}
-	time.Sleep(500 * time.Millisecond) // the broker applies it on its own loop
 	keysBefore, err := in.w.InboxKeys(ctx)
 	if err != nil {
 		return "", err
@@ -317,6 +316,16 @@ func earliestOffsets(brokers []string, topic string) (map[string]int64, error) {
 		out[fmt.Sprintf("%s/%d", topic, p)] = o
 	}
 	return out, nil
+}
+
+// ApplyRetention makes the broker delete what its topics' retention.ms
+// allows (Kafka's periodic retention check, run when the driver says).
+func (w *World) ApplyRetention() error {
+	if err := w.Broker.Signal(syscall.SIGUSR1); err != nil {
+		return err
+	}
+	time.Sleep(500 * time.Millisecond) // the broker applies it on its own loop
+	return nil
 }
 
 // Cleanup runs one `pgbox-relay cleanup` pass on the payments database
