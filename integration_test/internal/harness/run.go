@@ -119,9 +119,15 @@ func (w *World) run(ctx context.Context, cfg Config, rep *Report) error {
 	in := &injector{w: w, rng: rand.New(rand.NewPCG(cfg.Seed, 2))}
 	mon := newMonitor(w)
 	defer mon.close()
-	for i, f := range Schedule(cfg.Seed, cfg.PerKind) {
+	sched := Schedule(cfg.Seed, cfg.PerKind)
+	for i, f := range sched {
 		gap := cfg.Gap/2 + time.Duration(in.rng.Int64N(int64(cfg.Gap)))
 		if err := w.supervise(ctx, gap, rep); err != nil {
+			return err
+		}
+		// Spread the faults over the orders, however fast this machine
+		// turns out to be: fault i waits for order i/(n+1) of the run.
+		if err := w.waitOrders(ctx, cfg.Events*int64(i+1)/int64(len(sched)+1), rep); err != nil {
 			return err
 		}
 		at := time.Since(start)
@@ -173,6 +179,20 @@ func (w *World) supervise(ctx context.Context, d time.Duration, rep *Report) err
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(min(200*time.Millisecond, time.Until(end)+time.Millisecond)):
+		}
+	}
+}
+
+// waitOrders waits until n orders are committed (or the orders service
+// has exited), supervising the processes.
+func (w *World) waitOrders(ctx context.Context, n int64, rep *Report) error {
+	for {
+		c, _ := w.counts(ctx) // orders is read first: a Kafka error leaves it set
+		if c.orders >= n || !w.Orders.Running() {
+			return nil
+		}
+		if err := w.supervise(ctx, time.Second, rep); err != nil {
+			return err
 		}
 	}
 }
