@@ -68,10 +68,7 @@ func TestScenarioKafkaUnreachable(t *testing.T) {
 	require.NoError(t, w.Broker.Resume())
 	require.Positive(t, maxBacklog, "the backlog is reported while Kafka is unreachable")
 
-	exits, err := w.WaitDrained(ctx, events, 15*time.Minute)
-	require.NoError(t, err, "the backlog drains once Kafka is back")
-	require.Empty(t, exits)
-	requireVerdict(ctx, t, w)
+	requireDrained(ctx, t, w, events, 15*time.Minute)
 }
 
 // scrapeBacklog GETs /metrics and returns how long it took and the sum of
