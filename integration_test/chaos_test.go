@@ -13,12 +13,13 @@ import (
 
 // Environment knobs of the chaos run; `make chaos` sets CHAOS_SCALE=large.
 const (
-	envScale   = "CHAOS_SCALE"    // small (default, part of `make test`) or large (`make chaos`)
-	envSeed    = "CHAOS_SEED"     // replay a run's fault schedule
-	envEvents  = "CHAOS_EVENTS"   // override the event count (1000000 for the big run)
-	envPerKind = "CHAOS_PER_KIND" // override how many times each fault kind is injected
-	envRace    = "CHAOS_RACE"     // 1: build the processes with the race detector
-	envKeep    = "CHAOS_KEEP"     // 1: keep the working directory even when the run passes
+	envScale   = "CHAOS_SCALE"          // small (default, part of `make test`) or large (`make chaos`)
+	envSeed    = "CHAOS_SEED"           // replay a run's fault schedule
+	envEvents  = "CHAOS_EVENTS"         // override the event count (1000000 for the big run)
+	envPerKind = "CHAOS_PER_KIND"       // override how many times each fault kind is injected
+	envRace    = "CHAOS_RACE"           // 1: build the processes with the race detector
+	envKeep    = "CHAOS_KEEP"           // 1: keep the working directory even when the run passes
+	envBuffer  = "CHAOS_CLEANUP_BUFFER" // the cleanup faults' --cleanup-buffer (default 1s)
 )
 
 // TestChaos runs orders → relays → Kafka → payments group → relays → Kafka
@@ -45,6 +46,13 @@ func TestChaos(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Hour)
 	defer cancel()
+	if v := os.Getenv(envBuffer); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("%s=%q: must be a positive duration like 1s or 2m", envBuffer, v)
+		}
+		opts.CleanupBuffer = d
+	}
 	opts.Logf = func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
 	w, err := harness.NewWorld(ctx, opts)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -170,11 +171,12 @@ func (in *injector) terminateBackends(ctx context.Context) (string, error) {
 	return fmt.Sprintf("terminated %d of %d connections: %s", k, len(bs), strings.Join(names, ",")), nil
 }
 
-// cleanupBuffer is the cleanup pass's buffer beyond retention.ms +
-// segment.ms. Not 0s: the binary reads an explicit 0s as "use the 24h
-// default" (a zero-value defect being fixed), which would make the pass
-// delete nothing and the rewind prove nothing.
-const cleanupBuffer = "1s"
+// CleanupBufferDefault is Options.CleanupBuffer's default: the cleanup
+// pass's buffer beyond retention.ms + segment.ms. Not 0s: the binary reads
+// an explicit 0s as "use the 24h default" (a zero-value defect being
+// fixed), which would make the pass delete nothing and the rewind prove
+// nothing.
+const CleanupBufferDefault = time.Second
 
 // cleanupRewind: stop the payments group once it has consumed everything
 // retention is about to delete; let the broker apply the orders topic's
@@ -331,7 +333,7 @@ func (w *World) ApplyRetention() error {
 // Cleanup runs one `pgbox-relay cleanup` pass on the payments database
 // (buffer 1s), logs its output to cleanup.log and returns it.
 func (w *World) Cleanup(ctx context.Context) (string, error) {
-	out, err := w.RunRelay(ctx, "cleanup", "--database-url", w.dsn(PaymentsDB, "cleanup"), "--kafka-brokers", w.Brokers[0], "--cleanup-buffer", cleanupBuffer)
+	out, err := w.RunRelay(ctx, "cleanup", "--database-url", w.dsn(PaymentsDB, "cleanup"), "--kafka-brokers", w.Brokers[0], "--cleanup-buffer", w.Opts.CleanupBuffer.String())
 	appendFile(filepath.Join(w.Dir, "cleanup.log"), out)
 	if err != nil {
 		return out, fmt.Errorf("pgbox-relay cleanup: %w\n%s", err, out)
@@ -373,7 +375,18 @@ func (w *World) groupAtEnd() (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	earliest := map[string]int64{}
+	for _, t := range w.Opts.OrderTopics {
+		e, err := earliestOffsets(w.Brokers, t)
+		if err != nil {
+			return false, err
+		}
+		maps.Copy(earliest, e)
+	}
 	for tp, hwm := range hwms {
+		if earliest[tp] >= hwm {
+			continue // nothing left in Kafka to consume (a group never commits there)
+		}
 		var topic string
 		var p int32
 		if i := strings.LastIndexByte(tp, '/'); i > 0 {
@@ -381,7 +394,7 @@ func (w *World) groupAtEnd() (bool, error) {
 			fmt.Sscan(tp[i+1:], &p)
 		}
 		b := res.GetBlock(topic, p)
-		if hwm > 0 && (b == nil || b.Offset < hwm) {
+		if b == nil || b.Offset < hwm {
 			return false, nil
 		}
 	}

@@ -70,6 +70,9 @@ type Options struct {
 	// Retention is the orders topic's retention.ms, applied when the driver
 	// asks the broker (ApplyRetention). Defaults to 10s.
 	Retention time.Duration
+	// CleanupBuffer is the cleanup passes' --cleanup-buffer. Defaults to
+	// CleanupBufferDefault (1s).
+	CleanupBuffer time.Duration
 	// Race builds the processes with the race detector.
 	Race bool
 	// Logf receives progress lines. Defaults to discarding them.
@@ -106,6 +109,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Partitions == 0 {
 		o.Partitions = 4
+	}
+	if o.CleanupBuffer == 0 {
+		o.CleanupBuffer = CleanupBufferDefault
 	}
 	if o.Retention == 0 {
 		o.Retention = 10 * time.Second
