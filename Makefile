@@ -10,13 +10,28 @@ PKG ?= ./...
 BENCH ?= .
 BENCHTIME ?= 1x
 
-.PHONY: demo test test-short bench vet fmt db-url db-stop db-wipe build clean
+.PHONY: demo test test-short bench vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios
 
 demo: ## run the orders→payments demo on an embedded Kafka broker
 	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) run ./examples/demo $(DEMO_ARGS)
 
 test: ## the whole suite, with the race detector, against real PostgreSQL
 	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) test -race -count=1 -timeout 40m $(PKG)
+
+# The large chaos run (integration_test/): >= 200,000 events end to end through
+# real processes, every fault kind injected 5 times; prints the report table.
+# CHAOS_EVENTS=1000000 for the big run, CHAOS_SEED=<n> replays a schedule,
+# CHAOS_KEEP=1 keeps logs of a passing run. It runs its own PostgreSQL cluster
+# and broker. The small version of the same run is part of `make test`.
+chaos: ## the large chaos run, report as a table
+	CHAOS_SCALE=large $(GO) test -count=1 -run '^TestChaos$$' -timeout 300m -v ./integration_test/
+
+# The operator's-world scenarios on the same harness: a bad deploy (business
+# table missing for 30s), every cleanup.policy with retention -1 and 2s then a
+# rewind, Kafka unreachable for minutes with a backlog (CHAOS_OUTAGE=2m,
+# CHAOS_OUTAGE_EVENTS=50000).
+chaos-scenarios: ## environment scenarios (bad deploy, cleanup policies, Kafka outage)
+	CHAOS_SCENARIOS=1 $(GO) test -count=1 -run '^TestScenario' -timeout 120m -v ./integration_test/
 
 bench: ## benchmarks, printed as a table against the same run's baselines
 	@url=$$($(DEVDB) url) && set -o pipefail && DATABASE_URL="$$url" \

@@ -25,7 +25,11 @@ func poolConfig(databaseURL, schema string, maxConns int) (*pgxpool.Config, erro
 	if maxConns > 0 {
 		cfg.MaxConns = int32(maxConns)
 	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "pgbox-relay"
+	// An application_name in the URL (to tell instances apart in
+	// pg_stat_activity) wins.
+	if _, set := cfg.ConnConfig.RuntimeParams["application_name"]; !set {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "pgbox-relay"
+	}
 	return cfg, nil
 }
 
