@@ -143,7 +143,7 @@ func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string,
 		err = cerr
 	}
 	for attempt := 0; err == nil && !inserted; attempt++ {
-		err = tx.QueryRow(ctx, sqlSelectOne, ib.consumer, key).Scan(&storedFP, &stored)
+		err = tx.QueryRow(ctx, sqlTouchOne, ib.consumer, key, args[6]).Scan(&storedFP, &stored)
 		if err == nil || !errors.Is(err, pgx.ErrNoRows) {
 			break
 		}
@@ -357,8 +357,14 @@ func (ib *Inbox) readConflicts(ctx context.Context, tx pgx.Tx, p *batchPlan) err
 		if attempt == maxVanished {
 			return fmt.Errorf("keys conflicted but their rows kept vanishing (%d attempts)", maxVanished)
 		}
-		missing := missingKeys(p.keys, func(k string) bool { _, ok := p.rows[k]; return ok })
-		r, err := tx.Query(ctx, sqlSelectMany, ib.consumer, missing)
+		var missing []string
+		var missingAt []pgtype.Timestamptz
+		for i, k := range p.keys {
+			if _, ok := p.rows[k]; !ok {
+				missing, missingAt = append(missing, k), append(missingAt, p.recordAts[i])
+			}
+		}
+		r, err := tx.Query(ctx, sqlTouchMany, ib.consumer, missing, missingAt)
 		if err == nil {
 			err = p.scanStored(r)
 		}
@@ -458,13 +464,3 @@ type savepointError struct{ err error }
 
 func (e *savepointError) Error() string { return "savepoint: " + e.err.Error() }
 func (e *savepointError) Unwrap() error { return e.err }
-
-func missingKeys(keys []string, have func(string) bool) []string {
-	var out []string
-	for _, k := range keys {
-		if !have(k) {
-			out = append(out, k)
-		}
-	}
-	return out
-}

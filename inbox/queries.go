@@ -30,8 +30,14 @@ VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (consumer, key) DO NOTHING`
 
 	// On conflict: the stored row, read by a new statement, whose snapshot
-	// includes a row committed by a transaction the insert waited for.
-	sqlSelectOne = `SELECT fingerprint, result FROM pgbox_inbox WHERE consumer = $1 AND key = $2`
+	// includes a row committed by a transaction the insert waited for. A
+	// duplicate delivery also moves the key's times forward: the duplicate
+	// is a later copy of the record (a relay re-send after its crash window),
+	// still in Kafka after the first copy's retention ran out, so cleanup
+	// must keep the key as long as this copy can come back ($3 is its record
+	// timestamp; GREATEST ignores NULLs).
+	sqlTouchOne = `UPDATE pgbox_inbox SET received_at = now(), record_at = GREATEST(record_at, $3)
+WHERE consumer = $1 AND key = $2 RETURNING fingerprint, result`
 
 	sqlSetResult = `UPDATE pgbox_inbox SET result = $3 WHERE consumer = $1 AND key = $2`
 
@@ -47,7 +53,16 @@ ORDER BY key COLLATE "C"
 ON CONFLICT (consumer, key) DO NOTHING
 RETURNING key`
 
-	sqlSelectMany = `SELECT key, fingerprint, result FROM pgbox_inbox WHERE consumer = $1 AND key = ANY($2)`
+	// sqlTouchMany is sqlTouchOne for a batch's conflicting keys: rows are
+	// locked in key order (as the insert takes them) so that concurrent
+	// batches with overlapping duplicates cannot deadlock.
+	sqlTouchMany = `WITH locked AS (
+	SELECT p.key, u.record_at FROM pgbox_inbox p
+	JOIN unnest($2::text[], $3::timestamptz[]) AS u(key, record_at) ON p.key = u.key
+	WHERE p.consumer = $1 ORDER BY p.key COLLATE "C" FOR UPDATE OF p)
+UPDATE pgbox_inbox p SET received_at = now(), record_at = GREATEST(p.record_at, l.record_at)
+FROM locked l WHERE p.consumer = $1 AND p.key = l.key
+RETURNING p.key, p.fingerprint, p.result`
 
 	sqlSetResults = `UPDATE pgbox_inbox p SET result = u.result
 FROM unnest($2::text[], $3::bytea[]) AS u(key, result)
