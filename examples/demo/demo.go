@@ -709,7 +709,7 @@ func cleanupNote(cr cleanup.Report, topic string) string {
 	tr, ok := cr.Topic(topic)
 	switch {
 	case cr.Locked:
-		return "another cleaner held the lock"
+		return "another cleaner held the cleanup lease"
 	case !ok:
 		return "no inbox keys"
 	case tr.Skipped:
