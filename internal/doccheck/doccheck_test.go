@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/migrations"
@@ -267,6 +268,8 @@ func formatValue(v any) string {
 	switch {
 	case d == cleanup.Forever:
 		return "forever"
+	case d == 0:
+		return "0s"
 	case d%time.Hour == 0:
 		return fmt.Sprintf("%dh", d/time.Hour)
 	case d%time.Minute == 0:
@@ -309,11 +312,17 @@ func TestLibraryDefaults(t *testing.T) {
 		"cleanup.ParkedDefault":               cleanup.ParkedDefault,
 		"cleanup.DeadLettersDefault":          cleanup.DeadLettersDefault,
 		"cleanup.AttemptsDefault":             cleanup.AttemptsDefault,
+		"inbox.LockTimeoutDefault":            inbox.LockTimeoutDefault,
+		"inspect.LanesDefault":                inspect.LanesDefault,
 		"inspect.ExactLimitDefault":           inspect.ExactLimitDefault,
 		"inspect.StatementTimeoutDefault":     inspect.StatementTimeoutDefault,
 		"inspect.ParkedListDefault":           inspect.ParkedListDefault,
 		"pgboxprom.ScrapeTimeoutDefault":      pgboxprom.ScrapeTimeoutDefault,
 		"pgboxprom.LatencyPollDefault":        pgboxprom.LatencyPollDefault,
+	}
+	for _, name := range exportedDefaults(t) {
+		_, ok := constants[name]
+		require.True(t, ok, "%s is not in this test's table (add it here and to docs/operations.md)", name)
 	}
 	doc := read(t, "docs/operations.md")
 	rowRe := regexp.MustCompile("(?m)^\\| `([a-z]+\\.[A-Za-z]+Default)` \\| `([^`]*)` \\|")
@@ -332,6 +341,42 @@ func TestLibraryDefaults(t *testing.T) {
 	}
 	sort.Strings(missing)
 	require.Empty(t, missing, "docs/operations.md's library defaults table lacks these constants")
+}
+
+// exportedDefaults lists the XxxDefault constants the library packages
+// declare (cmd/, examples/ and internal/ excluded), as package.Name.
+func exportedDefaults(t *testing.T) []string {
+	t.Helper()
+	decl := regexp.MustCompile(`(?m)^\t([A-Z][A-Za-z0-9]*Default)\b[^=\n]*=`)
+	var out []string
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() {
+			if strings.HasPrefix(d.Name(), ".") && rel != "." || rel == "cmd" || rel == "examples" || rel == "internal" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		pkg := filepath.Base(filepath.Dir(path))
+		for _, m := range decl.FindAllStringSubmatch(string(b), -1) {
+			out = append(out, pkg+"."+m[1])
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Greater(t, len(out), 25, "the source scan found too few defaults")
+	return out
 }
 
 // TestRelativeLinksResolve: every relative link of the Markdown docs points
