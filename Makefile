@@ -38,8 +38,9 @@ bench: ## benchmarks, printed as a table against the same run's baselines
 		$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -timeout 60m $(PKG) \
 		| $(GO) run ./internal/tools/benchtable
 
-vet:
+vet: ## go vet, staticcheck (a go tool dependency in go.mod) and gofmt
 	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
 fmt:

@@ -152,32 +152,32 @@ func (c Config) validate() error {
 		errs = append(errs, errors.New("missing Admin (pass a sarama.ClusterAdmin, e.g. from sarama.NewClusterAdmin(brokers, cfg))"))
 	}
 	if c.Buffer < 0 && c.Buffer != NoBuffer {
-		errs = append(errs, fmt.Errorf("Buffer %v is negative (use a positive duration, cleanup.NoBuffer for a zero buffer, or zero for the default %v)", c.Buffer, BufferDefault))
+		errs = append(errs, fmt.Errorf("Config.Buffer %v is negative (use a positive duration, cleanup.NoBuffer for a zero buffer, or zero for the default %v)", c.Buffer, BufferDefault))
 	}
 	if c.Window < 0 {
-		errs = append(errs, fmt.Errorf("Window %v is negative (use a positive duration, or zero to never prune topics without a Kafka window)", c.Window))
+		errs = append(errs, fmt.Errorf("Config.Window %v is negative (use a positive duration, or zero to never prune topics without a Kafka window)", c.Window))
 	}
 	if c.BatchSize < 0 || c.BatchSize > BatchSizeMax {
-		errs = append(errs, fmt.Errorf("BatchSize %d is out of range (use 1..%d, or zero for %d)", c.BatchSize, BatchSizeMax, BatchSizeDefault))
+		errs = append(errs, fmt.Errorf("Config.BatchSize %d is out of range (use 1..%d, or zero for %d)", c.BatchSize, BatchSizeMax, BatchSizeDefault))
 	}
 	if c.Pause < 0 {
-		errs = append(errs, fmt.Errorf("Pause %v is negative (use zero for no pause)", c.Pause))
+		errs = append(errs, fmt.Errorf("Config.Pause %v is negative (use zero for no pause)", c.Pause))
 	}
 	if c.Interval < 0 {
-		errs = append(errs, fmt.Errorf("Interval %v is negative (use a positive duration, or zero for %v)", c.Interval, IntervalDefault))
+		errs = append(errs, fmt.Errorf("Config.Interval %v is negative (use a positive duration, or zero for %v)", c.Interval, IntervalDefault))
 	}
 	if c.KafkaTimeout < 0 {
-		errs = append(errs, fmt.Errorf("KafkaTimeout %v is negative (use a positive duration, or zero for %v)", c.KafkaTimeout, KafkaTimeoutDefault))
+		errs = append(errs, fmt.Errorf("Config.KafkaTimeout %v is negative (use a positive duration, or zero for %v)", c.KafkaTimeout, KafkaTimeoutDefault))
 	}
 	for name, t := range c.Topics {
 		if name == "" {
-			errs = append(errs, errors.New("Topics has an empty topic name"))
+			errs = append(errs, errors.New("Config.Topics has an empty topic name"))
 		}
 		if t.Buffer < 0 && t.Buffer != NoBuffer {
-			errs = append(errs, fmt.Errorf("Topics[%q].Buffer %v is negative (use a positive duration, cleanup.NoBuffer for a zero buffer, or zero for Config.Buffer)", name, t.Buffer))
+			errs = append(errs, fmt.Errorf("Config.Topics[%q].Buffer %v is negative (use a positive duration, cleanup.NoBuffer for a zero buffer, or zero for Config.Buffer)", name, t.Buffer))
 		}
 		if t.Window < 0 && t.Window != NoWindow {
-			errs = append(errs, fmt.Errorf("Topics[%q].Window %v is negative (use a positive duration, cleanup.NoWindow for no forced window, or zero for Config.Window)", name, t.Window))
+			errs = append(errs, fmt.Errorf("Config.Topics[%q].Window %v is negative (use a positive duration, cleanup.NoWindow for no forced window, or zero for Config.Window)", name, t.Window))
 		}
 	}
 	if err := c.Tables.validate(); err != nil {

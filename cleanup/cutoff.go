@@ -11,7 +11,7 @@ import (
 // Cutoffs computes each topic's window and cutoff the way a pass would, from
 // Kafka's retention.ms, segment.ms and cleanup.policy and cfg's Buffer,
 // Window and Topics, measured back from now. It reads Kafka only: it touches
-// no table and never takes or waits on the cleanup lock, so status and
+// no table and never takes or waits on the cleanup lease, so status and
 // metrics can call it while a pass runs. cfg.Pool is not used and may be nil;
 // cfg.Admin is required.
 //

@@ -114,7 +114,7 @@ type TableReport struct {
 
 // Stats are counters over the cleaner's lifetime.
 type Stats struct {
-	// Passes counts passes that ran (held the lock).
+	// Passes counts passes that ran (held the lease).
 	Passes int64
 	// PassesLocked counts passes skipped because another cleaner held the lease.
 	PassesLocked int64

@@ -68,7 +68,7 @@ func (t Tables) validate() error {
 	for _, f := range []struct {
 		name string
 		v    time.Duration
-	}{{"Tables.Parked", t.Parked}, {"Tables.DeadLetters", t.DeadLetters}, {"Tables.Attempts", t.Attempts}} {
+	}{{"Config.Tables.Parked", t.Parked}, {"Config.Tables.DeadLetters", t.DeadLetters}, {"Config.Tables.Attempts", t.Attempts}} {
 		if f.v < 0 && f.v != Forever {
 			errs = append(errs, fmt.Errorf("%s %v is negative (use a positive duration, cleanup.Forever, or zero for the default)", f.name, f.v))
 		}
@@ -79,7 +79,6 @@ func (t Tables) validate() error {
 // tableJob is one kind of row pruned by age, in batches.
 type tableJob struct {
 	name   string
-	keep   time.Duration
 	cutoff time.Time
 	del    string // args: cutoff, limit[, topic]
 	delSL  string // del, skipping locked rows

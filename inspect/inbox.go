@@ -93,7 +93,7 @@ func (s *Snapshot) readDead(ctx context.Context, tx pgx.Tx, opts Options) error 
 }
 
 // addCutoffs reads each inbox topic's window from Kafka (cleanup.Cutoffs,
-// no cleanup lock) and compares it with the topic's oldest keys.
+// no cleanup lease) and compares it with the topic's oldest keys.
 func (s *Snapshot) addCutoffs(ctx context.Context, cfg cleanup.Config, log *slog.Logger) {
 	if len(s.Inbox) == 0 {
 		s.Cutoffs = "none needed: no keys"

@@ -9,7 +9,7 @@
 // an index or stops at a limit (Options.ExactLimit), so a snapshot stays a few
 // milliseconds with millions of backlog rows or inbox keys. Counts past the
 // limit are planner estimates (Estimated is set); ages are always exact. A
-// snapshot never takes or waits on the cleanup lock and runs in one transaction
+// snapshot never takes or waits on the cleanup lease and runs in one transaction
 // (rolled back: it writes nothing), bounded by Options.StatementTimeout.
 package inspect
 
@@ -66,7 +66,7 @@ type Options struct {
 	// Cutoffs, when set, compares each inbox topic's oldest key with the
 	// topic's cleanup window: cleanup.Cutoffs reads the windows from Kafka
 	// with this config (Admin required; Pool unused). It never takes the
-	// cleanup lock. Defaults to nil: no comparison, Snapshot.Cutoffs says why.
+	// cleanup lease. Defaults to nil: no comparison, Snapshot.Cutoffs says why.
 	Cutoffs *cleanup.Config
 
 	// Logger receives a line when the cutoffs cannot be read. Defaults to

@@ -30,18 +30,6 @@ func recorder(t *testing.T) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) 
 	return tp, rec
 }
 
-func endedSpan(t *testing.T, rec *tracetest.SpanRecorder, name string) sdktrace.ReadOnlySpan {
-	t.Helper()
-	var found []sdktrace.ReadOnlySpan
-	for _, s := range rec.Ended() {
-		if s.Name() == name {
-			found = append(found, s)
-		}
-	}
-	require.Len(t, found, 1, "spans named %q", name)
-	return found[0]
-}
-
 // startRelay runs a real relay over db's outbox, publishing to addrs, until
 // the test ends.
 func startRelay(t *testing.T, db *testdb.DB, addrs []string) {
@@ -156,7 +144,7 @@ func findSpan(t *testing.T, rec *tracetest.SpanRecorder, id trace.SpanID) sdktra
 func attrMap(s sdktrace.ReadOnlySpan) map[string]string {
 	m := map[string]string{}
 	for _, a := range s.Attributes() {
-		m[string(a.Key)] = a.Value.Emit()
+		m[string(a.Key)] = a.Value.String()
 	}
 	return m
 }

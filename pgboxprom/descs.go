@@ -29,7 +29,7 @@ var (
 	dCleanDeleted = desc("pgbox_cleanup_deleted_total", "Rows deleted by cleanup, all tables.")
 	dCleanTopic   = desc("pgbox_cleanup_inbox_deleted_total", "Inbox keys deleted by cleanup, by source topic.", "topic")
 	dCleanPasses  = desc("pgbox_cleanup_passes_total", "Cleanup passes that ran.")
-	dCleanLocked  = desc("pgbox_cleanup_passes_locked_total", "Cleanup passes skipped because another cleaner held the lock.")
+	dCleanLocked  = desc("pgbox_cleanup_passes_locked_total", "Cleanup passes skipped because another cleaner held the cleanup lease (pgbox_cleanup_lease).")
 	dCleanErrors  = desc("pgbox_cleanup_pass_errors_total", "Cleanup passes that ended with an error.")
 	dCleanSkipped = desc("pgbox_cleanup_topics_skipped_total", "Topic-passes that pruned nothing (infinite retention, compacted, Kafka unreachable...).")
 	dCleanLast    = desc("pgbox_cleanup_last_pass_timestamp_seconds", "Start of the last cleanup pass that ran (Unix time).")

@@ -83,13 +83,6 @@ func checkOrder(t testing.TB, b *testBundle, got []*sarama.ConsumerMessage) int 
 	return dups
 }
 
-func sum(m map[string]int) (s int) {
-	for _, v := range m {
-		s += v
-	}
-	return s
-}
-
 // 8 concurrent writers × 3 relay instances on 12 shared keys; one instance
 // leaves and another joins mid-run. Every key's events arrive on one
 // partition, in commit order.
