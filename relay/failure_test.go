@@ -160,7 +160,7 @@ func TestFailureMidPipelineReordersNothing(t *testing.T) {
 	cfg := b.config("a")
 	cfg.BatchSize = 400 // several passes, each with many rows per key
 	cfg.Kafka = kafkaConfig()
-	cfg.Kafka.Producer.MaxMessageBytes = 4096 // a partition's rows take several record batches per pass
+	cfg.Kafka.Producer.MaxMessageBytes = 4096               // a partition's rows take several record batches per pass
 	cfg.MaxMessageBytes = 4096 + outbox.RecordBatchOverhead // no row here comes near it
 	a := start(t, cfg)
 

@@ -104,7 +104,7 @@ func (s *paymentsService) charge(ctx context.Context, tx pgx.Tx, m inbox.Message
 	if _, err := tx.Exec(ctx, insertPaymentSQL, o.OrderID, o.Account, o.Seq, o.Amount, eventID, m.Partition, m.Offset, s.member); err != nil {
 		return fmt.Errorf("insert payment for %s: %w", o.OrderID, err)
 	}
-	v, _ := json.Marshal(Payment{OrderID: o.OrderID, Account: o.Account, Seq: o.Seq, Amount: o.Amount})
+	v, _ := json.Marshal(Payment(o))
 	return outbox.Write(ctx, tx, outbox.Message{Topic: s.topic, Key: []byte(o.Account), Value: v,
 		Headers: []outbox.Header{{Key: "order-id", Value: []byte(o.OrderID)}}})
 }
