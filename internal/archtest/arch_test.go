@@ -69,12 +69,13 @@ const (
 func rel(path string) string { return strings.TrimPrefix(strings.TrimPrefix(path, module), "/") }
 
 // TestOnlyExamplesAndTestsImportKfake: the embedded broker is for the demo
-// and tests; no library or binary code links it.
+// and tests (the end-to-end harness runs it as its own process); no library
+// or binary code links it.
 func TestOnlyExamplesAndTestsImportKfake(t *testing.T) {
 	t.Parallel()
 	for _, p := range listAll(t) {
 		r := rel(p.ImportPath)
-		if strings.HasPrefix(r, "examples/") || r == "internal/kafkatest" {
+		if strings.HasPrefix(r, "examples/") || strings.HasPrefix(r, "integration_test/") || r == "internal/kafkatest" {
 			continue
 		}
 		require.Empty(t, importsPrefix(p.Imports, kfake), "%s imports kfake outside a _test file", p.ImportPath)
