@@ -10,8 +10,8 @@ package inspect
 // database's clock, read once per operation.
 const sqlOpsCutoff = `SELECT now() - $1::float8 * interval '1 second'`
 
-// parkedWhere selects parked rows: $1 topic ('' any), $2 error substring
-// ('' any), $3 parked at or before, $4 ids (empty: any).
+// parkedWhere selects parked rows: $1 topic (” any), $2 error substring
+// (” any), $3 parked at or before, $4 ids (empty: any).
 const parkedWhere = `parked_at IS NOT NULL AND parked_at <= $3
 	AND ($1 = '' OR topic = $1)
 	AND ($2 = '' OR strpos(coalesce(last_error, ''), $2) > 0)
@@ -47,7 +47,7 @@ const sqlParkedDiscard = `WITH b AS (
 )
 SELECT (SELECT max(id) FROM b), (SELECT count(*) FROM d)`
 
-// deadWhere selects dead letters: $1 consumer ('' any), $2 topic ('' any),
+// deadWhere selects dead letters: $1 consumer (” any), $2 topic (” any),
 // $3 dead at or before, $4 ids (empty: any).
 const deadWhere = `dead_at <= $3
 	AND ($1 = '' OR consumer = $1)
