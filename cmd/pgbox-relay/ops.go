@@ -23,7 +23,6 @@ type opsOptions struct {
 	Topic         string
 	OlderThan     time.Duration
 	Limit         int
-	JSON          bool
 	ErrorContains string
 	Yes           bool
 	Consumer      string
@@ -36,7 +35,6 @@ func (o *opsOptions) bind(s *settings, has map[string]bool) {
 		s.str(&o.Topic, groupOps, "topic", "PGBOX_OPS_TOPIC", "", "only rows of this topic (parked: the row's topic; dead: the topic consumed); empty: any")
 		s.duration(&o.OlderThan, groupOps, "older-than", "PGBOX_OPS_OLDER_THAN", 0, 0, "only rows parked or dead-lettered at least this long ago (0: any age)")
 		s.integer(&o.Limit, groupOps, "limit", "PGBOX_OPS_LIMIT", inspect.ListLimitDefault, 1, 1_000_000, "most rows `list` prints (and a discard preview shows)")
-		s.boolean(&o.JSON, groupOps, "json", "PGBOX_OPS_JSON", false, "print the result as JSON")
 	}
 	if has[groupOpsParked] {
 		s.str(&o.ErrorContains, groupOpsParked, "error-contains", "PGBOX_OPS_ERROR_CONTAINS", "", "only parked rows whose last error contains this text; empty: any")
@@ -94,7 +92,7 @@ func cmdParked(ctx context.Context, a *app, args []string) error {
 		if err != nil {
 			return err
 		}
-		if o.JSON {
+		if a.opts.JSON {
 			return a.printJSON(nonNilSlice(rows))
 		}
 		writeParked(a.stdout, rows)
@@ -104,7 +102,7 @@ func cmdParked(ctx context.Context, a *app, args []string) error {
 		if err != nil {
 			return err
 		}
-		if o.JSON {
+		if a.opts.JSON {
 			return a.printJSON(map[string]int64{"retried": n})
 		}
 		fmt.Fprintf(a.stdout, "retried %d parked row(s): running relays publish them again\n", n)
@@ -120,7 +118,7 @@ func discardParked(ctx context.Context, a *app, pool inspect.Querier, f inspect.
 		if err != nil {
 			return err
 		}
-		if o.JSON {
+		if a.opts.JSON {
 			return a.printJSON(map[string]int64{"discarded": n})
 		}
 		fmt.Fprintf(a.stdout, "discarded %d parked row(s)\n", n)
@@ -134,7 +132,7 @@ func discardParked(ctx context.Context, a *app, pool inspect.Querier, f inspect.
 	if err != nil {
 		return err
 	}
-	if o.JSON {
+	if a.opts.JSON {
 		if err := a.printJSON(map[string]any{"dry_run": true, "would_discard": n, "rows": nonNilSlice(rows)}); err != nil {
 			return err
 		}
@@ -184,7 +182,7 @@ func cmdDead(ctx context.Context, a *app, args []string) error {
 		if err != nil {
 			return err
 		}
-		if o.JSON {
+		if a.opts.JSON {
 			return a.printJSON(nonNilSlice(rows))
 		}
 		writeDead(a.stdout, rows)
@@ -194,7 +192,7 @@ func cmdDead(ctx context.Context, a *app, args []string) error {
 	if err != nil {
 		return err
 	}
-	if o.JSON {
+	if a.opts.JSON {
 		return a.printJSON(map[string]any{"replays": res})
 	}
 	for _, r := range res {

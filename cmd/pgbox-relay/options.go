@@ -177,8 +177,9 @@ func (o *options) bind(s *settings, groups ...string) {
 		}
 		s.str(&o.HTTPAddr, groupHTTP, "http-addr", "PGBOX_HTTP_ADDR", def, "listen address of /metrics, /healthz and /readyz (empty: no HTTP server, the demo's default)")
 	}
-	if has[groupStatus] {
-		s.boolean(&o.JSON, groupStatus, "json", "PGBOX_STATUS_JSON", false, "print the status as JSON")
+	if has[groupStatus] || has[groupOps] {
+		// One --json for status and the operator commands (parked, dead).
+		s.boolean(&o.JSON, groupStatus, "json", "PGBOX_STATUS_JSON", false, "print the status (or the parked/dead command's result) as JSON")
 	}
 	if has[groupDemo] {
 		d := &o.Demo
