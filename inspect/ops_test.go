@@ -40,7 +40,7 @@ func TestParkedListFilters(t *testing.T) {
 	db := testdb.New(t)
 	ctx := context.Background()
 	parkRows(t, db, "orders", 2, 2*time.Hour, "UNKNOWN_TOPIC_OR_PARTITION") // ids 1, 2
-	parkRows(t, db, "payments", 1, time.Minute, "MESSAGE_TOO_LARGE")       // id 3
+	parkRows(t, db, "payments", 1, time.Minute, "MESSAGE_TOO_LARGE")        // id 3
 	outboxRows(t, db, "orders", 1, 1, 0)                                    // id 4, not parked
 
 	require.Equal(t, []int64{1, 2, 3}, parkedIDs(t, db, inspect.ParkedFilter{}))
@@ -74,7 +74,7 @@ func TestRetryParked(t *testing.T) {
 	db := testdb.New(t)
 	ctx := context.Background()
 	parkRows(t, db, "orders", 5, time.Hour, "UNKNOWN_TOPIC_OR_PARTITION") // ids 1-5
-	parkRows(t, db, "payments", 1, time.Hour, "MESSAGE_TOO_LARGE")       // id 6
+	parkRows(t, db, "payments", 1, time.Hour, "MESSAGE_TOO_LARGE")        // id 6
 
 	// Batches of 2 across 5 rows: every batch is walked.
 	n, err := inspect.RetryParked(ctx, db.Pool, inspect.ParkedFilter{Topic: "orders", BatchSize: 2})
