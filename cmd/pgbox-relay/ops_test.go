@@ -23,13 +23,15 @@ import (
 	"github.com/pgbox/pgbox/outbox"
 )
 
-// writeKeyed commits one outbox row per value, all with key, in one transaction.
+// writeKeyed commits one outbox row per value, all with key, in one
+// transaction; each carries the business event id "event-id: <topic>-<value>".
 func writeKeyed(t *testing.T, db *testdb.DB, topic, key string, values ...string) {
 	t.Helper()
 	ctx := context.Background()
 	require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		for _, v := range values {
-			if err := outbox.Write(ctx, tx, outbox.Message{Topic: topic, Key: []byte(key), Value: []byte(v)}); err != nil {
+			if err := outbox.Write(ctx, tx, outbox.Message{Topic: topic, Key: []byte(key), Value: []byte(v),
+				Headers: []outbox.Header{{Key: "event-id", Value: []byte(topic + "-" + v)}}}); err != nil {
 				return err
 			}
 		}
@@ -55,7 +57,9 @@ type consumer struct {
 
 func startConsumer(t *testing.T, db *testdb.DB, brokers []string, fixed *atomic.Bool) *consumer {
 	t.Helper()
-	ib, err := inbox.New(inbox.Config{Consumer: "payments-svc", Key: inbox.ByHeader(outbox.EventIDHeader)})
+	// Keyed by the business event id, which a replay carries unchanged: only
+	// the replay suffix tells the replay from the dead-lettered original.
+	ib, err := inbox.New(inbox.Config{Consumer: "payments-svc", Key: inbox.ByHeader("event-id")})
 	require.NoError(t, err)
 	h, err := inboxsarama.NewHandler(db.Pool, ib, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		if string(m.Value) == "poison" && !fixed.Load() {
