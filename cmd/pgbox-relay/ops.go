@@ -210,14 +210,14 @@ func writeDead(w io.Writer, rows []inspect.DeadLetter) {
 		fmt.Fprintln(w, "no dead letters")
 		return
 	}
-	fmt.Fprintf(w, "%-8s %-20s %-30s %-18s %-20s %-8s %s\n", "ID", "CONSUMER", "SOURCE", "DEAD AT", "REPLAYED AT", "REPLAYS", "ERROR")
+	fmt.Fprintf(w, "%-8s %-20s %-30s %-20s %-20s %-8s %s\n", "ID", "CONSUMER", "SOURCE", "DEAD AT", "REPLAYED AT", "REPLAYS", "ERROR")
 	for _, r := range rows {
 		replayed := "-"
 		if r.ReplayedAt != nil {
 			replayed = r.ReplayedAt.UTC().Format(time.DateTime)
 		}
 		src := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
-		fmt.Fprintf(w, "%-8d %-20s %-30s %-18s %-20s %-8d %s\n", r.ID, r.Consumer, src, r.DeadAt.UTC().Format(time.DateTime), replayed, r.Replays, r.Error)
+		fmt.Fprintf(w, "%-8d %-20s %-30s %-20s %-20s %-8d %s\n", r.ID, r.Consumer, src, r.DeadAt.UTC().Format(time.DateTime), replayed, r.Replays, r.Error)
 	}
 }
 
