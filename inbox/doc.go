@@ -37,6 +37,18 @@
 // that cannot be keyed or stored are rejected with ErrInvalidMessage before
 // anything is written.
 //
+// # Replayed dead letters
+//
+// A dead-lettered record's key is in the inbox (so a redelivery of it is a
+// duplicate). When an operator replays it (inspect.ReplayDead, or
+// `pgbox-relay dead replay`), the replay carries the header ReplayHeader
+// ("pgbox-replay-of: <dead letter id>"), and every strategy appends
+// ReplayKeySuffix and that id to the key it derives: "orders/3/1042/replay/17".
+// The replay is therefore processed (once: its own redeliveries are
+// duplicates), and a rewind that delivers the original record again still
+// finds the original key and skips it. This holds for Process, ProcessBatch
+// and the sarama adapter alike.
+//
 // # Fingerprints, stored results, in-flight keys
 //
 // With fingerprints on (the default) the sha256 of the message value is kept

@@ -13,6 +13,20 @@ import (
 // two different events collide). Hash long natural keys in a ByFunc strategy.
 const MaxKeyLen = 512
 
+// ReplayHeader marks a record as an operator's replay of a dead letter
+// (inspect.ReplayDead writes it; its value is the replay's id, the
+// pgbox_consumer_dead row id, with ".n" for the n-th forced replay). Whatever
+// the KeyStrategy, the key of a message carrying it gets ReplayKeySuffix and
+// the header's value appended: the replay has a key of its own, so it is
+// processed once (its redeliveries are duplicates) while the original
+// record's key, recorded when it was dead-lettered, still dedupes a rewind
+// over the original. The last such header counts; an empty one is rejected.
+const ReplayHeader = "pgbox-replay-of"
+
+// ReplayKeySuffix separates a replayed message's key from its replay id:
+// key + "/replay/" + id.
+const ReplayKeySuffix = "/replay/"
+
 // KeyStrategy derives the dedup key of a message. Build one with ByOffset,
 // ByHeader or ByFunc; the zero value means "use the default" (ByOffset).
 //
@@ -112,6 +126,12 @@ func (s KeyStrategy) key(m Message) (string, error) {
 	}
 	if k == "" {
 		return "", errors.New("empty key")
+	}
+	if id, ok := m.Header(ReplayHeader); ok {
+		if len(id) == 0 {
+			return "", fmt.Errorf("header %q is empty", ReplayHeader)
+		}
+		k += ReplayKeySuffix + string(id)
 	}
 	if len(k) > MaxKeyLen {
 		return "", fmt.Errorf("key is %d bytes, longer than MaxKeyLen (%d): hash it in a ByFunc strategy", len(k), MaxKeyLen)

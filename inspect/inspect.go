@@ -11,6 +11,31 @@
 // limit are planner estimates (Estimated is set); ages are always exact. A
 // snapshot never takes or waits on the cleanup lease and runs in one transaction
 // (rolled back: it writes nothing), bounded by Options.StatementTimeout.
+//
+// # Operating parked rows and dead letters
+//
+// The operator functions act on what a snapshot shows; `pgbox-relay parked`
+// and `pgbox-relay dead` call them. All are safe while relays and consumers
+// run and idempotent (a second run leaves the same end state):
+//
+//   - ListParked, CountParked: parked outbox rows, filtered by topic, error
+//     text, minimum age and ids (ParkedFilter).
+//   - RetryParked unparks them (attempts restart at 0, last_error stays):
+//     running relays publish them again; they keep their ids, so one key's
+//     rows go out in id order among themselves. DiscardParked deletes them.
+//     Both work in short batches by id, each statement re-checking that its
+//     rows are still parked, so a row a relay or another operator changed
+//     meanwhile is left alone.
+//   - ListDead: the consumer adapter's dead letters (DeadFilter).
+//   - ReplayDead: in one transaction, writes each dead letter's record (key,
+//     value and headers as consumed; stored by the adapter since migration
+//     00040) through outbox.Write to its source topic or a chosen one, with
+//     the header inbox.ReplayHeader ("pgbox-replay-of: <id>"), and marks it
+//     replayed (replayed_at, replayed_to). The inbox appends the replay id to
+//     the key of such a message (package inbox, "Replayed dead letters"), so
+//     the replay is processed once while a rewind over the original record
+//     is still a duplicate. A dead letter replayed before is skipped unless
+//     ReplayOptions.Again asks for a new replay (with a new replay id).
 package inspect
 
 import (

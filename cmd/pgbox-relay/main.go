@@ -6,6 +6,8 @@
 //	pgbox-relay migrate up|down|status
 //	pgbox-relay cleanup [--dry-run] one cleanup pass, for an external cron
 //	pgbox-relay status [--json]     backlog, lanes, parked rows, inbox ages
+//	pgbox-relay parked list|retry|discard [ID...]   parked outbox rows (discard needs --yes)
+//	pgbox-relay dead list|replay [ID...]            the consumer adapter's dead letters
 //	pgbox-relay version
 //
 // Settings come from flags or environment variables (DATABASE_URL,
@@ -39,6 +41,8 @@ type command struct {
 	doc      string
 	groups   []string
 	run      func(ctx context.Context, a *app, args []string) error
+	// plainErrors: a failure is printed once, without a log line too.
+	plainErrors bool
 }
 
 var commands []*command
@@ -53,6 +57,10 @@ func init() {
 			groups: []string{groupDB, groupKafka, groupCleanup, groupCleanupOnce, groupLog}, run: cmdCleanup},
 		{name: "status", synopsis: "status [--json]", doc: "Print the outbox backlog per topic and lane, the oldest unpublished row, parked\nrows, lane owners, and inbox keys per consumer and topic. With Kafka brokers\nset, each topic's oldest key is compared with its cleanup cutoff.",
 			groups: []string{groupDB, groupKafkaOptional, groupCleanup, groupStatus, groupLog}, run: cmdStatus},
+		{name: "parked", synopsis: "parked list|retry|discard [ID...]", doc: parkedDoc,
+			groups: []string{groupDB, groupOps, groupOpsParked, groupLog}, run: cmdParked, plainErrors: true},
+		{name: "dead", synopsis: "dead list|replay [ID...]", doc: deadDoc,
+			groups: []string{groupDB, groupOps, groupOpsDead, groupLog}, run: cmdDead, plainErrors: true},
 		{name: "version", synopsis: "version", doc: "Print the version of this binary and of the schema it ships.",
 			groups: nil, run: cmdVersion},
 	}
@@ -106,7 +114,7 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	}
 	c := findCommand(name)
 	if c == nil {
-		fmt.Fprintf(stderr, "pgbox-relay: unknown command %q (allowed: run, migrate, cleanup, status, version; see `pgbox-relay --help`)\n", name)
+		fmt.Fprintf(stderr, "pgbox-relay: unknown command %q (allowed: run, migrate, cleanup, status, parked, dead, version; see `pgbox-relay --help`)\n", name)
 		return 2
 	}
 	opts := &options{}
@@ -134,7 +142,9 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 			fmt.Fprintf(stderr, "pgbox-relay %s: interrupted\n", c.name)
 			return 1
 		}
-		a.log.Error("pgbox-relay "+c.name+" failed", "err", err)
+		if !c.plainErrors {
+			a.log.Error("pgbox-relay "+c.name+" failed", "err", err)
+		}
 		fmt.Fprintf(stderr, "pgbox-relay %s: %v\n", c.name, err)
 		return 1
 	}

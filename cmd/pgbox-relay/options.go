@@ -23,7 +23,7 @@ const (
 	groupLog           = "Process"
 )
 
-var allGroups = []string{groupDB, groupKafka, groupRelay, groupSchedule, groupCleanup, groupCleanupOnce, groupHTTP, groupStatus, groupDemo, groupLog}
+var allGroups = []string{groupDB, groupKafka, groupRelay, groupSchedule, groupCleanup, groupCleanupOnce, groupHTTP, groupStatus, groupOps, groupOpsParked, groupOpsDead, groupDemo, groupLog}
 
 // Defaults of the binary's own settings (the libraries' defaults are reused
 // where a setting passes straight through).
@@ -54,6 +54,8 @@ type options struct {
 	kafkaBound    bool
 
 	Relay relayOptions
+
+	Ops opsOptions
 
 	CleanupInterval  time.Duration
 	CleanupBuffer    time.Duration
@@ -144,6 +146,7 @@ func (o *options) bind(s *settings, groups ...string) {
 	if has[groupRelay] {
 		o.Relay.bind(s)
 	}
+	o.Ops.bind(s, has)
 	if has[groupSchedule] || has[groupRelay] {
 		s.duration(&o.CleanupInterval, groupSchedule, "cleanup-interval", "PGBOX_CLEANUP_INTERVAL", cleanupIntervalDefault, 0,
 			"time between cleanup passes while running (0 disables cleanup in this process)")
@@ -174,8 +177,9 @@ func (o *options) bind(s *settings, groups ...string) {
 		}
 		s.str(&o.HTTPAddr, groupHTTP, "http-addr", "PGBOX_HTTP_ADDR", def, "listen address of /metrics, /healthz and /readyz (empty: no HTTP server, the demo's default)")
 	}
-	if has[groupStatus] {
-		s.boolean(&o.JSON, groupStatus, "json", "PGBOX_STATUS_JSON", false, "print the status as JSON")
+	if has[groupStatus] || has[groupOps] {
+		// One --json for status and the operator commands (parked, dead).
+		s.boolean(&o.JSON, groupStatus, "json", "PGBOX_STATUS_JSON", false, "print the status (or the parked/dead command's result) as JSON")
 	}
 	if has[groupDemo] {
 		d := &o.Demo

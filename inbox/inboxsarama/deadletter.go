@@ -2,6 +2,7 @@ package inboxsarama
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -67,7 +68,17 @@ func (c *claimRun) writeDeadLetter(tx pgx.Tx, m inbox.Message, cause error, atte
 		return false, false, dlq, perr
 	}
 
-	tag, err := tx.Exec(ctx, sqlInsertDead, consumer, m.Topic, m.TopicID, m.Partition, m.Offset, key, attempts, errorText(cause), dlq)
+	var headers *string
+	if len(m.Headers) > 0 {
+		b, err := json.Marshal(m.Headers) // outbox.Header's storage format
+		if err != nil {
+			return false, false, dlq, fmt.Errorf("encode headers of %s: %w", m, err)
+		}
+		s := string(b)
+		headers = &s
+	}
+	tag, err := tx.Exec(ctx, sqlInsertDead, consumer, m.Topic, m.TopicID, m.Partition, m.Offset, key, attempts, errorText(cause), dlq,
+		m.Key, m.Value, headers)
 	if err != nil {
 		return false, false, dlq, fmt.Errorf("insert into pgbox_consumer_dead: %w", err)
 	}

@@ -122,6 +122,16 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	require.Equal(t, 3, dead.attempts)
 	require.Contains(t, dead.errText, "account closed")
 	require.Equal(t, "events.dlq", dead.dlq)
+	// The record itself is kept for a replay (inspect.ReplayDead).
+	var stored bool
+	var recKey, recValue []byte
+	var recHeaders string
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT record_stored, record_key, record_value, record_headers::text FROM pgbox_consumer_dead`).
+		Scan(&stored, &recKey, &recValue, &recHeaders))
+	require.True(t, stored)
+	require.Equal(t, poison, string(recKey))
+	require.Equal(t, "payload of "+poison, string(recValue))
+	require.Contains(t, recHeaders, `"k": "`+eventHeader+`"`)
 
 	dl := b.outboxDLQ(t, "events.dlq")
 	require.Len(t, dl, 1, "exactly one dead-letter record")

@@ -27,8 +27,10 @@ WHERE consumer = $1 AND topic = $2 AND topic_id = $3 AND partition = $4 AND "off
 
 	// The dead-letter transaction; a conflict means it committed before
 	// (redelivered after a crash before the offset mark): write nothing twice.
+	// The record itself is kept for replay (inspect.ReplayDead, migration 00040).
 	sqlInsertDead = `INSERT INTO pgbox_consumer_dead
-	(consumer, topic, topic_id, partition, "offset", key, attempts, error, dlq_topic)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+	(consumer, topic, topic_id, partition, "offset", key, attempts, error, dlq_topic,
+	 record_stored, record_key, record_value, record_headers)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, true, $10, $11, $12)
 ON CONFLICT DO NOTHING`
 )

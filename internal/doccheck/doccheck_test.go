@@ -317,6 +317,8 @@ func TestLibraryDefaults(t *testing.T) {
 		"inspect.ExactLimitDefault":           inspect.ExactLimitDefault,
 		"inspect.StatementTimeoutDefault":     inspect.StatementTimeoutDefault,
 		"inspect.ParkedListDefault":           inspect.ParkedListDefault,
+		"inspect.ListLimitDefault":            inspect.ListLimitDefault,
+		"inspect.OpsBatchDefault":             inspect.OpsBatchDefault,
 		"pgboxprom.ScrapeTimeoutDefault":      pgboxprom.ScrapeTimeoutDefault,
 		"pgboxprom.LatencyPollDefault":        pgboxprom.LatencyPollDefault,
 	}

@@ -1,0 +1,200 @@
+package inspect
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Defaults of the operator functions' filters.
+const (
+	// ListLimitDefault is how many rows ListParked and ListDead return when
+	// the filter's Limit is zero.
+	ListLimitDefault = 100
+	// OpsBatchDefault is how many rows one RetryParked or DiscardParked
+	// statement changes when the filter's BatchSize is zero.
+	OpsBatchDefault = 500
+)
+
+// Querier is what the operator functions run their statements on: a
+// *pgxpool.Pool, *pgx.Conn or pgx.Tx satisfies it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ParkedFilter selects parked outbox rows (rows the relay gave up on after
+// its MaxAttempts). Every field narrows the selection; the zero filter is
+// every parked row.
+type ParkedFilter struct {
+	// Topic keeps rows of this topic only (exact name; an unknown topic
+	// selects nothing). Defaults to "": any topic.
+	Topic string
+	// ErrorContains keeps rows whose last error contains this text (case
+	// sensitive). Defaults to "": any error.
+	ErrorContains string
+	// OlderThan keeps rows parked at least this long ago, on the database's
+	// clock. Defaults to 0: any age.
+	OlderThan time.Duration
+	// IDs keeps these rows only. Defaults to nil: any id.
+	IDs []int64
+	// Limit is how many rows ListParked returns (RetryParked and
+	// DiscardParked act on every matching row). Defaults to
+	// ListLimitDefault (100).
+	Limit int
+	// BatchSize is how many rows one statement of RetryParked or
+	// DiscardParked changes; each batch is its own short transaction.
+	// Defaults to OpsBatchDefault (500).
+	BatchSize int
+}
+
+func (f ParkedFilter) validate() error {
+	var errs []error
+	if f.OlderThan < 0 {
+		errs = append(errs, fmt.Errorf("inspect: OlderThan %v is negative (use a positive age, or 0 for any age)", f.OlderThan))
+	}
+	if f.Limit < 0 {
+		errs = append(errs, fmt.Errorf("inspect: Limit %d is negative (use a positive count, or 0 for %d)", f.Limit, ListLimitDefault))
+	}
+	if f.BatchSize < 0 {
+		errs = append(errs, fmt.Errorf("inspect: BatchSize %d is negative (use a positive count, or 0 for %d)", f.BatchSize, OpsBatchDefault))
+	}
+	errs = append(errs, checkIDs(f.IDs))
+	return errors.Join(errs...)
+}
+
+func checkIDs(ids []int64) error {
+	for _, id := range ids {
+		if id <= 0 {
+			return fmt.Errorf("inspect: id %d is not a row id (ids are positive)", id)
+		}
+	}
+	return nil
+}
+
+func (f ParkedFilter) limits() (limit, batch int) {
+	return cmp.Or(f.Limit, ListLimitDefault), cmp.Or(f.BatchSize, OpsBatchDefault)
+}
+
+// ParkedMessage is one parked outbox row, as ListParked returns it.
+type ParkedMessage struct {
+	ID        int64     `json:"id"`
+	EventID   string    `json:"event_id"`
+	Topic     string    `json:"topic"`
+	Key       []byte    `json:"key"` // nil: no key; base64 in JSON
+	Attempts  int       `json:"attempts"`
+	LastError string    `json:"last_error"`
+	CreatedAt time.Time `json:"created_at"`
+	ParkedAt  time.Time `json:"parked_at"`
+}
+
+// cutoff reads the filter's minimum age as a time on the database's clock,
+// once, so a long operation selects against one fixed time.
+func cutoff(ctx context.Context, db Querier, olderThan time.Duration) (time.Time, error) {
+	var t time.Time
+	if err := db.QueryRow(ctx, sqlOpsCutoff, olderThan.Seconds()).Scan(&t); err != nil {
+		return t, fmt.Errorf("inspect: read the database clock: %w", schemaHint(err))
+	}
+	return t, nil
+}
+
+// ListParked returns the parked rows f selects, in id order, at most f.Limit.
+func ListParked(ctx context.Context, db Querier, f ParkedFilter) ([]ParkedMessage, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	limit, _ := f.limits()
+	at, err := cutoff(ctx, db, f.OlderThan)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, sqlParkedList, f.Topic, f.ErrorContains, at, nonNil(f.IDs), limit)
+	if err != nil {
+		return nil, fmt.Errorf("inspect: list parked rows: %w", schemaHint(err))
+	}
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedMessage, error) {
+		var p ParkedMessage
+		err := r.Scan(&p.ID, &p.EventID, &p.Topic, &p.Key, &p.Attempts, &p.LastError, &p.CreatedAt, &p.ParkedAt)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inspect: list parked rows: %w", schemaHint(err))
+	}
+	return list, nil
+}
+
+// CountParked counts the parked rows f selects (f.Limit does not apply):
+// what DiscardParked or RetryParked would act on now.
+func CountParked(ctx context.Context, db Querier, f ParkedFilter) (int64, error) {
+	if err := f.validate(); err != nil {
+		return 0, err
+	}
+	at, err := cutoff(ctx, db, f.OlderThan)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := db.QueryRow(ctx, sqlParkedCount, f.Topic, f.ErrorContains, at, nonNil(f.IDs)).Scan(&n); err != nil {
+		return 0, fmt.Errorf("inspect: count parked rows: %w", schemaHint(err))
+	}
+	return n, nil
+}
+
+// RetryParked unparks every row f selects: parked_at is cleared and attempts
+// restart at 0 (last_error stays until the relay overwrites it). Running
+// relays then publish the rows again; they keep their ids, so rows of one key
+// go out in id order among themselves. It works in batches of f.BatchSize
+// rows, each its own statement, so relays and writers are never held up; a
+// row that stopped being parked meanwhile is left alone. Running it twice
+// has the same end state as once: the second finds nothing parked. It
+// returns how many rows it unparked.
+func RetryParked(ctx context.Context, db Querier, f ParkedFilter) (int64, error) {
+	return parkedBatches(ctx, db, f, sqlParkedRetry, "unpark")
+}
+
+// DiscardParked deletes every row f selects, in batches as RetryParked (a row
+// unparked meanwhile is not deleted), and returns how many it deleted. The
+// rows are gone: their events are never published. Preview with CountParked
+// or ListParked.
+func DiscardParked(ctx context.Context, db Querier, f ParkedFilter) (int64, error) {
+	return parkedBatches(ctx, db, f, sqlParkedDiscard, "discard")
+}
+
+func parkedBatches(ctx context.Context, db Querier, f ParkedFilter, sql, verb string) (int64, error) {
+	if err := f.validate(); err != nil {
+		return 0, err
+	}
+	_, batch := f.limits()
+	at, err := cutoff(ctx, db, f.OlderThan)
+	if err != nil {
+		return 0, err
+	}
+	var total, after int64
+	for {
+		var last *int64
+		var n int64
+		err := db.QueryRow(ctx, sql, f.Topic, f.ErrorContains, at, nonNil(f.IDs), batch, after).Scan(&last, &n)
+		if err != nil {
+			return total, fmt.Errorf("inspect: %s parked rows after id %d: %w", verb, after, schemaHint(err))
+		}
+		total += n
+		if last == nil {
+			return total, nil
+		}
+		after = *last
+	}
+}
+
+// nonNil makes an empty id list an empty array (cardinality 0), not NULL.
+func nonNil(ids []int64) []int64 {
+	if ids == nil {
+		return []int64{}
+	}
+	return ids
+}
