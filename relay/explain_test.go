@@ -48,7 +48,7 @@ func TestClaimQueryUsesIndex(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	r := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 500, Lanes: 16}, id: "me"}
-	got, err := r.claim(cctx, allSlots(0), nil)
+	got, err := r.claim(cctx, allSlots(0))
 	require.NoError(t, err)
 	require.Len(t, got, 500)
 	last := map[int16]int64{}

@@ -31,7 +31,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	}
 	old := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, id: "old"}
 	heartbeat("old")
-	claimed, err := old.claim(ctx, allSlots(0), nil)
+	claimed, err := old.claim(ctx, allSlots(0))
 	require.NoError(t, err)
 	require.Len(t, claimed, 2)
 
@@ -51,13 +51,13 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox WHERE attempts = 0 AND parked_at IS NULL`).Scan(&n))
 	require.Equal(t, 2, n)
-	again, err := old.claim(ctx, allSlots(0), nil)
+	again, err := old.claim(ctx, allSlots(0))
 	require.NoError(t, err)
 	require.Empty(t, again, "a stale instance claims nothing")
 
 	// The new owner settles them under its own epoch.
 	fresh := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, id: "new"}
-	mine, err := fresh.claim(ctx, allSlots(0), nil)
+	mine, err := fresh.claim(ctx, allSlots(0))
 	require.NoError(t, err)
 	require.Len(t, mine, 2)
 	require.NotEqual(t, claimed[0].epoch, mine[0].epoch)

@@ -24,7 +24,6 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 		carry     slotSet
 	)
 	defer r.waitFinish()
-	defer r.dropPrefetch()
 	for {
 		if ctx.Err() != nil {
 			return
@@ -97,14 +96,13 @@ type passResult struct {
 	err                        error
 }
 
-// prefetchMinRows: a batch at least this large looks like a backlog, so the
-// next one is claimed while it is sent.
-const prefetchMinRows = 16
+// minRowsPerSlot is the least a claim takes from one slot.
+const minRowsPerSlot = 16
 
 // claimPerSlot is the most rows one claim takes from one slot, so that a
 // batch spans several slots when a backlog is spread over many, while a few
 // hot keys still fill a batch.
-func (r *Relay) claimPerSlot() int { return max(prefetchMinRows, r.cfg.BatchSize/4) }
+func (r *Relay) claimPerSlot() int { return max(minRowsPerSlot, r.cfg.BatchSize/4) }
 
 // pass claims one batch, sends it and records the outcome.
 func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slotSet) passResult {
@@ -117,17 +115,10 @@ func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slot
 		return passResult{}
 	}
 	*nextSlot = (int(rows[len(rows)-1].slot) + 1) % outbox.Slots
-	r.prefetch(ctx, rows, *nextSlot)
 
 	claimed := time.Now()
-	outcome, stopped := r.sendBatch(ctx, p, rows, gen)
+	outcome, _ := r.sendBatch(ctx, p, rows, gen)
 	t := r.tally(rows, outcome)
-	if stopped || len(t.okIDs) < len(rows) {
-		// The prefetched batch is used only if this one went out whole:
-		// otherwise a key may have a failed row that its later rows must
-		// not overtake.
-		r.dropPrefetch()
-	}
 	r.waitFinish() // one finish at a time
 	if len(t.okIDs)+len(t.badIDs) == 0 {
 		return t.res
@@ -140,16 +131,11 @@ func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slot
 		}
 		return t.res
 	}
-	// All went out: delete in the background while the next batch is claimed
-	// and sent. The next claim skips these rows; if the delete fails they
-	// are found again later and sent again (same event ids, after their
-	// key's earlier records, so a deduping consumer sees the same order).
+	// All went out: delete in the background; the next claim waits for it
+	// (see takeBatch). If the delete fails the rows are found again and sent
+	// again (same event ids, after their key's earlier records, so a deduping
+	// consumer sees the same order).
 	job := &finishJob{done: make(chan struct{})}
-	for i := range rows {
-		if _, ok := outcome[i]; ok {
-			job.bounds.add(&rows[i])
-		}
-	}
 	go func() {
 		defer close(job.done)
 		if err := r.finish(ctx, &b); err != nil && ctx.Err() == nil {
@@ -160,16 +146,9 @@ func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slot
 	return t.res
 }
 
-// takeBatch returns the prefetched batch if there is one, else claims from
-// the slots in rotation from nextSlot (only the ones in only, if given).
+// takeBatch claims from the slots in rotation from nextSlot (only the ones in
+// only, if given).
 func (r *Relay) takeBatch(ctx context.Context, nextSlot int, only *slotSet) ([]row, int64, error) {
-	if pre := r.pre; pre != nil {
-		r.pre = nil
-		<-pre.done
-		if pre.err == nil && len(pre.rows) > 0 {
-			return pre.rows, pre.gen, nil
-		}
-	}
 	gen := r.leaseGen.Load()
 	slots := allSlots(nextSlot)
 	if only != nil {
@@ -178,47 +157,12 @@ func (r *Relay) takeBatch(ctx context.Context, nextSlot int, only *slotSet) ([]r
 		}
 		slots = only.list(nextSlot)
 	}
-	// A claim with no bounds sees every row, late commits too, once the
-	// previous batch's rows are gone.
+	// The claim sees every row, late commits too, once the previous batch's
+	// rows are gone: no claim skips rows by id (see claimSQL).
 	r.waitFinish()
-	rows, err := r.claim(ctx, slots, nil)
+	rows, err := r.claim(ctx, slots)
 	return rows, gen, err
 }
-
-// prefetch claims the next batch in the background while rows are sent, if
-// rows look like a backlog. It claims above rows' ids in their slots (and
-// above the ids still being deleted), so it skips them, and also any row of
-// those slots that committed late with a lower id: every freshClaimEvery
-// passes there is no prefetch, and the next pass claims without bounds, so
-// such a row waits a few passes at most. It cannot be a row of a key in
-// rows that must go first: writers of one key serialize on its business row,
-// so a later-committing row of a key has a higher id (see package outbox).
-func (r *Relay) prefetch(ctx context.Context, rows []row, first int) {
-	r.passes++
-	if len(rows) < prefetchMinRows || ctx.Err() != nil || r.passes%freshClaimEvery == 0 {
-		return
-	}
-	var bounds slotBounds
-	for i := range rows {
-		bounds.add(&rows[i])
-	}
-	r.finishingBounds(&bounds)
-	job := &claimJob{done: make(chan struct{}), gen: r.leaseGen.Load()}
-	go func() {
-		defer close(job.done)
-		job.rows, job.err = r.claim(ctx, allSlots(first), &bounds)
-	}()
-	r.pre = job
-}
-
-// freshClaimEvery: one pass in this many claims without bounds (see prefetch).
-const freshClaimEvery = 16
-
-// slotBounds holds, per slot, the highest id a claim must skip up to (0:
-// none).
-type slotBounds [outbox.Slots]int64
-
-func (b *slotBounds) add(x *row) { b[x.slot] = max(b[x.slot], x.id) }
 
 // tally is a sent batch's outcome, as the finish statement takes it.
 type tally struct {
@@ -299,41 +243,9 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
 	return nil
 }
 
-// claimJob is the next batch, claimed while the current one is sent.
-type claimJob struct {
-	done chan struct{}
-	rows []row
-	err  error
-	gen  int64 // lease generation at claim time
-}
-
-func (r *Relay) dropPrefetch() {
-	if r.pre != nil {
-		<-r.pre.done
-		r.pre = nil
-	}
-}
-
-// finishingBounds adds the bounds of the rows whose background delete is
-// still running (acknowledged, not yet deleted).
-func (r *Relay) finishingBounds(into *slotBounds) {
-	if r.fin == nil {
-		return
-	}
-	select {
-	case <-r.fin.done:
-		r.fin = nil
-	default:
-		for i, id := range r.fin.bounds {
-			into[i] = max(into[i], id)
-		}
-	}
-}
-
 // finishJob is a batch whose rows are being deleted in the background.
 type finishJob struct {
-	done   chan struct{}
-	bounds slotBounds // of the rows it sent or failed
+	done chan struct{}
 }
 
 // waitFinish waits for the background delete, if any.
@@ -345,12 +257,8 @@ func (r *Relay) waitFinish() {
 }
 
 // claim reads the next batch from slots, in slot order, skipping in each
-// slot the ids up to bounds (nil: none).
-func (r *Relay) claim(ctx context.Context, slots []int32, bounds *slotBounds) ([]row, error) {
-	if bounds == nil {
-		bounds = &slotBounds{}
-	}
-	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.id, r.cfg.BatchSize, r.cfg.Lanes, slots, r.claimPerSlot(), bounds[:])
+func (r *Relay) claim(ctx context.Context, slots []int32) ([]row, error) {
+	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.id, r.cfg.BatchSize, r.cfg.Lanes, slots, r.claimPerSlot())
 	if err != nil {
 		return nil, err
 	}

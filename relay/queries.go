@@ -84,21 +84,21 @@ DELETE FROM pgbox_relay_instances WHERE instance = $1`
 // At most $5 rows come from one slot, so a batch spans several slots when
 // the backlog does.
 //
-// $6 holds, per slot (index slot + 1), the id up to which to skip: rows in
-// flight or whose delete is still running. The bound is an index condition,
-// so the scan starts past them (and past the dead index entries of rows
-// deleted before them) instead of filtering them out one by one.
+// Every claim starts at each slot's first row: a claim that skipped rows
+// below an id (rows in flight, say) would also skip a row of another key
+// that committed late with a lower id, and then take that key's next row
+// above the bound: an order inversion (the chaos harness found one). So a
+// claim runs only once the previous batch's rows are deleted.
 //
-// The slot is matched as a row comparison, (slot, id) > (s, bound) AND
-// slot <= s, not as slot = s AND id > bound: with the equality, when a few
+// The slot is matched as a row comparison, (slot, id) > (s, 0) AND
+// slot <= s, not as slot = s: with the equality, when a few
 // hot keys fill the table (so slot statistics are skewed), the planner
 // prefers the primary key in id order and filters on slot, which walks the
 // whole table for every empty slot (seconds per claim on 200k rows). Only
 // pgbox_outbox_claim_idx can answer the row comparison in (slot, id)
-// order, and it positions the scan at (s, bound) directly.
+// order, and it positions the scan at (s, 0) directly.
 //
-// $1 instance, $2 batch size, $3 lane count, $4 slots, $5 rows per slot,
-// $6 per-slot bounds (256 ids, 0 for none).
+// $1 instance, $2 batch size, $3 lane count, $4 slots, $5 rows per slot.
 const claimSQL = `SELECT o.id, o.event_id, o.slot, o.topic, o.key, o.value, o.headers, o.created_at, o.attempts, s.epoch
 FROM (
 	SELECT g.slot, l.epoch
@@ -110,7 +110,7 @@ FROM (
 CROSS JOIN LATERAL (
 	SELECT id, event_id, slot, topic, key, value, headers, created_at, attempts
 	FROM pgbox_outbox
-	WHERE (slot, id) > (s.slot::smallint, coalesce(($6::bigint[])[s.slot + 1], 0)) AND slot <= s.slot
+	WHERE (slot, id) > (s.slot::smallint, 0) AND slot <= s.slot
 	  AND parked_at IS NULL
 	ORDER BY slot, id
 	LIMIT $5
