@@ -7,7 +7,6 @@ const (
 	savepointName = "pgbox_inbox"
 
 	sqlSavepoint = `SAVEPOINT ` + savepointName
-	sqlRelease   = `RELEASE SAVEPOINT ` + savepointName
 	// One simple-protocol Exec (no arguments) runs both statements.
 	sqlRollbackRelease = `ROLLBACK TO SAVEPOINT ` + savepointName + `; RELEASE SAVEPOINT ` + savepointName
 
@@ -52,4 +51,35 @@ RETURNING key`
 	sqlSetResults = `UPDATE pgbox_inbox p SET result = u.result
 FROM unnest($2::text[], $3::bytea[]) AS u(key, result)
 WHERE p.consumer = $1 AND p.key = u.key`
+
+	// The watermark modes. One row per (consumer, topic, partition), moved
+	// forward in the caller's transaction. The WHERE clause makes a record at
+	// or below the watermark update nothing (no row returned: a duplicate);
+	// under READ COMMITTED a concurrent delivery of the same partition waits
+	// for the row lock, then re-checks against the committed offset. A
+	// different non-empty topic id is a new incarnation of the topic (deleted
+	// and recreated): the row starts over at this offset, previous_offset
+	// NULL. An empty id on either side compares offsets only (ids turned on
+	// or off keeps the row). RETURNING previous_offset (the old value, saved
+	// by SET) tells the caller of a gap.
+	sqlWatermarkNewIncarnation = `(w.topic_id <> '' AND EXCLUDED.topic_id <> '' AND w.topic_id <> EXCLUDED.topic_id)`
+	sqlWatermarkConflict       = `
+ON CONFLICT (consumer, topic, partition) DO UPDATE SET
+	"offset" = EXCLUDED."offset",
+	previous_offset = CASE WHEN ` + sqlWatermarkNewIncarnation + ` THEN NULL ELSE w."offset" END,
+	topic_id = CASE WHEN EXCLUDED.topic_id = '' THEN w.topic_id ELSE EXCLUDED.topic_id END,
+	updated_at = now()
+WHERE w."offset" < EXCLUDED."offset" OR ` + sqlWatermarkNewIncarnation
+
+	sqlWatermarkOne = `INSERT INTO pgbox_inbox_watermark AS w (consumer, topic, partition, topic_id, "offset")
+VALUES ($1, $2, $3, $4, $5)` + sqlWatermarkConflict + `
+RETURNING previous_offset`
+
+	// One row per (topic, partition) of the batch, carrying its highest
+	// offset, in a fixed order so that concurrent batches cannot deadlock.
+	sqlWatermarkMany = `INSERT INTO pgbox_inbox_watermark AS w (consumer, topic, partition, topic_id, "offset")
+SELECT $1, topic, partition, topic_id, "offset"
+FROM unnest($2::text[], $3::int4[], $4::text[], $5::int8[]) AS u(topic, partition, topic_id, "offset")
+ORDER BY topic COLLATE "C", partition` + sqlWatermarkConflict + `
+RETURNING topic, partition, previous_offset`
 )
