@@ -23,6 +23,11 @@ bench: ## benchmarks, printed as a table against the same run's baselines
 		$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -timeout 60m $(PKG) \
 		| $(GO) run ./internal/tools/benchtable
 
+.PHONY: bench-remote
+BENCH_DELAY ?= 500us
+bench-remote: ## `make bench` with a delaying TCP proxy (BENCH_DELAY each way, default 500us) between pgbox and PostgreSQL
+	@PGBOX_BENCH_DELAY=$(BENCH_DELAY) $(MAKE) --no-print-directory bench
+
 vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
