@@ -15,6 +15,9 @@ import (
 // dedup insert and the follow-up read (a concurrent cleanup deleted it).
 const maxVanished = 3
 
+// codeUniqueViolation is SQLSTATE unique_violation.
+const codeUniqueViolation = "23505"
+
 // Process runs h for m inside tx unless m's key was processed before by this
 // consumer. The dedup step is one round trip: a savepoint and an INSERT … ON
 // CONFLICT DO NOTHING into pgbox_inbox, pipelined. A duplicate takes one more,
@@ -251,7 +254,16 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 	if err != nil {
 		return nil, err
 	}
-	if err := ib.dedupBatch(ctx, tx, p); err != nil {
+	err = ib.dedupBatch(ctx, tx, p, sqlInsertManyNew)
+	if pgerr.Is(err, codeUniqueViolation) {
+		// A key committed concurrently (see sqlInsertManyNew): again, with
+		// ON CONFLICT.
+		if err = rollbackToSavepoint(ctx, tx); err == nil {
+			p.reset()
+			err = ib.dedupBatch(ctx, tx, p, sqlInsertMany)
+		}
+	}
+	if err != nil {
 		var spErr *savepointError
 		if errors.As(err, &spErr) {
 			// No savepoint exists (see dedupOne): nothing of ours to undo.
@@ -350,6 +362,14 @@ func (ib *Inbox) planBatch(ms []Message) (*batchPlan, error) {
 	return p, nil
 }
 
+// reset forgets what a failed dedup step read.
+func (p *batchPlan) reset() {
+	clear(p.rows)
+	if p.wm != nil {
+		clear(p.wm.moved)
+	}
+}
+
 // scanInserted records the keys an insert returned.
 func (p *batchPlan) scanInserted(r pgx.Rows) error {
 	for r.Next() {
@@ -381,7 +401,7 @@ func (p *batchPlan) scanStored(r pgx.Rows) error {
 // (watermark modes) and inserts every distinct key (keyed modes) in one
 // round trip, then reads the stored rows of the keys that conflicted. On
 // error the caller rolls back to the savepoint.
-func (ib *Inbox) dedupBatch(ctx context.Context, tx pgx.Tx, p *batchPlan) error {
+func (ib *Inbox) dedupBatch(ctx context.Context, tx pgx.Tx, p *batchPlan, insert string) error {
 	b := &pgx.Batch{}
 	b.Queue(sqlSavepoint)
 	if ib.lockTimeout != "" {
@@ -391,7 +411,7 @@ func (ib *Inbox) dedupBatch(ctx context.Context, tx pgx.Tx, p *batchPlan) error 
 		p.wm.queue(b, ib.consumer)
 	}
 	if ib.keyed {
-		b.Queue(sqlInsertMany, ib.consumer, p.keys, p.topics, p.partitions, p.offsets, p.colFPs, p.recordAts)
+		b.Queue(insert, ib.consumer, p.keys, p.topics, p.partitions, p.offsets, p.colFPs, p.recordAts)
 	}
 	if ib.lockTimeout != "" {
 		b.Queue(sqlRestoreLockTimeout)
