@@ -22,7 +22,8 @@ import (
 var (
 	// ErrInvalidMessage: the message cannot be keyed or stored (empty topic,
 	// negative partition or offset, missing or empty key header, empty,
-	// over-long or non-UTF-8 key). Nothing was written. Redelivery will fail
+	// over-long or non-UTF-8 key; in a watermark mode, a batch whose
+	// partition goes back in offset). Nothing was written. Redelivery will fail
 	// the same way: dead-letter or skip the message.
 	ErrInvalidMessage = errors.New("invalid message")
 	// ErrFingerprintMismatch: the key was seen before with a different payload

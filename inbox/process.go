@@ -51,6 +51,12 @@ const codeUniqueViolation = "23505"
 // transaction runs. To handle many messages in one transaction, use
 // ProcessBatch (one subtransaction per call).
 //
+// Watermark modes (Config.Dedup): the same round trip moves m's partition
+// watermark to m.Offset; an offset at or below it is a duplicate (Stored is
+// nil), and Result.Gap reports offsets skipped since the watermark. A
+// concurrent delivery of the same partition waits on the watermark row as on
+// a key.
+//
 // tx must be at READ COMMITTED (PostgreSQL's default). Under REPEATABLE READ
 // or SERIALIZABLE a concurrent duplicate fails with a serialization error
 // (SQLSTATE 40001) instead of being reported as a duplicate.
@@ -243,6 +249,12 @@ func (ib *Inbox) readStoredOne(ctx context.Context, tx pgx.Tx, key string, args 
 // savepoint is left open until the transaction ends. Keys are inserted in a
 // fixed (bytewise) order, so concurrent batches over the same keys cannot
 // deadlock on them.
+//
+// Watermark modes: one statement in the same round trip moves the watermark
+// of every partition in ms to its highest offset there; each partition's
+// messages must come in offset order (repeats are duplicates; an offset
+// lower than an earlier one of its partition fails the batch with
+// ErrInvalidMessage, nothing written).
 func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h HandlerFunc) ([]Result, error) {
 	if tx == nil || h == nil {
 		return nil, errors.New("inbox: ProcessBatch needs a non-nil tx and handler")
