@@ -84,14 +84,14 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, m Message, h HandlerFun
 		}
 		return res, ib.msgErr(0, m, key, ErrFingerprintMismatch)
 	}
+	if o.gap > 0 { // reported even when the key turns out a duplicate
+		ib.stats.gaps.Add(1)
+		res.Gap = o.gap
+	}
 	if o.wmDup || (ib.keyed && !o.inserted) {
 		ib.stats.duplicates.Add(1)
 		res.Duplicate, res.Stored = true, o.stored
 		return res, nil
-	}
-	if o.gap > 0 {
-		ib.stats.gaps.Add(1)
-		res.Gap = o.gap
 	}
 
 	slot := &resultSlot{}
@@ -556,14 +556,14 @@ func (ib *Inbox) runBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Handle
 			dups++
 			continue
 		}
+		if p.gaps != nil && p.gaps[i] > 0 { // reported even when the key turns out a duplicate
+			res.Gap = p.gaps[i]
+			ib.stats.gaps.Add(1)
+		}
 		if r := p.rows[res.Key]; ib.keyed && !r.inserted {
 			res.Duplicate, res.Stored = true, r.res
 			dups++
 			continue
-		}
-		if p.gaps != nil && p.gaps[i] > 0 {
-			res.Gap = p.gaps[i]
-			ib.stats.gaps.Add(1)
 		}
 		*slot = resultSlot{}
 		if err := h(hctx, tx, m); err != nil {

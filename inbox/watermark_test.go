@@ -282,6 +282,13 @@ func TestWatermarkAndKeys(t *testing.T) {
 	require.Equal(t, 5, b.watermark(t, 0))
 	require.Equal(t, 3, b.payments(t))
 	require.Equal(t, 3, b.inboxRows(t))
+
+	// A gap before a producer-side duplicate is reported all the same.
+	res, err = b.process(t, ib, ev("A", 7, "a"), pay)
+	require.NoError(t, err)
+	require.True(t, res.Duplicate)
+	require.EqualValues(t, 1, res.Gap)
+	require.Equal(t, 7, b.watermark(t, 0))
 }
 
 func TestWatermarkConfig(t *testing.T) {
