@@ -31,6 +31,11 @@
 // per-topic Topic.Window forces a fixed window for such topics; it never
 // shortens a window Kafka gives.
 //
+// A consumer in the inbox's watermark mode (inbox.DedupWatermark) keeps no
+// keys in pgbox_inbox, only one pgbox_inbox_watermark row per partition,
+// updated in place: there is nothing to prune for it, and its topics do not
+// appear in a pass.
+//
 // All topics are described in one DescribeConfigs request per pass (sarama's
 // batch ClusterAdmin.DescribeConfigs), asking only for retention.ms,
 // segment.ms and cleanup.policy. The topics come from pgbox_inbox by a loose
