@@ -10,6 +10,8 @@ PKG ?= ./...
 BENCH ?= .
 BENCHTIME ?= 1x
 
+
+.PHONY: bench-remote
 .PHONY: demo test test-short bench vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios
 
 demo: ## run the orders→payments demo on an embedded Kafka broker
@@ -37,6 +39,10 @@ bench: ## benchmarks, printed as a table against the same run's baselines
 	@url=$$($(DEVDB) url) && set -o pipefail && DATABASE_URL="$$url" \
 		$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -timeout 60m $(PKG) \
 		| $(GO) run ./internal/tools/benchtable
+
+BENCH_DELAY ?= 500us
+bench-remote: ## `make bench` with a delaying TCP proxy (BENCH_DELAY each way, default 500us) between pgbox and PostgreSQL
+	@PGBOX_BENCH_DELAY=$(BENCH_DELAY) $(MAKE) --no-print-directory bench
 
 vet: ## go vet, staticcheck (a go tool dependency in go.mod) and gofmt
 	$(GO) vet ./...

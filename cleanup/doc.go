@@ -31,17 +31,42 @@
 // per-topic Topic.Window forces a fixed window for such topics; it never
 // shortens a window Kafka gives.
 //
+// A consumer in the inbox's watermark mode (inbox.DedupWatermark) keeps no
+// keys in pgbox_inbox, only one pgbox_inbox_watermark row per partition,
+// updated in place: there is nothing to prune for it, and its topics do not
+// appear in a pass.
+//
 // All topics are described in one DescribeConfigs request per pass (sarama's
 // batch ClusterAdmin.DescribeConfigs), asking only for retention.ms,
 // segment.ms and cleanup.policy. The topics come from pgbox_inbox by a loose
 // index scan: one index probe per topic, whatever the number of keys.
 //
-// Deletes run in short transactions of at most BatchSize rows (10,000 by
-// default), oldest first along the (topic, age) index, with an optional Pause
-// between them. Each batch commits asynchronously (losing one in a crash only
+// Deletes run in short transactions of at most BatchSize rows (1,000 by
+// default), oldest first along the (topic, age) index, with a Pause (20ms by
+// default) between them. Each batch commits asynchronously (losing one in a crash only
 // means deleting it again) and never waits long on a row lock: concurrent
 // inbox writers wait at most for one batch, and only for a key they redeliver
 // at the very moment it expires. A cancelled ctx stops a pass within a batch.
+//
+// # Delete rate against writer latency
+//
+// Cleanup is background work, and its defaults favour the service: every
+// delete batch writes WAL (about 100 bytes per key, plus its index entries)
+// and dirties pages that the writers' commits then queue behind, so a pass
+// that deletes flat out takes I/O and CPU from them. BatchSize bounds how
+// long one batch holds the writers back; Pause is how much of the time the
+// cleaner leaves them. Measured beside 4 inbox writers on a 2-core machine
+// (BenchmarkPrune, noisy, shared):
+//
+//	BatchSize  Pause  keys deleted/s  writers' commits/s  writers' p99
+//	10,000     none   ~135,000        ~0.45x              ~1.1x
+//	1,000      20ms   ~34,000         ~0.9x               ~1.0x   (the defaults)
+//
+// At the defaults 10 million expired keys take about 5 minutes; a service
+// writing 1,000 messages a second creates 3.6 million keys an hour, so the
+// defaults keep up with a wide margin. Raise BatchSize or set NoPause for a
+// one-off catch-up at a quiet hour; raise Pause when replicas lag or writers
+// still notice.
 //
 // One pass runs at a time per database schema: a pass holds a lease row
 // (pgbox_cleanup_lease), renewed by every delete batch, and a cleaner that

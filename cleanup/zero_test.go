@@ -31,10 +31,16 @@ func TestZeroValueConvention(t *testing.T) {
 	require.True(t, c.plan("keep", inf, now).Skipped)
 	require.Equal(t, time.Hour, c.plan("forced", inf, now).Window)
 
+	// Pause: zero is PauseDefault, NoPause is no pause.
+	require.Equal(t, PauseDefault, Config{}.withDefaults().Pause)
+	require.Equal(t, time.Duration(0), Config{Pause: NoPause}.withDefaults().Pause)
+	require.Equal(t, 5*time.Millisecond, Config{Pause: 5 * time.Millisecond}.withDefaults().Pause)
+
 	for _, tc := range []struct {
 		cfg  Config
 		want string
 	}{
+		{Config{Pause: -2 * time.Millisecond}, "cleanup.NoPause"},
 		{Config{Buffer: -2}, "cleanup.NoBuffer"},
 		{Config{Topics: map[string]Topic{"t": {Buffer: -time.Second}}}, "cleanup.NoBuffer"},
 		{Config{Topics: map[string]Topic{"t": {Window: -time.Hour}}}, "cleanup.NoWindow"},
@@ -45,7 +51,7 @@ func TestZeroValueConvention(t *testing.T) {
 		err := tc.cfg.validate()
 		require.ErrorContains(t, err, tc.want)
 	}
-	ok := Config{Buffer: NoBuffer, Topics: map[string]Topic{"t": {Buffer: NoBuffer, Window: NoWindow}}, Admin: stubAdmin{}}
+	ok := Config{Buffer: NoBuffer, Pause: NoPause, Topics: map[string]Topic{"t": {Buffer: NoBuffer, Window: NoWindow}}, Admin: stubAdmin{}}
 	err := ok.validate()
 	require.ErrorContains(t, err, "missing Pool", "only the pool is missing")
 	require.NotContains(t, err.Error(), "negative")

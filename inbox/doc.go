@@ -49,6 +49,50 @@
 // finds the original key and skips it. This holds for Process, ProcessBatch
 // and the sarama adapter alike.
 //
+// # Offset watermarks: dedup without per-message state
+//
+// Config.Dedup = DedupWatermark keeps, instead of a row per message, one row
+// per (consumer, topic, partition) in pgbox_inbox_watermark holding the
+// highest offset whose effects committed; Process moves it forward in the
+// same round trip as the savepoint, inside the caller's transaction, and a
+// record at or below it is a duplicate. State is O(partitions), updated in
+// place, and cleanup has nothing to do for such a consumer.
+//
+// Choose it when the consumer processes each partition in offset order (the
+// inboxsarama adapter does, at any batch size) and duplicates come from
+// redelivery (crash before the offset commit, rebalance, rewind). Keep
+// DedupKeys when messages of a partition are processed out of order or in
+// parallel (a watermark would take a skipped-over message for a duplicate),
+// when the same event can arrive at different offsets or on different
+// topics and only an event id identifies it, or when duplicates must get a
+// stored result back (SetResult). DedupWatermarkAndKeys combines both: the
+// watermark for redeliveries, Config.Key (an event id, e.g. the relay's
+// header) for a producer's resends, which still need keys and cleanup but no
+// longer a key per offset.
+//
+// Behaviour, each one a test:
+//   - Rebalance: the partition's new owner re-reads from the group's
+//     committed offset; records its predecessor committed are at or below
+//     the watermark. Two transactions delivering the same partition at once
+//     serialize on the watermark row: the second re-checks against the
+//     committed offset once the first commits (or proceeds if it rolled
+//     back).
+//   - Offset reset backwards (a rewind, a replay): nothing is reprocessed.
+//   - Offset reset forwards, or any offset the consumer never saw: the next
+//     record is processed and Result.Gap says how many offsets lie between
+//     it and the watermark (Stats.Gaps counts them; the adapter logs each at
+//     warn). Kafka also leaves holes legitimately (transaction markers,
+//     compaction, retention deleting records before they were read), so a
+//     gap is reported, not refused.
+//   - Topic deleted and recreated: with Message.TopicID set (the adapter's
+//     Options.Client), a record carrying a different id starts the row over
+//     at its offset; without ids the offsets of the new topic compare with
+//     the old one's, and records up to the old watermark would be taken for
+//     duplicates: set topic ids when topics can be recreated.
+//   - ProcessBatch: one statement moves every partition of the batch; each
+//     partition's messages must come in offset order (a message going back
+//     is rejected with ErrInvalidMessage, nothing written).
+//
 // # Fingerprints, stored results, in-flight keys
 //
 // With fingerprints on (the default) the sha256 of the message value is kept
@@ -68,7 +112,7 @@
 //
 // # Schema
 //
-// The table pgbox_inbox comes from package migrations (migrations.Up, or the
+// The tables pgbox_inbox and pgbox_inbox_watermark come from package migrations (migrations.Up, or the
 // goose CLI). The package's queries use unqualified names, resolved through
 // the connection's search_path. Rows are pruned by package cleanup once Kafka
 // can no longer redeliver their message.

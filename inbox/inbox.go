@@ -22,7 +22,8 @@ import (
 var (
 	// ErrInvalidMessage: the message cannot be keyed or stored (empty topic,
 	// negative partition or offset, missing or empty key header, empty,
-	// over-long or non-UTF-8 key). Nothing was written. Redelivery will fail
+	// over-long or non-UTF-8 key; in a watermark mode, a batch whose
+	// partition goes back in offset). Nothing was written. Redelivery will fail
 	// the same way: dead-letter or skip the message.
 	ErrInvalidMessage = errors.New("invalid message")
 	// ErrFingerprintMismatch: the key was seen before with a different payload
@@ -51,6 +52,8 @@ const (
 	// LockTimeoutDefault is Config.LockTimeout's default: wait for an
 	// in-flight duplicate as long as it takes.
 	LockTimeoutDefault time.Duration = 0
+	// DedupDefault is Config.Dedup's default: keyed dedup.
+	DedupDefault = DedupKeys
 	// MaxConsumerLen is the longest Config.Consumer accepted, in bytes.
 	MaxConsumerLen = 255
 )
@@ -62,7 +65,21 @@ type Config struct {
 	// key both process it. Required; valid UTF-8, at most MaxConsumerLen bytes.
 	Consumer string
 
-	// Key derives each message's dedup key. Defaults to ByOffset().
+	// Dedup chooses how duplicates are recognised: DedupKeys (a row per
+	// key in pgbox_inbox), DedupWatermark (a row per partition in
+	// pgbox_inbox_watermark holding the highest offset processed; for
+	// consumers that process each partition in order), or
+	// DedupWatermarkAndKeys (both: the watermark for redeliveries, Key for
+	// producer-side duplicates). See the package doc for when to choose
+	// which. Defaults to DedupDefault (DedupKeys).
+	Dedup Dedup
+
+	// Key derives each message's dedup key. With DedupWatermark it must be
+	// left unset (the watermark needs no key; Result.Key then names the
+	// record as ByOffset would); with DedupWatermarkAndKeys it is required
+	// and must not be ByOffset (the watermark already covers redeliveries):
+	// usually ByHeader with a producer-assigned event id. Defaults to
+	// ByOffset().
 	Key KeyStrategy
 
 	// DisableFingerprint turns off payload fingerprints. With fingerprints on,
@@ -96,8 +113,61 @@ func (c Config) validate() error {
 	if c.Key.fn == nil && c.Key.name != "" {
 		return fmt.Errorf("inbox: Config.Key %s has a nil func (pass a function to ByFunc)", c.Key.name)
 	}
+	if err := c.validateDedup(); err != nil {
+		return err
+	}
 	if c.LockTimeout < 0 {
 		return fmt.Errorf("inbox: Config.LockTimeout is negative (%v): use 0 to wait, or a positive duration", c.LockTimeout)
+	}
+	return nil
+}
+
+// Dedup is a way of recognising duplicates (Config.Dedup).
+type Dedup int
+
+const (
+	// DedupKeys records every processed message's key in pgbox_inbox. Works
+	// in any processing order, with any key strategy (offsets or event ids);
+	// the table grows with traffic and package cleanup prunes it by topic
+	// retention.
+	DedupKeys Dedup = iota
+	// DedupWatermark records, per (consumer, topic, partition), the highest
+	// offset processed, in pgbox_inbox_watermark; a record at or below it is
+	// a duplicate. Requires processing each partition in offset order (the
+	// inboxsarama adapter does). O(partitions) rows, nothing to clean up.
+	DedupWatermark
+	// DedupWatermarkAndKeys is DedupWatermark for redeliveries plus keyed
+	// dedup with Config.Key (an event id) for duplicates a producer sent
+	// twice, which sit at different offsets.
+	DedupWatermarkAndKeys
+)
+
+// String names the mode as its constant does.
+func (d Dedup) String() string {
+	switch d {
+	case DedupKeys:
+		return "DedupKeys"
+	case DedupWatermark:
+		return "DedupWatermark"
+	case DedupWatermarkAndKeys:
+		return "DedupWatermarkAndKeys"
+	}
+	return fmt.Sprintf("Dedup(%d)", int(d))
+}
+
+func (c Config) validateDedup() error {
+	switch c.Dedup {
+	case DedupKeys:
+	case DedupWatermark:
+		if c.Key.fn != nil {
+			return fmt.Errorf("inbox: Config.Key %s is set with DedupWatermark, which uses no key (use DedupWatermarkAndKeys to add keyed dedup on an event id)", c.Key)
+		}
+	case DedupWatermarkAndKeys:
+		if c.Key.fn == nil || c.Key.name == "ByOffset()" {
+			return errors.New("inbox: DedupWatermarkAndKeys needs Config.Key set to a producer-side key, e.g. ByHeader(\"event-id\") (offset keys duplicate what the watermark does: use DedupWatermark)")
+		}
+	default:
+		return fmt.Errorf("inbox: Config.Dedup %v is not a known mode (use DedupKeys, DedupWatermark or DedupWatermarkAndKeys)", c.Dedup)
 	}
 	return nil
 }
@@ -109,9 +179,11 @@ type Inbox struct {
 	key         KeyStrategy
 	fingerprint bool
 	lockTimeout string // milliseconds, for set_config; "" when waiting
+	keyed       bool   // rows in pgbox_inbox
+	watermark   bool   // a row per partition in pgbox_inbox_watermark
 
 	stats struct {
-		processed, duplicates, mismatches, inFlight, invalid, handlerErrors atomic.Uint64
+		processed, duplicates, mismatches, inFlight, invalid, handlerErrors, gaps atomic.Uint64
 	}
 }
 
@@ -121,9 +193,10 @@ func New(cfg Config) (*Inbox, error) {
 		return nil, err
 	}
 	if cfg.Key.fn == nil {
-		cfg.Key = ByOffset()
+		cfg.Key = ByOffset() // with DedupWatermark: names the record only
 	}
-	ib := &Inbox{consumer: cfg.Consumer, key: cfg.Key, fingerprint: !cfg.DisableFingerprint}
+	ib := &Inbox{consumer: cfg.Consumer, key: cfg.Key, fingerprint: !cfg.DisableFingerprint,
+		keyed: cfg.Dedup != DedupWatermark, watermark: cfg.Dedup != DedupKeys}
 	if cfg.LockTimeout > 0 {
 		ms := (cfg.LockTimeout + time.Millisecond - 1) / time.Millisecond // round up: never 0 (= wait forever)
 		ib.lockTimeout = strconv.FormatInt(int64(ms), 10)
@@ -154,8 +227,17 @@ type Result struct {
 	Duplicate bool
 	// Stored is the result the first processing of the key handed to
 	// SetResult (nil if none): for duplicates, what was stored; for new
-	// messages, what the handler just set.
+	// messages, what the handler just set. Watermark-only mode stores none.
 	Stored []byte
+	// Gap, in the watermark modes, is how many offsets lie between the
+	// partition's watermark (or the previous message of the partition in the
+	// batch) and this message: offsets this consumer never processed. Kafka
+	// leaves such holes legitimately (transaction markers, compaction,
+	// records deleted by retention before the consumer got to them), and
+	// also when the group's offset was reset forward past records: the
+	// message is processed, the gap is counted in Stats.Gaps, and the
+	// inboxsarama adapter logs it, so a skip is never silent. 0 otherwise.
+	Gap int64
 }
 
 // MessageError is the error for one message of a Process or ProcessBatch
@@ -190,6 +272,7 @@ type Stats struct {
 	InFlight              uint64 // ErrInFlight
 	InvalidMessages       uint64 // ErrInvalidMessage
 	HandlerErrors         uint64 // handler returned an error
+	Gaps                  uint64 // watermark modes: messages that arrived after a gap (Result.Gap)
 }
 
 // Stats returns the counters so far.
@@ -201,6 +284,7 @@ func (ib *Inbox) Stats() Stats {
 		InFlight:              ib.stats.inFlight.Load(),
 		InvalidMessages:       ib.stats.invalid.Load(),
 		HandlerErrors:         ib.stats.handlerErrors.Load(),
+		Gaps:                  ib.stats.gaps.Load(),
 	}
 }
 
@@ -254,13 +338,6 @@ func rollbackToSavepoint(ctx context.Context, tx pgx.Tx) error {
 	defer cancel()
 	if _, err := tx.Exec(ctx, sqlRollbackRelease); err != nil {
 		return fmt.Errorf("inbox: roll back to savepoint %s (roll the transaction back): %w", savepointName, err)
-	}
-	return nil
-}
-
-func release(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, sqlRelease); err != nil {
-		return fmt.Errorf("inbox: release savepoint %s: %w", savepointName, err)
 	}
 	return nil
 }

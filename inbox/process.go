@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgbox/pgbox/internal/pgerr"
@@ -15,6 +14,9 @@ import (
 // maxVanished bounds the retries when a conflicting row disappears between the
 // dedup insert and the follow-up read (a concurrent cleanup deleted it).
 const maxVanished = 3
+
+// codeUniqueViolation is SQLSTATE unique_violation.
+const codeUniqueViolation = "23505"
 
 // Process runs h for m inside tx unless m's key was processed before by this
 // consumer. The dedup step is one round trip: a savepoint and an INSERT … ON
@@ -49,6 +51,12 @@ const maxVanished = 3
 // transaction runs. To handle many messages in one transaction, use
 // ProcessBatch (one subtransaction per call).
 //
+// Watermark modes (Config.Dedup): the same round trip moves m's partition
+// watermark to m.Offset; an offset at or below it is a duplicate (Stored is
+// nil), and Result.Gap reports offsets skipped since the watermark. A
+// concurrent delivery of the same partition waits on the watermark row as on
+// a key.
+//
 // tx must be at READ COMMITTED (PostgreSQL's default). Under REPEATABLE READ
 // or SERIALIZABLE a concurrent duplicate fails with a serialization error
 // (SQLSTATE 40001) instead of being reported as a duplicate.
@@ -64,21 +72,25 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, m Message, h HandlerFun
 	res := Result{Key: key}
 	fp := ib.sum(m.Value)
 
-	inserted, storedFP, stored, err := ib.dedupOne(ctx, tx, m, key, fp)
+	o, err := ib.dedupOne(ctx, tx, m, key, fp)
 	if err != nil {
 		return res, ib.msgErr(0, m, key, err)
 	}
-	if !inserted {
-		if mismatch(fp, storedFP) {
-			ib.stats.mismatches.Add(1)
-			// Nothing was written under the savepoint: releasing it is enough.
-			if err := release(ctx, tx); err != nil {
-				return res, ib.msgErr(0, m, key, fmt.Errorf("%w (and %w)", ErrFingerprintMismatch, err))
-			}
-			return res, ib.msgErr(0, m, key, ErrFingerprintMismatch)
+	if !o.wmDup && ib.keyed && !o.inserted && mismatch(fp, o.storedFP) {
+		ib.stats.mismatches.Add(1)
+		// Undo the watermark's move too: the message was not handled.
+		if err := rollbackToSavepoint(ctx, tx); err != nil {
+			return res, ib.msgErr(0, m, key, fmt.Errorf("%w (and %w)", ErrFingerprintMismatch, err))
 		}
+		return res, ib.msgErr(0, m, key, ErrFingerprintMismatch)
+	}
+	if o.gap > 0 { // reported even when the key turns out a duplicate
+		ib.stats.gaps.Add(1)
+		res.Gap = o.gap
+	}
+	if o.wmDup || (ib.keyed && !o.inserted) {
 		ib.stats.duplicates.Add(1)
-		res.Duplicate, res.Stored = true, stored
+		res.Duplicate, res.Stored = true, o.stored
 		return res, nil
 	}
 
@@ -105,18 +117,33 @@ func (ib *Inbox) msgErr(i int, m Message, key string, err error) error {
 	return &MessageError{Consumer: ib.consumer, Index: i, Message: m, Key: key, Err: err}
 }
 
-// dedupOne opens the savepoint and inserts key: one round trip when the key is
-// new, two when it conflicts (the second reads the stored fingerprint and
-// result). On success the savepoint is open; on error it has been rolled back
-// and released.
-func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string, fp []byte) (inserted bool, storedFP, stored []byte, err error) {
+// oneOutcome is what the dedup step said of one message.
+type oneOutcome struct {
+	wmDup    bool  // at or below the partition's watermark
+	gap      int64 // offsets skipped between the watermark and this message
+	inserted bool  // its key is new (keyed modes)
+	storedFP []byte
+	stored   []byte
+}
+
+// dedupOne opens the savepoint, moves the partition's watermark (watermark
+// modes) and inserts key (keyed modes), all in one round trip; a key that
+// conflicts takes a second, to read the stored fingerprint and result. On
+// success the savepoint is open; on error it has been rolled back and
+// released.
+func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string, fp []byte) (oneOutcome, error) {
 	args := []any{ib.consumer, key, m.Topic, m.Partition, m.Offset, fp, recordAt(m.Timestamp)}
 	b := &pgx.Batch{}
 	b.Queue(sqlSavepoint)
 	if ib.lockTimeout != "" {
 		b.Queue(sqlSetLockTimeout, ib.lockTimeout)
 	}
-	b.Queue(sqlInsertOne, args...)
+	if ib.watermark {
+		b.Queue(sqlWatermarkOne, ib.consumer, m.Topic, m.Partition, m.TopicID, m.Offset)
+	}
+	if ib.keyed {
+		b.Queue(sqlInsertOne, args...)
+	}
 	if ib.lockTimeout != "" {
 		b.Queue(sqlRestoreLockTimeout)
 	}
@@ -126,44 +153,80 @@ func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string,
 		// we started), or preparing the batch did (pgbox_inbox missing):
 		// no savepoint exists, there is nothing of ours to undo.
 		_ = br.Close()
-		return false, nil, nil, fmt.Errorf("savepoint: %w", pgerr.WithFix(err))
+		return oneOutcome{}, fmt.Errorf("savepoint: %w", pgerr.WithFix(err))
 	}
-	if ib.lockTimeout != "" {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		var tag pgconn.CommandTag
-		tag, err = br.Exec()
-		inserted = tag.RowsAffected() == 1
-	}
-	if err == nil && ib.lockTimeout != "" {
-		_, err = br.Exec()
-	}
+	var o oneOutcome
+	err := ib.readOne(br, m, &o)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	for attempt := 0; err == nil && !inserted; attempt++ {
-		err = tx.QueryRow(ctx, sqlTouchOne, ib.consumer, key, args[6]).Scan(&storedFP, &stored)
-		if err == nil || !errors.Is(err, pgx.ErrNoRows) {
-			break
-		}
-		// The row was deleted after our insert conflicted with it (a
-		// concurrent cleanup): insert again.
-		if attempt == maxVanished {
-			err = fmt.Errorf("key conflicted but its row kept vanishing (%d attempts)", maxVanished)
-			break
-		}
-		var tag pgconn.CommandTag
-		tag, err = tx.Exec(ctx, sqlInsertOne, args...)
-		inserted = tag.RowsAffected() == 1
+	if err == nil && ib.keyed && !o.inserted {
+		err = ib.readStoredOne(ctx, tx, key, args, &o)
 	}
 	if err != nil {
 		if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
-			return false, nil, nil, fmt.Errorf("%w (and %w)", ib.dedupErr(err), rbErr)
+			return oneOutcome{}, fmt.Errorf("%w (and %w)", ib.dedupErr(err), rbErr)
 		}
-		return false, nil, nil, ib.dedupErr(err)
+		return oneOutcome{}, ib.dedupErr(err)
 	}
-	return inserted, storedFP, stored, nil
+	return o, nil
+}
+
+// readOne reads the results of dedupOne's pipeline after the savepoint.
+func (ib *Inbox) readOne(br pgx.BatchResults, m Message, o *oneOutcome) error {
+	if ib.lockTimeout != "" {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	if ib.watermark {
+		var prev pgtype.Int8
+		err := br.QueryRow().Scan(&prev)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			o.wmDup = true
+		case err != nil:
+			return err
+		case prev.Valid && m.Offset > prev.Int64+1:
+			o.gap = m.Offset - prev.Int64 - 1
+		}
+	}
+	if ib.keyed {
+		tag, err := br.Exec()
+		if err != nil {
+			return err
+		}
+		o.inserted = tag.RowsAffected() == 1
+	}
+	if ib.lockTimeout != "" {
+		_, err := br.Exec()
+		return err
+	}
+	return nil
+}
+
+// readStoredOne reads the stored row of a key that conflicted (a new
+// statement, whose snapshot includes a row committed by a transaction the
+// insert waited for). A row deleted meanwhile (by a concurrent cleanup) is
+// inserted again.
+func (ib *Inbox) readStoredOne(ctx context.Context, tx pgx.Tx, key string, args []any, o *oneOutcome) error {
+	for attempt := 0; ; attempt++ {
+		err := tx.QueryRow(ctx, sqlTouchOne, ib.consumer, key, args[6]).Scan(&o.storedFP, &o.stored)
+		if err == nil || !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if attempt == maxVanished {
+			return fmt.Errorf("key conflicted but its row kept vanishing (%d attempts)", maxVanished)
+		}
+		tag, err := tx.Exec(ctx, sqlInsertOne, args...)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 1 {
+			o.inserted = true
+			return nil
+		}
+	}
 }
 
 // ProcessBatch is Process for several messages in one savepoint: one round
@@ -186,6 +249,12 @@ func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string,
 // savepoint is left open until the transaction ends. Keys are inserted in a
 // fixed (bytewise) order, so concurrent batches over the same keys cannot
 // deadlock on them.
+//
+// Watermark modes: one statement in the same round trip moves the watermark
+// of every partition in ms to its highest offset there; each partition's
+// messages must come in offset order (repeats are duplicates; an offset
+// lower than an earlier one of its partition fails the batch with
+// ErrInvalidMessage, nothing written).
 func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h HandlerFunc) ([]Result, error) {
 	if tx == nil || h == nil {
 		return nil, errors.New("inbox: ProcessBatch needs a non-nil tx and handler")
@@ -197,7 +266,16 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 	if err != nil {
 		return nil, err
 	}
-	if err := ib.dedupBatch(ctx, tx, p); err != nil {
+	err = ib.dedupBatch(ctx, tx, p, sqlInsertManyNew)
+	if pgerr.Is(err, codeUniqueViolation) {
+		// A key committed concurrently (see sqlInsertManyNew): again, with
+		// ON CONFLICT.
+		if err = rollbackToSavepoint(ctx, tx); err == nil {
+			p.reset()
+			err = ib.dedupBatch(ctx, tx, p, sqlInsertMany)
+		}
+	}
+	if err != nil {
 		var spErr *savepointError
 		if errors.As(err, &spErr) {
 			// No savepoint exists (see dedupOne): nothing of ours to undo.
@@ -208,6 +286,9 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 			err = fmt.Errorf("%w (and %w)", err, rbErr)
 		}
 		return nil, fmt.Errorf("inbox: consumer %q, batch of %d: %w", ib.consumer, len(ms), err)
+	}
+	if p.wm != nil {
+		p.wmDup, p.gaps = p.wm.decide(ms)
 	}
 	if err := ib.checkStored(ms, p); err != nil {
 		if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
@@ -237,6 +318,11 @@ type batchPlan struct {
 	// rows holds each distinct key's outcome: inserted now, or the stored
 	// fingerprint and result.
 	rows map[string]storedRow
+	// The watermark modes: the partitions' step, and per message whether it
+	// is at or below the watermark and the gap before it.
+	wm    *wmPlan
+	wmDup []bool
+	gaps  []int64
 }
 
 type storedRow struct {
@@ -278,7 +364,22 @@ func (ib *Inbox) planBatch(ms []Message) (*batchPlan, error) {
 		p.colFPs = append(p.colFPs, p.fps[i])
 		p.recordAts = append(p.recordAts, recordAt(m.Timestamp))
 	}
+	if ib.watermark {
+		w, err := ib.planWatermark(ms)
+		if err != nil {
+			return nil, err
+		}
+		p.wm = w
+	}
 	return p, nil
+}
+
+// reset forgets what a failed dedup step read.
+func (p *batchPlan) reset() {
+	clear(p.rows)
+	if p.wm != nil {
+		clear(p.wm.moved)
+	}
 }
 
 // scanInserted records the keys an insert returned.
@@ -308,16 +409,22 @@ func (p *batchPlan) scanStored(r pgx.Rows) error {
 	return r.Err()
 }
 
-// dedupBatch opens the savepoint and inserts every distinct key in one
+// dedupBatch opens the savepoint, moves the batch's partition watermarks
+// (watermark modes) and inserts every distinct key (keyed modes) in one
 // round trip, then reads the stored rows of the keys that conflicted. On
 // error the caller rolls back to the savepoint.
-func (ib *Inbox) dedupBatch(ctx context.Context, tx pgx.Tx, p *batchPlan) error {
+func (ib *Inbox) dedupBatch(ctx context.Context, tx pgx.Tx, p *batchPlan, insert string) error {
 	b := &pgx.Batch{}
 	b.Queue(sqlSavepoint)
 	if ib.lockTimeout != "" {
 		b.Queue(sqlSetLockTimeout, ib.lockTimeout)
 	}
-	b.Queue(sqlInsertMany, ib.consumer, p.keys, p.topics, p.partitions, p.offsets, p.colFPs, p.recordAts)
+	if p.wm != nil {
+		p.wm.queue(b, ib.consumer)
+	}
+	if ib.keyed {
+		b.Queue(insert, ib.consumer, p.keys, p.topics, p.partitions, p.offsets, p.colFPs, p.recordAts)
+	}
 	if ib.lockTimeout != "" {
 		b.Queue(sqlRestoreLockTimeout)
 	}
@@ -326,26 +433,46 @@ func (ib *Inbox) dedupBatch(ctx context.Context, tx pgx.Tx, p *batchPlan) error 
 		_ = br.Close()
 		return &savepointError{err: err}
 	}
-	var err error
-	if ib.lockTimeout != "" {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		var r pgx.Rows
-		if r, err = br.Query(); err == nil {
-			err = p.scanInserted(r)
-		}
-	}
-	if err == nil && ib.lockTimeout != "" {
-		_, err = br.Exec()
-	}
+	err := ib.readBatch(br, p)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
+	if err != nil || !ib.keyed {
 		return err
 	}
 	return ib.readConflicts(ctx, tx, p)
+}
+
+// readBatch reads the results of dedupBatch's pipeline after the savepoint.
+func (ib *Inbox) readBatch(br pgx.BatchResults, p *batchPlan) error {
+	if ib.lockTimeout != "" {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	if p.wm != nil {
+		r, err := br.Query()
+		if err == nil {
+			err = p.wm.scan(r)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if ib.keyed {
+		r, err := br.Query()
+		if err == nil {
+			err = p.scanInserted(r)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if ib.lockTimeout != "" {
+		_, err := br.Exec()
+		return err
+	}
+	return nil
 }
 
 // readConflicts reads the stored rows of keys that conflicted (a new
@@ -398,9 +525,12 @@ func (ib *Inbox) readConflicts(ctx context.Context, tx pgx.Tx, p *batchPlan) err
 // checkStored compares fingerprints against stored keys, before any handler
 // runs.
 func (ib *Inbox) checkStored(ms []Message, p *batchPlan) error {
+	if !ib.keyed {
+		return nil
+	}
 	for i, m := range ms {
 		key := p.results[i].Key
-		if p.first[key] != i {
+		if p.first[key] != i || (p.wmDup != nil && p.wmDup[i]) {
 			continue
 		}
 		if r := p.rows[key]; !r.inserted && mismatch(p.fps[i], r.fp) {
@@ -427,7 +557,16 @@ func (ib *Inbox) runBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Handle
 			dups++
 			continue
 		}
-		if r := p.rows[res.Key]; !r.inserted {
+		if p.wmDup != nil && p.wmDup[i] {
+			res.Duplicate = true
+			dups++
+			continue
+		}
+		if p.gaps != nil && p.gaps[i] > 0 { // reported even when the key turns out a duplicate
+			res.Gap = p.gaps[i]
+			ib.stats.gaps.Add(1)
+		}
+		if r := p.rows[res.Key]; ib.keyed && !r.inserted {
 			res.Duplicate, res.Stored = true, r.res
 			dups++
 			continue

@@ -7,7 +7,6 @@ const (
 	savepointName = "pgbox_inbox"
 
 	sqlSavepoint = `SAVEPOINT ` + savepointName
-	sqlRelease   = `RELEASE SAVEPOINT ` + savepointName
 	// One simple-protocol Exec (no arguments) runs both statements.
 	sqlRollbackRelease = `ROLLBACK TO SAVEPOINT ` + savepointName + `; RELEASE SAVEPOINT ` + savepointName
 
@@ -64,7 +63,55 @@ UPDATE pgbox_inbox p SET received_at = now(), record_at = GREATEST(p.record_at, 
 FROM locked l WHERE p.consumer = $1 AND p.key = l.key
 RETURNING p.key, p.fingerprint, p.result`
 
+	// The batch dedup step's first try, cheaper per row than sqlInsertMany:
+	// an index probe drops the keys already committed and the rest are
+	// inserted plainly, without ON CONFLICT's speculative insertion (a
+	// speculative-insertion lock and an extra WAL record per row). A key that
+	// another transaction inserted and has not committed makes the insert wait
+	// on the unique index; if that transaction commits, the insert fails with
+	// a unique violation (23505), ProcessBatch rolls back to its savepoint and
+	// runs the batch through sqlInsertMany, which sorts it out. Same key order,
+	// so no deadlocks either.
+	sqlInsertManyNew = `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at)
+SELECT $1, key, topic, partition, "offset", fingerprint, record_at
+FROM unnest($2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::timestamptz[])
+	AS u(key, topic, partition, "offset", fingerprint, record_at)
+WHERE NOT EXISTS (SELECT FROM pgbox_inbox p WHERE p.consumer = $1 AND p.key = u.key)
+ORDER BY key COLLATE "C"
+RETURNING key`
+
 	sqlSetResults = `UPDATE pgbox_inbox p SET result = u.result
 FROM unnest($2::text[], $3::bytea[]) AS u(key, result)
 WHERE p.consumer = $1 AND p.key = u.key`
+
+	// The watermark modes. One row per (consumer, topic, partition), moved
+	// forward in the caller's transaction. The WHERE clause makes a record at
+	// or below the watermark update nothing (no row returned: a duplicate);
+	// under READ COMMITTED a concurrent delivery of the same partition waits
+	// for the row lock, then re-checks against the committed offset. A
+	// different non-empty topic id is a new incarnation of the topic (deleted
+	// and recreated): the row starts over at this offset, previous_offset
+	// NULL. An empty id on either side compares offsets only (ids turned on
+	// or off keeps the row). RETURNING previous_offset (the old value, saved
+	// by SET) tells the caller of a gap.
+	sqlWatermarkNewIncarnation = `(w.topic_id <> '' AND EXCLUDED.topic_id <> '' AND w.topic_id <> EXCLUDED.topic_id)`
+	sqlWatermarkConflict       = `
+ON CONFLICT (consumer, topic, partition) DO UPDATE SET
+	"offset" = EXCLUDED."offset",
+	previous_offset = CASE WHEN ` + sqlWatermarkNewIncarnation + ` THEN NULL ELSE w."offset" END,
+	topic_id = CASE WHEN EXCLUDED.topic_id = '' THEN w.topic_id ELSE EXCLUDED.topic_id END,
+	updated_at = now()
+WHERE w."offset" < EXCLUDED."offset" OR ` + sqlWatermarkNewIncarnation
+
+	sqlWatermarkOne = `INSERT INTO pgbox_inbox_watermark AS w (consumer, topic, partition, topic_id, "offset")
+VALUES ($1, $2, $3, $4, $5)` + sqlWatermarkConflict + `
+RETURNING previous_offset`
+
+	// One row per (topic, partition) of the batch, carrying its highest
+	// offset, in a fixed order so that concurrent batches cannot deadlock.
+	sqlWatermarkMany = `INSERT INTO pgbox_inbox_watermark AS w (consumer, topic, partition, topic_id, "offset")
+SELECT $1, topic, partition, topic_id, "offset"
+FROM unnest($2::text[], $3::int4[], $4::text[], $5::int8[]) AS u(topic, partition, topic_id, "offset")
+ORDER BY topic COLLATE "C", partition` + sqlWatermarkConflict + `
+RETURNING topic, partition, previous_offset`
 )

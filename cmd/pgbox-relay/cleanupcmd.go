@@ -20,13 +20,17 @@ func (a *app) cleanupConfig(pool *pgxpool.Pool, admin cleanup.ConfigDescriber, d
 	if buffer == 0 { // an explicit 0s: zero means zero
 		buffer = cleanup.NoBuffer
 	}
+	pause := o.CleanupPause
+	if pause == 0 { // an explicit 0s: no pause
+		pause = cleanup.NoPause
+	}
 	return cleanup.Config{
 		Pool:         pool,
 		Admin:        admin,
 		Buffer:       buffer,
 		Window:       o.CleanupWindow,
 		BatchSize:    o.CleanupBatchSize,
-		Pause:        o.CleanupPause,
+		Pause:        pause,
 		Interval:     o.CleanupInterval,
 		KafkaTimeout: o.Kafka.Timeout,
 		DryRun:       dryRun,

@@ -158,8 +158,8 @@ func (o *options) bind(s *settings, groups ...string) {
 			"forced window for topics whose Kafka config gives none (retention.ms=-1, compact, unreadable); 0 never prunes them")
 		s.integer(&o.CleanupBatchSize, groupCleanup, "cleanup-batch-size", "PGBOX_CLEANUP_BATCH_SIZE", cleanupBatchDefault, 1, cleanup.BatchSizeMax,
 			"most rows one delete transaction removes")
-		s.duration(&o.CleanupPause, groupCleanup, "cleanup-pause", "PGBOX_CLEANUP_PAUSE", 0, 0,
-			"pause between two delete batches")
+		s.duration(&o.CleanupPause, groupCleanup, "cleanup-pause", "PGBOX_CLEANUP_PAUSE", cleanup.PauseDefault, 0,
+			"pause between two delete batches (0s: no pause)")
 		s.retention(&o.KeepParked, groupCleanup, "keep-parked", "PGBOX_CLEANUP_KEEP_PARKED", cleanup.ParkedDefault,
 			"how long parked outbox rows (never published) are kept, from parked_at")
 		s.retention(&o.KeepDeadLetters, groupCleanup, "keep-dead-letters", "PGBOX_CLEANUP_KEEP_DEAD_LETTERS", cleanup.DeadLettersDefault,

@@ -245,8 +245,8 @@ func (c *claimRun) handle(batch []*sarama.ConsumerMessage) bool {
 			return err
 		})
 		if err == nil {
-			for _, r := range res {
-				c.count(r)
+			for i, r := range res {
+				c.count(msgs[i], r)
 			}
 			c.committed(msgs, batch[len(batch)-1])
 			return true
@@ -342,7 +342,7 @@ func (c *claimRun) handleOne(sm *sarama.ConsumerMessage) bool {
 		res, err, herr := c.processOne(m)
 		if err == nil {
 			delete(c.attempted, m.Offset)
-			c.count(res)
+			c.count(m, res)
 			c.committed([]inbox.Message{m}, sm)
 			return true
 		}
@@ -539,11 +539,20 @@ func (c *claimRun) message(sm *sarama.ConsumerMessage) inbox.Message {
 	return m
 }
 
-func (c *claimRun) count(r inbox.Result) {
+// count counts a committed message, and logs the gap before it (watermark
+// modes): offsets this consumer never processed are never skipped silently.
+func (c *claimRun) count(m inbox.Message, r inbox.Result) {
 	if r.Duplicate {
 		c.h.stats.duplicates.Add(1)
 	} else {
 		c.h.stats.processed.Add(1)
+	}
+	if r.Gap > 0 {
+		c.h.stats.gaps.Add(1)
+		c.h.log.WarnContext(c.work, "pgbox: offsets skipped since the partition's watermark "+
+			"(the group's offset moved forward past records, or retention, compaction or transaction markers left a hole)",
+			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+			"gap", r.Gap, "first_skipped_offset", m.Offset-r.Gap)
 	}
 }
 

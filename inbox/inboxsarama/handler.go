@@ -184,6 +184,7 @@ type Stats struct {
 	Retries         uint64 // attempts repeated after a failure of either kind
 	DeadLettered    uint64 // messages dead-lettered
 	BatchFallbacks  uint64 // batches retried message by message after a failure
+	Gaps            uint64 // watermark modes: committed messages that came after offsets never processed (logged)
 }
 
 // Handler is the sarama.ConsumerGroupHandler that
@@ -202,7 +203,7 @@ type Handler struct {
 	afterCommit func([]inbox.Message)
 
 	stats struct {
-		processed, duplicates, failures, transient, operator, retries, dead, fallbacks atomic.Uint64
+		processed, duplicates, failures, transient, operator, retries, dead, fallbacks, gaps atomic.Uint64
 	}
 
 	// ended holds, per session, the error that needs an operator which
@@ -277,6 +278,7 @@ func (h *Handler) Stats() Stats {
 		Retries:         h.stats.retries.Load(),
 		DeadLettered:    h.stats.dead.Load(),
 		BatchFallbacks:  h.stats.fallbacks.Load(),
+		Gaps:            h.stats.gaps.Load(),
 	}
 }
 

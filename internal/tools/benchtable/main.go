@@ -1,10 +1,11 @@
 // Command benchtable reads `go test -bench` output on stdin, echoes it, and then
-// prints a table: one row per benchmark, with every reported metric, and for
-// each sub-benchmark whose sibling is named "baseline" (measured in the same
-// run), the ratio pgbox/baseline of every metric both report — for a rate
-// (msgs/s) above 1 is better, for a latency (p99-ms) or a cost (queries/s)
-// below 1 is. A benchmark that measures both sides itself (interleaved) reports
-// its own ratio as the metric "x-baseline", shown as is.
+// prints a table: one row per benchmark, with pgbox, baseline and ratio
+// columns, then every reported metric. A benchmark that measures both sides
+// itself, interleaved, reports them as the metrics "pgbox-<unit>" and
+// "baseline-<unit>" and its ratio as "x-baseline" (or "<what>-ratio"), shown
+// as is; for a sub-benchmark whose sibling is named "baseline" the ratio of
+// every metric both report is computed. For a rate (msgs/s) above 1 is
+// better, for a latency (p99-ms) below 1 is.
 package main
 
 import (
@@ -73,9 +74,13 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Println()
-	fmt.Println("== pgbox benchmarks (vs baseline = same run) ==")
+	if d := os.Getenv("PGBOX_BENCH_DELAY"); d != "" {
+		fmt.Printf("== pgbox benchmarks (vs baseline = same run), PostgreSQL behind a proxy adding %s each way ==\n", d)
+	} else {
+		fmt.Println("== pgbox benchmarks (vs baseline = same run), PostgreSQL on loopback ==")
+	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "benchmark\tvs baseline\tmetrics")
+	fmt.Fprintln(tw, "benchmark\tpgbox\tbaseline\tratio\tmetrics")
 	for _, r := range results {
 		ratio := ""
 		if p := parent(r.name); p != "" && !strings.HasSuffix(r.name, "/baseline") {
@@ -83,8 +88,9 @@ func main() {
 				ratio = ratios(r, b)
 			}
 		}
+		pg, base := sides(r)
 		for _, m := range r.metrics {
-			if m.unit == "x-baseline" {
+			if m.unit == "x-baseline" || (ratio == "" && strings.HasSuffix(m.unit, "-ratio")) {
 				ratio = fmt.Sprintf("%.2fx", m.value)
 			}
 		}
@@ -95,9 +101,29 @@ func main() {
 		for _, m := range r.metrics {
 			ms = append(ms, fmt.Sprintf("%s %s", strconv.FormatFloat(m.value, 'g', 6, 64), m.unit))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", strings.TrimPrefix(r.name, "Benchmark"), ratio, strings.Join(ms, ", "))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", strings.TrimPrefix(r.name, "Benchmark"), pg, base, ratio, strings.Join(ms, ", "))
 	}
 	_ = tw.Flush()
+}
+
+// sides returns the first pair of metrics "pgbox-U" and "baseline-U" that r
+// reports, formatted with their unit U, or "" when it reports none.
+func sides(r result) (pg, base string) {
+	vals := map[string]float64{}
+	for _, m := range r.metrics {
+		vals[m.unit] = m.value
+	}
+	for _, m := range r.metrics {
+		u, ok := strings.CutPrefix(m.unit, "pgbox-")
+		if !ok {
+			continue
+		}
+		if bv, ok := vals["baseline-"+u]; ok {
+			f := func(v float64) string { return strconv.FormatFloat(v, 'g', 4, 64) + " " + u }
+			return f(m.value), f(bv)
+		}
+	}
+	return "", ""
 }
 
 // ratios compares every metric r and its baseline b both report, skipping
