@@ -39,7 +39,6 @@ type Relay struct {
 	running atomic.Bool
 	wake    chan struct{}
 	fin     *finishJob // background delete; owned by the worker goroutine
-	passes  int        // non-empty passes; owned by the worker goroutine
 	beats   int        // heartbeats; owned by the heartbeat goroutine
 
 	// leaseUntil is when this instance's leases run out unless renewed: the
