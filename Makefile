@@ -28,12 +28,13 @@ test: ## the whole suite, with the race detector, against real PostgreSQL
 chaos: ## the large chaos run, report as a table
 	CHAOS_SCALE=large $(GO) test -count=1 -run '^TestChaos$$' -timeout 300m -v ./integration_test/
 
-# The operator's-world scenarios on the same harness: a bad deploy (business
+# The operator's-world scenarios on the same harness (also part of `make
+# test`): a bad deploy (business
 # table missing for 30s), every cleanup.policy with retention -1 and 2s then a
 # rewind, Kafka unreachable for minutes with a backlog (CHAOS_OUTAGE=2m,
 # CHAOS_OUTAGE_EVENTS=50000).
 chaos-scenarios: ## environment scenarios (bad deploy, cleanup policies, Kafka outage)
-	CHAOS_SCENARIOS=1 $(GO) test -count=1 -run '^TestScenario' -timeout 120m -v ./integration_test/
+	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) test -count=1 -run '^TestScenario' -timeout 120m -v ./integration_test/
 
 bench: ## benchmarks, printed as a table against the same run's baselines
 	@url=$$($(DEVDB) url) && set -o pipefail && DATABASE_URL="$$url" \

@@ -13,19 +13,12 @@ import (
 	"github.com/pgbox/pgbox/integration_test/internal/harness"
 )
 
-// envScenarios=1 runs the environment scenarios (`make chaos-scenarios`).
-const envScenarios = "CHAOS_SCENARIOS"
-
-// scenarioWorld starts the chain for one environment scenario. Scenarios
-// run with CHAOS_SCENARIOS=1 (`make chaos-scenarios`), not in `make test`
-// yet: they fail on code without the fixes named in their docs.
+// scenarioWorld starts the chain for one environment scenario. They run in
+// `make test` (and alone with `make chaos-scenarios`).
 func scenarioWorld(t *testing.T, opts harness.Options) (context.Context, *harness.World) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("scenario skipped in -short mode")
-	}
-	if os.Getenv(envScenarios) != "1" {
-		t.Skipf("environment scenario: runs with %s=1 (make chaos-scenarios)", envScenarios)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	t.Cleanup(cancel)
