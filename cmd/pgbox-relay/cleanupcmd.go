@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/internal/durtext"
 )
 
 // cleanupConfig maps the cleanup settings onto cleanup.Config.
@@ -44,7 +45,7 @@ func cmdCleanup(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	kcfg, err := a.opts.Kafka.saramaConfig()
+	kcfg, err := a.opts.Kafka.Sarama()
 	if err != nil {
 		return err
 	}
@@ -91,7 +92,7 @@ func printCleanupReport(w io.Writer, rep cleanup.Report) {
 				note += ": " + t.Err.Error()
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.Topic, msText(t.RetentionMs), msText(t.SegmentMs), dash(t.CleanupPolicy),
-				durText(t.Window), n, durText(t.OldestAge), durText(t.Margin), note)
+				durtext.Short(t.Window), n, durtext.Short(t.OldestAge), durtext.Short(t.Margin), note)
 		}
 		_ = tw.Flush()
 	}
@@ -103,7 +104,7 @@ func printCleanupReport(w io.Writer, rep cleanup.Report) {
 			if rep.DryRun {
 				n = t.WouldDelete
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", t.Name, durText(t.Keep), t.Cutoff.UTC().Format(time.RFC3339), n)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", t.Name, durtext.Short(t.Keep), t.Cutoff.UTC().Format(time.RFC3339), n)
 		}
 		_ = tw.Flush()
 	}
@@ -125,30 +126,5 @@ func msText(ms int64) string {
 	case ms < 0:
 		return "forever"
 	}
-	return durText(time.Duration(ms) * time.Millisecond)
-}
-
-// durText prints a duration rounded for people: 3d4h, 2h5m, 41s, 120ms.
-func durText(d time.Duration) string {
-	if d == 0 {
-		return "-"
-	}
-	neg := ""
-	if d < 0 {
-		neg, d = "-", -d
-	}
-	switch {
-	case d >= 48*time.Hour:
-		days := d / (24 * time.Hour)
-		h := (d % (24 * time.Hour)) / time.Hour
-		if h == 0 {
-			return fmt.Sprintf("%s%dd", neg, days)
-		}
-		return fmt.Sprintf("%s%dd%dh", neg, days, h)
-	case d >= time.Hour:
-		return neg + fmtDuration(d.Round(time.Minute))
-	case d >= time.Second:
-		return neg + fmtDuration(d.Round(time.Second))
-	}
-	return neg + d.Round(time.Millisecond).String()
+	return durtext.Short(time.Duration(ms) * time.Millisecond)
 }

@@ -20,7 +20,7 @@ import (
 // succeeds only if the connection (TLS handshake, SASL exchange) does.
 func listTopics(t *testing.T, k kafkaOptions) error {
 	t.Helper()
-	cfg, err := k.saramaConfig()
+	cfg, err := k.Sarama()
 	require.NoError(t, err)
 	cfg.Metadata.Retry.Max = 0
 	cfg.Net.DialTimeout = 2 * time.Second
@@ -161,13 +161,13 @@ func TestKafkaTLSBadFiles(t *testing.T) {
 	t.Parallel()
 	k := baseKafka([]string{"127.0.0.1:1"})
 	k.TLSCA = filepath.Join(t.TempDir(), "missing.pem")
-	_, err := k.saramaConfig()
+	_, err := k.Sarama()
 	require.ErrorContains(t, err, "--kafka-tls-ca")
 
 	junk := filepath.Join(t.TempDir(), "junk.pem")
 	require.NoError(t, os.WriteFile(junk, []byte("not a certificate"), 0o600))
 	k.TLSCA = junk
-	_, err = k.saramaConfig()
+	_, err = k.Sarama()
 	require.ErrorContains(t, err, "no PEM certificate")
 }
 

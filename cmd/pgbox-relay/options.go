@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/internal/kafkaconf"
 )
 
 // Option groups: each subcommand reads some of them.
@@ -19,11 +20,10 @@ const (
 	groupCleanupOnce   = "Cleanup pass"
 	groupHTTP          = "HTTP"
 	groupStatus        = "Status"
-	groupDemo          = "Demo"
 	groupLog           = "Process"
 )
 
-var allGroups = []string{groupDB, groupKafka, groupRelay, groupSchedule, groupCleanup, groupCleanupOnce, groupHTTP, groupStatus, groupDemo, groupLog}
+var allGroups = []string{groupDB, groupKafka, groupRelay, groupSchedule, groupCleanup, groupCleanupOnce, groupHTTP, groupStatus, groupLog}
 
 // Defaults of the binary's own settings (the libraries' defaults are reused
 // where a setting passes straight through).
@@ -37,9 +37,6 @@ const (
 	cleanupIntervalDefault = cleanup.IntervalDefault
 	cleanupBufferDefault   = cleanup.BufferDefault
 	cleanupBatchDefault    = cleanup.BatchSizeDefault
-	demoSchemaDefault      = "pgbox_demo"
-	demoOrdersDefault      = 2000
-	demoDurationDefault    = 50 * time.Second
 )
 
 // options is every setting of the binary; a subcommand fills the groups it
@@ -68,42 +65,13 @@ type options struct {
 	HTTPAddr string
 	JSON     bool
 
-	Demo demoOptions
-
 	LogFormat       string
 	LogLevel        string
 	ShutdownTimeout time.Duration
 }
 
-type kafkaOptions struct {
-	Brokers       []string
-	Version       string
-	ClientID      string
-	Timeout       time.Duration
-	SASLMechanism string
-	SASLUser      string
-	SASLPassword  string
-	TLS           bool
-	TLSCA         string
-	TLSCert       string
-	TLSKey        string
-	TLSSkipVerify bool
-}
-
-type demoOptions struct {
-	Schema       string
-	Orders       int
-	DupPercent   int
-	Replay       int
-	Rate         int
-	Partitions   int
-	Consumers    int
-	Duration     time.Duration
-	KeepSchema   bool
-	PaymentTopic string
-	OrderTopic   string
-	DedupKey     string
-}
+// kafkaOptions are the Kafka client settings, shared with the examples.
+type kafkaOptions = kafkaconf.Options
 
 func (o *options) bind(s *settings, groups ...string) {
 	has := map[string]bool{}
@@ -168,34 +136,15 @@ func (o *options) bind(s *settings, groups ...string) {
 		s.boolean(&o.DryRun, groupCleanupOnce, "dry-run", "PGBOX_CLEANUP_DRY_RUN", false, "count what would be deleted; delete nothing")
 	}
 	if has[groupHTTP] {
-		def := httpAddrDefault
-		if !has[groupRelay] {
-			def = "" // the demo serves HTTP only when asked
-		}
-		s.str(&o.HTTPAddr, groupHTTP, "http-addr", "PGBOX_HTTP_ADDR", def, "listen address of /metrics, /healthz and /readyz (empty: no HTTP server, the demo's default)")
+		s.str(&o.HTTPAddr, groupHTTP, "http-addr", "PGBOX_HTTP_ADDR", httpAddrDefault, "listen address of /metrics, /healthz and /readyz (empty: no HTTP server)")
 	}
 	if has[groupStatus] {
 		s.boolean(&o.JSON, groupStatus, "json", "PGBOX_STATUS_JSON", false, "print the status as JSON")
 	}
-	if has[groupDemo] {
-		d := &o.Demo
-		s.str(&d.Schema, groupDemo, "demo-schema", "PGBOX_DEMO_SCHEMA", demoSchemaDefault, "schema the demo drops and recreates at start")
-		s.integer(&d.Orders, groupDemo, "orders", "PGBOX_DEMO_ORDERS", demoOrdersDefault, 1, 10_000_000, "unique orders the producer sends")
-		s.integer(&d.DupPercent, groupDemo, "duplicate-percent", "PGBOX_DEMO_DUPLICATE_PERCENT", 10, 0, 100, "percent of orders resent at once with the same order id")
-		s.integer(&d.Replay, groupDemo, "replay", "PGBOX_DEMO_REPLAY", 200, 0, 10_000_000, "records read back from an earlier offset of the orders topic and sent again")
-		s.integer(&d.Rate, groupDemo, "rate", "PGBOX_DEMO_RATE", 400, 0, 1_000_000, "orders per second the producer sends (0: as fast as it can)")
-		s.integer(&d.Partitions, groupDemo, "partitions", "PGBOX_DEMO_PARTITIONS", 4, 1, 256, "partitions of the demo's topics")
-		s.integer(&d.Consumers, groupDemo, "consumers", "PGBOX_DEMO_CONSUMERS", 2, 1, 64, "consumer-group members of the payment service")
-		s.duration(&d.Duration, groupDemo, "duration", "PGBOX_DEMO_DURATION", demoDurationDefault, time.Second, "the demo fails if it has not finished within this time")
-		s.enum(&d.DedupKey, groupDemo, "dedup-key", "PGBOX_DEMO_DEDUP_KEY", "header",
-			"inbox key: header (the order id: catches resends and replays) or offset (only redeliveries of one record: watch the check fail)", "header", "offset")
-		s.boolean(&d.KeepSchema, groupDemo, "keep-schema", "PGBOX_DEMO_KEEP_SCHEMA", true, "leave the demo schema in place at the end, to look at")
-		d.OrderTopic, d.PaymentTopic = "demo.orders.v1", "demo.payments.v1"
-	}
 	if len(groups) > 0 {
 		s.enum(&o.LogFormat, groupLog, "log-format", "PGBOX_LOG_FORMAT", "text", "log format", "text", "json")
 		s.enum(&o.LogLevel, groupLog, "log-level", "PGBOX_LOG_LEVEL", "info", "least severe log level printed", "debug", "info", "warn", "error")
-		if has[groupRelay] || has[groupDemo] {
+		if has[groupRelay] {
 			s.duration(&o.ShutdownTimeout, groupLog, "shutdown-timeout", "PGBOX_SHUTDOWN_TIMEOUT", shutdownTimeoutDefault, time.Millisecond,
 				"after SIGINT/SIGTERM, how long in-flight work may take before the process exits anyway")
 		}
@@ -222,7 +171,7 @@ func (o *options) validate(cmd string) error {
 				errs = append(errs, usageError("invalid value %q in KAFKA_BROKERS (--kafka-brokers): each broker must be host:port", b))
 			}
 		}
-		if _, err := parseKafkaVersion(k.Version); err != nil {
+		if _, err := kafkaconf.ParseVersion(k.Version); err != nil {
 			errs = append(errs, usageError("invalid value %q for PGBOX_KAFKA_VERSION (--kafka-version): %v", k.Version, err))
 		}
 		if k.SASLMechanism != "" && (k.SASLUser == "" || k.SASLPassword == "") {
@@ -237,12 +186,6 @@ func (o *options) validate(cmd string) error {
 	}
 	if err := o.Relay.validate(); err != nil {
 		errs = append(errs, err)
-	}
-	if cmd == "demo" && o.Demo.Schema == "" {
-		errs = append(errs, usageError("invalid value \"\" for PGBOX_DEMO_SCHEMA (--demo-schema): must be a schema name"))
-	}
-	if cmd == "demo" && o.Demo.Replay > o.Demo.Orders {
-		errs = append(errs, usageError("invalid value %d for PGBOX_DEMO_REPLAY (--replay): must be at most --orders (%d)", o.Demo.Replay, o.Demo.Orders))
 	}
 	if len(errs) == 1 {
 		return errs[0]

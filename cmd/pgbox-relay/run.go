@@ -39,7 +39,7 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	if err != nil {
 		return err
 	}
-	kcfg, err := a.opts.Kafka.saramaConfig()
+	kcfg, err := a.opts.Kafka.Sarama()
 	if err != nil {
 		return err
 	}
@@ -79,7 +79,7 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	pollDone := make(chan struct{})
 	go func() { exp.col.Run(runCtx); close(pollDone) }()
 	a.log.Info("relay running", "instance", r.Instance(), "lanes", a.opts.Relay.Lanes,
-		"cleanup_interval", a.opts.CleanupInterval.String(), "kafka", a.opts.Kafka.redacted())
+		"cleanup_interval", a.opts.CleanupInterval.String(), "kafka", a.opts.Kafka.Redacted())
 
 	var runErr error
 	select {

@@ -34,7 +34,7 @@ func cmdStatus(ctx context.Context, a *app, args []string) error {
 	defer pool.Close()
 	opts := inspect.Options{Lanes: relay.LanesDefault, Logger: a.log.With("component", "status")}
 	if len(a.opts.Kafka.Brokers) > 0 {
-		kcfg, err := a.opts.Kafka.saramaConfig()
+		kcfg, err := a.opts.Kafka.Sarama()
 		if err != nil {
 			return err
 		}
