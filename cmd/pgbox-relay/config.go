@@ -205,9 +205,9 @@ func (f flagValue) Set(v string) error {
 func (f flagValue) IsBoolFlag() bool { return f.st.allow == "true or false" }
 
 // parse applies defaults, then flags, then the environment for settings no flag
-// set. It returns the positional arguments. Flags and positional arguments may
+// set; a variable set to the empty string sets the empty value. It returns the positional arguments. Flags and positional arguments may
 // be interleaved (`migrate up --database-url ...`). Every error wraps errUsage.
-func (s *settings) parse(cmd string, args []string, getenv func(string) string, out io.Writer) ([]string, error) {
+func (s *settings) parse(cmd string, args []string, lookupEnv func(string) (string, bool), out io.Writer) ([]string, error) {
 	for _, st := range s.list {
 		if err := st.set(st.def); err != nil {
 			panic(fmt.Sprintf("default %q of --%s: %v", st.def, st.name, err))
@@ -245,7 +245,7 @@ func (s *settings) parse(cmd string, args []string, getenv func(string) string, 
 		if s.source[st.name] == "flag" || st.env == "" {
 			continue
 		}
-		v, ok := lookupEnv(getenv, st.env)
+		v, ok := lookupEnv(st.env) // set but empty is a value: PGBOX_HTTP_ADDR= turns HTTP off
 		if !ok {
 			continue
 		}
@@ -256,11 +256,6 @@ func (s *settings) parse(cmd string, args []string, getenv func(string) string, 
 		s.values[st.name] = v
 	}
 	return pos, nil
-}
-
-func lookupEnv(getenv func(string) string, name string) (string, bool) {
-	v := getenv(name)
-	return v, v != ""
 }
 
 func (s *settings) quoted(st *setting, v string) string {

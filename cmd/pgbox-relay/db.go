@@ -25,7 +25,9 @@ func poolConfig(databaseURL, schema string, maxConns int) (*pgxpool.Config, erro
 	if maxConns > 0 {
 		cfg.MaxConns = int32(maxConns)
 	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "pgbox-relay"
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" { // the DSN's own name wins
+		cfg.ConnConfig.RuntimeParams["application_name"] = "pgbox-relay"
+	}
 	return cfg, nil
 }
 

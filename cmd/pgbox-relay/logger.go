@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"strings"
@@ -31,12 +32,13 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// logSettings logs the effective settings once at start, secrets redacted.
-func (a *app) logSettings(msg string) {
+// logSettings logs the effective settings, secrets redacted: every command
+// at debug level, `run` once more at info when it starts.
+func (a *app) logSettings(level slog.Level, msg string) {
 	vals := a.set.redacted()
 	attrs := make([]any, 0, 2*len(vals))
 	for _, k := range sortedKeys(vals) {
 		attrs = append(attrs, strings.ReplaceAll(k, "-", "_"), vals[k])
 	}
-	a.log.Info(msg, attrs...)
+	a.log.Log(context.Background(), level, msg, attrs...)
 }

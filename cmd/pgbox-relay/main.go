@@ -20,6 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -27,7 +28,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := realMain(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	code := realMain(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
 	stop()
 	os.Exit(code)
 }
@@ -87,11 +88,13 @@ type app struct {
 	set    *settings
 	stdout io.Writer
 	stderr io.Writer
-	getenv func(string) string
 	log    *logger
 }
 
-func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+// realMain runs one command and returns the exit status. Every error is
+// printed once: a usage error as one line (status 2), a runtime failure as one
+// line, or as one JSON log record with --log-format=json (status 1).
+func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv func(string) (string, bool)) int {
 	if len(args) == 0 {
 		topUsage(stderr)
 		return 2
@@ -112,7 +115,7 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	opts := &options{}
 	set := newSettings()
 	opts.bind(set, c.groups...)
-	pos, err := set.parse(c.name, args[1:], getenv, stdout)
+	pos, err := set.parse(c.name, args[1:], lookupEnv, stdout)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -123,8 +126,9 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		fmt.Fprintf(stderr, "pgbox-relay: %v\n", trimUsage(err))
 		return 2
 	}
-	a := &app{opts: opts, set: set, stdout: stdout, stderr: stderr, getenv: getenv}
+	a := &app{opts: opts, set: set, stdout: stdout, stderr: stderr}
 	a.log = newLogger(stderr, opts.LogFormat, opts.LogLevel)
+	a.logSettings(slog.LevelDebug, "pgbox-relay "+c.name+" settings")
 	if err := c.run(ctx, a, pos); err != nil {
 		if errors.Is(err, errUsage) {
 			fmt.Fprintf(stderr, "pgbox-relay: %v\n", trimUsage(err))
@@ -134,8 +138,11 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 			fmt.Fprintf(stderr, "pgbox-relay %s: interrupted\n", c.name)
 			return 1
 		}
-		a.log.Error("pgbox-relay "+c.name+" failed", "err", err)
-		fmt.Fprintf(stderr, "pgbox-relay %s: %v\n", c.name, err)
+		if opts.LogFormat == "json" {
+			a.log.Error("pgbox-relay "+c.name+" failed", "err", err)
+		} else {
+			fmt.Fprintf(stderr, "pgbox-relay %s: %v\n", c.name, err)
+		}
 		return 1
 	}
 	return 0

@@ -84,7 +84,7 @@ func (o *options) bind(s *settings, groups ...string) {
 		s.str(&o.Schema, groupDB, "schema", "PGBOX_SCHEMA", "",
 			"schema holding the pgbox tables, set as search_path (empty: the connection's own search_path)")
 		s.integer(&o.DBMaxConns, groupDB, "db-max-conns", "PGBOX_DB_MAX_CONNS", dbMaxConnsDefault, 2, 1000,
-			"most database connections the process opens")
+			"most pooled database connections (the relay's LISTEN holds one more, unless --no-listen)")
 	}
 	if has[groupKafka] || has[groupKafkaOptional] {
 		g := groupKafka
@@ -99,7 +99,7 @@ func (o *options) bind(s *settings, groups ...string) {
 		s.csv(&k.Brokers, g, "kafka-brokers", "KAFKA_BROKERS", "", brokersDoc)
 		s.str(&k.Version, g, "kafka-version", "PGBOX_KAFKA_VERSION", kafkaVersionDefault, "Kafka protocol version the client speaks (the oldest broker's version or lower)")
 		s.str(&k.ClientID, g, "kafka-client-id", "PGBOX_KAFKA_CLIENT_ID", kafkaClientIDDefault, "client.id sent to the brokers")
-		s.duration(&k.Timeout, g, "kafka-timeout", "PGBOX_KAFKA_TIMEOUT", kafkaTimeoutDefault, time.Millisecond, "dial, read and write timeout of Kafka requests")
+		s.duration(&k.Timeout, g, "kafka-timeout", "PGBOX_KAFKA_TIMEOUT", kafkaTimeoutDefault, time.Millisecond, "Kafka dial timeout, and how long a cleanup pass waits for the topics' configs (reads and writes wait at least 10s)")
 		s.enum(&k.SASLMechanism, g, "kafka-sasl-mechanism", "PGBOX_KAFKA_SASL_MECHANISM", "", "SASL mechanism (empty: no SASL)", "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 		s.str(&k.SASLUser, g, "kafka-sasl-user", "PGBOX_KAFKA_SASL_USER", "", "SASL user name")
 		s.str(&k.SASLPassword, g, "kafka-sasl-password", "PGBOX_KAFKA_SASL_PASSWORD", "", "SASL password (never printed; prefer the environment variable)").secret = true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/pgbox/pgbox/cleanup"
@@ -21,7 +22,7 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	if len(args) > 0 {
 		return usageError("run takes no arguments (got %q)", args)
 	}
-	a.logSettings("pgbox-relay run starting")
+	a.logSettings(slog.LevelInfo, "pgbox-relay run starting")
 	pool, err := a.openPool(ctx)
 	if err != nil {
 		return err
