@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -141,7 +142,8 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, look
 		if opts.LogFormat == "json" {
 			a.log.Error("pgbox-relay "+c.name+" failed", "err", err)
 		} else {
-			fmt.Fprintf(stderr, "pgbox-relay %s: %v\n", c.name, err)
+			// One line: pgx puts each address it tried on a line of its own.
+			fmt.Fprintf(stderr, "pgbox-relay %s: %s\n", c.name, strings.Join(strings.Fields(err.Error()), " "))
 		}
 		return 1
 	}

@@ -184,6 +184,9 @@ func (o *options) validate(cmd string) error {
 			errs = append(errs, usageError("PGBOX_KAFKA_TLS_CERT (--kafka-tls-cert) and PGBOX_KAFKA_TLS_KEY (--kafka-tls-key) must be set together"))
 		}
 	}
+	if _, _, err := net.SplitHostPort(o.HTTPAddr); o.HTTPAddr != "" && err != nil {
+		errs = append(errs, usageError("invalid value %q for PGBOX_HTTP_ADDR (--http-addr): must be host:port, :port or empty (no HTTP server)", o.HTTPAddr))
+	}
 	if err := o.Relay.validate(); err != nil {
 		errs = append(errs, err)
 	}
