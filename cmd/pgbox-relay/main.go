@@ -69,20 +69,6 @@ func findCommand(name string) *command {
 	return nil
 }
 
-func cmdSynopsis(name string) string {
-	if c := findCommand(name); c != nil {
-		return c.synopsis
-	}
-	return name
-}
-
-func cmdDoc(name string) string {
-	if c := findCommand(name); c != nil {
-		return c.doc
-	}
-	return ""
-}
-
 // app is what a subcommand runs with.
 type app struct {
 	opts   *options

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/pgbox/pgbox/cleanup"
@@ -69,31 +72,38 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 			return err
 		}
 	}
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- r.Run(runCtx) }()
-	cleanDone := make(chan error, 1)
-	if cl != nil {
-		go func() { cleanDone <- cl.Run(runCtx) }()
-	} else {
-		cleanDone <- nil
+	// Each part reports its name on stopped when it returns.
+	stopped, pending := make(chan string, 4), map[string]bool{}
+	start := func(name string, f func()) {
+		pending[name] = true
+		go func() { f(); stopped <- name }()
 	}
-	pollDone := make(chan struct{})
-	go func() { exp.col.Run(runCtx); close(pollDone) }()
+	relayErr, httpErr := make(chan error, 1), make(chan error, 1)
+	start("relay", func() { relayErr <- r.Run(runCtx) })
+	if cl != nil {
+		start("cleanup", func() { _ = cl.Run(runCtx) }) // a failed pass is logged and counted; the next one retries
+	}
+	start("metrics", func() { exp.col.Run(runCtx) })
+	if httpDone != nil {
+		start("http", func() {
+			if err := <-httpDone; err != nil {
+				httpErr <- err
+			}
+		})
+	}
 	a.log.Info("relay running", "instance", r.Instance(), "lanes", a.opts.Relay.Lanes,
 		"cleanup_interval", a.opts.CleanupInterval.String(), "kafka", a.opts.Kafka.Redacted())
 
 	var runErr error
 	select {
-	case err := <-relayDone:
-		// Run returns early only when it cannot start (lane count mismatch).
-		if err == nil {
-			err = errors.New("relay stopped unexpectedly")
+	case err := <-relayErr:
+		// Run returns early only when it cannot go on (lane count mismatch,
+		// a failure that needs an operator).
+		if err != nil || ctx.Err() == nil {
+			runErr = cmp.Or(err, errors.New("relay stopped unexpectedly"))
 		}
-		runErr = err
-		relayDone <- nil
-	case err := <-httpDone:
+	case err := <-httpErr:
 		runErr = fmt.Errorf("http server: %w", err)
-		httpDone = nil
 	case <-ctx.Done():
 		a.log.Info("shutting down", "deadline", a.opts.ShutdownTimeout.String())
 	}
@@ -101,28 +111,13 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 
 	deadline := time.NewTimer(a.opts.ShutdownTimeout)
 	defer deadline.Stop()
-	pending := map[string]bool{"relay": true, "cleanup": true, "metrics": true}
-	if httpDone != nil {
-		pending["http"] = true
-	}
 	for len(pending) > 0 {
 		select {
-		case <-relayDone:
-			delete(pending, "relay")
-		case <-cleanDone:
-			delete(pending, "cleanup")
-		case <-pollDone:
-			delete(pending, "metrics")
-			pollDone = nil
-		case <-httpDone:
-			delete(pending, "http")
-			httpDone = nil
+		case name := <-stopped:
+			delete(pending, name)
 		case <-deadline.C:
-			names := make([]string, 0, len(pending))
-			for n := range pending {
-				names = append(names, n)
-			}
-			return fmt.Errorf("shutdown deadline %s passed with %v still stopping (rows in flight are published again by the next owner of their lane)", a.opts.ShutdownTimeout, names)
+			return fmt.Errorf("shutdown deadline %s passed with %v still stopping (rows in flight are published again by the next owner of their lane)",
+				a.opts.ShutdownTimeout, slices.Sorted(maps.Keys(pending)))
 		}
 	}
 	if runErr != nil {
