@@ -5,14 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/internal/dbconf"
 )
 
 // errUsage marks errors that exit with code 2: a bad flag, environment
@@ -232,7 +231,7 @@ func (s *settings) quoted(st *setting, v string) string {
 		return `"(redacted)"`
 	}
 	if st.dsn {
-		return strconv.Quote(redactDSN(v))
+		return strconv.Quote(dbconf.RedactDSN(v))
 	}
 	return strconv.Quote(v)
 }
@@ -289,43 +288,11 @@ func (s *settings) redacted() map[string]string {
 		case st.secret && v != "":
 			v = "(redacted)"
 		case st.dsn:
-			v = redactDSN(v)
+			v = dbconf.RedactDSN(v)
 		}
 		out[st.name] = v
 	}
 	return out
-}
-
-var kvPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
-
-// redactDSN masks the password of a PostgreSQL URL or key=value DSN, and of
-// any URL (the password=... query parameter too). Text it cannot parse is
-// returned with anything after "://" up to "@" masked, to be safe.
-func redactDSN(dsn string) string {
-	if dsn == "" {
-		return ""
-	}
-	if strings.Contains(dsn, "://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			if i, j := strings.Index(dsn, "://"), strings.LastIndex(dsn, "@"); j > i {
-				return dsn[:i+3] + "xxxxx" + dsn[j:]
-			}
-			return "(unparseable, redacted)"
-		}
-		if u.User != nil {
-			if _, has := u.User.Password(); has {
-				u.User = url.UserPassword(u.User.Username(), "xxxxx")
-			}
-		}
-		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-		return u.String()
-	}
-	return kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
 }
 
 // fmtDuration prints 1h instead of 1h0m0s.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"net"
 	"strings"
 	"time"
@@ -154,50 +155,44 @@ func (o *options) bind(s *settings, groups ...string) {
 // validate checks what single settings cannot: required values and
 // combinations. Errors name the setting and wrap errUsage.
 func (o *options) validate(cmd string) error {
-	var errs []error
+	var msgs []string
+	bad := func(format string, args ...any) { msgs = append(msgs, fmt.Sprintf(format, args...)) }
 	if cmd != "version" && o.DatabaseURL == "" {
-		errs = append(errs, usageError("missing database: set DATABASE_URL or --database-url (a PostgreSQL URL like postgres://user:pass@host:5432/db)"))
+		bad("missing database: set DATABASE_URL or --database-url (a PostgreSQL URL like postgres://user:pass@host:5432/db)")
 	}
 	if o.Schema != "" && strings.ContainsAny(o.Schema, ",\"") {
-		errs = append(errs, usageError("invalid value %q for PGBOX_SCHEMA (--schema): must be one schema name, without commas or quotes", o.Schema))
+		bad("invalid value %q for PGBOX_SCHEMA (--schema): must be one schema name, without commas or quotes", o.Schema)
 	}
 	if o.kafkaBound {
 		k := o.Kafka
 		if o.kafkaRequired && len(k.Brokers) == 0 {
-			errs = append(errs, usageError("missing Kafka brokers: set KAFKA_BROKERS or --kafka-brokers (comma-separated host:port)"))
+			bad("missing Kafka brokers: set KAFKA_BROKERS or --kafka-brokers (comma-separated host:port)")
 		}
 		for _, b := range k.Brokers {
 			if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
-				errs = append(errs, usageError("invalid value %q in KAFKA_BROKERS (--kafka-brokers): each broker must be host:port", b))
+				bad("invalid value %q in KAFKA_BROKERS (--kafka-brokers): each broker must be host:port", b)
 			}
 		}
 		if _, err := kafkaconf.ParseVersion(k.Version); err != nil {
-			errs = append(errs, usageError("invalid value %q for PGBOX_KAFKA_VERSION (--kafka-version): %v", k.Version, err))
+			bad("invalid value %q for PGBOX_KAFKA_VERSION (--kafka-version): %v", k.Version, err)
 		}
 		if k.SASLMechanism != "" && (k.SASLUser == "" || k.SASLPassword == "") {
-			errs = append(errs, usageError("--kafka-sasl-mechanism %s needs both PGBOX_KAFKA_SASL_USER (--kafka-sasl-user) and PGBOX_KAFKA_SASL_PASSWORD (--kafka-sasl-password)", k.SASLMechanism))
+			bad("--kafka-sasl-mechanism %s needs both PGBOX_KAFKA_SASL_USER (--kafka-sasl-user) and PGBOX_KAFKA_SASL_PASSWORD (--kafka-sasl-password)", k.SASLMechanism)
 		}
 		if k.SASLMechanism == "" && (k.SASLUser != "" || k.SASLPassword != "") {
-			errs = append(errs, usageError("a SASL user or password is set but PGBOX_KAFKA_SASL_MECHANISM (--kafka-sasl-mechanism) is empty: set it to PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"))
+			bad("a SASL user or password is set but PGBOX_KAFKA_SASL_MECHANISM (--kafka-sasl-mechanism) is empty: set it to PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
 		}
 		if (k.TLSCert == "") != (k.TLSKey == "") {
-			errs = append(errs, usageError("PGBOX_KAFKA_TLS_CERT (--kafka-tls-cert) and PGBOX_KAFKA_TLS_KEY (--kafka-tls-key) must be set together"))
+			bad("PGBOX_KAFKA_TLS_CERT (--kafka-tls-cert) and PGBOX_KAFKA_TLS_KEY (--kafka-tls-key) must be set together")
 		}
 	}
 	if _, _, err := net.SplitHostPort(o.HTTPAddr); o.HTTPAddr != "" && err != nil {
-		errs = append(errs, usageError("invalid value %q for PGBOX_HTTP_ADDR (--http-addr): must be host:port, :port or empty (no HTTP server)", o.HTTPAddr))
+		bad("invalid value %q for PGBOX_HTTP_ADDR (--http-addr): must be host:port, :port or empty (no HTTP server)", o.HTTPAddr)
 	}
 	if err := o.Relay.validate(); err != nil {
-		errs = append(errs, err)
+		bad("%s", trimUsage(err))
 	}
-	if len(errs) == 1 {
-		return errs[0]
-	}
-	if len(errs) > 1 {
-		msgs := make([]string, len(errs))
-		for i, e := range errs {
-			msgs[i] = trimUsage(e)
-		}
+	if len(msgs) > 0 {
 		return usageError("%s", strings.Join(msgs, "\n  "))
 	}
 	return nil
