@@ -137,14 +137,7 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, look
 }
 
 // trimUsage drops the "usage error: " prefix from messages.
-func trimUsage(err error) string {
-	msg := err.Error()
-	const p = "usage error: "
-	if len(msg) > len(p) && msg[:len(p)] == p {
-		return msg[len(p):]
-	}
-	return msg
-}
+func trimUsage(err error) string { return strings.TrimPrefix(err.Error(), errUsage.Error()+": ") }
 
 func topUsage(out io.Writer) {
 	fmt.Fprint(out, `pgbox-relay — pgbox's operator binary: outbox relay, cleanup, migrations, status.
@@ -154,7 +147,7 @@ Usage: pgbox-relay <command> [flags]
 Commands:
 `)
 	for _, c := range commands {
-		fmt.Fprintf(out, "  %-24s %s\n", c.synopsis, firstLine(c.doc))
+		fmt.Fprintf(out, "  %-24s %s\n", c.synopsis, strings.SplitN(c.doc, "\n", 2)[0])
 	}
 	fmt.Fprint(out, `
 Every setting is a flag and an environment variable (the flag wins).
@@ -166,13 +159,4 @@ Exit codes: 0 success, 1 failure, 2 bad flags, environment or arguments.
 	opts.bind(set, allGroups...)
 	printSettings(out, set.list)
 	fmt.Fprintln(out, "\n`pgbox-relay <command> --help` shows the settings one command reads.")
-}
-
-func firstLine(s string) string {
-	for i, r := range s {
-		if r == '\n' {
-			return s[:i]
-		}
-	}
-	return s
 }
