@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -95,7 +96,7 @@ func printCleanupReport(w io.Writer, rep cleanup.Report) {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintf(tw, "\nINBOX TOPIC\tRETENTION\tSEGMENT\tPOLICY\tWINDOW\t%s\tOLDEST KEY AGE\tMARGIN\tNOTE\n", what)
 		for _, t := range rep.Topics {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.Topic, msText(t.RetentionMs), msText(t.SegmentMs), dash(t.CleanupPolicy),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.Topic, msText(t.RetentionMs), msText(t.SegmentMs), cmp.Or(t.CleanupPolicy, "-"),
 				durtext.Short(t.Window), count(t.Deleted, t.WouldDelete), durtext.Short(t.OldestAge), durtext.Short(t.Margin), topicNote(t))
 		}
 		fmt.Fprintf(tw, "TOTAL\t\t\t\t\t%d\t\t\t\n", keys)
@@ -124,13 +125,6 @@ func topicNote(t cleanup.TopicReport) string {
 		note += ": " + t.Err.Error()
 	}
 	return note
-}
-
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 func msText(ms int64) string {

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/pgboxprom"
@@ -35,30 +37,13 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 		return schemaHint(fmt.Errorf("check pgbox tables: %w", err))
 	}
 
-	rc, err := a.relayConfig(pool)
-	if err != nil {
-		return err
-	}
-	r, err := relay.New(rc)
-	if err != nil {
-		return err
-	}
 	kcfg, err := a.opts.Kafka.Sarama()
 	if err != nil {
 		return err
 	}
 	lk := &lazyKafka{brokers: a.opts.Kafka.Brokers, cfg: kcfg}
 	defer lk.Close()
-
-	var cl *cleanup.Cleaner
-	if a.opts.CleanupInterval > 0 {
-		cl, err = cleanup.New(a.cleanupConfig(pool, lk, false))
-		if err != nil {
-			return err
-		}
-	}
-	exp, err := newMetrics(pgboxprom.Config{Relay: r, Cleaner: cl, DB: pool,
-		Inspect: inspect.Options{Lanes: a.opts.Relay.Lanes}, Logger: a.log.With("component", "metrics")})
+	r, cl, exp, err := a.runParts(pool, lk)
 	if err != nil {
 		return err
 	}
@@ -109,16 +94,8 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	}
 	cancel()
 
-	deadline := time.NewTimer(a.opts.ShutdownTimeout)
-	defer deadline.Stop()
-	for len(pending) > 0 {
-		select {
-		case name := <-stopped:
-			delete(pending, name)
-		case <-deadline.C:
-			return fmt.Errorf("shutdown deadline %s passed with %v still stopping (rows in flight are published again by the next owner of their lane)",
-				a.opts.ShutdownTimeout, slices.Sorted(maps.Keys(pending)))
-		}
+	if err := waitStopped(stopped, pending, a.opts.ShutdownTimeout); err != nil {
+		return err
 	}
 	if runErr != nil {
 		return runErr
@@ -126,4 +103,43 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	s := r.Stats()
 	a.log.Info("relay stopped", "published", s.Published, "retried", s.Retried, "parked", s.Parked)
 	return nil
+}
+
+// waitStopped waits until every pending part has reported on stopped, or
+// fails naming the parts still running once timeout has passed.
+func waitStopped(stopped <-chan string, pending map[string]bool, timeout time.Duration) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for len(pending) > 0 {
+		select {
+		case name := <-stopped:
+			delete(pending, name)
+		case <-deadline.C:
+			return fmt.Errorf("shutdown deadline %s passed with %v still stopping (rows in flight are published again by the next owner of their lane)",
+				timeout, slices.Sorted(maps.Keys(pending)))
+		}
+	}
+	return nil
+}
+
+// runParts makes the relay, the cleaner (nil with --cleanup-interval=0) and
+// the metrics registry run serves.
+func (a *app) runParts(pool *pgxpool.Pool, lk *lazyKafka) (*relay.Relay, *cleanup.Cleaner, *metrics, error) {
+	rc, err := a.relayConfig(pool)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	r, err := relay.New(rc)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var cl *cleanup.Cleaner
+	if a.opts.CleanupInterval > 0 {
+		if cl, err = cleanup.New(a.cleanupConfig(pool, lk, false)); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	exp, err := newMetrics(pgboxprom.Config{Relay: r, Cleaner: cl, DB: pool,
+		Inspect: inspect.Options{Lanes: a.opts.Relay.Lanes}, Logger: a.log.With("component", "metrics")})
+	return r, cl, exp, err
 }
