@@ -1,16 +1,17 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/internal/durtext"
 )
 
 // cleanupConfig maps the cleanup settings onto cleanup.Config.
@@ -48,7 +49,7 @@ func cmdCleanup(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	kcfg, err := a.opts.Kafka.saramaConfig()
+	kcfg, err := a.opts.Kafka.Sarama()
 	if err != nil {
 		return err
 	}
@@ -65,61 +66,69 @@ func cmdCleanup(ctx context.Context, a *app, args []string) error {
 	return err
 }
 
+// printCleanupReport prints the pass's totals, then one row per inbox topic
+// and per other table, each table ending in a TOTAL row.
 func printCleanupReport(w io.Writer, rep cleanup.Report) {
-	what := "deleted"
-	if rep.DryRun {
-		what = "would delete (dry run)"
-	}
 	if rep.Locked {
 		fmt.Fprintln(w, "cleanup: another cleaner holds the lock; this pass did nothing")
 		return
 	}
-	fmt.Fprintf(w, "cleanup pass at %s took %s: %d rows deleted in %d batches (longest %s)\n",
-		rep.Start.UTC().Format(time.RFC3339), rep.Duration.Round(time.Millisecond), rep.Deleted, rep.Batches, rep.MaxBatch.Round(time.Millisecond))
+	count := func(deleted, would int64) int64 {
+		if rep.DryRun {
+			return would
+		}
+		return deleted
+	}
+	var keys, rows int64
+	for _, t := range rep.Topics {
+		keys += count(t.Deleted, t.WouldDelete)
+	}
+	for _, t := range rep.Tables {
+		rows += count(t.Deleted, t.WouldDelete)
+	}
+	at := rep.Start.UTC().Format(time.RFC3339)
+	what := "DELETED"
+	if rep.DryRun {
+		what = "WOULD DELETE (DRY RUN)"
+		fmt.Fprintf(w, "cleanup dry run at %s took %s: would delete %d rows (%d inbox keys, %d other rows); nothing was deleted\n",
+			at, rep.Duration.Round(time.Millisecond), keys+rows, keys, rows)
+	} else {
+		fmt.Fprintf(w, "cleanup pass at %s took %s: %d rows deleted (%d inbox keys, %d other rows) in %d batches (longest %s)\n",
+			at, rep.Duration.Round(time.Millisecond), rep.Deleted, keys, rows, rep.Batches, rep.MaxBatch.Round(time.Millisecond))
+	}
 	if len(rep.Topics) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "\nINBOX TOPIC\tRETENTION\tSEGMENT\tPOLICY\tWINDOW\t%s\tOLDEST KEY AGE\tMARGIN\tNOTE\n", upper(what))
+		fmt.Fprintf(tw, "\nINBOX TOPIC\tRETENTION\tSEGMENT\tPOLICY\tWINDOW\t%s\tOLDEST KEY AGE\tMARGIN\tNOTE\n", what)
 		for _, t := range rep.Topics {
-			n := t.Deleted
-			if rep.DryRun {
-				n = t.WouldDelete
-			}
-			note := ""
-			switch {
-			case t.Skipped:
-				note = "skipped: " + string(t.Reason)
-			case t.Forced:
-				note = "forced window (" + string(t.Reason) + ")"
-			}
-			if t.Err != nil {
-				note += ": " + t.Err.Error()
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.Topic, msText(t.RetentionMs), msText(t.SegmentMs), dash(t.CleanupPolicy),
-				durText(t.Window), n, durText(t.OldestAge), durText(t.Margin), note)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.Topic, msText(t.RetentionMs), msText(t.SegmentMs), cmp.Or(t.CleanupPolicy, "-"),
+				durtext.Short(t.Window), count(t.Deleted, t.WouldDelete), durtext.Short(t.OldestAge), durtext.Short(t.Margin), topicNote(t))
 		}
+		fmt.Fprintf(tw, "TOTAL\t\t\t\t\t%d\t\t\t\n", keys)
 		_ = tw.Flush()
 	}
 	if len(rep.Tables) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "\nTABLE\tKEEP\tCUTOFF\t%s\n", upper(what))
+		fmt.Fprintf(tw, "\nTABLE\tKEEP\tCUTOFF\t%s\n", what)
 		for _, t := range rep.Tables {
-			n := t.Deleted
-			if rep.DryRun {
-				n = t.WouldDelete
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", t.Name, durText(t.Keep), t.Cutoff.UTC().Format(time.RFC3339), n)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", t.Name, durtext.Short(t.Keep), t.Cutoff.UTC().Format(time.RFC3339), count(t.Deleted, t.WouldDelete))
 		}
+		fmt.Fprintf(tw, "TOTAL\t\t\t%d\n", rows)
 		_ = tw.Flush()
 	}
 }
 
-func upper(s string) string { return strings.ToUpper(s) }
-
-func dash(s string) string {
-	if s == "" {
-		return "-"
+func topicNote(t cleanup.TopicReport) string {
+	note := ""
+	switch {
+	case t.Skipped:
+		note = "skipped: " + string(t.Reason)
+	case t.Forced:
+		note = "forced window (" + string(t.Reason) + ")"
 	}
-	return s
+	if t.Err != nil {
+		note += ": " + t.Err.Error()
+	}
+	return note
 }
 
 func msText(ms int64) string {
@@ -129,30 +138,5 @@ func msText(ms int64) string {
 	case ms < 0:
 		return "forever"
 	}
-	return durText(time.Duration(ms) * time.Millisecond)
-}
-
-// durText prints a duration rounded for people: 3d4h, 2h5m, 41s, 120ms.
-func durText(d time.Duration) string {
-	if d == 0 {
-		return "-"
-	}
-	neg := ""
-	if d < 0 {
-		neg, d = "-", -d
-	}
-	switch {
-	case d >= 48*time.Hour:
-		days := d / (24 * time.Hour)
-		h := (d % (24 * time.Hour)) / time.Hour
-		if h == 0 {
-			return fmt.Sprintf("%s%dd", neg, days)
-		}
-		return fmt.Sprintf("%s%dd%dh", neg, days, h)
-	case d >= time.Hour:
-		return neg + fmtDuration(d.Round(time.Minute))
-	case d >= time.Second:
-		return neg + fmtDuration(d.Round(time.Second))
-	}
-	return neg + d.Round(time.Millisecond).String()
+	return durtext.Short(time.Duration(ms) * time.Millisecond)
 }

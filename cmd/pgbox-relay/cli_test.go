@@ -127,7 +127,7 @@ func TestFlagBeatsEnv(t *testing.T) {
 	set := newSettings()
 	opts.bind(set, allGroups...)
 	env := map[string]string{"PGBOX_CLEANUP_INTERVAL": "5m", "PGBOX_LOG_FORMAT": "json", "KAFKA_BROKERS": "a:1, b:2"}
-	pos, err := set.parse("run", []string{"migrate-arg", "--cleanup-interval=0", "x"}, func(k string) string { return env[k] }, nil)
+	pos, err := set.parse("run", []string{"migrate-arg", "--cleanup-interval=0", "x"}, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, nil)
 	require.NoError(t, err)
 	require.Equal(t, []string{"migrate-arg", "x"}, pos)
 	require.Equal(t, time.Duration(0), opts.CleanupInterval, "the flag wins over the environment")

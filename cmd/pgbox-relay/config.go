@@ -5,13 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
-	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/internal/dbconf"
 )
 
 // errUsage marks errors that exit with code 2: a bad flag, environment
@@ -54,111 +54,79 @@ func newSettings() *settings {
 	return &settings{source: map[string]string{}, values: map[string]string{}}
 }
 
-func (s *settings) add(st *setting) { s.list = append(s.list, st) }
+// value adds a setting whose text parse turns into a T; allow says what it
+// accepts (for errors and --help).
+func value[T any](s *settings, p *T, group, name, env, def, usage, allow string, parse func(string) (T, bool)) *setting {
+	st := &setting{name: name, env: env, def: def, usage: usage, group: group, allow: allow}
+	st.set = func(v string) error {
+		x, ok := parse(v)
+		if !ok {
+			return errors.New("must be " + allow)
+		}
+		*p = x
+		return nil
+	}
+	s.list = append(s.list, st)
+	return st
+}
 
 func (s *settings) str(p *string, group, name, env, def, usage string) *setting {
-	st := &setting{name: name, env: env, def: def, usage: usage, group: group, set: func(v string) error { *p = v; return nil }}
-	s.add(st)
-	return st
+	return value(s, p, group, name, env, def, usage, "any text", func(v string) (string, bool) { return v, true })
 }
 
 func (s *settings) enum(p *string, group, name, env, def, usage string, allowed ...string) *setting {
-	st := &setting{name: name, env: env, def: def, usage: usage, group: group, allow: "one of " + strings.Join(quoteAll(allowed), ", ")}
-	st.set = func(v string) error {
+	return value(s, p, group, name, env, def, usage, "one of "+strings.Join(quoteAll(allowed), ", "), func(v string) (string, bool) {
 		for _, a := range allowed {
-			if strings.EqualFold(v, a) {
-				*p = a
-				return nil
+			if strings.EqualFold(strings.TrimSpace(v), a) {
+				return a, true
 			}
 		}
-		return errors.New("must be " + st.allow)
-	}
-	s.add(st)
-	return st
+		return "", false
+	})
 }
 
 func (s *settings) integer(p *int, group, name, env string, def, min, max int, usage string) *setting {
-	st := &setting{name: name, env: env, def: strconv.Itoa(def), usage: usage, group: group,
-		allow: fmt.Sprintf("an integer from %d to %d", min, max)}
-	st.set = func(v string) error {
+	return value(s, p, group, name, env, strconv.Itoa(def), usage, fmt.Sprintf("an integer from %d to %d", min, max), func(v string) (int, bool) {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil || n < min || n > max {
-			return errors.New("must be " + st.allow)
-		}
-		*p = n
-		return nil
-	}
-	s.add(st)
-	return st
+		return n, err == nil && n >= min && n <= max
+	})
 }
 
 func (s *settings) duration(p *time.Duration, group, name, env string, def, min time.Duration, usage string) *setting {
-	st := &setting{name: name, env: env, def: fmtDuration(def), usage: usage, group: group,
-		allow: fmt.Sprintf("a duration of at least %v, like 500ms, 30s or 2h", min)}
+	allow := fmt.Sprintf("a duration of at least %v, like 500ms, 30s or 2h", min)
 	if min == 0 {
-		st.allow = "a duration like 500ms, 30s or 2h (0 allowed)"
+		allow = "a duration like 500ms, 30s or 2h (0 allowed)"
 	}
-	st.set = func(v string) error {
+	return value(s, p, group, name, env, fmtDuration(def), usage, allow, func(v string) (time.Duration, bool) {
 		d, err := time.ParseDuration(strings.TrimSpace(v))
-		if err != nil || d < min {
-			return errors.New("must be " + st.allow)
-		}
-		*p = d
-		return nil
-	}
-	s.add(st)
-	return st
+		return d, err == nil && d >= min
+	})
 }
 
-// retention is a positive duration or "forever".
+// retention is a positive duration or "forever" (cleanup.Forever).
 func (s *settings) retention(p *time.Duration, group, name, env string, def time.Duration, usage string) *setting {
-	show := func(d time.Duration) string {
-		if d < 0 {
-			return "forever"
-		}
-		return fmtDuration(d)
+	show := "forever"
+	if def > 0 {
+		show = fmtDuration(def)
 	}
-	st := &setting{name: name, env: env, def: show(def), usage: usage, group: group,
-		allow: `a positive duration like 168h, or "forever"`}
-	st.set = func(v string) error {
-		v = strings.TrimSpace(v)
-		if strings.EqualFold(v, "forever") {
-			*p = -1
-			return nil
+	return value(s, p, group, name, env, show, usage, `a positive duration like 168h, or "forever"`, func(v string) (time.Duration, bool) {
+		if v = strings.TrimSpace(v); strings.EqualFold(v, "forever") {
+			return cleanup.Forever, true
 		}
 		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return errors.New("must be " + st.allow)
-		}
-		*p = d
-		return nil
-	}
-	s.add(st)
-	return st
+		return d, err == nil && d > 0
+	})
 }
 
 func (s *settings) boolean(p *bool, group, name, env string, def bool, usage string) *setting {
-	st := &setting{name: name, env: env, def: strconv.FormatBool(def), usage: usage, group: group, allow: "true or false"}
-	st.set = func(v string) error {
+	return value(s, p, group, name, env, strconv.FormatBool(def), usage, "true or false", func(v string) (bool, bool) {
 		b, err := strconv.ParseBool(strings.TrimSpace(v))
-		if err != nil {
-			return errors.New("must be true or false")
-		}
-		*p = b
-		return nil
-	}
-	s.add(st)
-	return st
+		return b, err == nil
+	})
 }
 
 func (s *settings) csv(p *[]string, group, name, env, def, usage string) *setting {
-	st := &setting{name: name, env: env, def: def, usage: usage, group: group, allow: "a comma-separated list"}
-	st.set = func(v string) error {
-		*p = splitList(v)
-		return nil
-	}
-	s.add(st)
-	return st
+	return value(s, p, group, name, env, def, usage, "a comma-separated list", func(v string) ([]string, bool) { return splitList(v), true })
 }
 
 func splitList(v string) []string {
@@ -205,9 +173,9 @@ func (f flagValue) Set(v string) error {
 func (f flagValue) IsBoolFlag() bool { return f.st.allow == "true or false" }
 
 // parse applies defaults, then flags, then the environment for settings no flag
-// set. It returns the positional arguments. Flags and positional arguments may
+// set; a variable set to the empty string sets the empty value. It returns the positional arguments. Flags and positional arguments may
 // be interleaved (`migrate up --database-url ...`). Every error wraps errUsage.
-func (s *settings) parse(cmd string, args []string, getenv func(string) string, out io.Writer) ([]string, error) {
+func (s *settings) parse(cmd string, args []string, lookupEnv func(string) (string, bool), out io.Writer) ([]string, error) {
 	for _, st := range s.list {
 		if err := st.set(st.def); err != nil {
 			panic(fmt.Sprintf("default %q of --%s: %v", st.def, st.name, err))
@@ -245,7 +213,7 @@ func (s *settings) parse(cmd string, args []string, getenv func(string) string, 
 		if s.source[st.name] == "flag" || st.env == "" {
 			continue
 		}
-		v, ok := lookupEnv(getenv, st.env)
+		v, ok := lookupEnv(st.env) // set but empty is a value: PGBOX_HTTP_ADDR= turns HTTP off
 		if !ok {
 			continue
 		}
@@ -258,17 +226,12 @@ func (s *settings) parse(cmd string, args []string, getenv func(string) string, 
 	return pos, nil
 }
 
-func lookupEnv(getenv func(string) string, name string) (string, bool) {
-	v := getenv(name)
-	return v, v != ""
-}
-
 func (s *settings) quoted(st *setting, v string) string {
 	if st.secret {
 		return `"(redacted)"`
 	}
 	if st.dsn {
-		return strconv.Quote(redactDSN(v))
+		return strconv.Quote(dbconf.RedactDSN(v))
 	}
 	return strconv.Quote(v)
 }
@@ -276,10 +239,8 @@ func (s *settings) quoted(st *setting, v string) string {
 // usage prints every setting of the command with its environment variable and
 // default.
 func (s *settings) usage(out io.Writer, cmd string) {
-	fmt.Fprintf(out, "Usage: pgbox-relay %s [flags]\n\n", cmdSynopsis(cmd))
-	if d := cmdDoc(cmd); d != "" {
-		fmt.Fprintf(out, "%s\n\n", d)
-	}
+	c := findCommand(cmd)
+	fmt.Fprintf(out, "Usage: pgbox-relay %s [flags]\n\n%s\n\n", c.synopsis, c.doc)
 	fmt.Fprintln(out, "Each flag may also be set by its environment variable; a flag wins over the environment.")
 	printSettings(out, s.list)
 }
@@ -327,53 +288,11 @@ func (s *settings) redacted() map[string]string {
 		case st.secret && v != "":
 			v = "(redacted)"
 		case st.dsn:
-			v = redactDSN(v)
+			v = dbconf.RedactDSN(v)
 		}
 		out[st.name] = v
 	}
 	return out
-}
-
-// sortedKeys is for deterministic logging.
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
-var kvPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
-
-// redactDSN masks the password of a PostgreSQL URL or key=value DSN, and of
-// any URL (the password=... query parameter too). Text it cannot parse is
-// returned with anything after "://" up to "@" masked, to be safe.
-func redactDSN(dsn string) string {
-	if dsn == "" {
-		return ""
-	}
-	if strings.Contains(dsn, "://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			if i, j := strings.Index(dsn, "://"), strings.LastIndex(dsn, "@"); j > i {
-				return dsn[:i+3] + "xxxxx" + dsn[j:]
-			}
-			return "(unparseable, redacted)"
-		}
-		if u.User != nil {
-			if _, has := u.User.Password(); has {
-				u.User = url.UserPassword(u.User.Username(), "xxxxx")
-			}
-		}
-		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-		return u.String()
-	}
-	return kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
 }
 
 // fmtDuration prints 1h instead of 1h0m0s.

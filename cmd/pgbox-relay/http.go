@@ -40,33 +40,45 @@ func newMetrics(cfg pgboxprom.Config) (*metrics, error) {
 
 // lazyKafka is a Kafka client and admin made on first use and kept (sarama
 // reconnects by itself), so that the process starts while Kafka is down and
-// becomes ready once it is up.
+// becomes ready once it is up. Connecting happens outside the lock: a caller
+// that gave up waiting (cleanup's --kafka-timeout) must not hold up Close.
 type lazyKafka struct {
 	brokers []string
 	cfg     *sarama.Config
 
 	mu     sync.Mutex
+	closed bool
 	client sarama.Client
 	admin  sarama.ClusterAdmin
 }
 
 func (l *lazyKafka) connect() (sarama.Client, sarama.ClusterAdmin, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.client != nil {
-		return l.client, l.admin, nil
+	c, a := l.client, l.admin
+	l.mu.Unlock()
+	if c != nil {
+		return c, a, nil
 	}
 	c, err := sarama.NewClient(l.brokers, l.cfg)
 	if err != nil {
 		return nil, nil, kafkaconf.ConnectError(l.brokers, l.cfg, err)
 	}
-	a, err := sarama.NewClusterAdminFromClient(c)
-	if err != nil {
+	if a, err = sarama.NewClusterAdminFromClient(c); err != nil {
 		_ = c.Close()
 		return nil, nil, err
 	}
-	l.client, l.admin = c, a
-	return c, a, nil
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.closed:
+		_ = a.Close()
+		return nil, nil, errors.New("kafka client closed")
+	case l.client != nil: // another caller connected first
+		_ = a.Close()
+	default:
+		l.client, l.admin = c, a
+	}
+	return l.client, l.admin, nil
 }
 
 // DescribeConfigs makes lazyKafka a cleanup.ConfigDescriber.
@@ -99,6 +111,7 @@ func (l *lazyKafka) ping(ctx context.Context) error {
 func (l *lazyKafka) Close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.closed = true
 	if l.admin != nil {
 		_ = l.admin.Close() // closes the client too
 	}

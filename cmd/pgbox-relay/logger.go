@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -14,16 +17,7 @@ type logger = slog.Logger
 // through settings.redacted).
 func newLogger(w io.Writer, format, level string) *slog.Logger {
 	var lv slog.Level
-	switch strings.ToLower(level) {
-	case "debug":
-		lv = slog.LevelDebug
-	case "warn":
-		lv = slog.LevelWarn
-	case "error":
-		lv = slog.LevelError
-	default:
-		lv = slog.LevelInfo
-	}
+	_ = lv.UnmarshalText([]byte(level)) // one of the enum's values: never fails
 	opts := &slog.HandlerOptions{Level: lv}
 	if format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
@@ -31,12 +25,13 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// logSettings logs the effective settings once at start, secrets redacted.
-func (a *app) logSettings(msg string) {
+// logSettings logs the effective settings, secrets redacted: every command
+// at debug level, `run` once more at info when it starts.
+func (a *app) logSettings(level slog.Level, msg string) {
 	vals := a.set.redacted()
 	attrs := make([]any, 0, 2*len(vals))
-	for _, k := range sortedKeys(vals) {
+	for _, k := range slices.Sorted(maps.Keys(vals)) {
 		attrs = append(attrs, strings.ReplaceAll(k, "-", "_"), vals[k])
 	}
-	a.log.Info(msg, attrs...)
+	a.log.Log(context.Background(), level, msg, attrs...)
 }

@@ -22,14 +22,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := realMain(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	code := realMain(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
 	stop()
 	os.Exit(code)
 }
@@ -41,8 +43,6 @@ type command struct {
 	doc      string
 	groups   []string
 	run      func(ctx context.Context, a *app, args []string) error
-	// plainErrors: a failure is printed once, without a log line too.
-	plainErrors bool
 }
 
 var commands []*command
@@ -58,9 +58,9 @@ func init() {
 		{name: "status", synopsis: "status [--json]", doc: "Print the outbox backlog per topic and lane, the oldest unpublished row, parked\nrows, lane owners, and inbox keys per consumer and topic. With Kafka brokers\nset, each topic's oldest key is compared with its cleanup cutoff.",
 			groups: []string{groupDB, groupKafkaOptional, groupCleanup, groupStatus, groupLog}, run: cmdStatus},
 		{name: "parked", synopsis: "parked list|retry|discard [ID...]", doc: parkedDoc,
-			groups: []string{groupDB, groupOps, groupOpsParked, groupLog}, run: cmdParked, plainErrors: true},
+			groups: []string{groupDB, groupOps, groupOpsParked, groupLog}, run: cmdParked},
 		{name: "dead", synopsis: "dead list|replay [ID...]", doc: deadDoc,
-			groups: []string{groupDB, groupOps, groupOpsDead, groupLog}, run: cmdDead, plainErrors: true},
+			groups: []string{groupDB, groupOps, groupOpsDead, groupLog}, run: cmdDead},
 		{name: "version", synopsis: "version", doc: "Print the version of this binary and of the schema it ships.",
 			groups: nil, run: cmdVersion},
 	}
@@ -75,31 +75,19 @@ func findCommand(name string) *command {
 	return nil
 }
 
-func cmdSynopsis(name string) string {
-	if c := findCommand(name); c != nil {
-		return c.synopsis
-	}
-	return name
-}
-
-func cmdDoc(name string) string {
-	if c := findCommand(name); c != nil {
-		return c.doc
-	}
-	return ""
-}
-
 // app is what a subcommand runs with.
 type app struct {
 	opts   *options
 	set    *settings
 	stdout io.Writer
 	stderr io.Writer
-	getenv func(string) string
 	log    *logger
 }
 
-func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+// realMain runs one command and returns the exit status. Every error is
+// printed once: a usage error as one line (status 2), a runtime failure as one
+// line, or as one JSON log record with --log-format=json (status 1).
+func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv func(string) (string, bool)) int {
 	if len(args) == 0 {
 		topUsage(stderr)
 		return 2
@@ -120,7 +108,7 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	opts := &options{}
 	set := newSettings()
 	opts.bind(set, c.groups...)
-	pos, err := set.parse(c.name, args[1:], getenv, stdout)
+	pos, err := set.parse(c.name, args[1:], lookupEnv, stdout)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -131,8 +119,9 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		fmt.Fprintf(stderr, "pgbox-relay: %v\n", trimUsage(err))
 		return 2
 	}
-	a := &app{opts: opts, set: set, stdout: stdout, stderr: stderr, getenv: getenv}
+	a := &app{opts: opts, set: set, stdout: stdout, stderr: stderr}
 	a.log = newLogger(stderr, opts.LogFormat, opts.LogLevel)
+	a.logSettings(slog.LevelDebug, "pgbox-relay "+c.name+" settings")
 	if err := c.run(ctx, a, pos); err != nil {
 		if errors.Is(err, errUsage) {
 			fmt.Fprintf(stderr, "pgbox-relay: %v\n", trimUsage(err))
@@ -142,24 +131,19 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 			fmt.Fprintf(stderr, "pgbox-relay %s: interrupted\n", c.name)
 			return 1
 		}
-		if !c.plainErrors {
+		if opts.LogFormat == "json" {
 			a.log.Error("pgbox-relay "+c.name+" failed", "err", err)
+		} else {
+			// One line: pgx puts each address it tried on a line of its own.
+			fmt.Fprintf(stderr, "pgbox-relay %s: %s\n", c.name, strings.Join(strings.Fields(err.Error()), " "))
 		}
-		fmt.Fprintf(stderr, "pgbox-relay %s: %v\n", c.name, err)
 		return 1
 	}
 	return 0
 }
 
 // trimUsage drops the "usage error: " prefix from messages.
-func trimUsage(err error) string {
-	msg := err.Error()
-	const p = "usage error: "
-	if len(msg) > len(p) && msg[:len(p)] == p {
-		return msg[len(p):]
-	}
-	return msg
-}
+func trimUsage(err error) string { return strings.TrimPrefix(err.Error(), errUsage.Error()+": ") }
 
 func topUsage(out io.Writer) {
 	fmt.Fprint(out, `pgbox-relay — pgbox's operator binary: outbox relay, cleanup, migrations, status.
@@ -169,7 +153,7 @@ Usage: pgbox-relay <command> [flags]
 Commands:
 `)
 	for _, c := range commands {
-		fmt.Fprintf(out, "  %-24s %s\n", c.synopsis, firstLine(c.doc))
+		fmt.Fprintf(out, "  %-24s %s\n", c.synopsis, strings.SplitN(c.doc, "\n", 2)[0])
 	}
 	fmt.Fprint(out, `
 Every setting is a flag and an environment variable (the flag wins).
@@ -181,13 +165,4 @@ Exit codes: 0 success, 1 failure, 2 bad flags, environment or arguments.
 	opts.bind(set, allGroups...)
 	printSettings(out, set.list)
 	fmt.Fprintln(out, "\n`pgbox-relay <command> --help` shows the settings one command reads.")
-}
-
-func firstLine(s string) string {
-	for i, r := range s {
-		if r == '\n' {
-			return s[:i]
-		}
-	}
-	return s
 }

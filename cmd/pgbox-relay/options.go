@@ -1,11 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"net"
 	"strings"
 	"time"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/internal/kafkaconf"
 )
 
 // Option groups: each subcommand reads some of them.
@@ -19,11 +21,10 @@ const (
 	groupCleanupOnce   = "Cleanup pass"
 	groupHTTP          = "HTTP"
 	groupStatus        = "Status"
-	groupDemo          = "Demo"
 	groupLog           = "Process"
 )
 
-var allGroups = []string{groupDB, groupKafka, groupRelay, groupSchedule, groupCleanup, groupCleanupOnce, groupHTTP, groupStatus, groupOps, groupOpsParked, groupOpsDead, groupDemo, groupLog}
+var allGroups = []string{groupDB, groupKafka, groupRelay, groupSchedule, groupCleanup, groupCleanupOnce, groupHTTP, groupStatus, groupOps, groupOpsParked, groupOpsDead, groupLog}
 
 // Defaults of the binary's own settings (the libraries' defaults are reused
 // where a setting passes straight through).
@@ -37,9 +38,6 @@ const (
 	cleanupIntervalDefault = cleanup.IntervalDefault
 	cleanupBufferDefault   = cleanup.BufferDefault
 	cleanupBatchDefault    = cleanup.BatchSizeDefault
-	demoSchemaDefault      = "pgbox_demo"
-	demoOrdersDefault      = 2000
-	demoDurationDefault    = 50 * time.Second
 )
 
 // options is every setting of the binary; a subcommand fills the groups it
@@ -70,42 +68,13 @@ type options struct {
 	HTTPAddr string
 	JSON     bool
 
-	Demo demoOptions
-
 	LogFormat       string
 	LogLevel        string
 	ShutdownTimeout time.Duration
 }
 
-type kafkaOptions struct {
-	Brokers       []string
-	Version       string
-	ClientID      string
-	Timeout       time.Duration
-	SASLMechanism string
-	SASLUser      string
-	SASLPassword  string
-	TLS           bool
-	TLSCA         string
-	TLSCert       string
-	TLSKey        string
-	TLSSkipVerify bool
-}
-
-type demoOptions struct {
-	Schema       string
-	Orders       int
-	DupPercent   int
-	Replay       int
-	Rate         int
-	Partitions   int
-	Consumers    int
-	Duration     time.Duration
-	KeepSchema   bool
-	PaymentTopic string
-	OrderTopic   string
-	DedupKey     string
-}
+// kafkaOptions are the Kafka client settings, shared with the examples.
+type kafkaOptions = kafkaconf.Options
 
 func (o *options) bind(s *settings, groups ...string) {
 	has := map[string]bool{}
@@ -118,7 +87,7 @@ func (o *options) bind(s *settings, groups ...string) {
 		s.str(&o.Schema, groupDB, "schema", "PGBOX_SCHEMA", "",
 			"schema holding the pgbox tables, set as search_path (empty: the connection's own search_path)")
 		s.integer(&o.DBMaxConns, groupDB, "db-max-conns", "PGBOX_DB_MAX_CONNS", dbMaxConnsDefault, 2, 1000,
-			"most database connections the process opens")
+			"most pooled database connections (the relay's LISTEN holds one more, unless --no-listen)")
 	}
 	if has[groupKafka] || has[groupKafkaOptional] {
 		g := groupKafka
@@ -133,7 +102,7 @@ func (o *options) bind(s *settings, groups ...string) {
 		s.csv(&k.Brokers, g, "kafka-brokers", "KAFKA_BROKERS", "", brokersDoc)
 		s.str(&k.Version, g, "kafka-version", "PGBOX_KAFKA_VERSION", kafkaVersionDefault, "Kafka protocol version the client speaks (the oldest broker's version or lower)")
 		s.str(&k.ClientID, g, "kafka-client-id", "PGBOX_KAFKA_CLIENT_ID", kafkaClientIDDefault, "client.id sent to the brokers")
-		s.duration(&k.Timeout, g, "kafka-timeout", "PGBOX_KAFKA_TIMEOUT", kafkaTimeoutDefault, time.Millisecond, "dial, read and write timeout of Kafka requests")
+		s.duration(&k.Timeout, g, "kafka-timeout", "PGBOX_KAFKA_TIMEOUT", kafkaTimeoutDefault, time.Millisecond, "Kafka dial timeout, and how long a cleanup pass waits for the topics' configs (reads and writes wait at least 10s)")
 		s.enum(&k.SASLMechanism, g, "kafka-sasl-mechanism", "PGBOX_KAFKA_SASL_MECHANISM", "", "SASL mechanism (empty: no SASL)", "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 		s.str(&k.SASLUser, g, "kafka-sasl-user", "PGBOX_KAFKA_SASL_USER", "", "SASL user name")
 		s.str(&k.SASLPassword, g, "kafka-sasl-password", "PGBOX_KAFKA_SASL_PASSWORD", "", "SASL password (never printed; prefer the environment variable)").secret = true
@@ -171,35 +140,16 @@ func (o *options) bind(s *settings, groups ...string) {
 		s.boolean(&o.DryRun, groupCleanupOnce, "dry-run", "PGBOX_CLEANUP_DRY_RUN", false, "count what would be deleted; delete nothing")
 	}
 	if has[groupHTTP] {
-		def := httpAddrDefault
-		if !has[groupRelay] {
-			def = "" // the demo serves HTTP only when asked
-		}
-		s.str(&o.HTTPAddr, groupHTTP, "http-addr", "PGBOX_HTTP_ADDR", def, "listen address of /metrics, /healthz and /readyz (empty: no HTTP server, the demo's default)")
+		s.str(&o.HTTPAddr, groupHTTP, "http-addr", "PGBOX_HTTP_ADDR", httpAddrDefault, "listen address of /metrics, /healthz and /readyz (empty: no HTTP server)")
 	}
 	if has[groupStatus] || has[groupOps] {
 		// One --json for status and the operator commands (parked, dead).
 		s.boolean(&o.JSON, groupStatus, "json", "PGBOX_STATUS_JSON", false, "print the status (or the parked/dead command's result) as JSON")
 	}
-	if has[groupDemo] {
-		d := &o.Demo
-		s.str(&d.Schema, groupDemo, "demo-schema", "PGBOX_DEMO_SCHEMA", demoSchemaDefault, "schema the demo drops and recreates at start")
-		s.integer(&d.Orders, groupDemo, "orders", "PGBOX_DEMO_ORDERS", demoOrdersDefault, 1, 10_000_000, "unique orders the producer sends")
-		s.integer(&d.DupPercent, groupDemo, "duplicate-percent", "PGBOX_DEMO_DUPLICATE_PERCENT", 10, 0, 100, "percent of orders resent at once with the same order id")
-		s.integer(&d.Replay, groupDemo, "replay", "PGBOX_DEMO_REPLAY", 200, 0, 10_000_000, "records read back from an earlier offset of the orders topic and sent again")
-		s.integer(&d.Rate, groupDemo, "rate", "PGBOX_DEMO_RATE", 400, 0, 1_000_000, "orders per second the producer sends (0: as fast as it can)")
-		s.integer(&d.Partitions, groupDemo, "partitions", "PGBOX_DEMO_PARTITIONS", 4, 1, 256, "partitions of the demo's topics")
-		s.integer(&d.Consumers, groupDemo, "consumers", "PGBOX_DEMO_CONSUMERS", 2, 1, 64, "consumer-group members of the payment service")
-		s.duration(&d.Duration, groupDemo, "duration", "PGBOX_DEMO_DURATION", demoDurationDefault, time.Second, "the demo fails if it has not finished within this time")
-		s.enum(&d.DedupKey, groupDemo, "dedup-key", "PGBOX_DEMO_DEDUP_KEY", "header",
-			"inbox key: header (the order id: catches resends and replays) or offset (only redeliveries of one record: watch the check fail)", "header", "offset")
-		s.boolean(&d.KeepSchema, groupDemo, "keep-schema", "PGBOX_DEMO_KEEP_SCHEMA", true, "leave the demo schema in place at the end, to look at")
-		d.OrderTopic, d.PaymentTopic = "demo.orders.v1", "demo.payments.v1"
-	}
 	if len(groups) > 0 {
 		s.enum(&o.LogFormat, groupLog, "log-format", "PGBOX_LOG_FORMAT", "text", "log format", "text", "json")
 		s.enum(&o.LogLevel, groupLog, "log-level", "PGBOX_LOG_LEVEL", "info", "least severe log level printed", "debug", "info", "warn", "error")
-		if has[groupRelay] || has[groupDemo] {
+		if has[groupRelay] {
 			s.duration(&o.ShutdownTimeout, groupLog, "shutdown-timeout", "PGBOX_SHUTDOWN_TIMEOUT", shutdownTimeoutDefault, time.Millisecond,
 				"after SIGINT/SIGTERM, how long in-flight work may take before the process exits anyway")
 		}
@@ -209,53 +159,44 @@ func (o *options) bind(s *settings, groups ...string) {
 // validate checks what single settings cannot: required values and
 // combinations. Errors name the setting and wrap errUsage.
 func (o *options) validate(cmd string) error {
-	var errs []error
+	var msgs []string
+	bad := func(format string, args ...any) { msgs = append(msgs, fmt.Sprintf(format, args...)) }
 	if cmd != "version" && o.DatabaseURL == "" {
-		errs = append(errs, usageError("missing database: set DATABASE_URL or --database-url (a PostgreSQL URL like postgres://user:pass@host:5432/db)"))
+		bad("missing database: set DATABASE_URL or --database-url (a PostgreSQL URL like postgres://user:pass@host:5432/db)")
 	}
 	if o.Schema != "" && strings.ContainsAny(o.Schema, ",\"") {
-		errs = append(errs, usageError("invalid value %q for PGBOX_SCHEMA (--schema): must be one schema name, without commas or quotes", o.Schema))
+		bad("invalid value %q for PGBOX_SCHEMA (--schema): must be one schema name, without commas or quotes", o.Schema)
 	}
 	if o.kafkaBound {
 		k := o.Kafka
 		if o.kafkaRequired && len(k.Brokers) == 0 {
-			errs = append(errs, usageError("missing Kafka brokers: set KAFKA_BROKERS or --kafka-brokers (comma-separated host:port)"))
+			bad("missing Kafka brokers: set KAFKA_BROKERS or --kafka-brokers (comma-separated host:port)")
 		}
 		for _, b := range k.Brokers {
 			if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
-				errs = append(errs, usageError("invalid value %q in KAFKA_BROKERS (--kafka-brokers): each broker must be host:port", b))
+				bad("invalid value %q in KAFKA_BROKERS (--kafka-brokers): each broker must be host:port", b)
 			}
 		}
-		if _, err := parseKafkaVersion(k.Version); err != nil {
-			errs = append(errs, usageError("invalid value %q for PGBOX_KAFKA_VERSION (--kafka-version): %v", k.Version, err))
+		if _, err := kafkaconf.ParseVersion(k.Version); err != nil {
+			bad("invalid value %q for PGBOX_KAFKA_VERSION (--kafka-version): %v", k.Version, err)
 		}
 		if k.SASLMechanism != "" && (k.SASLUser == "" || k.SASLPassword == "") {
-			errs = append(errs, usageError("--kafka-sasl-mechanism %s needs both PGBOX_KAFKA_SASL_USER (--kafka-sasl-user) and PGBOX_KAFKA_SASL_PASSWORD (--kafka-sasl-password)", k.SASLMechanism))
+			bad("--kafka-sasl-mechanism %s needs both PGBOX_KAFKA_SASL_USER (--kafka-sasl-user) and PGBOX_KAFKA_SASL_PASSWORD (--kafka-sasl-password)", k.SASLMechanism)
 		}
 		if k.SASLMechanism == "" && (k.SASLUser != "" || k.SASLPassword != "") {
-			errs = append(errs, usageError("a SASL user or password is set but PGBOX_KAFKA_SASL_MECHANISM (--kafka-sasl-mechanism) is empty: set it to PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"))
+			bad("a SASL user or password is set but PGBOX_KAFKA_SASL_MECHANISM (--kafka-sasl-mechanism) is empty: set it to PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
 		}
 		if (k.TLSCert == "") != (k.TLSKey == "") {
-			errs = append(errs, usageError("PGBOX_KAFKA_TLS_CERT (--kafka-tls-cert) and PGBOX_KAFKA_TLS_KEY (--kafka-tls-key) must be set together"))
+			bad("PGBOX_KAFKA_TLS_CERT (--kafka-tls-cert) and PGBOX_KAFKA_TLS_KEY (--kafka-tls-key) must be set together")
 		}
+	}
+	if _, _, err := net.SplitHostPort(o.HTTPAddr); o.HTTPAddr != "" && err != nil {
+		bad("invalid value %q for PGBOX_HTTP_ADDR (--http-addr): must be host:port, :port or empty (no HTTP server)", o.HTTPAddr)
 	}
 	if err := o.Relay.validate(); err != nil {
-		errs = append(errs, err)
+		bad("%s", trimUsage(err))
 	}
-	if cmd == "demo" && o.Demo.Schema == "" {
-		errs = append(errs, usageError("invalid value \"\" for PGBOX_DEMO_SCHEMA (--demo-schema): must be a schema name"))
-	}
-	if cmd == "demo" && o.Demo.Replay > o.Demo.Orders {
-		errs = append(errs, usageError("invalid value %d for PGBOX_DEMO_REPLAY (--replay): must be at most --orders (%d)", o.Demo.Replay, o.Demo.Orders))
-	}
-	if len(errs) == 1 {
-		return errs[0]
-	}
-	if len(errs) > 1 {
-		msgs := make([]string, len(errs))
-		for i, e := range errs {
-			msgs[i] = trimUsage(e)
-		}
+	if len(msgs) > 0 {
 		return usageError("%s", strings.Join(msgs, "\n  "))
 	}
 	return nil

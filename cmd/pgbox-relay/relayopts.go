@@ -33,7 +33,7 @@ func (r *relayOptions) bind(s *settings) {
 	g := groupRelay
 	s.integer(&r.Lanes, g, "lanes", "PGBOX_LANES", relay.LanesDefault, 1, outbox.Slots,
 		"lanes the outbox is split into; each is published by one instance at a time (the same on every instance)")
-	s.str(&r.Instance, g, "instance", "PGBOX_INSTANCE", "", "this instance's unique name in the lease tables (empty: hostname-pid-random)")
+	s.str(&r.Instance, g, "instance", "PGBOX_INSTANCE", "", "this instance's name in the lease tables, to which a random suffix is added (empty: hostname-pid)")
 	s.integer(&r.BatchSize, g, "batch-size", "PGBOX_BATCH_SIZE", relay.BatchSizeDefault, 1, 100_000, "most rows one pass claims and sends")
 	s.duration(&r.PollInterval, g, "poll-interval", "PGBOX_POLL_INTERVAL", relay.PollIntervalDefault, time.Millisecond,
 		"how often an idle relay looks for rows when no NOTIFY wakes it")
@@ -69,7 +69,7 @@ func (r *relayOptions) validate() error {
 // relayKafkaConfig is the relay's producer config: the relay package's
 // idempotent-producer settings on top of the binary's client settings.
 func relayKafkaConfig(k kafkaOptions, maxMessageBytes int) (*sarama.Config, error) {
-	base, err := k.saramaConfig()
+	base, err := k.Sarama()
 	if err != nil {
 		return nil, err
 	}

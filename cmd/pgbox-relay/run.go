@@ -1,10 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inspect"
@@ -21,7 +27,7 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	if len(args) > 0 {
 		return usageError("run takes no arguments (got %q)", args)
 	}
-	a.logSettings("pgbox-relay run starting")
+	a.logSettings(slog.LevelInfo, "pgbox-relay run starting")
 	pool, err := a.openPool(ctx)
 	if err != nil {
 		return err
@@ -31,30 +37,13 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 		return schemaHint(fmt.Errorf("check pgbox tables: %w", err))
 	}
 
-	rc, err := a.relayConfig(pool)
-	if err != nil {
-		return err
-	}
-	r, err := relay.New(rc)
-	if err != nil {
-		return err
-	}
-	kcfg, err := a.opts.Kafka.saramaConfig()
+	kcfg, err := a.opts.Kafka.Sarama()
 	if err != nil {
 		return err
 	}
 	lk := &lazyKafka{brokers: a.opts.Kafka.Brokers, cfg: kcfg}
 	defer lk.Close()
-
-	var cl *cleanup.Cleaner
-	if a.opts.CleanupInterval > 0 {
-		cl, err = cleanup.New(a.cleanupConfig(pool, lk, false))
-		if err != nil {
-			return err
-		}
-	}
-	exp, err := newMetrics(pgboxprom.Config{Relay: r, Cleaner: cl, DB: pool,
-		Inspect: inspect.Options{Lanes: a.opts.Relay.Lanes}, Logger: a.log.With("component", "metrics")})
+	r, cl, exp, err := a.runParts(pool, lk)
 	if err != nil {
 		return err
 	}
@@ -68,61 +57,45 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 			return err
 		}
 	}
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- r.Run(runCtx) }()
-	cleanDone := make(chan error, 1)
-	if cl != nil {
-		go func() { cleanDone <- cl.Run(runCtx) }()
-	} else {
-		cleanDone <- nil
+	// Each part reports its name on stopped when it returns.
+	stopped, pending := make(chan string, 4), map[string]bool{}
+	start := func(name string, f func()) {
+		pending[name] = true
+		go func() { f(); stopped <- name }()
 	}
-	pollDone := make(chan struct{})
-	go func() { exp.col.Run(runCtx); close(pollDone) }()
+	relayErr, httpErr := make(chan error, 1), make(chan error, 1)
+	start("relay", func() { relayErr <- r.Run(runCtx) })
+	if cl != nil {
+		start("cleanup", func() { _ = cl.Run(runCtx) }) // a failed pass is logged and counted; the next one retries
+	}
+	start("metrics", func() { exp.col.Run(runCtx) })
+	if httpDone != nil {
+		start("http", func() {
+			if err := <-httpDone; err != nil {
+				httpErr <- err
+			}
+		})
+	}
 	a.log.Info("relay running", "instance", r.Instance(), "lanes", a.opts.Relay.Lanes,
-		"cleanup_interval", a.opts.CleanupInterval.String(), "kafka", a.opts.Kafka.redacted())
+		"cleanup_interval", a.opts.CleanupInterval.String(), "kafka", a.opts.Kafka.Redacted())
 
 	var runErr error
 	select {
-	case err := <-relayDone:
-		// Run returns early only when it cannot start (lane count mismatch).
-		if err == nil {
-			err = errors.New("relay stopped unexpectedly")
+	case err := <-relayErr:
+		// Run returns early only when it cannot go on (lane count mismatch,
+		// a failure that needs an operator).
+		if err != nil || ctx.Err() == nil {
+			runErr = cmp.Or(err, errors.New("relay stopped unexpectedly"))
 		}
-		runErr = err
-		relayDone <- nil
-	case err := <-httpDone:
+	case err := <-httpErr:
 		runErr = fmt.Errorf("http server: %w", err)
-		httpDone = nil
 	case <-ctx.Done():
 		a.log.Info("shutting down", "deadline", a.opts.ShutdownTimeout.String())
 	}
 	cancel()
 
-	deadline := time.NewTimer(a.opts.ShutdownTimeout)
-	defer deadline.Stop()
-	pending := map[string]bool{"relay": true, "cleanup": true, "metrics": true}
-	if httpDone != nil {
-		pending["http"] = true
-	}
-	for len(pending) > 0 {
-		select {
-		case <-relayDone:
-			delete(pending, "relay")
-		case <-cleanDone:
-			delete(pending, "cleanup")
-		case <-pollDone:
-			delete(pending, "metrics")
-			pollDone = nil
-		case <-httpDone:
-			delete(pending, "http")
-			httpDone = nil
-		case <-deadline.C:
-			names := make([]string, 0, len(pending))
-			for n := range pending {
-				names = append(names, n)
-			}
-			return fmt.Errorf("shutdown deadline %s passed with %v still stopping (rows in flight are published again by the next owner of their lane)", a.opts.ShutdownTimeout, names)
-		}
+	if err := waitStopped(stopped, pending, a.opts.ShutdownTimeout); err != nil {
+		return err
 	}
 	if runErr != nil {
 		return runErr
@@ -130,4 +103,43 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	s := r.Stats()
 	a.log.Info("relay stopped", "published", s.Published, "retried", s.Retried, "parked", s.Parked)
 	return nil
+}
+
+// waitStopped waits until every pending part has reported on stopped, or
+// fails naming the parts still running once timeout has passed.
+func waitStopped(stopped <-chan string, pending map[string]bool, timeout time.Duration) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for len(pending) > 0 {
+		select {
+		case name := <-stopped:
+			delete(pending, name)
+		case <-deadline.C:
+			return fmt.Errorf("shutdown deadline %s passed with %v still stopping (rows in flight are published again by the next owner of their lane)",
+				timeout, slices.Sorted(maps.Keys(pending)))
+		}
+	}
+	return nil
+}
+
+// runParts makes the relay, the cleaner (nil with --cleanup-interval=0) and
+// the metrics registry run serves.
+func (a *app) runParts(pool *pgxpool.Pool, lk *lazyKafka) (*relay.Relay, *cleanup.Cleaner, *metrics, error) {
+	rc, err := a.relayConfig(pool)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	r, err := relay.New(rc)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var cl *cleanup.Cleaner
+	if a.opts.CleanupInterval > 0 {
+		if cl, err = cleanup.New(a.cleanupConfig(pool, lk, false)); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	exp, err := newMetrics(pgboxprom.Config{Relay: r, Cleaner: cl, DB: pool,
+		Inspect: inspect.Options{Lanes: a.opts.Relay.Lanes}, Logger: a.log.With("component", "metrics")})
+	return r, cl, exp, err
 }

@@ -12,11 +12,10 @@ import (
 	"github.com/pgbox/pgbox/relay"
 )
 
-// schemaHint turns "relation does not exist" into advice.
+// schemaHint turns "relation does not exist" into inspect's advice.
 func schemaHint(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return fmt.Errorf("%w (the pgbox tables are missing from the search_path: run `pgbox-relay migrate up`, or set --schema)", err)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return fmt.Errorf("%w (%w)", err, inspect.ErrSchemaMissing)
 	}
 	return err
 }
@@ -34,7 +33,7 @@ func cmdStatus(ctx context.Context, a *app, args []string) error {
 	defer pool.Close()
 	opts := inspect.Options{Lanes: relay.LanesDefault, Logger: a.log.With("component", "status")}
 	if len(a.opts.Kafka.Brokers) > 0 {
-		kcfg, err := a.opts.Kafka.saramaConfig()
+		kcfg, err := a.opts.Kafka.Sarama()
 		if err != nil {
 			return err
 		}

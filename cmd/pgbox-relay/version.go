@@ -6,7 +6,7 @@ import (
 	"io/fs"
 	"runtime"
 	"runtime/debug"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/pgbox/pgbox/migrations"
@@ -28,15 +28,11 @@ func binaryVersion() string {
 // schemaVersion is the newest migration the binary ships.
 func schemaVersion() string {
 	names, _ := fs.Glob(migrations.FS(), "*.sql")
-	sort.Strings(names)
 	if len(names) == 0 {
 		return "none"
 	}
-	last := names[len(names)-1]
-	if i := strings.IndexByte(last, '_'); i > 0 {
-		return strings.TrimLeft(last[:i], "0")
-	}
-	return last
+	v, _, _ := strings.Cut(slices.Max(names), "_")
+	return strings.TrimLeft(v, "0")
 }
 
 func cmdVersion(_ context.Context, a *app, args []string) error {

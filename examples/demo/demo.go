@@ -24,6 +24,7 @@ import (
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/internal/dbconf"
 	"github.com/pgbox/pgbox/migrations"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/relay"
@@ -343,7 +344,7 @@ func (d *demo) setupDB(ctx context.Context) error {
 	}
 	d.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("database: %s", redactErr(err, d.a.opts.DatabaseURL))
+		return fmt.Errorf("database: %s", dbconf.RedactErr(err, d.a.opts.DatabaseURL))
 	}
 	db := sqlDB(d.pool)
 	defer db.Close()

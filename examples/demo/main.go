@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -247,19 +246,6 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
-}
-
-// redactErr returns err's text with the DSN's password masked.
-func redactErr(err error, dsn string) string {
-	msg := err.Error()
-	u, perr := url.Parse(dsn)
-	if perr != nil || u.User == nil {
-		return msg
-	}
-	if p, ok := u.User.Password(); ok && p != "" {
-		msg = strings.ReplaceAll(msg, p, "xxxxx")
-	}
-	return msg
 }
 
 // durText prints a duration rounded for people, as pgbox-relay does.

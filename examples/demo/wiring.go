@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"sync"
@@ -16,22 +15,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/internal/dbconf"
 	"github.com/pgbox/pgbox/pgboxprom"
 )
 
 // poolConfig parses DATABASE_URL; schema becomes the connections' search_path.
 func poolConfig(databaseURL, schema string, maxConns int) (*pgxpool.Config, error) {
-	cfg, err := pgxpool.ParseConfig(databaseURL)
+	cfg, err := dbconf.Config(databaseURL, schema, maxConns, "pgbox-demo")
 	if err != nil {
-		return nil, usageError("invalid DATABASE_URL (--database-url): %s", redactErr(err, databaseURL))
+		return nil, usageError("invalid DATABASE_URL (--database-url): %v", err)
 	}
-	if schema != "" {
-		cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	}
-	if maxConns > 0 {
-		cfg.MaxConns = int32(maxConns)
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "pgbox-demo"
 	return cfg, nil
 }
 
@@ -41,17 +34,7 @@ func (a *app) openPool(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("database: %s", redactErr(err, a.opts.DatabaseURL))
-	}
-	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	if err := pool.Ping(pctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("database unreachable: %s", redactErr(err, a.opts.DatabaseURL))
-	}
-	return pool, nil
+	return dbconf.Open(ctx, cfg, a.opts.DatabaseURL)
 }
 
 // sqlDB wraps a pool as a *sql.DB for goose.

@@ -26,16 +26,20 @@ func Short(d time.Duration) string {
 		}
 		return fmt.Sprintf("%s%dd%dh", neg, days, h)
 	case d >= time.Hour:
-		s := d.Round(time.Minute).String()
-		if strings.HasSuffix(s, "m0s") {
-			s = strings.TrimSuffix(s, "0s")
-		}
-		if strings.HasSuffix(s, "h0m") {
-			s = strings.TrimSuffix(s, "0m")
-		}
-		return neg + s
+		return neg + trimZeros(d.Round(time.Minute).String())
 	case d >= time.Second:
-		return neg + d.Round(time.Second).String()
+		return neg + trimZeros(d.Round(time.Second).String())
 	}
 	return neg + d.Round(time.Millisecond).String()
+}
+
+// trimZeros drops zero trailing units: 10m0s → 10m, 2h0m → 2h.
+func trimZeros(s string) string {
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }

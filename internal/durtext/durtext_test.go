@@ -15,7 +15,8 @@ func TestShort(t *testing.T) {
 		41*time.Second + 400*time.Millisecond: "41s",
 		2*time.Hour + 10*time.Minute:          "2h10m",
 		3 * time.Hour:                         "3h",
-		-50 * time.Minute:                     "-50m0s",
+		-50 * time.Minute:                     "-50m",
+		10 * time.Minute:                      "10m",
 		76 * time.Hour:                        "3d4h",
 		72 * time.Hour:                        "3d",
 	} {
