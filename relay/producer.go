@@ -23,6 +23,7 @@ import (
 // within a send it talks to the brokers concurrently.
 type producer struct {
 	client     sarama.Client
+	brokers    []string
 	conf       *sarama.Config
 	reqVersion int16
 	parts      map[string]sarama.Partitioner
@@ -48,7 +49,7 @@ func newProducer(brokers []string, conf *sarama.Config) (*producer, error) {
 		return nil, err
 	}
 	return &producer{
-		client: c, conf: conf, reqVersion: produceRequestVersion(conf.Version),
+		client: c, brokers: brokers, conf: conf, reqVersion: produceRequestVersion(conf.Version),
 		parts: map[string]sarama.Partitioner{}, seq: map[topicPartition]int32{}, stale: true,
 	}, nil
 }
@@ -84,6 +85,14 @@ func (p *producer) renew() error {
 		return nil
 	}
 	resp, err := p.client.InitProducerID()
+	if errors.Is(err, sarama.ErrOutOfBrokers) {
+		// Every broker the client knew failed (a broker restart, an outage):
+		// sarama's client does not try them again by itself here, so start
+		// a new client from the configured brokers.
+		if err = p.reconnect(); err == nil {
+			resp, err = p.client.InitProducerID()
+		}
+	}
 	if err == nil && !errors.Is(resp.Err, sarama.ErrNoError) {
 		err = resp.Err
 	}
@@ -92,6 +101,19 @@ func (p *producer) renew() error {
 	}
 	p.pid, p.epoch, p.stale = resp.ProducerID, resp.ProducerEpoch, false
 	clear(p.seq)
+	return nil
+}
+
+// reconnect replaces the client with a new one from the configured brokers.
+// Only called between rounds, when no request is in flight.
+func (p *producer) reconnect() error {
+	c, err := sarama.NewClient(p.brokers, p.conf)
+	if err != nil {
+		return err
+	}
+	old := p.client
+	p.client = c
+	_ = old.Close()
 	return nil
 }
 

@@ -71,6 +71,11 @@ func (r *Relay) sendBatch(ctx context.Context, p *producer, rows []row, gen int6
 			p.stale = true // a batch may still land under the old id
 			return s.outcome, true
 		}
+		for _, res := range results {
+			if errors.Is(res.err, sarama.ErrOutOfBrokers) {
+				p.stale = true // renew reconnects when no broker answers
+			}
+		}
 		if retry := s.apply(results); len(retry) > 0 {
 			_ = p.client.RefreshMetadata(retry...)
 			if !backoff.Sleep(ctx, p.conf.Producer.Retry.Backoff) {

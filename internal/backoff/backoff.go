@@ -17,7 +17,7 @@ func Delay(base, limit time.Duration, n int) time.Duration {
 	}
 	d := base
 	for i := 1; i < n && (limit <= 0 || d < limit); i++ {
-		if d > time.Duration(1<<62) {
+		if d >= time.Duration(1<<61) { // doubling again (plus jitter) could overflow
 			break
 		}
 		d *= 2
