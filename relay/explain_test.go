@@ -29,7 +29,7 @@ func TestClaimQueryUsesIndex(t *testing.T) {
 		ANALYZE pgbox_outbox; ANALYZE pgbox_relay_lanes;`)
 	require.NoError(t, err)
 
-	rows, err := db.Pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) "+claimSQL, "me", 500, 16, allSlots(0), 62, make([]int64, 256))
+	rows, err := db.Pool.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) "+claimSQL, "me", 500, 16, allSlots(0), 62)
 	require.NoError(t, err)
 	var plan []string
 	for rows.Next() {
@@ -82,9 +82,10 @@ func TestClaimQueryUsesIndexWithHotKeys(t *testing.T) {
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		conn, err := db.Pool.Acquire(ctx)
 		require.NoError(t, err)
+		defer conn.Release() // a failed check must not leave the pool waiting at cleanup
 		_, err = conn.Exec(ctx, "SET plan_cache_mode = "+mode)
 		require.NoError(t, err)
-		rows, err := conn.Query(ctx, "EXPLAIN (COSTS OFF) "+claimSQL, "me", 500, 16, allSlots(0), 125, make([]int64, 256))
+		rows, err := conn.Query(ctx, "EXPLAIN (COSTS OFF) "+claimSQL, "me", 500, 16, allSlots(0), 125)
 		require.NoError(t, err)
 		var plan []string
 		for rows.Next() {
@@ -95,7 +96,6 @@ func TestClaimQueryUsesIndexWithHotKeys(t *testing.T) {
 		require.NoError(t, rows.Err())
 		_, err = conn.Exec(ctx, "RESET plan_cache_mode")
 		require.NoError(t, err)
-		conn.Release()
 		text := strings.Join(plan, "\n")
 		require.Contains(t, text, "Index Scan using pgbox_outbox_claim_idx on pgbox_outbox", mode+":\n"+text)
 		require.NotContains(t, text, "pgbox_outbox_pkey", mode+":\n"+text)
