@@ -150,10 +150,12 @@
 // # The claim query on a large table
 //
 // The partial index pgbox_outbox_claim_idx (slot, id) WHERE parked_at IS NULL
-// gives one short index range scan per owned slot, started past the rows in
-// flight (a per-slot id bound), so its cost depends neither on the table
-// size nor on the dead index entries of rows already deleted. The slot is
-// matched as a row comparison, (slot, id) > (s, bound) AND slot <= s, which
+// gives one short index range scan per owned slot, from the slot's first
+// row, so its cost does not depend on the table size. No claim skips rows
+// by id: a skipped late-committed row of a key would let the key's next row
+// overtake it. A claim therefore runs once the previous batch is deleted,
+// and walks the dead index entries that delete left (until vacuum). The slot
+// is matched as a row comparison, (slot, id) > (s, 0) AND slot <= s, which
 // only this index answers in order: with slot = s the planner may take the
 // primary key instead when a few hot keys skew the slot statistics, and
 // walk the whole table for every empty slot. The plan:
