@@ -106,14 +106,8 @@ func TestOnlyPgboxpromImportsPrometheus(t *testing.T) {
 
 // TestInboxCoreHasNoSarama: Inbox.Process needs pgx only; the sarama
 // consumer-group adapter lives in its own package.
-//
-// Enforced once inbox/inboxsarama exists (the adapter's move lands on
-// another branch); until then package inbox still holds the adapter.
 func TestInboxCoreHasNoSarama(t *testing.T) {
 	t.Parallel()
-	if err := exec.Command("go", "list", module+"/inbox/inboxsarama").Run(); err != nil {
-		t.Skip("inbox/inboxsarama does not exist yet: the consumer adapter has not moved out of inbox")
-	}
 	for _, d := range deps(t, module+"/inbox") {
 		require.NotEqual(t, sarama, d, "package inbox links sarama: the consumer adapter belongs in inbox/inboxsarama")
 	}
