@@ -28,7 +28,10 @@
 // UPDATE first, then outbox.Write). That is what a ledger or order service
 // does anyway; unrelated concurrent transactions have no meaningful order.
 //
-// Wake-up. With Config.Notify, Write also issues pg_notify on Config.Channel
-// so a listening relay publishes at once; without it the relay finds the rows
-// at its next poll. Correctness never depends on notifications.
+// Wake-up. A relay that found rows in the last two seconds watches the table
+// itself (a cheap query every BusyPollInterval, 2 ms) and publishes new rows
+// within milliseconds. With Config.Notify, Write also wakes a relay that
+// went to sleep (pg_notify on Config.Channel, sent only while a relay
+// sleeps); without it a sleeping relay finds the rows at its next poll
+// (PollInterval, 1 s). Correctness never depends on notifications.
 package outbox

@@ -179,8 +179,10 @@ func TestValidateTopicAcceptsKafkaNames(t *testing.T) {
 }
 
 // With Notify, a listener hears about the rows when the writer commits, once
-// per transaction however many messages it wrote.
-func TestWriteNotifies(t *testing.T) {
+// per transaction however many messages it wrote, but only while a live
+// relay instance is sleeping: with every relay awake (or none, or only a dead
+// one asleep) Write sends nothing, so writers do not serialize on NOTIFY.
+func TestWriteNotifiesOnlyWhileARelaySleeps(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -194,14 +196,37 @@ func TestWriteNotifies(t *testing.T) {
 	defer listener.Close(ctx)
 	_, err = listener.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
 	require.NoError(t, err)
-
-	tx, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	for range 3 { // the same keys each time: equal payloads fold into one notification
-		require.NoError(t, w.Write(ctx, tx, outbox.Message{Topic: "t", Key: []byte("a"), Value: []byte("v")}, outbox.Message{Topic: "t", Key: []byte("b")}))
+	write := func() {
+		t.Helper()
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		for range 3 { // the same keys each time: equal payloads fold into one notification
+			require.NoError(t, w.Write(ctx, tx, outbox.Message{Topic: "t", Key: []byte("a"), Value: []byte("v")}, outbox.Message{Topic: "t", Key: []byte("b")}))
+		}
+		require.NoError(t, tx.Commit(ctx))
 	}
-	require.NoError(t, tx.Commit(ctx))
+	silent := func(why string) {
+		t.Helper()
+		short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancelShort()
+		_, err := listener.WaitForNotification(short)
+		require.True(t, errors.Is(err, context.DeadlineExceeded) || pgconnTimeout(err), "%s: no notification, got %v", why, err)
+	}
+	exec := func(sql string) {
+		t.Helper()
+		_, err := db.Pool.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
 
+	write()
+	silent("no relay instance")
+	exec(`INSERT INTO pgbox_relay_instances (instance, expires_at) VALUES ('awake', now() + interval '1 minute')`)
+	exec(`INSERT INTO pgbox_relay_instances (instance, expires_at, sleeping) VALUES ('dead', now() - interval '1 second', true)`)
+	write()
+	silent("relays awake, the sleeping one dead")
+
+	exec(`UPDATE pgbox_relay_instances SET sleeping = true WHERE instance = 'awake'`)
+	write()
 	n, err := listener.WaitForNotification(ctx)
 	require.NoError(t, err)
 	require.Equal(t, channel, n.Channel)
@@ -209,10 +234,10 @@ func TestWriteNotifies(t *testing.T) {
 	var want string
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT string_agg(slot::text, ',' ORDER BY slot) FROM (SELECT DISTINCT slot FROM pgbox_outbox) s`).Scan(&want))
 	require.Equal(t, want, n.Payload)
-	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancelShort()
-	_, err = listener.WaitForNotification(short)
-	require.True(t, errors.Is(err, context.DeadlineExceeded) || pgconnTimeout(err), "one notification per transaction, got %v", err)
+	silent("one notification per transaction")
+	var rows int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox`).Scan(&rows))
+	require.Equal(t, 3*3*2, rows, "every Write inserted, notified or not")
 }
 
 func pgconnTimeout(err error) bool { return err != nil && strings.Contains(err.Error(), "timeout") }

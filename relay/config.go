@@ -19,7 +19,7 @@ const (
 	LanesDefault             = 16
 	BatchSizeDefault         = 2000
 	PollIntervalDefault      = time.Second
-	BusyPollIntervalDefault  = 25 * time.Millisecond
+	BusyPollIntervalDefault  = 2 * time.Millisecond
 	HeartbeatIntervalDefault = 2 * time.Second
 	LeaseTTLDefault          = 6 * time.Second
 	MaxAttemptsDefault       = 5
@@ -43,8 +43,8 @@ const (
 	CreatedAtHeader = outbox.CreatedAtHeader
 )
 
-// busyWindow is how long the relay keeps polling at BusyPollInterval after a
-// pass that found rows.
+// busyWindow is how long the relay keeps watching the table every
+// BusyPollInterval after a pass that found rows, before it goes to sleep.
 const busyWindow = 2 * time.Second
 
 // backlogCap bounds the backlog count the heartbeat makes, so it stays cheap
@@ -90,9 +90,11 @@ type Config struct {
 	// PollInterval is how often an idle relay looks for rows when no
 	// notification wakes it. Defaults to PollIntervalDefault (1s).
 	PollInterval time.Duration
-	// BusyPollInterval is the poll interval for two seconds after a pass that
-	// found rows, so steady traffic without NOTIFY is still picked up quickly.
-	// Defaults to BusyPollIntervalDefault (25ms).
+	// BusyPollInterval is how often the relay watches the table for new rows
+	// for two seconds after a pass that found rows: one index range scan over
+	// the newest ids, so steady traffic is published within milliseconds
+	// without NOTIFY and writers pay nothing for the wake-up. Defaults to
+	// BusyPollIntervalDefault (2ms).
 	BusyPollInterval time.Duration
 	// HeartbeatInterval is how often the instance renews its leases and
 	// rebalances lanes (one statement). Defaults to HeartbeatIntervalDefault (2s).

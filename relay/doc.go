@@ -119,17 +119,28 @@
 //
 // # Wake-up and idle cost
 //
-// An idle instance sends 1.5 statements per second: one claim per
-// PollInterval (1 s) and one heartbeat per HeartbeatInterval (2 s). It also
-// LISTENs on outbox.ChannelDefault on a dedicated connection: writers with
-// outbox.Config{Notify: true} wake it at commit, and any number of
-// notifications coalesce into one pending wake-up. A notification names the
-// slots written, so a woken relay probes just those (and the slots its last
-// batch found rows in) instead of all its slots; every poll probes them all,
-// so rows written without a notification are found within PollInterval. After a pass that found
-// rows it drains again at once, and for two seconds polls every
-// BusyPollInterval (25 ms), so steady traffic flows without NOTIFY too.
-// Correctness never depends on notifications.
+// After a pass that found rows the relay drains again at once, and for two
+// seconds after the last such pass it watches the table every
+// BusyPollInterval (2 ms): one index range scan over the newest ids, which
+// names the slots of new rows, so steady traffic is published within
+// milliseconds without any help from the writers. The watch reads from a
+// floor that lags the newest id seen by 200-400 ms, so a transaction that
+// took its id before a later one but committed after it is still seen.
+//
+// Then it sleeps: it sets the sleeping flag of its row in
+// pgbox_relay_instances, probes every slot once more, and waits. A sleeping
+// instance sends 1.5 statements per second: one claim per PollInterval (1 s)
+// and one heartbeat per HeartbeatInterval (2 s). It LISTENs on
+// outbox.ChannelDefault on a dedicated connection, and writers with
+// outbox.Config{Notify: true} send a NOTIFY only while some live instance
+// sleeps: a NOTIFY serializes the commits of every notifying transaction in
+// the cluster, so writers pay that only when traffic resumes after a pause.
+// Any number of notifications coalesce into one pending wake-up; a
+// notification names the slots written, so a woken relay probes just those.
+// Every poll probes every slot, so rows nobody named (a transaction that ran
+// longer than the watch's lag, a writer without Notify while the relay
+// sleeps) are found within PollInterval. Correctness never depends on
+// notifications or the watch.
 //
 // # Stop
 //

@@ -9,7 +9,9 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgbox/pgbox/internal/delayproxy"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -41,6 +43,9 @@ const (
 // both rates and their ratio (x-baseline). Key shapes: 1,000 keys, every
 // key unique, 10 hot keys.
 //
+// With PGBOX_BENCH_DELAY (make bench-remote) both sides reach PostgreSQL
+// through a proxy delaying each direction.
+//
 //	make bench PKG=./relay/... BENCH=Drain BENCHTIME=3x
 func BenchmarkDrain(b *testing.B) {
 	for _, keys := range []int{1000, 0, 10} {
@@ -69,7 +74,7 @@ func BenchmarkDrain(b *testing.B) {
 
 // drainSide starts draining tb's outbox to Kafka and returns a func that
 // stops it (off the clock).
-type drainSide func(b *testing.B, tb *testBundle) (stop func())
+type drainSide func(b *testing.B, tb *testBundle, pool *pgxpool.Pool) (stop func())
 
 // drainOnce prepares a full backlog with nothing running, then times side
 // from its start until every record is on Kafka as a separate client sees it.
@@ -81,10 +86,11 @@ func drainOnce(b *testing.B, keys int, side drainSide) time.Duration {
 	fillBacklog(b, tb, drainRows, keys)
 	ends := newEndOffsets(b, tb)
 	defer ends.close()
+	pool := delayproxy.Pool(b, tb.db.Pool) // through a delaying proxy in make bench-remote
 	b.StartTimer()
 
 	t0 := time.Now()
-	stop := side(b, tb)
+	stop := side(b, tb, pool)
 	ends.waitFor(b, drainRows)
 	elapsed := time.Since(t0)
 
@@ -94,8 +100,8 @@ func drainOnce(b *testing.B, keys int, side drainSide) time.Duration {
 	return elapsed
 }
 
-func drainPgbox(b *testing.B, tb *testBundle) func() {
-	cfg := tb.config("bench")
+func drainPgbox(b *testing.B, tb *testBundle, pool *pgxpool.Pool) func() {
+	cfg := tb.configWithPool(pool, "bench")
 	// Production settings: the test config's 100 ms heartbeat (which counts
 	// the backlog each time) would tax the database ten times as often.
 	cfg.Lanes, cfg.HeartbeatInterval, cfg.LeaseTTL, cfg.PollInterval, cfg.MaxBackoff = 0, 0, 0, 0, 0
@@ -104,7 +110,7 @@ func drainPgbox(b *testing.B, tb *testBundle) func() {
 	return func() { rr.stop(b) }
 }
 
-func drainBaseline(b *testing.B, tb *testBundle) func() {
+func drainBaseline(b *testing.B, tb *testBundle, pool *pgxpool.Pool) func() {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -114,7 +120,7 @@ func drainBaseline(b *testing.B, tb *testBundle) func() {
 			return
 		}
 		defer p.Close()
-		if err := baselineDrain(tb, p); err != nil {
+		if err := baselineDrain(pool, p); err != nil {
 			b.Error(err)
 		}
 	}()
@@ -122,11 +128,11 @@ func drainBaseline(b *testing.B, tb *testBundle) func() {
 }
 
 // baselineDrain deletes and sends batches of 500 until the outbox is empty.
-func baselineDrain(tb *testBundle, p sarama.SyncProducer) error {
+func baselineDrain(pool *pgxpool.Pool, p sarama.SyncProducer) error {
 	ctx := context.Background()
 	for {
 		n := 0
-		err := pgx.BeginFunc(ctx, tb.db.Pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			rows, err := tx.Query(ctx, `DELETE FROM pgbox_outbox WHERE id IN (
 				SELECT id FROM pgbox_outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
 				RETURNING topic, key, value, event_id::text`, drainBatch)

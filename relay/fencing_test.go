@@ -45,7 +45,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	var deleted, parked int
 	require.NoError(t, db.Pool.QueryRow(ctx, finishSQL,
 		[]int64{claimed[0].id}, []int64{claimed[0].epoch},
-		[]int64{claimed[1].id}, []int64{claimed[1].epoch}, []string{"boom"}, 1).Scan(&deleted, &parked))
+		[]int64{claimed[1].id}, []int64{claimed[1].epoch}, []string{"boom"}, 1).Scan(&deleted, &parked, nil))
 	require.Zero(t, deleted)
 	require.Zero(t, parked)
 	var n int
@@ -63,6 +63,6 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	require.NotEqual(t, claimed[0].epoch, mine[0].epoch)
 	require.NoError(t, db.Pool.QueryRow(ctx, finishSQL,
 		[]int64{mine[0].id, mine[1].id}, []int64{mine[0].epoch, mine[1].epoch},
-		[]int64{}, []int64{}, []string{}, 1).Scan(&deleted, &parked))
+		[]int64{}, []int64{}, []string{}, 1).Scan(&deleted, &parked, nil))
 	require.Equal(t, 2, deleted)
 }

@@ -22,16 +22,19 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 		nextSlot  int
 		full      = true // probe every owned slot, not just the ones named
 		carry     slotSet
+		w         watcher
 	)
 	defer r.waitFinish()
+	r.startWatch(ctx, &w)
 	for {
 		if ctx.Err() != nil {
 			return
 		}
-		// A pass probes every owned slot, except right after a notification
-		// or a non-full batch: then only the slots notifications named plus
-		// the slots the last batch found rows in. Every poll probes them all,
-		// so rows nobody notified about are found within PollInterval.
+		// A pass probes every owned slot, except right after a notification,
+		// a watch that found rows or a non-full batch: then only the slots
+		// named plus the slots the last batch found rows in. Every poll
+		// probes them all, so rows nobody named are found within
+		// PollInterval.
 		var only *slotSet
 		dirty, all := r.takeDirty()
 		if !full && !all {
@@ -39,6 +42,7 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 			only = &dirty
 		}
 		res := r.pass(ctx, p, &nextSlot, only)
+		w.saw(res.maxID)
 		full, carry = true, slotSet{}
 		var wait time.Duration
 		switch {
@@ -56,15 +60,14 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 		case res.claimed > 0:
 			b.Reset()
 			busyUntil = time.Now().Add(busyWindow)
+			r.awake(ctx, &w)
 			if res.claimed < r.cfg.BatchSize {
 				full, carry = false, res.slots
 			}
 			continue // drain again at once
 		default:
-			wait = r.cfg.PollInterval
-			if time.Now().Before(busyUntil) {
-				wait = r.cfg.BusyPollInterval
-			}
+			full = r.waitForWork(ctx, &w, busyUntil)
+			continue
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -92,6 +95,7 @@ type row struct {
 
 type passResult struct {
 	claimed, published, failed int
+	maxID                      int64 // the newest row claimed
 	slots                      slotSet // slots the batch had rows in
 	err                        error
 }
@@ -178,6 +182,7 @@ func (r *Relay) tally(rows []row, outcome map[int]error) tally {
 	for i := range rows {
 		e, tried := outcome[i]
 		t.res.slots.add(int(rows[i].slot))
+		t.res.maxID = max(t.res.maxID, rows[i].id)
 		switch {
 		case !tried: // held back behind a failed row of its key, or stopping
 		case e == nil:
@@ -215,7 +220,7 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
 	defer cancel()
 	var deleted, parked int
-	if err := r.cfg.Pool.QueryRow(fctx, finishSQL, b.okIDs, b.okEpochs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts).Scan(&deleted, &parked); err != nil {
+	if err := r.cfg.Pool.QueryRow(fctx, finishSQL, b.okIDs, b.okEpochs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts).Scan(&deleted, &parked, nil); err != nil {
 		// The records went out but the rows stay: they will be sent again
 		// (same event ids). That is the at-least-once window.
 		return fmt.Errorf("record outcome of %d rows: %w", b.rows, err)

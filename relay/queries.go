@@ -123,6 +123,15 @@ LIMIT $2`
 // still has the epoch the rows were claimed under, so an instance that lost
 // the lane meanwhile changes nothing.
 //
+// The statement commits asynchronously (synchronous_commit off for its own
+// transaction only): the relay does not wait for the WAL flush, and neither
+// do the writers' commits queue behind it. A database crash can lose the
+// last few hundred milliseconds of these deletes; their rows are then
+// published again, with the same event ids, in order, which is the
+// at-least-once promise (a relay killed between send and delete does the
+// same). Writers' transactions are not affected: an outbox row is as durable
+// as the business write it commits with.
+//
 // $1 published ids, $2 their epochs, $3 failed ids, $4 their epochs, $5 errors, $6 max attempts.
 const finishSQL = `WITH del AS (
 	DELETE FROM pgbox_outbox o
@@ -137,4 +146,5 @@ const finishSQL = `WITH del AS (
 	WHERE o.id = f.id AND l.epoch = f.epoch AND l.lane = o.slot % l.lanes
 	RETURNING o.parked_at IS NOT NULL AS parked
 )
-SELECT (SELECT count(*) FROM del)::int, (SELECT count(*) FROM failed WHERE parked)::int`
+SELECT (SELECT count(*) FROM del)::int, (SELECT count(*) FROM failed WHERE parked)::int,
+	set_config('synchronous_commit', 'off', true)`

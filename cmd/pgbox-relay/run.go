@@ -83,13 +83,16 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	select {
 	case err := <-relayErr:
 		// Run returns early only when it cannot go on (lane count mismatch,
-		// a failure that needs an operator).
+		// a failure that needs an operator), or because ctx ended (both
+		// cases of this select can be ready at once).
 		if err != nil || ctx.Err() == nil {
 			runErr = cmp.Or(err, errors.New("relay stopped unexpectedly"))
 		}
 	case err := <-httpErr:
 		runErr = fmt.Errorf("http server: %w", err)
 	case <-ctx.Done():
+	}
+	if runErr == nil && ctx.Err() != nil {
 		a.log.Info("shutting down", "deadline", a.opts.ShutdownTimeout.String())
 	}
 	cancel()

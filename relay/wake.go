@@ -1,0 +1,180 @@
+package relay
+
+import (
+	"context"
+	"time"
+
+	"github.com/pgbox/pgbox/outbox"
+)
+
+// How a relay learns of new rows without taxing the writers.
+//
+// A pg_notify in every writer transaction serializes the commits of all
+// notifying transactions in the cluster (NOTIFY takes a database-wide lock
+// at commit). So the relay splits the work:
+//
+//   - Awake (rows found in the last busyWindow): every BusyPollInterval it
+//     runs watchSQL, an index range scan over the ids above a floor, and
+//     probes the slots of the rows it finds. Writers send nothing.
+//   - Asleep (busyWindow without rows): it sets its instance row's sleeping
+//     flag and waits for a notification, or for PollInterval. Writers with
+//     outbox.Config.Notify notify only while some live instance sleeps.
+//
+// The floor lags the newest id the relay has seen by watchLag to
+// 2*watchLag, so a row whose transaction took its id early but committed
+// after later ids (ids are taken at insert, rows appear at commit) is still
+// found when it commits, as long as that is within watchLag. Rows that
+// commit later than that, and rows of a writer that read the flag just
+// before it was set, are found by the next full poll (PollInterval), as rows
+// written without Notify always were: the watch and the flag only shorten
+// the wait, correctness never depends on them.
+
+// watchLag is the least the watch floor lags the newest id seen.
+const watchLag = 200 * time.Millisecond
+
+// sleepGrace is how long the relay keeps watching after setting its
+// sleeping flag: writers whose statement started before the flag committed
+// did not notify.
+const sleepGrace = 2 * watchLag
+
+// watchLimit bounds the rows one watch reads (rows claimed and not yet
+// deleted are in the window too).
+const watchLimit = 1000
+
+// watchSQL returns the newest id above $1 and the distinct slots of the
+// unparked rows there, reading at most $2 rows in id order (primary key).
+const watchSQL = `SELECT coalesce(max(id), 0)::bigint, coalesce(array_agg(DISTINCT slot), '{}')::int[]
+FROM (SELECT id, slot FROM pgbox_outbox WHERE id > $1 AND parked_at IS NULL ORDER BY id LIMIT $2) w`
+
+// watchStartSQL is where the watch starts: rows at or below the newest id
+// at start are found by the first pass, which probes every slot.
+const watchStartSQL = `SELECT coalesce(max(id), 0)::bigint FROM pgbox_outbox`
+
+// setSleepingSQL sets the instance's sleeping flag; it reports false when
+// the instance row does not exist yet (before the first heartbeat).
+const setSleepingSQL = `UPDATE pgbox_relay_instances SET sleeping = $2 WHERE instance = $1`
+
+// watcher is the work loop's wake-up state; only the work loop touches it.
+type watcher struct {
+	seen      int64     // the newest id claimed or watched
+	floor     int64     // watchSQL's $1
+	sample    int64     // seen at sampledAt: the next floor
+	sampledAt time.Time //
+	asleep    bool      // the sleeping flag is set in the database
+	// graceUntil: keep watching until then although the busy window is over
+	// (after setting the flag, or when setting it failed).
+	graceUntil time.Time
+}
+
+func (w *watcher) saw(id int64) { w.seen = max(w.seen, id) }
+
+// startWatch places the floor at the newest row: the first pass probes
+// every slot anyway.
+func (r *Relay) startWatch(ctx context.Context, w *watcher) {
+	var top int64
+	if err := r.cfg.Pool.QueryRow(ctx, watchStartSQL).Scan(&top); err != nil {
+		top = 0 // the watch then starts from the bottom: slower, still right
+	}
+	w.seen, w.floor, w.sample, w.sampledAt = top, top, top, time.Now()
+}
+
+// waitForWork blocks until there may be rows to claim: a notification, a
+// watch that found rows, or a poll. full reports whether the next pass must
+// probe every owned slot (a poll, a new flag) rather than the slots named.
+func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time) (full bool) {
+	for {
+		now := time.Now()
+		watchUntil := later(busyUntil, w.graceUntil)
+		if !now.Before(watchUntil) && !w.asleep && !r.cfg.NoListen {
+			w.graceUntil = now.Add(sleepGrace)
+			if r.setSleeping(ctx, true) {
+				w.asleep = true
+				// Probe everything once more: rows committed before the
+				// flag was visible came with no notification.
+				return true
+			}
+			// No flag (the instance row is not there yet, or the database
+			// failed): no notifications either, so keep watching and try
+			// again after the grace.
+			watchUntil = w.graceUntil
+		}
+		watching := now.Before(watchUntil)
+		wait := r.cfg.PollInterval
+		if watching {
+			// Wake at the end of the watch at the latest, to set the flag.
+			wait = min(r.cfg.BusyPollInterval, watchUntil.Sub(now))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return true
+		case <-r.wake:
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+		if !watching {
+			return true // the idle poll
+		}
+		if r.watch(ctx, w) {
+			return false
+		}
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// watch runs watchSQL once; true when it found rows (their slots are marked
+// dirty).
+func (r *Relay) watch(ctx context.Context, w *watcher) bool {
+	if now := time.Now(); now.Sub(w.sampledAt) >= watchLag {
+		w.floor, w.sample, w.sampledAt = w.sample, w.seen, now
+	}
+	var top int64
+	var slots []int32
+	if err := r.cfg.Pool.QueryRow(ctx, watchSQL, w.floor, watchLimit).Scan(&top, &slots); err != nil {
+		if ctx.Err() == nil {
+			r.log.DebugContext(ctx, "watch failed; probing every slot", "error", err)
+		}
+		r.markAllDirty()
+		return true // a pass surfaces (and backs off on) a lasting failure
+	}
+	if len(slots) == 0 {
+		return false
+	}
+	w.saw(top)
+	r.dirtyMu.Lock()
+	for _, s := range slots {
+		if s >= 0 && s < outbox.Slots {
+			r.dirty.add(int(s))
+		}
+	}
+	r.dirtyMu.Unlock()
+	return true
+}
+
+// awake clears the sleeping flag after a pass found rows.
+func (r *Relay) awake(ctx context.Context, w *watcher) {
+	if w.asleep {
+		w.asleep = false
+		r.setSleeping(ctx, false) // if it fails, writers notify a little longer
+	}
+}
+
+// setSleeping sets the instance's sleeping flag; false when it could not.
+func (r *Relay) setSleeping(ctx context.Context, sleeping bool) bool {
+	tag, err := r.cfg.Pool.Exec(ctx, setSleepingSQL, r.id, sleeping)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.DebugContext(ctx, "setting the sleeping flag failed", "sleeping", sleeping, "error", err)
+		}
+		return false
+	}
+	return tag.RowsAffected() == 1
+}
