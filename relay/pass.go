@@ -95,7 +95,7 @@ type row struct {
 
 type passResult struct {
 	claimed, published, failed int
-	maxID                      int64 // the newest row claimed
+	maxID                      int64   // the newest row claimed
 	slots                      slotSet // slots the batch had rows in
 	err                        error
 }
