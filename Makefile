@@ -23,7 +23,9 @@ test: ## the whole suite, with the race detector, against real PostgreSQL
 # The large chaos run (integration_test/): >= 200,000 events end to end through
 # real processes, every fault kind injected 5 times; prints the report table.
 # CHAOS_EVENTS=1000000 for the big run, CHAOS_SEED=<n> replays a schedule,
-# CHAOS_KEEP=1 keeps logs of a passing run. It runs its own PostgreSQL cluster
+# CHAOS_KEEP=1 keeps logs of a passing run, CHAOS_DEDUP=watermark runs the
+# payments inbox in offset-watermark mode (the small run of that mode is
+# TestChaosWatermark, in `make test`). It runs its own PostgreSQL cluster
 # and broker. The small version of the same run is part of `make test`.
 chaos: ## the large chaos run, report as a table
 	CHAOS_SCALE=large $(GO) test -count=1 -run '^TestChaos$$' -timeout 300m -v ./integration_test/

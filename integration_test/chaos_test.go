@@ -20,6 +20,7 @@ const (
 	envRace    = "CHAOS_RACE"           // 1: build the processes with the race detector
 	envKeep    = "CHAOS_KEEP"           // 1: keep the working directory even when the run passes
 	envBuffer  = "CHAOS_CLEANUP_BUFFER" // the cleanup faults' --cleanup-buffer (default 1s)
+	envDedup   = "CHAOS_DEDUP"          // the payments inbox: keys (default) or watermark
 )
 
 // TestChaos runs orders → relays → Kafka → payments group → relays → Kafka
@@ -27,11 +28,30 @@ const (
 // orders flow, and checks: no lost event, no duplicate business effect, no
 // per-key order inversion, and progress resumes after every fault.
 func TestChaos(t *testing.T) {
+	watermark := false
+	switch v := os.Getenv(envDedup); v {
+	case "", "keys":
+	case "watermark":
+		watermark = true
+	default:
+		t.Fatalf("%s=%q: want keys or watermark", envDedup, v)
+	}
+	chaos(t, watermark)
+}
+
+// TestChaosWatermark is the small chaos run with the payments inbox in
+// offset-watermark mode (inbox.DedupWatermarkAndKeys). The large one:
+// CHAOS_DEDUP=watermark make chaos.
+func TestChaosWatermark(t *testing.T) {
+	chaos(t, true)
+}
+
+func chaos(t *testing.T, watermark bool) {
 	if testing.Short() {
 		t.Skip("chaos run skipped in -short mode")
 	}
 	cfg := harness.Config{Events: 3000, PerKind: 2, Gap: 3 * time.Second}
-	opts := harness.Options{Race: os.Getenv(envRace) == "1", Retention: 10 * time.Second}
+	opts := harness.Options{Race: os.Getenv(envRace) == "1", Retention: 10 * time.Second, Watermark: watermark}
 	if os.Getenv(envScale) == "large" {
 		cfg = harness.Config{Events: 200_000, PerKind: 5, Gap: 8 * time.Second}
 		// Consumers lag more under load: the cleanup fault waits for them
@@ -42,7 +62,7 @@ func TestChaos(t *testing.T) {
 	envInt(t, envSeed, func(n int64) { cfg.Seed = uint64(n) })
 	envInt(t, envEvents, func(n int64) { cfg.Events = n })
 	envInt(t, envPerKind, func(n int64) { cfg.PerKind = int(n) })
-	fmt.Printf("chaos: seed %d (replay with %s=%d)\n", cfg.Seed, envSeed, cfg.Seed)
+	fmt.Printf("chaos: seed %d (replay with %s=%d), watermark mode %v\n", cfg.Seed, envSeed, cfg.Seed, watermark)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Hour)
 	defer cancel()
@@ -60,6 +80,13 @@ func TestChaos(t *testing.T) {
 	}
 	rep, err := w.Run(ctx, cfg)
 	rep.Print(os.Stdout)
+	if err == nil && watermark {
+		// The mode was in effect: a watermark row per partition consumed.
+		n, werr := w.WatermarkRows(ctx)
+		if werr != nil || n == 0 {
+			rep.Violations = append(rep.Violations, fmt.Sprintf("watermark mode left %d watermark rows (%v)", n, werr))
+		}
+	}
 	keep := err != nil || !rep.OK() || os.Getenv(envKeep) == "1"
 	w.Close(keep)
 	if keep {

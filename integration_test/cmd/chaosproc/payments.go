@@ -50,6 +50,7 @@ func runPayments(ctx context.Context, log *slog.Logger, args []string) error {
 	out := fs.String("out-topic", "payments.v1", "topic the payment events go to")
 	member := fs.String("member", "m0", "this member's name (logs, payments.member)")
 	batch := fs.Int("batch", 16, "messages per transaction")
+	dedup := fs.String("dedup", "keys", "inbox mode: keys (event-id keys) or watermark (offset watermark plus event-id keys)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -63,7 +64,18 @@ func runPayments(ctx context.Context, log *slog.Logger, args []string) error {
 		return fmt.Errorf("payments: pool: %w", err)
 	}
 	defer pool.Close()
-	ib, err := inbox.New(inbox.Config{Consumer: ConsumerName, Key: inbox.ByHeader(relay.EventIDHeader)})
+	icfg := inbox.Config{Consumer: ConsumerName, Key: inbox.ByHeader(relay.EventIDHeader)}
+	switch *dedup {
+	case "keys":
+	case "watermark":
+		// Redeliveries stop at the partition's watermark; the relays'
+		// duplicates (at least once: a relay killed between send and
+		// delete sends again) sit at new offsets and need the event-id keys.
+		icfg.Dedup = inbox.DedupWatermarkAndKeys
+	default:
+		return fmt.Errorf("payments: --dedup=%q: want keys or watermark", *dedup)
+	}
+	ib, err := inbox.New(icfg)
 	if err != nil {
 		return err
 	}

@@ -464,6 +464,19 @@ func (w *World) InboxKeys(ctx context.Context) (int64, error) {
 	return n, err
 }
 
+// WatermarkRows counts the payments service's offset-watermark rows (one
+// per partition it consumed in watermark mode).
+func (w *World) WatermarkRows(ctx context.Context) (int64, error) {
+	conn, err := pgx.Connect(ctx, w.PG.URL(PaymentsDB))
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(ctx)
+	var n int64
+	err = conn.QueryRow(ctx, `SELECT count(*) FROM pgbox_inbox_watermark WHERE consumer = 'payments-svc'`).Scan(&n)
+	return n, err
+}
+
 func appendFile(path, s string) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {

@@ -65,6 +65,10 @@ type Options struct {
 	OrderRelays, PaymentRelays int
 	// Consumers is the payments group's member count. Defaults to 2.
 	Consumers int
+	// Watermark runs the payments members in the inbox's offset-watermark
+	// mode (inbox.DedupWatermarkAndKeys: the watermark for redeliveries,
+	// event-id keys for the relays' duplicates). Defaults to false (keys).
+	Watermark bool
 	// Partitions of each topic. Defaults to 4.
 	Partitions int
 	// Retention is the orders topic's retention.ms, applied when the driver
@@ -323,11 +327,15 @@ func (w *World) startServices() error {
 		w.Relays = append(w.Relays, p)
 		w.RelayHTTP = append(w.RelayHTTP, "127.0.0.1:"+strconv.Itoa(port))
 	}
+	dedup := "keys"
+	if w.Opts.Watermark {
+		dedup = "watermark"
+	}
 	for i := range w.Opts.Consumers {
 		name := fmt.Sprintf("payments-%d", i+1)
 		w.Consumers = append(w.Consumers, &Proc{Name: name, Path: w.Bin.Proc, LogPath: filepath.Join(w.Dir, name+".log"),
 			Args: []string{"payments", "--db", w.dsn(PaymentsDB, name), "--brokers", w.Brokers[0], "--group", Group,
-				"--topic", strings.Join(w.Opts.OrderTopics, ","), "--out-topic", PaymentsTopic, "--member", name}})
+				"--topic", strings.Join(w.Opts.OrderTopics, ","), "--out-topic", PaymentsTopic, "--member", name, "--dedup", dedup}})
 	}
 	for _, p := range append(append([]*Proc{}, w.Relays...), w.Consumers...) {
 		if err := p.Start(); err != nil {
