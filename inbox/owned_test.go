@@ -162,10 +162,10 @@ func TestOwnedNestedProcessKeepsSavepoint(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM pgbox_inbox WHERE consumer = 'outer'`))
 }
 
-// Without a savepoint to fall back to ON CONFLICT, an owned batch meeting a
-// key that another transaction commits while the batch waits for it fails
-// with ErrInFlight (the caller rolls back and retries); the retry finds the
-// key a duplicate. The handler never runs twice for one key.
+// An owned batch meeting a key that another transaction holds uncommitted
+// waits for it (ON CONFLICT at once: there is no savepoint for the probe's
+// fallback), then reports it a duplicate (the other committed) or processes
+// it (the other rolled back). The handler never runs twice for one key.
 func TestOwnedProcessBatchInFlightKey(t *testing.T) {
 	t.Parallel()
 	for _, commit := range []bool{true, false} {
@@ -181,15 +181,14 @@ func TestOwnedProcessBatchInFlightKey(t *testing.T) {
 			require.NoError(t, err)
 
 			tx2 := b.begin(t)
-			done := make(chan error, 1)
+			type outcome struct {
+				res []inbox.Result
+				err error
+			}
+			done := make(chan outcome, 1)
 			go func() {
-				_, err := ib.ProcessBatch(owntx.With(ctx, tx2), tx2, []inbox.Message{m(2), m(3)}, pay)
-				if err != nil {
-					_ = tx2.Rollback(ctx)
-					done <- err
-					return
-				}
-				done <- tx2.Commit(ctx)
+				res, err := ib.ProcessBatch(owntx.With(ctx, tx2), tx2, []inbox.Message{m(2), m(3)}, pay)
+				done <- outcome{res, err}
 			}()
 			b.waitBlocked(t, tx2.Conn().PgConn().PID())
 			if commit {
@@ -197,24 +196,18 @@ func TestOwnedProcessBatchInFlightKey(t *testing.T) {
 			} else {
 				require.NoError(t, tx1.Rollback(ctx))
 			}
-			err = <-done
-			if !commit {
-				require.NoError(t, err)
+			o := <-done
+			require.NoError(t, o.err)
+			require.NoError(t, tx2.Commit(ctx))
+			require.Equal(t, commit, o.res[0].Duplicate, "offset 2")
+			require.False(t, o.res[1].Duplicate, "offset 3")
+			if commit {
+				require.Equal(t, 3, b.payments(t))
+				require.Equal(t, 3, b.inboxRows(t))
+			} else {
 				require.Equal(t, 2, b.payments(t))
-				return
+				require.Equal(t, 2, b.inboxRows(t))
 			}
-			require.ErrorIs(t, err, inbox.ErrInFlight)
-			require.Equal(t, 2, b.payments(t))
-			require.NoError(t, b.ownedTx(t, func(ctx context.Context, tx pgx.Tx) error {
-				res, err := ib.ProcessBatch(ctx, tx, []inbox.Message{m(2), m(3)}, pay)
-				if err == nil {
-					require.True(t, res[0].Duplicate)
-					require.False(t, res[1].Duplicate)
-				}
-				return err
-			}))
-			require.Equal(t, 3, b.payments(t))
-			require.Equal(t, 3, b.inboxRows(t))
 		})
 	}
 }

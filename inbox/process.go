@@ -264,16 +264,15 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 		return nil, err
 	}
 	owned := owntx.Owns(ctx, tx)
-	err = ib.dedupBatch(ctx, tx, p, sqlInsertManyNew, owned)
-	if pgerr.Is(err, codeUniqueViolation) {
-		if owned {
-			// A key committed concurrently (see sqlInsertManyNew), and the
-			// transaction is aborted: the caller rolls it back and retries,
-			// and then finds the key committed.
-			ib.stats.inFlight.Add(1)
-			err = fmt.Errorf("%w (committed by another transaction while this batch was inserted; retry): %w", ErrInFlight, err)
-			return nil, fmt.Errorf("inbox: consumer %q, batch of %d: %w", ib.consumer, len(ms), err)
-		}
+	insert := sqlInsertManyNew
+	if owned {
+		// Without a savepoint, the probe's unique violation (a key
+		// committed concurrently) would abort the transaction: take ON
+		// CONFLICT at once, which waits for such a key and skips it.
+		insert = sqlInsertMany
+	}
+	err = ib.dedupBatch(ctx, tx, p, insert, owned)
+	if !owned && pgerr.Is(err, codeUniqueViolation) {
 		// A key committed concurrently (see sqlInsertManyNew): again, with
 		// ON CONFLICT.
 		if err = rollbackToSavepoint(ctx, tx); err == nil {
