@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/pgbox/pgbox/inbox/internal/owntx"
 	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
@@ -340,6 +341,29 @@ func rollbackToSavepoint(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("inbox: roll back to savepoint %s (roll the transaction back): %w", savepointName, err)
 	}
 	return nil
+}
+
+// undo rolls back to the savepoint after err, unless the caller owns tx (it
+// rolls tx back itself), and returns err, with the rollback's own failure if
+// any.
+func undo(ctx context.Context, tx pgx.Tx, owned bool, err error) error {
+	if owned {
+		return err
+	}
+	if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
+		return fmt.Errorf("%w (and %w)", err, rbErr)
+	}
+	return err
+}
+
+// handlerCtx is the context a handler receives: it carries the SetResult
+// slot, and never the caller's claim to own tx (a handler that calls Process
+// in turn gets a savepoint).
+func handlerCtx(ctx context.Context, slot *resultSlot, owned bool) context.Context {
+	if owned {
+		ctx = owntx.Drop(ctx)
+	}
+	return context.WithValue(ctx, resultSlotKey{}, slot)
 }
 
 // dedupErr turns an error of the dedup step (after ROLLBACK TO SAVEPOINT)

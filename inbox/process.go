@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/pgbox/pgbox/inbox/internal/owntx"
 	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
@@ -71,18 +72,16 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, m Message, h HandlerFun
 	}
 	res := Result{Key: key}
 	fp := ib.sum(m.Value)
+	owned := owntx.Owns(ctx, tx)
 
-	o, err := ib.dedupOne(ctx, tx, m, key, fp)
+	o, err := ib.dedupOne(ctx, tx, m, key, fp, owned)
 	if err != nil {
 		return res, ib.msgErr(0, m, key, err)
 	}
 	if !o.wmDup && ib.keyed && !o.inserted && mismatch(fp, o.storedFP) {
 		ib.stats.mismatches.Add(1)
 		// Undo the watermark's move too: the message was not handled.
-		if err := rollbackToSavepoint(ctx, tx); err != nil {
-			return res, ib.msgErr(0, m, key, fmt.Errorf("%w (and %w)", ErrFingerprintMismatch, err))
-		}
-		return res, ib.msgErr(0, m, key, ErrFingerprintMismatch)
+		return res, ib.msgErr(0, m, key, undo(ctx, tx, owned, ErrFingerprintMismatch))
 	}
 	if o.gap > 0 { // reported even when the key turns out a duplicate
 		ib.stats.gaps.Add(1)
@@ -95,17 +94,13 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, m Message, h HandlerFun
 	}
 
 	slot := &resultSlot{}
-	if err := h(context.WithValue(ctx, resultSlotKey{}, slot), tx, m); err != nil {
+	if err := h(handlerCtx(ctx, slot, owned), tx, m); err != nil {
 		ib.stats.handlerErrors.Add(1)
-		if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
-			return res, ib.msgErr(0, m, key, fmt.Errorf("handler: %w (and %w)", err, rbErr))
-		}
-		return res, ib.msgErr(0, m, key, fmt.Errorf("handler: %w", err))
+		return res, ib.msgErr(0, m, key, undo(ctx, tx, owned, fmt.Errorf("handler: %w", err)))
 	}
 	if slot.set {
 		if _, err := tx.Exec(ctx, sqlSetResult, ib.consumer, key, slot.b); err != nil {
-			_ = rollbackToSavepoint(ctx, tx)
-			return res, ib.msgErr(0, m, key, fmt.Errorf("store result: %w", err))
+			return res, ib.msgErr(0, m, key, undo(ctx, tx, owned, fmt.Errorf("store result: %w", err)))
 		}
 		res.Stored = slot.b
 	}
@@ -126,15 +121,17 @@ type oneOutcome struct {
 	stored   []byte
 }
 
-// dedupOne opens the savepoint, moves the partition's watermark (watermark
-// modes) and inserts key (keyed modes), all in one round trip; a key that
-// conflicts takes a second, to read the stored fingerprint and result. On
-// success the savepoint is open; on error it has been rolled back and
-// released.
-func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string, fp []byte) (oneOutcome, error) {
+// dedupOne opens the savepoint (unless the caller owns tx), moves the
+// partition's watermark (watermark modes) and inserts key (keyed modes), all
+// in one round trip; a key that conflicts takes a second, to read the stored
+// fingerprint and result. On success the savepoint is open; on error it has
+// been rolled back and released.
+func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string, fp []byte, owned bool) (oneOutcome, error) {
 	args := []any{ib.consumer, key, m.Topic, m.Partition, m.Offset, fp, recordAt(m.Timestamp)}
 	b := &pgx.Batch{}
-	b.Queue(sqlSavepoint)
+	if !owned {
+		b.Queue(sqlSavepoint)
+	}
 	if ib.lockTimeout != "" {
 		b.Queue(sqlSetLockTimeout, ib.lockTimeout)
 	}
@@ -148,12 +145,15 @@ func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string,
 		b.Queue(sqlRestoreLockTimeout)
 	}
 	br := tx.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		// The savepoint itself failed (the transaction was unusable before
-		// we started), or preparing the batch did (pgbox_inbox missing):
-		// no savepoint exists, there is nothing of ours to undo.
-		_ = br.Close()
-		return oneOutcome{}, fmt.Errorf("savepoint: %w", pgerr.WithFix(err))
+	if !owned {
+		if _, err := br.Exec(); err != nil {
+			// The savepoint itself failed (the transaction was unusable
+			// before we started), or preparing the batch did (pgbox_inbox
+			// missing): no savepoint exists, there is nothing of ours to
+			// undo.
+			_ = br.Close()
+			return oneOutcome{}, fmt.Errorf("savepoint: %w", pgerr.WithFix(err))
+		}
 	}
 	var o oneOutcome
 	err := ib.readOne(br, m, &o)
@@ -164,10 +164,7 @@ func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string,
 		err = ib.readStoredOne(ctx, tx, key, args, &o)
 	}
 	if err != nil {
-		if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
-			return oneOutcome{}, fmt.Errorf("%w (and %w)", ib.dedupErr(err), rbErr)
-		}
-		return oneOutcome{}, ib.dedupErr(err)
+		return oneOutcome{}, undo(ctx, tx, owned, ib.dedupErr(err))
 	}
 	return o, nil
 }
@@ -266,13 +263,21 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 	if err != nil {
 		return nil, err
 	}
-	err = ib.dedupBatch(ctx, tx, p, sqlInsertManyNew)
-	if pgerr.Is(err, codeUniqueViolation) {
+	owned := owntx.Owns(ctx, tx)
+	insert := sqlInsertManyNew
+	if owned {
+		// Without a savepoint, the probe's unique violation (a key
+		// committed concurrently) would abort the transaction: take ON
+		// CONFLICT at once, which waits for such a key and skips it.
+		insert = sqlInsertMany
+	}
+	err = ib.dedupBatch(ctx, tx, p, insert, owned)
+	if !owned && pgerr.Is(err, codeUniqueViolation) {
 		// A key committed concurrently (see sqlInsertManyNew): again, with
 		// ON CONFLICT.
 		if err = rollbackToSavepoint(ctx, tx); err == nil {
 			p.reset()
-			err = ib.dedupBatch(ctx, tx, p, sqlInsertMany)
+			err = ib.dedupBatch(ctx, tx, p, sqlInsertMany, false)
 		}
 	}
 	if err != nil {
@@ -281,22 +286,16 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 			// No savepoint exists (see dedupOne): nothing of ours to undo.
 			return nil, fmt.Errorf("inbox: consumer %q: %w", ib.consumer, pgerr.WithFix(err))
 		}
-		err = ib.dedupErr(err)
-		if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
-			err = fmt.Errorf("%w (and %w)", err, rbErr)
-		}
+		err = undo(ctx, tx, owned, ib.dedupErr(err))
 		return nil, fmt.Errorf("inbox: consumer %q, batch of %d: %w", ib.consumer, len(ms), err)
 	}
 	if p.wm != nil {
 		p.wmDup, p.gaps = p.wm.decide(ms)
 	}
 	if err := ib.checkStored(ms, p); err != nil {
-		if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
-			err = fmt.Errorf("%w (and %w)", err, rbErr)
-		}
-		return nil, err
+		return nil, undo(ctx, tx, owned, err)
 	}
-	if err := ib.runBatch(ctx, tx, ms, h, p); err != nil {
+	if err := ib.runBatch(ctx, tx, ms, h, p, owned); err != nil {
 		return nil, err
 	}
 	return p.results, nil
@@ -409,13 +408,15 @@ func (p *batchPlan) scanStored(r pgx.Rows) error {
 	return r.Err()
 }
 
-// dedupBatch opens the savepoint, moves the batch's partition watermarks
-// (watermark modes) and inserts every distinct key (keyed modes) in one
-// round trip, then reads the stored rows of the keys that conflicted. On
-// error the caller rolls back to the savepoint.
-func (ib *Inbox) dedupBatch(ctx context.Context, tx pgx.Tx, p *batchPlan, insert string) error {
+// dedupBatch opens the savepoint (unless the caller owns tx), moves the
+// batch's partition watermarks (watermark modes) and inserts every distinct
+// key (keyed modes) in one round trip, then reads the stored rows of the keys
+// that conflicted. On error the caller rolls back to the savepoint.
+func (ib *Inbox) dedupBatch(ctx context.Context, tx pgx.Tx, p *batchPlan, insert string, owned bool) error {
 	b := &pgx.Batch{}
-	b.Queue(sqlSavepoint)
+	if !owned {
+		b.Queue(sqlSavepoint)
+	}
 	if ib.lockTimeout != "" {
 		b.Queue(sqlSetLockTimeout, ib.lockTimeout)
 	}
@@ -429,9 +430,11 @@ func (ib *Inbox) dedupBatch(ctx context.Context, tx pgx.Tx, p *batchPlan, insert
 		b.Queue(sqlRestoreLockTimeout)
 	}
 	br := tx.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return &savepointError{err: err}
+	if !owned {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return &savepointError{err: err}
+		}
 	}
 	err := ib.readBatch(br, p)
 	if cerr := br.Close(); err == nil {
@@ -543,10 +546,10 @@ func (ib *Inbox) checkStored(ms []Message, p *batchPlan) error {
 
 // runBatch runs h, in input order, for each message whose key is new, then
 // stores the results handlers set. On error it has rolled back to the
-// savepoint.
-func (ib *Inbox) runBatch(ctx context.Context, tx pgx.Tx, ms []Message, h HandlerFunc, p *batchPlan) error {
+// savepoint (unless the caller owns tx).
+func (ib *Inbox) runBatch(ctx context.Context, tx pgx.Tx, ms []Message, h HandlerFunc, p *batchPlan, owned bool) error {
 	slot := &resultSlot{}
-	hctx := context.WithValue(ctx, resultSlotKey{}, slot)
+	hctx := handlerCtx(ctx, slot, owned)
 	var setKeys []string
 	var setResults [][]byte
 	processed, dups := 0, 0
@@ -574,11 +577,7 @@ func (ib *Inbox) runBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Handle
 		*slot = resultSlot{}
 		if err := h(hctx, tx, m); err != nil {
 			ib.stats.handlerErrors.Add(1)
-			err = ib.msgErr(i, m, res.Key, fmt.Errorf("handler: %w", err))
-			if rbErr := rollbackToSavepoint(ctx, tx); rbErr != nil {
-				err = fmt.Errorf("%w (and %w)", err, rbErr)
-			}
-			return err
+			return undo(ctx, tx, owned, ib.msgErr(i, m, res.Key, fmt.Errorf("handler: %w", err)))
 		}
 		processed++
 		if slot.set {
@@ -589,8 +588,7 @@ func (ib *Inbox) runBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Handle
 	}
 	if len(setKeys) > 0 {
 		if _, err := tx.Exec(ctx, sqlSetResults, ib.consumer, setKeys, setResults); err != nil {
-			_ = rollbackToSavepoint(ctx, tx)
-			return fmt.Errorf("inbox: consumer %q: store results: %w", ib.consumer, err)
+			return undo(ctx, tx, owned, fmt.Errorf("inbox: consumer %q: store results: %w", ib.consumer, err))
 		}
 	}
 	ib.stats.processed.Add(uint64(processed))

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/internal/owntx"
 	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
@@ -241,7 +242,7 @@ func (c *claimRun) handle(batch []*sarama.ConsumerMessage) bool {
 		var res []inbox.Result
 		err := c.inTx(func(tx pgx.Tx) error {
 			var err error
-			res, err = c.h.ib.ProcessBatch(c.work, tx, msgs, c.wrap(&herr))
+			res, err = c.h.ib.ProcessBatch(owntx.With(c.work, tx), tx, msgs, c.wrap(&herr))
 			return err
 		})
 		if err == nil {
@@ -369,7 +370,7 @@ func (c *claimRun) processOne(m inbox.Message) (res inbox.Result, err, herr erro
 	_, hadAttempts := c.attempted[m.Offset]
 	err = c.inTx(func(tx pgx.Tx) error {
 		var err error
-		res, err = c.h.ib.Process(c.work, tx, m, c.wrap(&herr))
+		res, err = c.h.ib.Process(owntx.With(c.work, tx), tx, m, c.wrap(&herr))
 		if err == nil && hadAttempts {
 			_, err = tx.Exec(c.work, sqlDeleteAttempts, c.h.ib.Consumer(), m.Topic, m.TopicID, m.Partition, m.Offset)
 			if err != nil {
@@ -488,12 +489,17 @@ func (c *claimRun) deadLetter(sm *sarama.ConsumerMessage, m inbox.Message, cause
 	}
 }
 
-// inTx runs fn in a transaction on the pool and commits it.
+// inTx runs fn in a transaction on the pool and commits it. BEGIN goes out
+// with fn's first batch of statements (lazyTx). When fn fails, the
+// transaction is rolled back whole: this is what lets Process and
+// ProcessBatch run without their savepoint in it (owntx.With).
 func (c *claimRun) inTx(fn func(pgx.Tx) error) error {
-	tx, err := c.h.pool.Begin(c.work)
+	conn, err := c.h.pool.Acquire(c.work)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
+	defer conn.Release()
+	tx := &lazyTx{conn: conn.Conn()} // begun by fn's first batch: the dedup step
 	if err := fn(tx); err != nil {
 		rollback(c.work, tx)
 		return err

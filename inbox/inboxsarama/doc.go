@@ -18,6 +18,13 @@
 // key in pgbox_inbox and is skipped, so consume → process → produce is
 // exactly-once in effect.
 //
+// BEGIN is not a round trip of its own: it goes out with the inbox's dedup
+// step, in one pgx batch, so a transaction is three round trips (BEGIN and
+// dedup, fn's statements, COMMIT). Since the adapter rolls the whole
+// transaction back on any error, the inbox opens no savepoint in it: no
+// subtransaction per message. A savepoint fn opens itself (tx.Begin) works
+// as in pgx.
+//
 // # Failures
 //
 // Every database error, the adapter's own or one from fn's SQL, goes through
