@@ -30,6 +30,9 @@ type result struct {
 
 var procsSuffix = regexp.MustCompile(`-\d+$`)
 
+// resultTail is a result line without its name: "   2   123 ns/op ...".
+var resultTail = regexp.MustCompile(`^\s+\d+\s+[0-9.e+]+ ns/op`)
+
 func parse(line string) (result, bool) {
 	f := strings.Fields(line)
 	if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
@@ -61,9 +64,21 @@ func main() {
 	byName := map[string]result{}
 	sc := bufio.NewScanner(os.Stdin)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	var pending string // a benchmark's name whose result line a log line cut off
 	for sc.Scan() {
 		line := sc.Text()
 		fmt.Println(line)
+		// A benchmark's name is printed before it runs and its figures after;
+		// what it logs meanwhile lands between the two.
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[0], "Benchmark") {
+			if _, err := strconv.Atoi(f[1]); err != nil {
+				pending = f[0]
+				continue
+			}
+		}
+		if pending != "" && resultTail.MatchString(line) {
+			line, pending = pending+" "+line, ""
+		}
 		if r, ok := parse(line); ok {
 			results = append(results, r)
 			byName[r.name] = r
