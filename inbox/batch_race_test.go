@@ -18,6 +18,12 @@ import (
 // this is its fallback at work.)
 func TestProcessBatchWaitsForInFlightKey(t *testing.T) {
 	t.Parallel()
+	inFlightKeyRace(t, func(ctx context.Context, _ pgx.Tx) context.Context { return ctx })
+}
+
+// inFlightKeyRace runs the race of TestProcessBatchWaitsForInFlightKey with
+// each transaction's context made by wrap (owntx.With for the owned path).
+func inFlightKeyRace(t *testing.T, wrap func(context.Context, pgx.Tx) context.Context) {
 	for _, commit := range []bool{true, false} {
 		t.Run(fmt.Sprintf("first_commits=%v", commit), func(t *testing.T) {
 			t.Parallel()
@@ -27,7 +33,7 @@ func TestProcessBatchWaitsForInFlightKey(t *testing.T) {
 			m := func(off int64) inbox.Message { return msg("orders", 0, off, "v") }
 
 			tx1 := b.begin(t)
-			_, err := ib.ProcessBatch(ctx, tx1, []inbox.Message{m(1), m(2)}, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+			_, err := ib.ProcessBatch(wrap(ctx, tx1), tx1, []inbox.Message{m(1), m(2)}, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 				require.NoError(t, inbox.SetResult(ctx, []byte("from-1")))
 				return pay(ctx, tx, m)
 			})
@@ -40,7 +46,7 @@ func TestProcessBatchWaitsForInFlightKey(t *testing.T) {
 			}
 			done := make(chan outcome, 1)
 			go func() {
-				res, err := ib.ProcessBatch(ctx, tx2, []inbox.Message{m(2), m(3)}, pay)
+				res, err := ib.ProcessBatch(wrap(ctx, tx2), tx2, []inbox.Message{m(2), m(3)}, pay)
 				done <- outcome{res, err}
 			}()
 			b.waitBlocked(t, tx2.Conn().PgConn().PID())

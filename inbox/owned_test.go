@@ -3,7 +3,6 @@ package inbox_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -168,46 +167,5 @@ func TestOwnedNestedProcessKeepsSavepoint(t *testing.T) {
 // it (the other rolled back). The handler never runs twice for one key.
 func TestOwnedProcessBatchInFlightKey(t *testing.T) {
 	t.Parallel()
-	for _, commit := range []bool{true, false} {
-		t.Run(fmt.Sprintf("first_commits=%v", commit), func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			ctx := context.Background()
-			ib := newInbox(t, inbox.Config{})
-			m := func(off int64) inbox.Message { return msg("orders", 0, off, "v") }
-
-			tx1 := b.begin(t)
-			_, err := ib.ProcessBatch(owntx.With(ctx, tx1), tx1, []inbox.Message{m(1), m(2)}, pay)
-			require.NoError(t, err)
-
-			tx2 := b.begin(t)
-			type outcome struct {
-				res []inbox.Result
-				err error
-			}
-			done := make(chan outcome, 1)
-			go func() {
-				res, err := ib.ProcessBatch(owntx.With(ctx, tx2), tx2, []inbox.Message{m(2), m(3)}, pay)
-				done <- outcome{res, err}
-			}()
-			b.waitBlocked(t, tx2.Conn().PgConn().PID())
-			if commit {
-				require.NoError(t, tx1.Commit(ctx))
-			} else {
-				require.NoError(t, tx1.Rollback(ctx))
-			}
-			o := <-done
-			require.NoError(t, o.err)
-			require.NoError(t, tx2.Commit(ctx))
-			require.Equal(t, commit, o.res[0].Duplicate, "offset 2")
-			require.False(t, o.res[1].Duplicate, "offset 3")
-			if commit {
-				require.Equal(t, 3, b.payments(t))
-				require.Equal(t, 3, b.inboxRows(t))
-			} else {
-				require.Equal(t, 2, b.payments(t))
-				require.Equal(t, 2, b.inboxRows(t))
-			}
-		})
-	}
+	inFlightKeyRace(t, owntx.With)
 }
