@@ -71,6 +71,17 @@ func (r *Relay) markDirty(payload string) {
 	}
 }
 
+// markSlots records slots the watch found rows in.
+func (r *Relay) markSlots(slots []int32) {
+	r.dirtyMu.Lock()
+	defer r.dirtyMu.Unlock()
+	for _, s := range slots {
+		if s >= 0 && s < outbox.Slots {
+			r.dirty.add(int(s))
+		}
+	}
+}
+
 func (r *Relay) markAllDirty() {
 	r.dirtyMu.Lock()
 	r.dirtyAll = true

@@ -3,8 +3,6 @@ package relay
 import (
 	"context"
 	"time"
-
-	"github.com/pgbox/pgbox/outbox"
 )
 
 // How a relay learns of new rows without taxing the writers.
@@ -149,13 +147,7 @@ func (r *Relay) watch(ctx context.Context, w *watcher) bool {
 		return false
 	}
 	w.saw(top)
-	r.dirtyMu.Lock()
-	for _, s := range slots {
-		if s >= 0 && s < outbox.Slots {
-			r.dirty.add(int(s))
-		}
-	}
-	r.dirtyMu.Unlock()
+	r.markSlots(slots)
 	return true
 }
 

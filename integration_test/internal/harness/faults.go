@@ -454,26 +454,24 @@ func (w *World) deleteGroup(ctx context.Context) error {
 
 // InboxKeys counts the payments service's inbox keys.
 func (w *World) InboxKeys(ctx context.Context) (int64, error) {
-	conn, err := pgx.Connect(ctx, w.PG.URL(PaymentsDB))
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close(ctx)
-	var n int64
-	err = conn.QueryRow(ctx, `SELECT count(*) FROM pgbox_inbox`).Scan(&n)
-	return n, err
+	return w.countPayments(ctx, `SELECT count(*) FROM pgbox_inbox`)
 }
 
 // WatermarkRows counts the payments service's offset-watermark rows (one
 // per partition it consumed in watermark mode).
 func (w *World) WatermarkRows(ctx context.Context) (int64, error) {
+	return w.countPayments(ctx, `SELECT count(*) FROM pgbox_inbox_watermark WHERE consumer = 'payments-svc'`)
+}
+
+// countPayments runs a count query on the payments database.
+func (w *World) countPayments(ctx context.Context, query string) (int64, error) {
 	conn, err := pgx.Connect(ctx, w.PG.URL(PaymentsDB))
 	if err != nil {
 		return 0, err
 	}
 	defer conn.Close(ctx)
 	var n int64
-	err = conn.QueryRow(ctx, `SELECT count(*) FROM pgbox_inbox_watermark WHERE consumer = 'payments-svc'`).Scan(&n)
+	err = conn.QueryRow(ctx, query).Scan(&n)
 	return n, err
 }
 
