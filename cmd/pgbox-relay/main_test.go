@@ -3,40 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgbox/pgbox/internal/testutil"
 )
 
 // relayBin is the binary built once for the whole package's tests.
 var relayBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "pgbox-relay-test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	relayBin = filepath.Join(dir, "pgbox-relay")
-	// Built with -race when the tests are, so the subprocesses are checked too.
-	args := []string{"build", "-o", relayBin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	build := exec.Command("go", append(args, ".")...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build relay binary:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testutil.MainWithBinary(m, "pgbox-relay", &relayBin) }
 
 // result is one finished run of the binary.
 type result struct {

@@ -3,10 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,33 +16,14 @@ import (
 
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/internal/testutil"
 )
 
 // demoBin is the demo binary, built once for the package's tests (with
 // -race when the tests are, so the subprocess is checked too).
 var demoBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "pgbox-demo-test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	demoBin = filepath.Join(dir, "demo")
-	args := []string{"build", "-o", demoBin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	build := exec.Command("go", append(args, ".")...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build demo binary:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testutil.MainWithBinary(m, "demo", &demoBin) }
 
 type result struct {
 	code           int
