@@ -56,7 +56,7 @@ fmt:
 	gofmt -w $$(git ls-files '*.go')
 
 build:
-	$(GO) build -o bin/pgbox-relay ./cmd/pgbox-relay
+	$(GO) build -o bin/relay ./cmd/relay
 
 db-url: ## print the DATABASE_URL the targets use
 	@$(DEVDB) url

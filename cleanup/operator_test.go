@@ -71,7 +71,7 @@ func TestRunMigrationsNotRun(t *testing.T) {
 	c := b.cleaner(t, Config{Pool: empty.Pool, Interval: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	err := runUntilError(t, c, 10*time.Second)
-	requireNeedsOperator(t, err, "42P01", "pgbox-relay migrate up", &logs)
+	requireNeedsOperator(t, err, "42P01", "relay migrate up", &logs)
 }
 
 // The cleaner's role loses its grants while Run runs: Run returns within

@@ -41,7 +41,7 @@
 //
 // A dead-lettered record's key is in the inbox (so a redelivery of it is a
 // duplicate). When an operator replays it (inspect.ReplayDead, or
-// `pgbox-relay dead replay`), the replay carries the header ReplayHeader
+// `relay dead replay`), the replay carries the header ReplayHeader
 // ("pgbox-replay-of: <dead letter id>"), and every strategy appends
 // ReplayKeySuffix and that id to the key it derives: "orders/3/1042/replay/17".
 // The replay is therefore processed (once: its own redeliveries are

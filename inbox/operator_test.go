@@ -29,7 +29,7 @@ func TestProcessMigrationsNotRun(t *testing.T) {
 
 	_, err = ib.Process(ctx, tx, msg("orders", 0, 1, "v"), noop)
 	require.ErrorIs(t, err, inbox.ErrNeedsOperator)
-	require.ErrorContains(t, err, "pgbox-relay migrate up")
+	require.ErrorContains(t, err, "relay migrate up")
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "42P01", pgErr.Code)
@@ -40,5 +40,5 @@ func TestProcessMigrationsNotRun(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ib.ProcessBatch(ctx, tx, []inbox.Message{msg("orders", 0, 1, "v"), msg("orders", 0, 2, "w")}, noop)
 	require.ErrorIs(t, err, inbox.ErrNeedsOperator)
-	require.ErrorContains(t, err, "pgbox-relay migrate up")
+	require.ErrorContains(t, err, "relay migrate up")
 }

@@ -1,7 +1,7 @@
 // Package inspect reads typed snapshots of pgbox's state for operators: the
 // outbox backlog per topic and lane, parked rows, relay lanes and instances,
 // inbox keys and each consumer's oldest key per topic against the topic's
-// cleanup cutoff, and dead letters. It is what `pgbox-relay status` prints and
+// cleanup cutoff, and dead letters. It is what `relay status` prints and
 // what package pgboxprom exports as metrics; a service reads the same
 // snapshot by calling Read.
 //
@@ -14,8 +14,8 @@
 //
 // # Operating parked rows and dead letters
 //
-// The operator functions act on what a snapshot shows; `pgbox-relay parked`
-// and `pgbox-relay dead` call them. All are safe while relays and consumers
+// The operator functions act on what a snapshot shows; `relay parked`
+// and `relay dead` call them. All are safe while relays and consumers
 // run and idempotent (a second run leaves the same end state):
 //
 //   - ListParked, CountParked: parked outbox rows, filtered by topic, error
@@ -137,7 +137,7 @@ func (o Options) validate() error {
 
 // ErrSchemaMissing is returned (wrapped) when the pgbox tables are not on
 // the search_path.
-var ErrSchemaMissing = errors.New("the pgbox tables are missing from the search_path: run `pgbox-relay migrate up`, or set the schema")
+var ErrSchemaMissing = errors.New("the pgbox tables are missing from the search_path: run `relay migrate up`, or set the schema")
 
 // ErrNoConnection is returned (wrapped) when no transaction could be begun:
 // the database could not be reached, as opposed to a query that failed or

@@ -143,7 +143,7 @@ func TestReadSchemaMissing(t *testing.T) {
 	_, err := inspect.Read(context.Background(), db.Pool, inspect.Options{})
 	require.Error(t, err)
 	require.True(t, errors.Is(err, inspect.ErrSchemaMissing), "%v", err)
-	require.ErrorContains(t, err, "pgbox-relay migrate up")
+	require.ErrorContains(t, err, "relay migrate up")
 }
 
 // TestReadNeverWaitsOnCleanupLock: a held cleanup lease does not delay a

@@ -3,7 +3,7 @@ package inspect
 import "time"
 
 // Snapshot is one read of pgbox's state; its JSON is what
-// `pgbox-relay status --json` prints.
+// `relay status --json` prints.
 type Snapshot struct {
 	// Time is the database's clock when the snapshot was taken; every age is
 	// measured from it.

@@ -23,7 +23,7 @@ func countText(n int64, estimated bool) string {
 	return fmt.Sprint(n)
 }
 
-// WriteText prints the snapshot for people, as `pgbox-relay status` does.
+// WriteText prints the snapshot for people, as `relay status` does.
 func (s *Snapshot) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "pgbox status at %s\n", s.Time.Format(time.RFC3339))
 	printOutbox(w, s)

@@ -26,12 +26,12 @@ const (
 // Deadlines an operator's tools must meet while Kafka is unreachable.
 const (
 	metricsDeadline = 10 * time.Second // a Prometheus scrape timeout
-	statusDeadline  = 30 * time.Second // `pgbox-relay status` from a shell
+	statusDeadline  = 30 * time.Second // `relay status` from a shell
 )
 
 // TestScenarioKafkaUnreachable: the broker stops answering (SIGSTOP: open
 // sockets, no replies, the hardest case for timeouts) for minutes while the
-// orders service keeps committing. Every relay's /metrics and `pgbox-relay
+// orders service keeps committing. Every relay's /metrics and `relay
 // status` keep answering within their deadlines and report the backlog;
 // when Kafka returns, the backlog drains with no loss and in order.
 // Depends on the fast status queries (cmd).
@@ -60,8 +60,8 @@ func TestScenarioKafkaUnreachable(t *testing.T) {
 			maxBacklog = max(maxBacklog, backlog)
 		}
 		took, unsent, err := status(ctx, w)
-		require.NoError(t, err, "pgbox-relay status while Kafka is unreachable")
-		require.Less(t, took, statusDeadline, "pgbox-relay status")
+		require.NoError(t, err, "relay status while Kafka is unreachable")
+		require.Less(t, took, statusDeadline, "relay status")
 		fmt.Printf("%s: Kafka unreachable %v: status took %v, reports %d unpublished rows\n", t.Name(), time.Since(paused).Round(time.Second), took.Round(time.Millisecond), unsent)
 		maxBacklog = max(maxBacklog, unsent)
 	}
@@ -100,7 +100,7 @@ func scrapeBacklog(ctx context.Context, addr string) (time.Duration, int64, erro
 	return time.Since(start), sum, nil
 }
 
-// status runs `pgbox-relay status --json` against the orders database, with
+// status runs `relay status --json` against the orders database, with
 // the (unreachable) broker given, and returns its unpublished row count.
 func status(ctx context.Context, w *harness.World) (time.Duration, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, statusDeadline+5*time.Second)

@@ -16,7 +16,7 @@ import (
 	"github.com/pgbox/pgbox/pgboxprom"
 )
 
-// The scrape's database reads before package inspect (cmd/pgbox-relay's
+// The scrape's database reads before package inspect (cmd/relay's
 // collectStatus without the inbox): the lane table, then count(*) GROUP BY
 // over the whole outbox. Kept here as the baseline.
 const (
@@ -98,7 +98,7 @@ func seedScrapeBench(b *testing.B, pool *pgxpool.Pool, outboxRows, inboxRows int
 //     metrics through package inspect: backlog, lanes, parked rows, inbox key
 //     ages per consumer and topic) against the scrape's queries before it
 //     (baseline: count(*) GROUP BY over the whole outbox);
-//   - status: inspect.Read, what `pgbox-relay status` prints, against
+//   - status: inspect.Read, what `relay status` prints, against
 //     status's queries before it (baseline: the same outbox count plus
 //     count(*) GROUP BY over the whole inbox).
 func BenchmarkInspect(b *testing.B) {

@@ -14,7 +14,7 @@ import (
 )
 
 // A service registers pgbox's metrics in its own registry, next to its own
-// metrics, and reads the same status snapshot that `pgbox-relay status
+// metrics, and reads the same status snapshot that `relay status
 // --json` prints, without running the binary.
 func Example() {
 	ctx := context.Background()
@@ -56,7 +56,7 @@ func Example() {
 		}
 	}
 
-	// Status: the snapshot `pgbox-relay status --json` prints.
+	// Status: the snapshot `relay status --json` prints.
 	snap, err := inspect.Read(ctx, pool, inspect.Options{})
 	if err != nil {
 		log.Fatal(err)

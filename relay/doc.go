@@ -1,6 +1,6 @@
 // Package relay publishes committed outbox rows (see package outbox) to Kafka
 // with an idempotent sarama producer, and deletes them once Kafka has
-// acknowledged them. Run one or more instances, usually as cmd/pgbox-relay:
+// acknowledged them. Run one or more instances, usually as cmd/relay:
 //
 //	r, err := relay.New(relay.Config{Pool: pool, Brokers: []string{"kafka:9092"}})
 //	err = r.Run(ctx) // until ctx is canceled

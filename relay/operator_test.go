@@ -74,7 +74,7 @@ func TestRunMigrationsNotRun(t *testing.T) {
 	r, err := relay.New(cfg)
 	require.NoError(t, err)
 	err = runUntilError(t, r, 10*time.Second)
-	requireNeedsOperator(t, err, "42P01", "pgbox-relay migrate up", &logs)
+	requireNeedsOperator(t, err, "42P01", "relay migrate up", &logs)
 }
 
 // The relay's role loses its grants on pgbox's tables while it runs: Run

@@ -253,7 +253,7 @@ func TestRunWithoutMigrations(t *testing.T) {
 	defer cancel()
 	err = r.Run(ctx)
 	require.ErrorIs(t, err, relay.ErrNeedsOperator)
-	require.ErrorContains(t, err, "pgbox-relay migrate up")
+	require.ErrorContains(t, err, "relay migrate up")
 	require.NoError(t, ctx.Err())
 }
 

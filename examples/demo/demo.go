@@ -689,7 +689,7 @@ func (d *demo) summary(ctx context.Context, took time.Duration, cr cleanup.Repor
 	fmt.Fprintf(tw, "cleanup (one pass)\t%d deleted\t%s\n", cr.Deleted, cleanupNote(cr, d.orders))
 	_ = tw.Flush()
 	if d.o.KeepSchema {
-		fmt.Fprintf(w, "\nThe demo's tables are in schema %q: try `pgbox-relay status --schema %s`.\n", d.o.Schema, d.o.Schema)
+		fmt.Fprintf(w, "\nThe demo's tables are in schema %q: try `relay status --schema %s`.\n", d.o.Schema, d.o.Schema)
 	}
 	if !okRows || !okPays {
 		fmt.Fprintln(w, "\nFAIL")

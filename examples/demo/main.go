@@ -248,5 +248,5 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// durText prints a duration rounded for people, as pgbox-relay does.
+// durText prints a duration rounded for people, as relay does.
 func durText(d time.Duration) string { return durtext.Short(d) }

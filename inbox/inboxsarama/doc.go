@@ -36,7 +36,7 @@
 //   - needs an operator (a missing table, column or function, a revoked
 //     grant, failed authentication): the claim ends and Consume returns the
 //     error, which wraps inbox.ErrNeedsOperator and names the fix (for
-//     pgbox's own tables, "run `pgbox-relay migrate up`"). It is logged at
+//     pgbox's own tables, "run `relay migrate up`"). It is logged at
 //     ERROR and counted in Stats.OperatorErrors; the message is neither
 //     counted as an attempt nor dead-lettered, and its offset does not move,
 //     so the next Consume after the fix carries on where this one stopped.

@@ -80,7 +80,7 @@ func TestOnlyExamplesAndTestsImportKfake(t *testing.T) {
 		}
 		require.Empty(t, importsPrefix(p.Imports, kfake), "%s imports kfake outside a _test file", p.ImportPath)
 	}
-	for _, d := range deps(t, module+"/cmd/pgbox-relay") {
+	for _, d := range deps(t, module+"/cmd/relay") {
 		require.NotEqual(t, kfake, d, "the production binary links kfake")
 	}
 }

@@ -67,7 +67,7 @@ func NewPKI(t testing.TB) PKI {
 		return p
 	}
 	srvDER, srvKey := issue(2, "127.0.0.1", x509.ExtKeyUsageServerAuth, []net.IP{net.ParseIP("127.0.0.1")})
-	cliDER, cliKey := issue(3, "pgbox-relay", x509.ExtKeyUsageClientAuth, nil)
+	cliDER, cliKey := issue(3, "relay", x509.ExtKeyUsageClientAuth, nil)
 	cliKeyDER, err := x509.MarshalECPrivateKey(cliKey)
 	require.NoError(t, err)
 

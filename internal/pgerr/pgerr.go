@@ -209,11 +209,11 @@ func Fix(err error) string {
 	switch pgErr.Code {
 	case CodeUndefinedTable, CodeUndefinedColumn, CodeUndefinedFunction:
 		if pgbox {
-			return "pgbox's tables are missing or older than this code: run `pgbox-relay migrate up` (or migrations.Up) " +
+			return "pgbox's tables are missing or older than this code: run `relay migrate up` (or migrations.Up) " +
 				"against this database, with the search_path the component uses"
 		}
 		return "a table, column or function the SQL uses does not exist: apply the service's migrations " +
-			"(was a deploy's migration skipped?), and `pgbox-relay migrate up` for pgbox's tables"
+			"(was a deploy's migration skipped?), and `relay migrate up` for pgbox's tables"
 	case CodeInvalidSchemaName:
 		return "the schema does not exist: create it, or fix search_path in the connection settings"
 	case CodeInsufficientPrivilege:

@@ -65,7 +65,7 @@ func TestWithFix(t *testing.T) {
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "42P01", pgErr.Code)
-	require.ErrorContains(t, err, "pgbox-relay migrate up")
+	require.ErrorContains(t, err, "relay migrate up")
 	require.Equal(t, err, pgerr.WithFix(err), "marked once")
 
 	require.Contains(t, pgerr.Fix(pg("42P01", `relation "payments" does not exist`)), "apply the service's migrations")
@@ -82,7 +82,7 @@ func TestClassifyRealServer(t *testing.T) {
 	_, err := db.Pool.Exec(ctx, `SELECT 1 FROM pgbox_outbox`)
 	require.Equal(t, pgerr.Operator, pgerr.Classify(err))
 	require.True(t, pgerr.IsUndefinedTable(err))
-	require.Contains(t, pgerr.Fix(err), "pgbox-relay migrate up")
+	require.Contains(t, pgerr.Fix(err), "relay migrate up")
 
 	_, err = db.Pool.Exec(ctx, `SELECT no_such_column FROM pg_class`)
 	require.Equal(t, pgerr.Operator, pgerr.Classify(err))

@@ -1,5 +1,5 @@
 // Command chaosproc is the set of processes the chaos harness
-// (integration_test/) runs besides the real pgbox-relay binary:
+// (integration_test/) runs besides the real relay binary:
 //
 //	chaosproc broker    the embedded Kafka broker (kfake) with a data dir and fsync per write
 //	chaosproc orders    the orders service: one tx per order (business row + outbox.Write)

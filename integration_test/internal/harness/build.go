@@ -1,7 +1,7 @@
 // Package harness runs pgbox's whole chain as real OS processes and breaks
 // it: a private PostgreSQL cluster (internal/pgcluster), the embedded Kafka
 // broker in its own process with a data dir, the orders service, relay
-// processes (the real pgbox-relay binary), the payments consumer group, and
+// processes (the real relay binary), the payments consumer group, and
 // a driver that injects faults on a seeded schedule while events flow; the
 // verifier then reads the business tables and the downstream topic.
 //
@@ -19,8 +19,8 @@ import (
 )
 
 // RelayPkg is the package of pgbox's one binary. It is the only place the
-// harness names it (cmd/relay is being renamed to cmd/pgbox-relay).
-const RelayPkg = "./cmd/pgbox-relay"
+// harness names it (cmd/relay is being renamed to cmd/relay).
+const RelayPkg = "./cmd/relay"
 
 // ProcPkg is the package of the harness's own processes (broker, orders,
 // payments).
@@ -28,7 +28,7 @@ const ProcPkg = "./integration_test/cmd/chaosproc"
 
 // Binaries are the built executables.
 type Binaries struct {
-	Relay string // pgbox-relay
+	Relay string // relay
 	Proc  string // chaosproc
 }
 
@@ -39,7 +39,7 @@ func Build(ctx context.Context, dir string, race bool) (Binaries, error) {
 	if err != nil {
 		return Binaries{}, err
 	}
-	b := Binaries{Relay: filepath.Join(dir, "pgbox-relay"), Proc: filepath.Join(dir, "chaosproc")}
+	b := Binaries{Relay: filepath.Join(dir, "relay"), Proc: filepath.Join(dir, "chaosproc")}
 	for pkg, out := range map[string]string{RelayPkg: b.Relay, ProcPkg: b.Proc} {
 		args := []string{"build", "-o", out}
 		if race {

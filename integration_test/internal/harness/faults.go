@@ -180,7 +180,7 @@ const CleanupBufferDefault = time.Second
 
 // cleanupRewind: stop the payments group once it has consumed everything
 // retention is about to delete; let the broker apply the orders topic's
-// short retention; run `pgbox-relay cleanup` (buffer 0) on the payments
+// short retention; run `relay cleanup` (buffer 0) on the payments
 // database; delete the group, so its members restart from the earliest
 // offset still in Kafka. Every redelivered record's inbox key must still be
 // there.
@@ -330,13 +330,13 @@ func (w *World) ApplyRetention() error {
 	return nil
 }
 
-// Cleanup runs one `pgbox-relay cleanup` pass on the payments database
+// Cleanup runs one `relay cleanup` pass on the payments database
 // (buffer 1s), logs its output to cleanup.log and returns it.
 func (w *World) Cleanup(ctx context.Context) (string, error) {
 	out, err := w.RunRelay(ctx, "cleanup", "--database-url", w.dsn(PaymentsDB, "cleanup"), "--kafka-brokers", w.Brokers[0], "--cleanup-buffer", w.Opts.CleanupBuffer.String())
 	appendFile(filepath.Join(w.Dir, "cleanup.log"), out)
 	if err != nil {
-		return out, fmt.Errorf("pgbox-relay cleanup: %w\n%s", err, out)
+		return out, fmt.Errorf("relay cleanup: %w\n%s", err, out)
 	}
 	return out, nil
 }

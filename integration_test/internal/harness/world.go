@@ -202,7 +202,7 @@ func (w *World) setupDatabases(ctx context.Context) error {
 		}
 		out, err := exec.CommandContext(ctx, w.Bin.Relay, "migrate", "up", "--database-url", w.PG.URL(db)).CombinedOutput()
 		if err != nil {
-			return fmt.Errorf("pgbox-relay migrate up on %s: %w\n%s", db, err, out)
+			return fmt.Errorf("relay migrate up on %s: %w\n%s", db, err, out)
 		}
 		conn, err := pgx.Connect(ctx, w.PG.URL(db))
 		if err != nil {

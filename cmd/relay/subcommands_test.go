@@ -65,7 +65,7 @@ func TestStatusWithoutSchemaSaysMigrate(t *testing.T) {
 	db := testdb.Empty(t)
 	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + db.URL}, "status")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "pgbox-relay migrate up")
+	require.Contains(t, r.stderr, "relay migrate up")
 }
 
 // seedInbox adds keys for topic "orders" received age ago.

@@ -15,7 +15,7 @@ import (
 // relayBin is the binary built once for the whole package's tests.
 var relayBin string
 
-func TestMain(m *testing.M) { testutil.MainWithBinary(m, "pgbox-relay", &relayBin) }
+func TestMain(m *testing.M) { testutil.MainWithBinary(m, "relay", &relayBin) }
 
 // result is one finished run of the binary.
 type result struct {

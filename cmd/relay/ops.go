@@ -69,7 +69,7 @@ func (a *app) printJSON(v any) error {
 // cmdParked runs `parked list|retry|discard [ID...]`.
 func cmdParked(ctx context.Context, a *app, args []string) error {
 	if len(args) == 0 {
-		return usageError("parked needs an action: list, retry or discard (see `pgbox-relay parked --help`)")
+		return usageError("parked needs an action: list, retry or discard (see `relay parked --help`)")
 	}
 	action := args[0]
 	if action != "list" && action != "retry" && action != "discard" {
@@ -157,7 +157,7 @@ func writeParked(w io.Writer, rows []inspect.ParkedMessage) {
 // cmdDead runs `dead list|replay [ID...]`.
 func cmdDead(ctx context.Context, a *app, args []string) error {
 	if len(args) == 0 {
-		return usageError("dead needs an action: list or replay (see `pgbox-relay dead --help`)")
+		return usageError("dead needs an action: list or replay (see `relay dead --help`)")
 	}
 	action := args[0]
 	if action != "list" && action != "replay" {
@@ -169,7 +169,7 @@ func cmdDead(ctx context.Context, a *app, args []string) error {
 	}
 	o := a.opts.Ops
 	if action == "replay" && len(ids) == 0 {
-		return usageError("dead replay needs the ids of the dead letters to replay (see `pgbox-relay dead list`)")
+		return usageError("dead replay needs the ids of the dead letters to replay (see `relay dead list`)")
 	}
 	pool, err := a.openPool(ctx)
 	if err != nil {

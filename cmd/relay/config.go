@@ -196,7 +196,7 @@ func (s *settings) parse(cmd string, args []string, lookupEnv func(string) (stri
 			if s.flagErr != nil {
 				err = s.flagErr
 			}
-			return nil, usageError("%s: %v (run `pgbox-relay %s --help` for the settings)", cmd, err, cmd)
+			return nil, usageError("%s: %v (run `relay %s --help` for the settings)", cmd, err, cmd)
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -240,7 +240,7 @@ func (s *settings) quoted(st *setting, v string) string {
 // default.
 func (s *settings) usage(out io.Writer, cmd string) {
 	c := findCommand(cmd)
-	fmt.Fprintf(out, "Usage: pgbox-relay %s [flags]\n\n%s\n\n", c.synopsis, c.doc)
+	fmt.Fprintf(out, "Usage: relay %s [flags]\n\n%s\n\n", c.synopsis, c.doc)
 	fmt.Fprintln(out, "Each flag may also be set by its environment variable; a flag wins over the environment.")
 	printSettings(out, s.list)
 }

@@ -27,7 +27,7 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	if len(args) > 0 {
 		return usageError("run takes no arguments (got %q)", args)
 	}
-	a.logSettings(slog.LevelInfo, "pgbox-relay run starting")
+	a.logSettings(slog.LevelInfo, "relay run starting")
 	pool, err := a.openPool(ctx)
 	if err != nil {
 		return err

@@ -21,9 +21,9 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		args []string
 		want []string // all must appear in stderr
 	}{
-		{"no command", nil, nil, []string{"Usage: pgbox-relay <command>"}},
+		{"no command", nil, nil, []string{"Usage: relay <command>"}},
 		{"unknown command", nil, []string{"frobnicate"}, []string{`unknown command "frobnicate"`, "run, migrate"}},
-		{"unknown flag", db, []string{"migrate", "up", "--lanes", "3"}, []string{"-lanes", "pgbox-relay migrate --help"}},
+		{"unknown flag", db, []string{"migrate", "up", "--lanes", "3"}, []string{"-lanes", "relay migrate --help"}},
 		{"missing database", nil, []string{"migrate", "up"}, []string{"DATABASE_URL", "--database-url"}},
 		{"migrate without action", db, []string{"migrate"}, []string{"up, down or status"}},
 		{"migrate bad action", db, []string{"migrate", "sideways"}, []string{"up, down or status", "sideways"}},
@@ -117,7 +117,7 @@ func TestHelpListsEverySetting(t *testing.T) {
 		require.Contains(t, r.stdout, c.synopsis)
 		sub := runRelay(t, time.Minute, nil, c.name, "--help")
 		require.Equal(t, 0, sub.code, sub.stderr)
-		require.Contains(t, sub.stdout, "Usage: pgbox-relay "+c.synopsis)
+		require.Contains(t, sub.stdout, "Usage: relay "+c.synopsis)
 	}
 }
 
@@ -140,7 +140,7 @@ func TestVersion(t *testing.T) {
 	t.Parallel()
 	r := runRelay(t, time.Minute, nil, "version")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "pgbox-relay ")
+	require.Contains(t, r.stdout, "relay ")
 	require.Contains(t, r.stdout, "schema "+schemaVersion())
 	require.NotEqual(t, "none", schemaVersion())
 }

@@ -181,7 +181,7 @@ func TestRuntimeErrorPrintedOnce(t *testing.T) {
 	r := runRelay(t, time.Minute, unreachable, "migrate", "status")
 	require.Equal(t, 1, r.code, r.stderr)
 	require.Len(t, strings.Split(strings.TrimSpace(r.stderr), "\n"), 1, r.stderr)
-	require.Contains(t, r.stderr, "pgbox-relay migrate: database")
+	require.Contains(t, r.stderr, "relay migrate: database")
 	require.Empty(t, r.stdout)
 
 	r = runRelay(t, time.Minute, unreachable, "migrate", "status", "--log-format=json")

@@ -1,17 +1,17 @@
-// Command pgbox-relay is pgbox's one binary: it drains the outbox to Kafka, prunes
+// Command relay is pgbox's one binary: it drains the outbox to Kafka, prunes
 // the inbox and outbox on a schedule, migrates the schema, reports backlog,
 // and prints status. The orders→payments demo is examples/demo (`make demo`).
 //
-//	pgbox-relay run                 relay + cleanup on a schedule, /metrics, /healthz, /readyz
-//	pgbox-relay migrate up|down|status
-//	pgbox-relay cleanup [--dry-run] one cleanup pass, for an external cron
-//	pgbox-relay status [--json]     backlog, lanes, parked rows, inbox ages
-//	pgbox-relay parked list|retry|discard [ID...]   parked outbox rows (discard needs --yes)
-//	pgbox-relay dead list|replay [ID...]            the consumer adapter's dead letters
-//	pgbox-relay version
+//	relay run                 relay + cleanup on a schedule, /metrics, /healthz, /readyz
+//	relay migrate up|down|status
+//	relay cleanup [--dry-run] one cleanup pass, for an external cron
+//	relay status [--json]     backlog, lanes, parked rows, inbox ages
+//	relay parked list|retry|discard [ID...]   parked outbox rows (discard needs --yes)
+//	relay dead list|replay [ID...]            the consumer adapter's dead letters
+//	relay version
 //
 // Settings come from flags or environment variables (DATABASE_URL,
-// KAFKA_BROKERS, PGBOX_…); `pgbox-relay <command> --help` lists them with their
+// KAFKA_BROKERS, PGBOX_…); `relay <command> --help` lists them with their
 // defaults. Exit codes: 0 success, 1 failure, 2 bad flags, environment or
 // arguments.
 package main
@@ -102,7 +102,7 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, look
 	}
 	c := findCommand(name)
 	if c == nil {
-		fmt.Fprintf(stderr, "pgbox-relay: unknown command %q (allowed: run, migrate, cleanup, status, parked, dead, version; see `pgbox-relay --help`)\n", name)
+		fmt.Fprintf(stderr, "relay: unknown command %q (allowed: run, migrate, cleanup, status, parked, dead, version; see `relay --help`)\n", name)
 		return 2
 	}
 	opts := &options{}
@@ -116,26 +116,26 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, look
 		err = opts.validate(c.name)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "pgbox-relay: %v\n", trimUsage(err))
+		fmt.Fprintf(stderr, "relay: %v\n", trimUsage(err))
 		return 2
 	}
 	a := &app{opts: opts, set: set, stdout: stdout, stderr: stderr}
 	a.log = newLogger(stderr, opts.LogFormat, opts.LogLevel)
-	a.logSettings(slog.LevelDebug, "pgbox-relay "+c.name+" settings")
+	a.logSettings(slog.LevelDebug, "relay "+c.name+" settings")
 	if err := c.run(ctx, a, pos); err != nil {
 		if errors.Is(err, errUsage) {
-			fmt.Fprintf(stderr, "pgbox-relay: %v\n", trimUsage(err))
+			fmt.Fprintf(stderr, "relay: %v\n", trimUsage(err))
 			return 2
 		}
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-			fmt.Fprintf(stderr, "pgbox-relay %s: interrupted\n", c.name)
+			fmt.Fprintf(stderr, "relay %s: interrupted\n", c.name)
 			return 1
 		}
 		if opts.LogFormat == "json" {
-			a.log.Error("pgbox-relay "+c.name+" failed", "err", err)
+			a.log.Error("relay "+c.name+" failed", "err", err)
 		} else {
 			// One line: pgx puts each address it tried on a line of its own.
-			fmt.Fprintf(stderr, "pgbox-relay %s: %s\n", c.name, strings.Join(strings.Fields(err.Error()), " "))
+			fmt.Fprintf(stderr, "relay %s: %s\n", c.name, strings.Join(strings.Fields(err.Error()), " "))
 		}
 		return 1
 	}
@@ -146,9 +146,9 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, look
 func trimUsage(err error) string { return strings.TrimPrefix(err.Error(), errUsage.Error()+": ") }
 
 func topUsage(out io.Writer) {
-	fmt.Fprint(out, `pgbox-relay — pgbox's operator binary: outbox relay, cleanup, migrations, status.
+	fmt.Fprint(out, `relay — pgbox's operator binary: outbox relay, cleanup, migrations, status.
 
-Usage: pgbox-relay <command> [flags]
+Usage: relay <command> [flags]
 
 Commands:
 `)
@@ -164,5 +164,5 @@ Exit codes: 0 success, 1 failure, 2 bad flags, environment or arguments.
 	set := newSettings()
 	opts.bind(set, allGroups...)
 	printSettings(out, set.list)
-	fmt.Fprintln(out, "\n`pgbox-relay <command> --help` shows the settings one command reads.")
+	fmt.Fprintln(out, "\n`relay <command> --help` shows the settings one command reads.")
 }

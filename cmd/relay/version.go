@@ -39,7 +39,7 @@ func cmdVersion(_ context.Context, a *app, args []string) error {
 	if len(args) > 0 {
 		return usageError("version takes no arguments (got %q)", args)
 	}
-	fmt.Fprintf(a.stdout, "pgbox-relay %s\nschema %s (migrations in table %s)\n%s %s/%s\n",
+	fmt.Fprintf(a.stdout, "relay %s\nschema %s (migrations in table %s)\n%s %s/%s\n",
 		binaryVersion(), schemaVersion(), migrations.TableName, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	return nil
 }
