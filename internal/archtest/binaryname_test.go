@@ -29,7 +29,8 @@ var labelLines = map[string][]string{
 	"cmd/relay/db.go":                {"dbconf.Config("},
 	"internal/dbconf/dbconf_test.go": {"Config(", "application_name"},
 	// The Prometheus alert group, and the PrometheusRule generated from it.
-	"docs/alerts.yml": {"- name: "},
+	"docs/alerts.yml":                       {"- name: "},
+	"deploy/kubernetes/prometheusrule.yaml": {"- name: "},
 }
 
 // root is the module's root directory, from this package's.
