@@ -4,6 +4,10 @@
 // summary. It uses an embedded Kafka broker (kfake) unless KAFKA_BROKERS is
 // set, and its own schema (reset at start).
 //
+// service.go is the payment service, pgbox's three calls on one screen;
+// wiring.go connects its parts to Kafka; internal/harness produces the
+// orders (and the duplicates), reads the payments back and checks them.
+//
 // Every setting is a flag and an environment variable (the flag wins); `demo
 // --help` lists them. Exit codes: 0 the check passed, 1 it failed or the demo
 // could not run, 2 bad flags or environment.
@@ -18,13 +22,15 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
-	"github.com/pgbox/pgbox/internal/durtext"
-	"github.com/pgbox/pgbox/internal/kafkaconf"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgbox/pgbox/examples/demo/internal/harness"
+	"github.com/pgbox/pgbox/internal/dbconf"
 )
 
 func main() {
@@ -32,34 +38,6 @@ func main() {
 	code := realMain(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
 	stop()
 	os.Exit(code)
-}
-
-// demoOptions are the demo's own settings.
-type demoOptions struct {
-	Schema       string
-	Orders       int
-	DupPercent   int
-	Replay       int
-	Rate         int
-	Partitions   int
-	Consumers    int
-	Duration     time.Duration
-	KeepSchema   bool
-	PaymentTopic string
-	OrderTopic   string
-	DedupKey     string
-}
-
-// options are every setting the demo reads.
-type options struct {
-	DatabaseURL string
-	DBMaxConns  int
-	Kafka       kafkaconf.Options
-	Demo        demoOptions
-	HTTPAddr    string
-	LogFormat   string
-	LogLevel    string
-	logLevelSet bool
 }
 
 // app is what the demo runs with.
@@ -86,7 +64,7 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return 2
 	}
 	a := &app{opts: opts, stdout: stdout, stderr: stderr, log: newLogger(stderr, opts.LogFormat, opts.LogLevel)}
-	if err := cmdDemo(ctx, a, nil); err != nil {
+	if err := cmdDemo(ctx, a); err != nil {
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 			fmt.Fprintln(stderr, "demo: interrupted")
 			return 1
@@ -98,155 +76,170 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	return 0
 }
 
-// envFlag is one setting: a flag with an environment variable behind it.
-type envFlag struct {
-	name, env string
+func cmdDemo(ctx context.Context, a *app) error {
+	d := a.opts.Demo
+	ctx, cancel := context.WithTimeout(ctx, d.Duration)
+	defer cancel()
+	err := a.run(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("demo did not finish within PGBOX_DEMO_DURATION (--duration) %s: %w (raise it, or lower --orders)", d.Duration, err)
+	}
+	return err
 }
 
-// parseOptions reads flags, then fills each flag not given from its
-// environment variable.
-func parseOptions(args []string, stdout io.Writer, getenv func(string) string) (*options, error) {
-	o := &options{}
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(stdout)
-	var envs []envFlag
-	str := func(p *string, name, env, def, usage string) {
-		fs.StringVar(p, name, def, usage+" (env "+env+")")
-		envs = append(envs, envFlag{name, env})
+// run is one demo: Kafka and the schema, the service, the orders, the check.
+func (a *app) run(ctx context.Context) error {
+	start := time.Now()
+	cfg := a.opts.Demo
+	prog := harness.NewProgress(a.stderr)
+	// Library logs would tear the progress line: warnings and up only, unless
+	// a level was asked for.
+	libLog := a.log
+	if !a.opts.logLevelSet {
+		libLog = newLogger(a.stderr, a.opts.LogFormat, "warn")
 	}
-	num := func(p *int, name, env string, def int, usage string) {
-		fs.IntVar(p, name, def, usage+" (env "+env+")")
-		envs = append(envs, envFlag{name, env})
+	kcfg, err := a.opts.Kafka.Sarama()
+	if err != nil {
+		return err
 	}
-	boolean := func(p *bool, name, env string, def bool, usage string) {
-		fs.BoolVar(p, name, def, usage+" (env "+env+")")
-		envs = append(envs, envFlag{name, env})
-	}
-	dur := func(p *time.Duration, name, env string, def time.Duration, usage string) {
-		fs.DurationVar(p, name, def, usage+" (env "+env+")")
-		envs = append(envs, envFlag{name, env})
-	}
-	str(&o.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL URL or key=value DSN (required)")
-	num(&o.DBMaxConns, "db-max-conns", "PGBOX_DB_MAX_CONNS", 10, "most database connections the demo opens (raised to what the consumers need)")
-	bindKafka(&o.Kafka, str, dur, boolean)
-	d := &o.Demo
-	str(&d.Schema, "demo-schema", "PGBOX_DEMO_SCHEMA", "pgbox_demo", "schema the demo drops and recreates at start")
-	num(&d.Orders, "orders", "PGBOX_DEMO_ORDERS", 2000, "unique orders the producer sends")
-	num(&d.DupPercent, "duplicate-percent", "PGBOX_DEMO_DUPLICATE_PERCENT", 10, "percent of orders resent at once with the same order id")
-	num(&d.Replay, "replay", "PGBOX_DEMO_REPLAY", 200, "records read back from an earlier offset of the orders topic and sent again")
-	num(&d.Rate, "rate", "PGBOX_DEMO_RATE", 400, "orders per second the producer sends (0: as fast as it can)")
-	num(&d.Partitions, "partitions", "PGBOX_DEMO_PARTITIONS", 4, "partitions of the demo's topics")
-	num(&d.Consumers, "consumers", "PGBOX_DEMO_CONSUMERS", 2, "consumer-group members of the payment service")
-	dur(&d.Duration, "duration", "PGBOX_DEMO_DURATION", 50*time.Second, "the demo fails if it has not finished within this time")
-	str(&d.DedupKey, "dedup-key", "PGBOX_DEMO_DEDUP_KEY", "header", "inbox key: header (the order id: catches resends and replays) or offset (only redeliveries of one record: watch the check fail)")
-	boolean(&d.KeepSchema, "keep-schema", "PGBOX_DEMO_KEEP_SCHEMA", true, "leave the demo schema in place at the end, to look at")
-	d.OrderTopic, d.PaymentTopic = "demo.orders.v1", "demo.payments.v1"
-	str(&o.HTTPAddr, "http-addr", "PGBOX_HTTP_ADDR", "", "listen address of /metrics and /healthz (empty: no HTTP server)")
-	str(&o.LogFormat, "log-format", "PGBOX_LOG_FORMAT", "text", "log format: text or json")
-	str(&o.LogLevel, "log-level", "PGBOX_LOG_LEVEL", "info", "least severe log level printed: debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, usageError("the demo takes no arguments (got %q)", fs.Args())
-	}
-	if err := applyEnv(fs, envs, getenv); err != nil {
-		return nil, err
-	}
-	o.logLevelSet = isSet(fs, "log-level") || getenv("PGBOX_LOG_LEVEL") != ""
-	return o, o.validate()
-}
+	kdesc := a.opts.Kafka.Redacted()
+	h := harness.New(cfg, kcfg, kdesc, libLog, a.stdout)
 
-func bindKafka(k *kafkaconf.Options, str func(*string, string, string, string, string),
-	dur func(*time.Duration, string, string, time.Duration, string), boolean func(*bool, string, string, bool, string)) {
-	var brokers string
-	str(&brokers, "kafka-brokers", "KAFKA_BROKERS", "", "comma-separated Kafka bootstrap brokers, host:port (empty: an embedded broker)")
-	k.Brokers = nil
-	brokersFlag = &brokers
-	str(&k.Version, "kafka-version", "PGBOX_KAFKA_VERSION", "3.6.0", "Kafka protocol version the client speaks")
-	str(&k.ClientID, "kafka-client-id", "PGBOX_KAFKA_CLIENT_ID", "pgbox-demo", "client.id sent to the brokers")
-	dur(&k.Timeout, "kafka-timeout", "PGBOX_KAFKA_TIMEOUT", 10*time.Second, "dial, read and write timeout of Kafka requests")
-	str(&k.SASLMechanism, "kafka-sasl-mechanism", "PGBOX_KAFKA_SASL_MECHANISM", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (empty: no SASL)")
-	str(&k.SASLUser, "kafka-sasl-user", "PGBOX_KAFKA_SASL_USER", "", "SASL user name")
-	str(&k.SASLPassword, "kafka-sasl-password", "PGBOX_KAFKA_SASL_PASSWORD", "", "SASL password (never printed; prefer the environment variable)")
-	boolean(&k.TLS, "kafka-tls", "PGBOX_KAFKA_TLS", false, "connect with TLS (implied by the other TLS settings)")
-	str(&k.TLSCA, "kafka-tls-ca", "PGBOX_KAFKA_TLS_CA", "", "PEM file of the CA certificates that sign the brokers' certificates")
-	str(&k.TLSCert, "kafka-tls-cert", "PGBOX_KAFKA_TLS_CERT", "", "PEM file of the client certificate (with --kafka-tls-key)")
-	str(&k.TLSKey, "kafka-tls-key", "PGBOX_KAFKA_TLS_KEY", "", "PEM file of the client certificate's private key")
-	boolean(&k.TLSSkipVerify, "kafka-tls-skip-verify", "PGBOX_KAFKA_TLS_SKIP_VERIFY", false, "do not verify the brokers' certificates (testing only)")
-}
+	where, stopKafka, err := h.StartKafka(a.opts.Kafka.Brokers)
+	if err != nil {
+		return err
+	}
+	defer stopKafka()
+	prog.Line("pgbox demo: %d orders (+%d%% resends, %d replayed) → %s, schema %q, inbox key: %s", cfg.Orders, cfg.DupPercent, cfg.Replay, where, cfg.Schema, cfg.DedupKey)
 
-// brokersFlag holds --kafka-brokers until validate splits it.
-var brokersFlag *string
+	pool, err := a.setupDB(ctx, h)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if !cfg.KeepSchema {
+		defer a.dropSchema(h)
+	}
 
-func isSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
-}
+	// The service: the consumer (inbox + adapter) and the relay.
+	svc := paymentService{paymentsTopic: h.Payments}
+	ib, handler, err := svc.newConsumer(pool, cfg.DedupKey, libLog)
+	if err != nil {
+		return err
+	}
+	rl, err := newRelay(pool, h.Brokers, kcfg, libLog)
+	if err != nil {
+		return err
+	}
+	h.Watch(harness.Service{Pool: pool, Consumer: handler, Relay: rl})
 
-func applyEnv(fs *flag.FlagSet, envs []envFlag, getenv func(string) string) error {
-	for _, e := range envs {
-		v := getenv(e.env)
-		if v == "" || isSet(fs, e.name) {
-			continue
+	svcCtx, stopSvc := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	// On every return: stop the service and wait for it before the pool and
+	// the broker close.
+	defer func() { stopSvc(); wg.Wait() }()
+	errs := make(chan error, 8)
+	wg.Go(func() {
+		if err := rl.Run(svcCtx); err != nil {
+			errs <- fmt.Errorf("relay: %w", err)
 		}
-		if err := fs.Set(e.name, v); err != nil {
-			shown := strconv.Quote(v)
-			if strings.Contains(e.env, "PASSWORD") {
-				shown = "(redacted)"
+	})
+	for i := range cfg.Consumers {
+		wg.Go(func() {
+			err := consume(svcCtx, h.Brokers, h.Group, h.Orders, h.ConsumerConfig(), h.Member(handler, i), libLog.With("member", i))
+			if err != nil && svcCtx.Err() == nil {
+				errs <- fmt.Errorf("consumer %d: %w", i, err)
 			}
-			return usageError("invalid value %s for %s (--%s): %v", shown, e.env, e.name, err)
+		})
+	}
+	wg.Go(func() {
+		if err := h.Verify(svcCtx); err != nil && svcCtx.Err() == nil {
+			errs <- err
+		}
+	})
+	if a.opts.HTTPAddr != "" {
+		if err := serveMetrics(svcCtx, &wg, a.opts.HTTPAddr, pool, rl, ib, handler, a.log, libLog); err != nil {
+			return err
 		}
 	}
-	return nil
+	stopProgress := prog.Run(ctx, h.Status)
+
+	// The producer: orders, resends, then a replay from an earlier offset;
+	// then wait until every delivery is handled and every payment read back.
+	h.WaitSettled(ctx)
+	err = h.Produce(ctx)
+	if err == nil {
+		err = h.Replay(ctx)
+	}
+	if err == nil {
+		err = h.WaitHandled(ctx, errs)
+	}
+	stopProgress()
+	if err != nil {
+		return err
+	}
+	took := time.Since(start)
+
+	cleanRep, cleanErr := cleanupOnce(ctx, pool, h.Brokers, kcfg, kdesc, libLog)
+	stopSvc()
+	wg.Wait()
+	if cleanErr != nil {
+		return cleanErr
+	}
+	return h.Summary(ctx, took, cleanRep)
 }
 
-func (o *options) validate() error {
-	for b := range strings.SplitSeq(*brokersFlag, ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			o.Kafka.Brokers = append(o.Kafka.Brokers, b)
-		}
+// setupDB resets the demo schema and returns a pool on it, migrated.
+func (a *app) setupDB(ctx context.Context, h *harness.Harness) (*pgxpool.Pool, error) {
+	admin, err := a.openPool(ctx)
+	if err != nil {
+		return nil, err
 	}
-	d := o.Demo
-	switch {
-	case o.DatabaseURL == "":
-		return usageError("DATABASE_URL (--database-url) is required")
-	case d.Orders < 1:
-		return usageError("--orders %d: must be at least 1", d.Orders)
-	case d.DupPercent < 0 || d.DupPercent > 100:
-		return usageError("--duplicate-percent %d: must be 0 to 100", d.DupPercent)
-	case d.Replay < 0 || d.Rate < 0:
-		return usageError("--replay and --rate must not be negative")
-	case d.Replay > d.Orders:
-		return usageError("invalid value %d for PGBOX_DEMO_REPLAY (--replay): must be at most --orders (%d)", d.Replay, d.Orders)
-	case d.Partitions < 1 || d.Partitions > 256:
-		return usageError("--partitions %d: must be 1 to 256", d.Partitions)
-	case d.Consumers < 1 || d.Consumers > 64:
-		return usageError("--consumers %d: must be 1 to 64", d.Consumers)
-	case d.Duration < time.Second:
-		return usageError("--duration %s: must be at least 1s", d.Duration)
-	case d.DedupKey != "header" && d.DedupKey != "offset":
-		return usageError("--dedup-key %q: must be header or offset", d.DedupKey)
+	defer admin.Close()
+	if err := h.ResetSchema(ctx, admin); err != nil {
+		return nil, err
 	}
-	if _, err := kafkaconf.ParseVersion(o.Kafka.Version); err != nil {
-		return usageError("--kafka-version %q: %v", o.Kafka.Version, err)
+	d := a.opts.Demo
+	cfg, err := poolConfig(a.opts.DatabaseURL, d.Schema, max(a.opts.DBMaxConns, d.Consumers*d.Partitions+6))
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database: %s", dbconf.RedactErr(err, a.opts.DatabaseURL))
+	}
+	if err := migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
 }
 
-// newLogger returns a text or JSON slog logger writing to w at level.
-func newLogger(w io.Writer, format, level string) *slog.Logger {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		lv = slog.LevelInfo
+func (a *app) dropSchema(h *harness.Harness) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	admin, err := a.openPool(ctx)
+	if err != nil {
+		return
 	}
-	opts := &slog.HandlerOptions{Level: lv}
-	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	defer admin.Close()
+	h.DropSchema(ctx, admin)
 }
 
-// durText prints a duration rounded for people, as relay does.
-func durText(d time.Duration) string { return durtext.Short(d) }
+// poolConfig parses DATABASE_URL; schema becomes the connections' search_path.
+func poolConfig(databaseURL, schema string, maxConns int) (*pgxpool.Config, error) {
+	cfg, err := dbconf.Config(databaseURL, schema, maxConns, "pgbox-demo")
+	if err != nil {
+		return nil, usageError("invalid DATABASE_URL (--database-url): %v", err)
+	}
+	return cfg, nil
+}
+
+// openPool connects to DATABASE_URL (its own search_path) and checks it answers.
+func (a *app) openPool(ctx context.Context) (*pgxpool.Pool, error) {
+	cfg, err := poolConfig(a.opts.DatabaseURL, "", 2)
+	if err != nil {
+		return nil, err
+	}
+	return dbconf.Open(ctx, cfg, a.opts.DatabaseURL)
+}

@@ -2,74 +2,70 @@ package main
 
 import (
 	"context"
-	"database/sql"
-	"errors"
-	"net"
-	"net/http"
-	"sync"
+	"fmt"
+	"log/slog"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/pgbox/pgbox/inspect"
-	"github.com/pgbox/pgbox/internal/dbconf"
-	"github.com/pgbox/pgbox/pgboxprom"
+	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/relay"
 )
 
-// poolConfig parses DATABASE_URL; schema becomes the connections' search_path.
-func poolConfig(databaseURL, schema string, maxConns int) (*pgxpool.Config, error) {
-	cfg, err := dbconf.Config(databaseURL, schema, maxConns, "pgbox-demo")
-	if err != nil {
-		return nil, usageError("invalid DATABASE_URL (--database-url): %v", err)
-	}
-	return cfg, nil
+// How the service's pgbox parts meet Kafka: the consumer adapter's settings
+// and its group loop, the relay's producer, cleanup's admin client.
+
+// consumerSettings are the consumer adapter's settings.
+func consumerSettings(log *slog.Logger) inboxsarama.Options {
+	return inboxsarama.Options{BatchSize: 16, Logger: log.With("component", "consumer")}
 }
 
-// openPool connects to DATABASE_URL (its own search_path) and checks it answers.
-func (a *app) openPool(ctx context.Context) (*pgxpool.Pool, error) {
-	cfg, err := poolConfig(a.opts.DatabaseURL, "", 2)
-	if err != nil {
-		return nil, err
-	}
-	return dbconf.Open(ctx, cfg, a.opts.DatabaseURL)
-}
-
-// sqlDB wraps a pool as a *sql.DB for goose.
-func sqlDB(pool *pgxpool.Pool) *sql.DB { return stdlib.OpenDBFromPool(pool) }
-
-// serveMetrics serves /metrics (pgbox's collector in the demo's own
-// registry, as a service would) and /healthz on --http-addr until ctx ends.
-func (d *demo) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
-	col, err := pgboxprom.New(pgboxprom.Config{Relay: d.relay, Inbox: d.ib, Consumer: d.handler, DB: d.pool,
-		Inspect: inspect.Options{Lanes: 4}, Logger: d.log.With("component", "metrics")})
+// consume runs one member of the service's consumer group until ctx ends.
+// member wraps the handler so the harness sees the group settle.
+func consume(ctx context.Context, brokers []string, group, topic string, cfg *sarama.Config,
+	handler sarama.ConsumerGroupHandler, log *slog.Logger) error {
+	g, err := sarama.NewConsumerGroup(brokers, group, cfg)
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(col)
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	ln, err := net.Listen("tcp", d.a.opts.HTTPAddr)
-	if err != nil {
-		return usageError("PGBOX_HTTP_ADDR (--http-addr) %q: %v", d.a.opts.HTTPAddr, err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	wg.Go(func() { col.Run(ctx) })
-	wg.Go(func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			d.log.Error("http server", "err", err)
+	defer g.Close()
+	for ctx.Err() == nil {
+		if err := g.Consume(ctx, []string{topic}, handler); err != nil && ctx.Err() == nil {
+			log.Warn("consumer group session ended", "error", err)
+			time.Sleep(100 * time.Millisecond)
 		}
-	})
-	wg.Go(func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	})
-	d.a.log.Info("http listening", "addr", ln.Addr().String(), "paths", "/metrics /healthz")
+	}
 	return nil
+}
+
+// newRelay returns the relay that publishes the outbox: relay.NewKafkaConfig's
+// idempotent-producer settings on top of the client settings (SASL, TLS) the
+// demo shares, and short intervals for a demo.
+func newRelay(pool *pgxpool.Pool, brokers []string, base *sarama.Config, log *slog.Logger) (*relay.Relay, error) {
+	rk := relay.NewKafkaConfig()
+	rk.Version, rk.ClientID, rk.Net, rk.Metadata = base.Version, base.ClientID, base.Net, base.Metadata
+	rk.Net.MaxOpenRequests = 1
+	rk.Metadata.Retry.Backoff = 50 * time.Millisecond
+	rk.Producer.Retry.Backoff = 50 * time.Millisecond
+	return relay.New(relay.Config{
+		Pool: pool, Brokers: brokers, Kafka: rk, Lanes: 4,
+		PollInterval: 100 * time.Millisecond, HeartbeatInterval: 250 * time.Millisecond, LeaseTTL: time.Second,
+		Logger: log.With("component", "relay"),
+	})
+}
+
+// cleanupOnce runs one cleanup pass, as an operator's cron would.
+func cleanupOnce(ctx context.Context, pool *pgxpool.Pool, brokers []string, kcfg *sarama.Config, kdesc string, log *slog.Logger) (cleanup.Report, error) {
+	admin, err := sarama.NewClusterAdmin(brokers, kcfg)
+	if err != nil {
+		return cleanup.Report{}, fmt.Errorf("kafka admin (%s): %w", kdesc, err)
+	}
+	defer admin.Close()
+	cl, err := cleanup.New(cleanup.Config{Pool: pool, Admin: admin, Logger: log.With("component", "cleanup")})
+	if err != nil {
+		return cleanup.Report{}, err
+	}
+	return cl.RunOnce(ctx)
 }
