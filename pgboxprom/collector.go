@@ -1,11 +1,15 @@
 // Package pgboxprom exports pgbox's state as Prometheus metrics: a
-// prometheus.Collector over the relay's, cleaner's, inbox's and consumer
-// adapter's counters and, read at scrape time through package inspect, the
-// outbox backlog, lane owners, parked rows, each consumer's oldest inbox key
-// per topic against its cleanup cutoff, and dead letters.
+// [prometheus.Collector] over the counters of the [relay.Relay],
+// [cleanup.Cleaner], [inbox.Inbox] and consumer adapter and, read at scrape
+// time through [inspect.Read], the outbox backlog, lane owners, parked rows,
+// each consumer's oldest inbox key per topic against its cleanup cutoff, and
+// dead letters.
 //
-// It registers nothing globally: a service adds the Collector to its own
-// registry (prometheus.NewRegistry, or the default one if it uses that).
+// It registers nothing globally: a service builds a [Collector] with [New]
+// and adds it to its own registry ([prometheus.NewRegistry], or the default
+// one if it uses that); the package's Example shows it, run against a real
+// database. [Collector.Run] is optional. The metrics and the alerts over
+// them are listed in docs/operations.md and docs/alerts.yml.
 // It is the only pgbox package that imports client_golang.
 package pgboxprom
 
@@ -25,15 +29,16 @@ import (
 	"github.com/pgbox/pgbox/relay"
 )
 
-// Defaults for Config fields left zero.
+// Defaults for [Config] fields left zero.
 const (
-	// ScrapeTimeoutDefault bounds a scrape's database reads.
+	// ScrapeTimeoutDefault bounds a scrape's database reads ([Config.ScrapeTimeout]).
 	ScrapeTimeoutDefault = 2 * time.Second
-	// LatencyPollDefault is how often Run feeds the batch-latency histogram.
+	// LatencyPollDefault is how often [Collector.Run] feeds the batch-latency
+	// histogram ([Config.LatencyPoll]).
 	LatencyPollDefault = 250 * time.Millisecond
 )
 
-// Config says what a Collector reads; every source is optional and nil
+// Config says what a [Collector] reads; every source is optional and nil
 // sources export nothing.
 type Config struct {
 	// Relay's counters (relay.Relay.Stats). Defaults to nil.
@@ -55,11 +60,12 @@ type Config struct {
 	// Defaults to inspect's defaults.
 	Inspect inspect.Options
 	// ScrapeTimeout bounds a scrape's database reads. Defaults to
-	// ScrapeTimeoutDefault (2s).
+	// [ScrapeTimeoutDefault] (2s).
 	ScrapeTimeout time.Duration
 
-	// LatencyPoll is how often Run feeds the batch-latency histogram from the
-	// relay's counters. Defaults to LatencyPollDefault (250ms).
+	// LatencyPoll is how often [Collector.Run] feeds the batch-latency
+	// histogram from the relay's counters. Defaults to [LatencyPollDefault]
+	// (250ms).
 	LatencyPoll time.Duration
 
 	// Logger receives a line when a scrape's database read fails. Defaults
@@ -67,7 +73,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Collector is a prometheus.Collector over the sources of its Config.
+// Collector is a [prometheus.Collector] over the sources of its [Config].
 type Collector struct {
 	cfg     Config
 	latency prometheus.Histogram
@@ -77,9 +83,11 @@ type Collector struct {
 	lastSum time.Duration
 }
 
-// New validates cfg and returns a Collector; register it with
-// registry.MustRegister(c). It starts nothing: call Run for a finer-grained
-// latency histogram.
+// New validates cfg and returns a [Collector]; register it with
+// registry.MustRegister(c). It starts nothing: call [Collector.Run] for a
+// finer-grained latency histogram. Zero fields of cfg get their defaults
+// ([ScrapeTimeoutDefault], [LatencyPollDefault]); negative durations are an
+// error.
 func New(cfg Config) (*Collector, error) {
 	if cfg.ScrapeTimeout < 0 {
 		return nil, fmt.Errorf("pgboxprom: ScrapeTimeout %v is negative (use a positive duration, or zero for %v)", cfg.ScrapeTimeout, ScrapeTimeoutDefault)
@@ -111,8 +119,9 @@ func New(cfg Config) (*Collector, error) {
 	return c, nil
 }
 
-// Run feeds the batch-latency histogram every Config.LatencyPoll until ctx
-// ends. Optional: without it, the histogram is fed at each scrape.
+// Run feeds the batch-latency histogram every [Config.LatencyPoll] until ctx
+// ends. Optional: without it, the histogram is fed at each scrape. It
+// returns at once when [Config.Relay] is nil.
 func (c *Collector) Run(ctx context.Context) {
 	if c.cfg.Relay == nil {
 		return
