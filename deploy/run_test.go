@@ -43,7 +43,7 @@ func podEnv(t *testing.T, c *container, databaseURL, brokers string) []string {
 		}
 		env = append(env, k+"="+v)
 	}
-	return append(env, "HOSTNAME="+c.Name+"-test")
+	return env
 }
 
 // runToEnd runs a container's command to its end and returns its output.
