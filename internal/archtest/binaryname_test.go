@@ -74,7 +74,7 @@ func isLabel(rel, line string) bool {
 }
 
 // eachLine calls fn for every line of every text file of the tree (dot
-// directories, bin/, go.sum and binaries left out), with its path relative to
+// directories but CI's, bin/, go.sum and binaries left out), with its path relative to
 // the root and its 1-based number.
 func eachLine(t *testing.T, fn func(rel string, n int, line string)) {
 	t.Helper()
@@ -86,8 +86,10 @@ func eachLine(t *testing.T, fn func(rel string, n int, line string)) {
 		rel, _ := filepath.Rel(root, path)
 		rel = filepath.ToSlash(rel)
 		if d.IsDir() {
-			// Dot directories (.git, .pgbox data) and build outputs are not the project's text.
-			if rel != "." && (strings.HasPrefix(d.Name(), ".") || rel == "bin") {
+			// Dot directories (.git, .pgbox data) and build outputs are not
+			// the project's text; CI's are.
+			ci := d.Name() == ".ci" || d.Name() == ".github"
+			if rel != "." && (strings.HasPrefix(d.Name(), ".") && !ci || rel == "bin") {
 				return filepath.SkipDir
 			}
 			return nil
