@@ -9,6 +9,12 @@
 //
 // Tables are created unqualified, in the first schema of the connection's
 // search_path; the library's queries find them the same way.
+//
+// [Down] rolls back one version per call, as goose's Down does, and guards
+// the step: it refuses while a relay instance is registered with an unexpired
+// lease, and when the step would drop a table holding rows (unpublished
+// outbox rows, inbox keys, dead letters), until [DownConfig] confirms it.
+// [Status] writes nothing.
 package migrations
 
 import (
@@ -71,10 +77,14 @@ func NewProvider(db *sql.DB, opts Options) (*goose.Provider, error) {
 	return p, nil
 }
 
-// Up applies every pending migration.
+// Up applies every pending migration. It fails with [ErrNoSchema] when no
+// schema of the connection's search_path exists.
 func Up(ctx context.Context, db *sql.DB) error {
 	p, err := NewProvider(db, Options{})
 	if err != nil {
+		return err
+	}
+	if _, err := currentSchema(ctx, db); err != nil {
 		return err
 	}
 	if _, err := p.Up(ctx); err != nil {
@@ -83,24 +93,30 @@ func Up(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
-// Down rolls back every applied migration, newest first. It drops pgbox's
-// tables and their data.
-func Down(ctx context.Context, db *sql.DB) error {
-	p, err := NewProvider(db, Options{})
-	if err != nil {
-		return err
-	}
-	if _, err := p.DownTo(ctx, 0); err != nil {
-		return fmt.Errorf("migrations: down: %w", err)
-	}
-	return nil
-}
-
-// Status reports each migration and whether it is applied.
+// Status reports each migration and whether it is applied. It writes
+// nothing: on a database pgbox never migrated every migration is pending and
+// goose's version table is not created. It fails with [ErrNoSchema] when no
+// schema of the connection's search_path exists.
 func Status(ctx context.Context, db *sql.DB) ([]*goose.MigrationStatus, error) {
 	p, err := NewProvider(db, Options{})
 	if err != nil {
 		return nil, err
+	}
+	schema, err := currentSchema(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	migrated, err := tableExists(ctx, db, schema, TableName)
+	if err != nil {
+		return nil, err
+	}
+	if !migrated {
+		// goose's Status would create its version table first.
+		var st []*goose.MigrationStatus
+		for _, s := range p.ListSources() {
+			st = append(st, &goose.MigrationStatus{Source: s, State: goose.StatePending})
+		}
+		return st, nil
 	}
 	st, err := p.Status(ctx)
 	if err != nil {

@@ -25,6 +25,7 @@ type opsOptions struct {
 	Limit         int
 	ErrorContains string
 	Yes           bool
+	Force         bool
 	Consumer      string
 	ToTopic       string
 	Again         bool
@@ -38,7 +39,18 @@ func (o *opsOptions) bind(s *settings, has map[string]bool) {
 	}
 	if has[groupOpsParked] {
 		s.str(&o.ErrorContains, groupOpsParked, "error-contains", "PGBOX_OPS_ERROR_CONTAINS", "", "only parked rows whose last error contains this text; empty: any")
-		s.boolean(&o.Yes, groupOpsParked, "yes", "PGBOX_OPS_YES", false, "confirm `discard` (without it, discard only shows what it would delete, and exits 2)")
+	}
+	if has[groupOpsParked] || has[groupMigrate] {
+		g := groupOpsParked
+		if !has[groupOpsParked] {
+			g = groupMigrate
+		}
+		s.boolean(&o.Yes, g, "yes", "PGBOX_OPS_YES", false,
+			"confirm `parked discard`, or a `migrate down` step that drops rows (without it, either deletes nothing and exits 2)")
+	}
+	if has[groupMigrate] {
+		s.boolean(&o.Force, groupMigrate, "force", "PGBOX_MIGRATE_FORCE", false,
+			"`migrate down` even while a relay instance is registered with an unexpired lease")
 	}
 	if has[groupOpsDead] {
 		s.str(&o.Consumer, groupOpsDead, "consumer", "PGBOX_OPS_CONSUMER", "", "only dead letters of this consumer (inbox.Config.Consumer); empty: any")
