@@ -49,6 +49,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 // Defaults for Options fields left zero.
@@ -118,10 +119,13 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-func (o Options) validate() error {
+func (o Options) validate(db DB) error {
 	var errs []error
-	if o.Lanes < 0 {
-		errs = append(errs, fmt.Errorf("inspect: Lanes %d is negative (use a positive count, or zero for %d)", o.Lanes, LanesDefault))
+	if db == nil {
+		errs = append(errs, errNilDB)
+	}
+	if o.Lanes < 0 || o.Lanes > outbox.Slots {
+		errs = append(errs, fmt.Errorf("inspect: Lanes %d is out of range (use 1..%d, outbox.Slots, as the relays do; or zero for %d)", o.Lanes, outbox.Slots, LanesDefault))
 	}
 	if o.ExactLimit < 0 {
 		errs = append(errs, fmt.Errorf("inspect: ExactLimit %d is negative (use a positive count, or zero for %d)", o.ExactLimit, ExactLimitDefault))
@@ -135,6 +139,8 @@ func (o Options) validate() error {
 	return errors.Join(errs...)
 }
 
+var errNilDB = errors.New("inspect: nil database (pass a *pgxpool.Pool, *pgx.Conn or pgx.Tx)")
+
 // ErrSchemaMissing is returned (wrapped) when the pgbox tables are not on
 // the search_path.
 var ErrSchemaMissing = errors.New("the pgbox tables are missing from the search_path: run `relay migrate up`, or set the schema")
@@ -147,7 +153,7 @@ var ErrNoConnection = errors.New("no database connection")
 // Read takes one snapshot. It runs in a transaction of its own on db (a
 // savepoint when db is a pgx.Tx), rolled back at the end, each query bounded by Options.StatementTimeout; ctx bounds the whole.
 func Read(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
-	if err := opts.validate(); err != nil {
+	if err := opts.validate(db); err != nil {
 		return nil, err
 	}
 	opts = opts.withDefaults()

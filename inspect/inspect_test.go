@@ -185,9 +185,20 @@ func TestReadNeverWaitsOnCleanupLock(t *testing.T) {
 // TestOptionsValidation: negative settings are named.
 func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
-	_, err := inspect.Read(context.Background(), nil, inspect.Options{ExactLimit: -1, StatementTimeout: -time.Second})
+	ctx := context.Background()
+	_, err := inspect.Read(ctx, nil, inspect.Options{ExactLimit: -1, StatementTimeout: -time.Second, ParkedList: -1, Lanes: -1})
+	require.ErrorContains(t, err, "nil database")
 	require.ErrorContains(t, err, "ExactLimit -1")
 	require.ErrorContains(t, err, "StatementTimeout -1s")
+	require.ErrorContains(t, err, "ParkedList -1")
+	require.ErrorContains(t, err, "Lanes -1 is out of range")
+	db := testdb.New(t)
+	// More lanes than slots: no relay accepts it, a snapshot would show
+	// lanes that cannot exist.
+	_, err = inspect.Read(ctx, db.Pool, inspect.Options{Lanes: 257})
+	require.ErrorContains(t, err, "Lanes 257 is out of range (use 1..256, outbox.Slots")
+	_, err = inspect.Read(ctx, db.Pool, inspect.Options{Lanes: 256})
+	require.NoError(t, err)
 }
 
 // TestReadCutoffs: each consumer's oldest key is compared with its topic's

@@ -268,3 +268,33 @@ func TestReplayDeadConcurrent(t *testing.T) {
 	}
 	require.Len(t, outboxMessages(t, db), 1)
 }
+
+// Every operator function refuses a nil database and negative filter values
+// with an error naming the field, before touching anything.
+func TestOpsValidation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	badParked := inspect.ParkedFilter{OlderThan: -time.Second, Limit: -1, BatchSize: -1, IDs: []int64{0}}
+	for name, call := range map[string]func() error{
+		"ListParked":    func() error { _, err := inspect.ListParked(ctx, nil, badParked); return err },
+		"CountParked":   func() error { _, err := inspect.CountParked(ctx, nil, badParked); return err },
+		"RetryParked":   func() error { _, err := inspect.RetryParked(ctx, nil, badParked); return err },
+		"DiscardParked": func() error { _, err := inspect.DiscardParked(ctx, nil, badParked); return err },
+	} {
+		err := call()
+		for _, want := range []string{"nil database", "OlderThan -1s", "Limit -1", "BatchSize -1", "id 0 is not a row id"} {
+			require.ErrorContains(t, err, want, name)
+		}
+	}
+	_, err := inspect.ListDead(ctx, nil, inspect.DeadFilter{OlderThan: -time.Second, Limit: -1})
+	for _, want := range []string{"nil database", "OlderThan -1s", "Limit -1"} {
+		require.ErrorContains(t, err, want)
+	}
+	_, err = inspect.ReplayDead(ctx, nil, []int64{1}, inspect.ReplayOptions{})
+	require.ErrorContains(t, err, "nil database")
+	db := testdb.New(t)
+	_, err = inspect.ReplayDead(ctx, db.Pool, nil, inspect.ReplayOptions{})
+	require.ErrorContains(t, err, "no dead letter ids")
+	_, err = inspect.ReplayDead(ctx, db.Pool, []int64{-3}, inspect.ReplayOptions{})
+	require.ErrorContains(t, err, "id -3 is not a row id")
+}

@@ -44,8 +44,11 @@ type DeadFilter struct {
 	Limit int
 }
 
-func (f DeadFilter) validate() error {
+func (f DeadFilter) validate(db Querier) error {
 	var errs []error
+	if db == nil {
+		errs = append(errs, errNilDB)
+	}
 	if f.OlderThan < 0 {
 		errs = append(errs, fmt.Errorf("inspect: OlderThan %v is negative (use a positive age, or 0 for any age)", f.OlderThan))
 	}
@@ -78,7 +81,7 @@ type DeadLetter struct {
 
 // ListDead returns the dead letters f selects, in id order, at most f.Limit.
 func ListDead(ctx context.Context, db Querier, f DeadFilter) ([]DeadLetter, error) {
-	if err := f.validate(); err != nil {
+	if err := f.validate(db); err != nil {
 		return nil, err
 	}
 	at, err := cutoff(ctx, db, f.OlderThan)
@@ -140,6 +143,9 @@ type Replay struct {
 // (ErrNotReplayable) or a record outbox.Write refuses fails the whole call
 // with an error naming it; nothing is written.
 func ReplayDead(ctx context.Context, db DB, ids []int64, opts ReplayOptions) ([]Replay, error) {
+	if db == nil {
+		return nil, errNilDB
+	}
 	if len(ids) == 0 {
 		return nil, errors.New("inspect: no dead letter ids to replay")
 	}

@@ -255,7 +255,15 @@ func TestConcurrentUp(t *testing.T) {
 
 func TestNilDB(t *testing.T) {
 	t.Parallel()
-	err := migrations.Up(context.Background(), nil)
+	ctx := context.Background()
+	require.ErrorContains(t, migrations.Up(ctx, nil), "nil *sql.DB")
+	_, err := migrations.Status(ctx, nil)
+	require.ErrorContains(t, err, "nil *sql.DB")
+	_, err = migrations.Down(ctx, nil, migrations.DownConfig{Yes: true})
+	require.ErrorContains(t, err, "nil *sql.DB")
+	_, err = migrations.PlanDown(ctx, nil)
+	require.ErrorContains(t, err, "nil *sql.DB")
+	_, err = migrations.NewProvider(nil, migrations.Options{})
 	require.ErrorContains(t, err, "nil *sql.DB")
 }
 
