@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pgbox/pgbox/inspect"
@@ -98,8 +100,7 @@ func cmdParked(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	switch action {
-	case "list":
+	if action == "list" {
 		rows, err := inspect.ListParked(ctx, pool, f)
 		if err != nil {
 			return err
@@ -109,7 +110,11 @@ func cmdParked(ctx context.Context, a *app, args []string) error {
 		}
 		writeParked(a.stdout, rows)
 		return nil
-	case "retry":
+	}
+	if err := requireParked(ctx, pool, ids); err != nil {
+		return err
+	}
+	if action == "retry" {
 		n, err := inspect.RetryParked(ctx, pool, f)
 		if err != nil {
 			return err
@@ -121,6 +126,30 @@ func cmdParked(ctx context.Context, a *app, args []string) error {
 		return nil
 	}
 	return discardParked(ctx, a, pool, f)
+}
+
+// requireParked fails, naming them, when ids that an operator gave are not
+// parked rows (a typo, or a row published or discarded since), as `dead
+// replay` does for an unknown dead letter: a command that acted on nothing
+// must not report success.
+func requireParked(ctx context.Context, pool inspect.Querier, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := inspect.ListParked(ctx, pool, inspect.ParkedFilter{IDs: ids, Limit: len(ids)})
+	if err != nil {
+		return err
+	}
+	var missing []string
+	for _, id := range ids {
+		if !slices.ContainsFunc(rows, func(r inspect.ParkedMessage) bool { return r.ID == id }) {
+			missing = append(missing, strconv.FormatInt(id, 10))
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("no such parked row %s (see `relay parked list`): nothing changed", strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 func discardParked(ctx context.Context, a *app, pool inspect.Querier, f inspect.ParkedFilter) error {
@@ -150,9 +179,18 @@ func discardParked(ctx context.Context, a *app, pool inspect.Querier, f inspect.
 		}
 	} else {
 		writeParked(a.stdout, rows)
-		fmt.Fprintf(a.stdout, "would discard %d parked row(s)\n", n)
+		fmt.Fprintf(a.stdout, "would discard %d parked row(s)%s\n", n, shownOf(len(rows), n))
 	}
-	return usageError("discard: nothing deleted: add --yes to delete the %d row(s) shown", n)
+	return usageError("discard: nothing deleted: add --yes to delete the %d row(s) selected%s", n, shownOf(len(rows), n))
+}
+
+// shownOf says how many of n selected rows a preview listed, when --limit
+// cut it short.
+func shownOf(shown int, n int64) string {
+	if int64(shown) >= n {
+		return ""
+	}
+	return fmt.Sprintf(" (%d shown: --limit)", shown)
 }
 
 func writeParked(w io.Writer, rows []inspect.ParkedMessage) {
@@ -246,7 +284,10 @@ const parkedDoc = `Parked outbox rows (rows the relay gave up on after its attem
                     them again, in id order among themselves
   discard [ID...]   delete them (their events are never published); without
                     --yes it prints what it would delete and exits 2
-IDs, when given, restrict the action to those rows. Safe while relays run:
+IDs, when given, restrict the action to those rows; an ID that is not a
+parked row fails retry and discard (exit 1) with nothing changed. The
+discard preview counts every selected row and lists at most --limit of them.
+Safe while relays run:
 batches of 500 rows, each re-checking that its rows are still parked.
 Idempotent: running a command twice leaves the same end state.`
 
