@@ -3,15 +3,14 @@ package inspect
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
 // readInbox lists each (consumer, topic) pair with its oldest key (a loose
@@ -77,8 +76,7 @@ func (s *Snapshot) readDead(ctx context.Context, tx pgx.Tx, opts Options) error 
 		return fmt.Errorf("inspect: count pgbox_consumer_dead: %w", err)
 	}
 	s.Dead, err = pgx.CollectRows(rows, pgx.RowToStructByPos[DeadCount])
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+	if pgerr.IsUndefinedTable(err) {
 		return nil
 	}
 	if err != nil {

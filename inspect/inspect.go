@@ -46,9 +46,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/internal/pgerr"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -195,8 +195,7 @@ func readTx(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
 
 // schemaHint wraps ErrSchemaMissing into "relation does not exist".
 func schemaHint(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+	if pgerr.IsUndefinedTable(err) {
 		return fmt.Errorf("%w (%w)", err, ErrSchemaMissing)
 	}
 	return err

@@ -3,18 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/internal/pgerr"
 	"github.com/pgbox/pgbox/relay"
 )
 
 // schemaHint turns "relation does not exist" into inspect's advice.
 func schemaHint(err error) error {
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+	if pgerr.IsUndefinedTable(err) {
 		return fmt.Errorf("%w (%w)", err, inspect.ErrSchemaMissing)
 	}
 	return err
