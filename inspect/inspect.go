@@ -1,41 +1,48 @@
-// Package inspect reads typed snapshots of pgbox's state for operators: the
-// outbox backlog per topic and lane, parked rows, relay lanes and instances,
-// inbox keys and each consumer's oldest key per topic against the topic's
-// cleanup cutoff, and dead letters. It is what `relay status` prints and
-// what package pgboxprom exports as metrics; a service reads the same
-// snapshot by calling Read.
+// Package inspect gives operators two things: typed snapshots of pgbox's
+// state, which only read, and the operator actions on parked rows and dead
+// letters, which write. The names say which: [Read], List… and Count… only
+// read; [RetryParked], [DiscardParked] and [ReplayDead] change rows, and
+// their docs say what they write.
+//
+// # Reading
+//
+// [Read] takes a snapshot: the outbox backlog per topic and lane, parked
+// rows, relay lanes and instances, inbox keys and each consumer's oldest key
+// per topic against the topic's cleanup cutoff, and dead letters. It is what
+// `relay status` prints and what package pgboxprom exports as metrics; a
+// service reads the same snapshot by calling Read.
 //
 // Reading costs about the same whatever the tables hold: every query follows
-// an index or stops at a limit (Options.ExactLimit), so a snapshot stays a few
-// milliseconds with millions of backlog rows or inbox keys. Counts past the
-// limit are planner estimates (Estimated is set); ages are always exact. A
-// snapshot never takes or waits on the cleanup lease and runs in one transaction
-// (rolled back: it writes nothing), bounded by Options.StatementTimeout.
+// an index or stops at a limit ([Options].ExactLimit), so a snapshot stays a
+// few milliseconds with millions of backlog rows or inbox keys. Counts past
+// the limit are planner estimates (Estimated is set); ages are always exact.
+// A snapshot never takes or waits on the cleanup lease and runs in one
+// transaction (rolled back: it writes nothing), bounded by
+// [Options].StatementTimeout. [ListParked], [CountParked] and [ListDead] read
+// the rows the actions below select.
 //
-// # Operating parked rows and dead letters
+// # Writing: operating parked rows and dead letters
 //
-// The operator functions act on what a snapshot shows; `relay parked`
-// and `relay dead` call them. All are safe while relays and consumers
-// run and idempotent (a second run leaves the same end state):
+// The actions act on what a snapshot shows; `relay parked` and `relay dead`
+// call them. All are safe while relays and consumers run and idempotent (a
+// second run leaves the same end state):
 //
-//   - ListParked, CountParked: parked outbox rows, filtered by topic, error
-//     text, minimum age and ids (ParkedFilter).
-//   - RetryParked unparks them (attempts restart at 0, last_error stays):
-//     running relays publish them again; they keep their ids, so one key's
-//     rows go out in id order among themselves. DiscardParked deletes them.
-//     Both work in short batches by id, each statement re-checking that its
-//     rows are still parked, so a row a relay or another operator changed
-//     meanwhile is left alone.
-//   - ListDead: the consumer adapter's dead letters (DeadFilter).
-//   - ReplayDead: in one transaction, writes each dead letter's record (key,
+//   - [RetryParked] writes: it unparks the rows a [ParkedFilter] selects
+//     (attempts restart at 0, last_error stays): running relays publish them
+//     again; they keep their ids, so one key's rows go out in id order.
+//     [DiscardParked] writes: it deletes them. Both work in short batches by
+//     id, each statement re-checking that its rows are still parked, so a row
+//     a relay or another operator changed meanwhile is left alone.
+//   - [ReplayDead] writes, in one transaction: each dead letter's record (key,
 //     value and headers as consumed; stored by the adapter since migration
-//     00040) through outbox.Write to its source topic or a chosen one, with
-//     the header inbox.ReplayHeader ("pgbox-replay-of: <id>"), and marks it
-//     replayed (replayed_at, replayed_to). The inbox appends the replay id to
-//     the key of such a message (package inbox, "Replayed dead letters"), so
-//     the replay is processed once while a rewind over the original record
-//     is still a duplicate. A dead letter replayed before is skipped unless
-//     ReplayOptions.Again asks for a new replay (with a new replay id).
+//     00040) goes through outbox.Write to its source topic or a chosen one,
+//     with the header inbox.ReplayHeader ("pgbox-replay-of: <id>"), and the
+//     dead letter is marked replayed (replayed_at, replayed_to). The inbox
+//     appends the replay id to the key of such a message (package inbox,
+//     "Replayed dead letters"), so the replay is processed once while a
+//     rewind over the original record is still a duplicate. A dead letter
+//     replayed before is skipped unless [ReplayOptions].Again asks for a new
+//     replay (with a new replay id).
 package inspect
 
 import (

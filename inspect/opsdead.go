@@ -128,8 +128,8 @@ type Replay struct {
 	Skipped bool `json:"skipped"`
 }
 
-// ReplayDead replays the dead letters ids name, in one transaction on db:
-// each one's record (key, value and headers as consumed) is written through
+// ReplayDead writes: it replays the dead letters ids name, in one
+// transaction on db: each one's record (key, value and headers as consumed) is written through
 // outbox.Write, with the header inbox.ReplayHeader set to its replay id, to
 // opts.ToTopic or its source topic, and the dead letter is marked replayed.
 // Running relays then publish the replays; the consumer's inbox processes
