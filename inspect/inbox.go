@@ -16,8 +16,8 @@ import (
 // readInbox lists each (consumer, topic) pair with its oldest key (a loose
 // index scan) and its keys counted up to the limit; pairs at the limit get
 // the planner's estimate instead, all in one round trip.
-func (s *Snapshot) readInbox(ctx context.Context, tx pgx.Tx, opts Options) error {
-	rows, err := tx.Query(ctx, sqlInboxOldest, opts.ExactLimit)
+func (s *Snapshot) readInbox(ctx context.Context, tx pgx.Tx, cfg Config) error {
+	rows, err := tx.Query(ctx, sqlInboxOldest, cfg.ExactLimit)
 	if err != nil {
 		return fmt.Errorf("inspect: read pgbox_inbox oldest keys: %w", err)
 	}
@@ -33,7 +33,7 @@ func (s *Snapshot) readInbox(ctx context.Context, tx pgx.Tx, opts Options) error
 	for k := range s.Inbox {
 		in := &s.Inbox[k]
 		in.OldestAge = max(s.Time.Sub(in.Oldest), 0).Seconds()
-		if in.Keys < int64(opts.ExactLimit) {
+		if in.Keys < int64(cfg.ExactLimit) {
 			continue
 		}
 		batch.Queue(sqlInboxKeysEstimate, in.Consumer, in.Topic).QueryRow(func(row pgx.Row) error {
@@ -70,8 +70,8 @@ func planRows(row pgx.Row) (int64, error) {
 
 // readDead counts dead letters per consumer and topic, bounded. The table
 // belongs to the consumer adapter's migration; its absence means none.
-func (s *Snapshot) readDead(ctx context.Context, tx pgx.Tx, opts Options) error {
-	rows, err := tx.Query(ctx, sqlDeadBounded, opts.ExactLimit)
+func (s *Snapshot) readDead(ctx context.Context, tx pgx.Tx, cfg Config) error {
+	rows, err := tx.Query(ctx, sqlDeadBounded, cfg.ExactLimit)
 	if err != nil {
 		return fmt.Errorf("inspect: count pgbox_consumer_dead: %w", err)
 	}
@@ -86,7 +86,7 @@ func (s *Snapshot) readDead(ctx context.Context, tx pgx.Tx, opts Options) error 
 	for _, d := range s.Dead {
 		n += d.Count
 	}
-	s.DeadEstimated = n >= int64(opts.ExactLimit)
+	s.DeadEstimated = n >= int64(cfg.ExactLimit)
 	return nil
 }
 

@@ -13,12 +13,12 @@
 // service reads the same snapshot by calling Read.
 //
 // Reading costs about the same whatever the tables hold: every query follows
-// an index or stops at a limit ([Options].ExactLimit), so a snapshot stays a
+// an index or stops at a limit ([Config].ExactLimit), so a snapshot stays a
 // few milliseconds with millions of backlog rows or inbox keys. Counts past
 // the limit are planner estimates (Estimated is set); ages are always exact.
 // A snapshot never takes or waits on the cleanup lease and runs in one
 // transaction (rolled back: it writes nothing), bounded by
-// [Options].StatementTimeout. [ListParked], [CountParked] and [ListDead] read
+// [Config].StatementTimeout. [ListParked], [CountParked] and [ListDead] read
 // the rows the actions below select.
 //
 // # Writing: operating parked rows and dead letters
@@ -41,7 +41,7 @@
 //     appends the replay id to the key of such a message (package inbox,
 //     "Replayed dead letters"), so the replay is processed once while a
 //     rewind over the original record is still a duplicate. A dead letter
-//     replayed before is skipped unless [ReplayOptions].Again asks for a new
+//     replayed before is skipped unless [ReplayConfig].Again asks for a new
 //     replay (with a new replay id).
 package inspect
 
@@ -59,7 +59,7 @@ import (
 	"github.com/pgbox/pgbox/outbox"
 )
 
-// Defaults for Options fields left zero.
+// Defaults for Config fields left zero.
 const (
 	// LanesDefault is the relay's default lane count (relay.LanesDefault).
 	LanesDefault = 16
@@ -76,8 +76,8 @@ type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Options configures Read.
-type Options struct {
+// Config configures Read.
+type Config struct {
 	// Lanes groups the backlog by lane when no relay ever ran (the lane table
 	// is empty); otherwise the lane table's count is used. Defaults to
 	// LanesDefault (16, the relay's default).
@@ -107,7 +107,7 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-func (o Options) withDefaults() Options {
+func (o Config) withDefaults() Config {
 	if o.Lanes == 0 {
 		o.Lanes = LanesDefault
 	}
@@ -126,7 +126,7 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-func (o Options) validate(db DB) error {
+func (o Config) validate(db DB) error {
 	var errs []error
 	if db == nil {
 		errs = append(errs, errNilDB)
@@ -158,19 +158,19 @@ var ErrSchemaMissing = errors.New("the pgbox tables are missing from the search_
 var ErrNoConnection = errors.New("no database connection")
 
 // Read takes one snapshot. It runs in a transaction of its own on db (a
-// savepoint when db is a pgx.Tx), rolled back at the end, each query bounded by Options.StatementTimeout; ctx bounds the whole.
-func Read(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
-	if err := opts.validate(db); err != nil {
+// savepoint when db is a pgx.Tx), rolled back at the end, each query bounded by Config.StatementTimeout; ctx bounds the whole.
+func Read(ctx context.Context, db DB, cfg Config) (*Snapshot, error) {
+	if err := cfg.validate(db); err != nil {
 		return nil, err
 	}
-	opts = opts.withDefaults()
+	cfg = cfg.withDefaults()
 	start := time.Now()
-	snap, err := readTx(ctx, db, opts)
+	snap, err := readTx(ctx, db, cfg)
 	if err != nil {
 		return nil, err
 	}
-	if opts.Cutoffs != nil {
-		snap.addCutoffs(ctx, *opts.Cutoffs, opts.Logger)
+	if cfg.Cutoffs != nil {
+		snap.addCutoffs(ctx, *cfg.Cutoffs, cfg.Logger)
 	} else {
 		snap.Cutoffs = "unknown: no Kafka admin to read topic configs from"
 	}
@@ -178,22 +178,22 @@ func Read(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
 	return snap, nil
 }
 
-func readTx(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
+func readTx(ctx context.Context, db DB, cfg Config) (*Snapshot, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("inspect: begin: %w (%w)", err, ErrNoConnection)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	timeout := fmt.Sprintf("%dms", max(opts.StatementTimeout.Milliseconds(), 1))
+	timeout := fmt.Sprintf("%dms", max(cfg.StatementTimeout.Milliseconds(), 1))
 	snap := &Snapshot{}
 	if err := tx.QueryRow(ctx, sqlStart, timeout).Scan(&snap.Time); err != nil {
 		return nil, fmt.Errorf("inspect: set statement_timeout, read the database clock: %w", err)
 	}
 	snap.Time = snap.Time.UTC()
-	for _, step := range []func(context.Context, pgx.Tx, Options) error{
+	for _, step := range []func(context.Context, pgx.Tx, Config) error{
 		snap.readLanes, snap.readBacklog, snap.readLaneAges, snap.readParked, snap.readInbox, snap.readDead,
 	} {
-		if err := step(ctx, tx, opts); err != nil {
+		if err := step(ctx, tx, cfg); err != nil {
 			return nil, schemaHint(err)
 		}
 	}
@@ -208,7 +208,7 @@ func schemaHint(err error) error {
 	return err
 }
 
-func (s *Snapshot) readLanes(ctx context.Context, tx pgx.Tx, opts Options) error {
+func (s *Snapshot) readLanes(ctx context.Context, tx pgx.Tx, cfg Config) error {
 	rows, err := tx.Query(ctx, sqlLanes)
 	if err != nil {
 		return fmt.Errorf("inspect: read pgbox_relay_lanes: %w", err)
@@ -221,7 +221,7 @@ func (s *Snapshot) readLanes(ctx context.Context, tx pgx.Tx, opts Options) error
 	if err != nil {
 		return fmt.Errorf("inspect: read pgbox_relay_lanes: %w", err)
 	}
-	s.LaneCount = opts.Lanes
+	s.LaneCount = cfg.Lanes
 	if len(s.Lanes) > 0 {
 		s.LaneCount = s.Lanes[0].Lanes
 	}

@@ -118,7 +118,7 @@ const instancesTable = "pgbox_relay_instances"
 // the plan it checked, refused or not. With nothing applied it returns
 // [ErrNothingToRollBack] and creates nothing, not even goose's version table.
 func Down(ctx context.Context, db *sql.DB, cfg DownConfig) (DownPlan, error) {
-	p, err := NewProvider(db, Options{})
+	p, err := NewProvider(db, Config{})
 	if err != nil {
 		return DownPlan{}, err
 	}
@@ -145,7 +145,7 @@ func Down(ctx context.Context, db *sql.DB, cfg DownConfig) (DownPlan, error) {
 
 // PlanDown reads what [Down] would do now, changing nothing.
 func PlanDown(ctx context.Context, db *sql.DB) (DownPlan, error) {
-	p, err := NewProvider(db, Options{})
+	p, err := NewProvider(db, Config{})
 	if err != nil {
 		return DownPlan{}, err
 	}

@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"database/sql"
+	"hash/fnv"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -263,7 +264,7 @@ func TestNilDB(t *testing.T) {
 	require.ErrorContains(t, err, "nil *sql.DB")
 	_, err = migrations.PlanDown(ctx, nil)
 	require.ErrorContains(t, err, "nil *sql.DB")
-	_, err = migrations.NewProvider(nil, migrations.Options{})
+	_, err = migrations.NewProvider(nil, migrations.Config{})
 	require.ErrorContains(t, err, "nil *sql.DB")
 }
 
@@ -305,4 +306,14 @@ func TestGooseCLI(t *testing.T) {
 	require.Empty(t, pgboxTables(t, db))
 	goose("up")
 	require.Contains(t, pgboxTables(t, db), "pgbox_inbox")
+}
+
+// LockIDDefault is the key earlier pgbox releases derived at run time: a
+// migrator of this release and one of an older release still wait for each
+// other.
+func TestLockIDDefault(t *testing.T) {
+	t.Parallel()
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("pgbox:" + migrations.TableName))
+	require.Equal(t, int64(h.Sum64()>>1), migrations.LockIDDefault)
 }

@@ -238,7 +238,7 @@ func cmdDead(ctx context.Context, a *app, args []string) error {
 		writeDead(a.stdout, rows)
 		return nil
 	}
-	res, err := inspect.ReplayDead(ctx, pool, ids, inspect.ReplayOptions{ToTopic: o.ToTopic, Again: o.Again})
+	res, err := inspect.ReplayDead(ctx, pool, ids, inspect.ReplayConfig{ToTopic: o.ToTopic, Again: o.Again})
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,7 @@ func cmdStatus(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	opts := inspect.Options{Lanes: relay.LanesDefault, Logger: a.log.With("component", "status")}
+	opts := inspect.Config{Lanes: relay.LanesDefault, Logger: a.log.With("component", "status")}
 	if len(a.opts.Kafka.Brokers) > 0 {
 		kcfg, err := a.opts.Kafka.Sarama()
 		if err != nil {

@@ -44,7 +44,7 @@ func sqlDB(pool *pgxpool.Pool) *sql.DB { return stdlib.OpenDBFromPool(pool) }
 // registry, as a service would) and /healthz on --http-addr until ctx ends.
 func (d *demo) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
 	col, err := pgboxprom.New(pgboxprom.Config{Relay: d.relay, Inbox: d.ib, Consumer: d.handler, DB: d.pool,
-		Inspect: inspect.Options{Lanes: 4}, Logger: d.log.With("component", "metrics")})
+		Inspect: inspect.Config{Lanes: 4}, Logger: d.log.With("component", "metrics")})
 	if err != nil {
 		return err
 	}
