@@ -76,24 +76,24 @@ type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Config configures Read.
+// Config configures [Read]. The zero value reads with every default.
 type Config struct {
 	// Lanes groups the backlog by lane when no relay ever ran (the lane table
 	// is empty); otherwise the lane table's count is used. Defaults to
-	// LanesDefault (16, the relay's default).
+	// [LanesDefault] (16, the relay's default).
 	Lanes int
 
 	// ExactLimit is how many rows a count reads; a count that reaches it is
 	// replaced by the planner's estimate and marked Estimated. Defaults to
-	// ExactLimitDefault (1,000).
+	// [ExactLimitDefault] (1,000).
 	ExactLimit int
 
 	// StatementTimeout bounds each query of the snapshot (SET LOCAL
-	// statement_timeout). Defaults to StatementTimeoutDefault (2s).
+	// statement_timeout). Defaults to [StatementTimeoutDefault] (2s).
 	StatementTimeout time.Duration
 
 	// ParkedList is how many of the newest parked rows are listed. Defaults
-	// to ParkedListDefault (10).
+	// to [ParkedListDefault] (10).
 	ParkedList int
 
 	// Cutoffs, when set, compares each inbox topic's oldest key with the

@@ -40,7 +40,7 @@ type DeadFilter struct {
 	// IDs keeps these dead letters only. Defaults to nil: any id.
 	IDs []int64
 	// Limit is how many dead letters ListDead returns. Defaults to
-	// ListLimitDefault (100).
+	// [ListLimitDefault] (100).
 	Limit int
 }
 

@@ -54,7 +54,7 @@ type DownConfig struct {
 type Loss struct {
 	// Table is the table's name.
 	Table string
-	// What names its rows for an operator ("outbox rows", "inbox keys").
+	// What names its rows for an operator ("outbox rows", "inbox key").
 	What string
 	// Rows is how many rows the table held when the step was planned.
 	Rows int64
@@ -96,16 +96,16 @@ func (p DownPlan) LossText() string {
 	return strings.Join(parts, ", ")
 }
 
-// what names each pgbox table's rows for an operator.
-var what = map[string]string{
-	"pgbox_inbox":             "inbox keys",
-	"pgbox_inbox_watermark":   "inbox watermarks",
-	"pgbox_outbox":            "outbox rows",
-	"pgbox_consumer_dead":     "dead letters",
-	"pgbox_consumer_attempts": "consumer attempt counts",
-	"pgbox_relay_instances":   "relay instances",
-	"pgbox_relay_lanes":       "relay lanes",
-	"pgbox_cleanup_lease":     "cleanup leases",
+// what names each pgbox table's rows for an operator: one, many.
+var what = map[string][2]string{
+	"pgbox_inbox":             {"inbox key", "inbox keys"},
+	"pgbox_inbox_watermark":   {"inbox watermark", "inbox watermarks"},
+	"pgbox_outbox":            {"outbox row", "outbox rows"},
+	"pgbox_consumer_dead":     {"dead letter", "dead letters"},
+	"pgbox_consumer_attempts": {"consumer attempt count", "consumer attempt counts"},
+	"pgbox_relay_instances":   {"relay instance", "relay instances"},
+	"pgbox_relay_lanes":       {"relay lane", "relay lanes"},
+	"pgbox_cleanup_lease":     {"cleanup lease", "cleanup leases"},
 }
 
 const instancesTable = "pgbox_relay_instances"
@@ -247,10 +247,23 @@ func losses(ctx context.Context, db *sql.DB, schema, source string) ([]Loss, err
 			return nil, fmt.Errorf("migrations: count rows of %s: %w", d.Table, err)
 		}
 		if d.Rows > 0 {
+			d.What = rowNoun(d.Table, d.Rows)
 			out = append(out, d)
 		}
 	}
 	return out, nil
+}
+
+// rowNoun names n rows of table: "1 outbox row", "3 outbox rows".
+func rowNoun(table string, n int64) string {
+	w, ok := what[table]
+	if !ok {
+		w = [2]string{"row", "rows"}
+	}
+	if n == 1 {
+		return w[0]
+	}
+	return w[1]
 }
 
 var (
@@ -284,11 +297,7 @@ func downDrops(fsys fs.FS, source string) ([]Loss, error) {
 	}
 	var out []Loss
 	add := func(table string, columns bool) {
-		w := what[table]
-		if w == "" {
-			w = "rows"
-		}
-		out = append(out, Loss{Table: table, What: w, Columns: columns})
+		out = append(out, Loss{Table: table, Columns: columns})
 	}
 	for _, m := range dropTableRE.FindAllStringSubmatch(down.String(), -1) {
 		add(strings.ToLower(m[1]), false)

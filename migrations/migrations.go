@@ -47,7 +47,7 @@ const LockIDDefault int64 = 3142831831076409947
 // Config tunes how migrations run. The zero value is what most callers want.
 type Config struct {
 	// LockID is the advisory lock key that serializes concurrent migrators.
-	// Defaults to LockIDDefault.
+	// Defaults to [LockIDDefault].
 	LockID int64
 }
 

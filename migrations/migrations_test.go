@@ -130,8 +130,8 @@ func TestDownRefusesDataLoss(t *testing.T) {
 		source, lost, table string
 		rows                int
 	}{
-		{"00040_ops.sql", "stored data of 1 dead letters (columns of pgbox_consumer_dead)", "pgbox_consumer_dead", 1},
-		{"00010_consumer.sql", "1 dead letters (pgbox_consumer_dead)", "pgbox_consumer_dead", 1},
+		{"00040_ops.sql", "stored data of 1 dead letter (columns of pgbox_consumer_dead)", "pgbox_consumer_dead", 1},
+		{"00010_consumer.sql", "1 dead letter (pgbox_consumer_dead)", "pgbox_consumer_dead", 1},
 		{"00002_outbox.sql", "3 outbox rows (pgbox_outbox)", "pgbox_outbox", 3},
 		{"00001_inbox.sql", "2 inbox keys (pgbox_inbox)", "pgbox_inbox", 2},
 	} {

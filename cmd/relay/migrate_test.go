@@ -57,7 +57,7 @@ func TestMigrateDownRefuses(t *testing.T) {
 
 	r = runRelay(t, time.Minute, env, "migrate", "down", "--force")
 	require.Equal(t, 2, r.code, "the step drops the relay's registrations: %s", r.stderr)
-	require.Contains(t, r.stderr, "1 relay instances (pgbox_relay_instances)")
+	require.Contains(t, r.stderr, "1 relay instance (pgbox_relay_instances)")
 	require.Contains(t, r.stderr, "--yes")
 	require.True(t, tableExists(t, db, "pgbox_relay_instances"))
 
