@@ -145,6 +145,6 @@ const parkedDoc = `Parked outbox rows (rows the relay gave up on after its attem
 IDs, when given, restrict the action to those rows; an ID that is not a
 parked row fails retry and discard (exit 1) with nothing changed. The
 discard preview counts every selected row and lists at most --limit of them.
-Safe while relays run:
-batches of 500 rows, each re-checking that its rows are still parked.
-Idempotent: running a command twice leaves the same end state.`
+Safe while relays run: batches of 500 rows, each re-checking that its rows
+are still parked. Idempotent: running a command twice leaves the same end
+state (with IDs, the second run fails naming the rows no longer parked).`
