@@ -111,6 +111,9 @@ func (c Config) validate() error {
 	if err := checkText(c.Consumer); err != nil {
 		return fmt.Errorf("inbox: Config.Consumer %q: %w", c.Consumer, err)
 	}
+	if c.Key.err != nil {
+		return c.Key.err
+	}
 	if c.Key.fn == nil && c.Key.name != "" {
 		return fmt.Errorf("inbox: Config.Key %s has a nil func (pass a function to ByFunc)", c.Key.name)
 	}

@@ -284,6 +284,11 @@ func TestNewValidates(t *testing.T) {
 		{inbox.Config{Consumer: strings.Repeat("c", inbox.MaxConsumerLen+1)}, "longer than MaxConsumerLen"},
 		{inbox.Config{Consumer: "c\xff"}, "not valid UTF-8"},
 		{inbox.Config{Consumer: "c", Key: inbox.ByFunc(nil)}, "nil func"},
+		{inbox.Config{Consumer: "c", Key: inbox.ByHeader("")}, `ByHeader(""), an empty header name: name the header`},
+		{inbox.Config{Consumer: "c", Key: inbox.ByHeader(""), Dedup: inbox.DedupWatermarkAndKeys}, `ByHeader(""), an empty header name`},
+		{inbox.Config{Consumer: "c", Key: inbox.ByOffset(), Dedup: inbox.DedupWatermark}, "DedupWatermark, which uses no key"},
+		{inbox.Config{Consumer: "c", Dedup: inbox.DedupWatermarkAndKeys}, "DedupWatermarkAndKeys needs Config.Key"},
+		{inbox.Config{Consumer: "c", Dedup: inbox.Dedup(7)}, "not a known mode"},
 		{inbox.Config{Consumer: "c", LockTimeout: -time.Second}, "LockTimeout is negative"},
 	} {
 		_, err := inbox.New(tc.cfg)

@@ -35,6 +35,8 @@ const ReplayKeySuffix = "/replay/"
 type KeyStrategy struct {
 	name string
 	fn   func(Message) (string, error)
+	// err is why the strategy cannot be used (ByHeader("")): New refuses it.
+	err error
 }
 
 // String names the strategy, e.g. `ByHeader("event-id")`.
@@ -78,8 +80,14 @@ func offsetKey(m Message) (string, error) {
 // ByHeader keys a message by the value of the header called name (for
 // example an event id the producer assigned, such as the one pgbox's relay
 // writes). A message without the header, or with an empty value, is rejected
-// with ErrInvalidMessage. When the header repeats, the last one wins.
+// with ErrInvalidMessage. When the header repeats, the last one wins. An
+// empty name (often an unset variable) is refused by New: every message
+// would fail.
 func ByHeader(name string) KeyStrategy {
+	if name == "" {
+		return KeyStrategy{name: `ByHeader("")`, fn: func(Message) (string, error) { return "", errEmptyHeaderName },
+			err: errEmptyHeaderName}
+	}
 	return KeyStrategy{
 		name: "ByHeader(" + strconv.Quote(name) + ")",
 		fn: func(m Message) (string, error) {
@@ -94,6 +102,9 @@ func ByHeader(name string) KeyStrategy {
 		},
 	}
 }
+
+var errEmptyHeaderName = errors.New(`inbox: Config.Key is ByHeader(""), an empty header name: ` +
+	`name the header that carries the producer's event id, e.g. ByHeader("event-id") (an unset variable?)`)
 
 // ByFunc keys a message with fn. An error from fn rejects the message with
 // ErrInvalidMessage (wrapping fn's error too). The key must be non-empty,

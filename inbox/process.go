@@ -17,7 +17,7 @@ import (
 const maxVanished = 3
 
 // codeUniqueViolation is SQLSTATE unique_violation.
-const codeUniqueViolation = "23505"
+const codeUniqueViolation = pgerr.CodeUniqueViolation
 
 // Process runs h for m inside tx unless m's key was processed before by this
 // consumer. The dedup step is one round trip: a savepoint and an INSERT … ON

@@ -3,22 +3,21 @@ package inspect
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
 // readInbox lists each (consumer, topic) pair with its oldest key (a loose
 // index scan) and its keys counted up to the limit; pairs at the limit get
 // the planner's estimate instead, all in one round trip.
-func (s *Snapshot) readInbox(ctx context.Context, tx pgx.Tx, opts Options) error {
-	rows, err := tx.Query(ctx, sqlInboxOldest, opts.ExactLimit)
+func (s *Snapshot) readInbox(ctx context.Context, tx pgx.Tx, cfg Config) error {
+	rows, err := tx.Query(ctx, sqlInboxOldest, cfg.ExactLimit)
 	if err != nil {
 		return fmt.Errorf("inspect: read pgbox_inbox oldest keys: %w", err)
 	}
@@ -34,7 +33,7 @@ func (s *Snapshot) readInbox(ctx context.Context, tx pgx.Tx, opts Options) error
 	for k := range s.Inbox {
 		in := &s.Inbox[k]
 		in.OldestAge = max(s.Time.Sub(in.Oldest), 0).Seconds()
-		if in.Keys < int64(opts.ExactLimit) {
+		if in.Keys < int64(cfg.ExactLimit) {
 			continue
 		}
 		batch.Queue(sqlInboxKeysEstimate, in.Consumer, in.Topic).QueryRow(func(row pgx.Row) error {
@@ -71,14 +70,13 @@ func planRows(row pgx.Row) (int64, error) {
 
 // readDead counts dead letters per consumer and topic, bounded. The table
 // belongs to the consumer adapter's migration; its absence means none.
-func (s *Snapshot) readDead(ctx context.Context, tx pgx.Tx, opts Options) error {
-	rows, err := tx.Query(ctx, sqlDeadBounded, opts.ExactLimit)
+func (s *Snapshot) readDead(ctx context.Context, tx pgx.Tx, cfg Config) error {
+	rows, err := tx.Query(ctx, sqlDeadBounded, cfg.ExactLimit)
 	if err != nil {
 		return fmt.Errorf("inspect: count pgbox_consumer_dead: %w", err)
 	}
 	s.Dead, err = pgx.CollectRows(rows, pgx.RowToStructByPos[DeadCount])
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+	if pgerr.IsUndefinedTable(err) {
 		return nil
 	}
 	if err != nil {
@@ -88,7 +86,7 @@ func (s *Snapshot) readDead(ctx context.Context, tx pgx.Tx, opts Options) error 
 	for _, d := range s.Dead {
 		n += d.Count
 	}
-	s.DeadEstimated = n >= int64(opts.ExactLimit)
+	s.DeadEstimated = n >= int64(cfg.ExactLimit)
 	return nil
 }
 

@@ -1,41 +1,48 @@
-// Package inspect reads typed snapshots of pgbox's state for operators: the
-// outbox backlog per topic and lane, parked rows, relay lanes and instances,
-// inbox keys and each consumer's oldest key per topic against the topic's
-// cleanup cutoff, and dead letters. It is what `relay status` prints and
-// what package pgboxprom exports as metrics; a service reads the same
-// snapshot by calling Read.
+// Package inspect gives operators two things: typed snapshots of pgbox's
+// state, which only read, and the operator actions on parked rows and dead
+// letters, which write. The names say which: [Read], List… and Count… only
+// read; [RetryParked], [DiscardParked] and [ReplayDead] change rows, and
+// their docs say what they write.
+//
+// # Reading
+//
+// [Read] takes a snapshot: the outbox backlog per topic and lane, parked
+// rows, relay lanes and instances, inbox keys and each consumer's oldest key
+// per topic against the topic's cleanup cutoff, and dead letters. It is what
+// `relay status` prints and what package pgboxprom exports as metrics; a
+// service reads the same snapshot by calling Read.
 //
 // Reading costs about the same whatever the tables hold: every query follows
-// an index or stops at a limit (Options.ExactLimit), so a snapshot stays a few
-// milliseconds with millions of backlog rows or inbox keys. Counts past the
-// limit are planner estimates (Estimated is set); ages are always exact. A
-// snapshot never takes or waits on the cleanup lease and runs in one transaction
-// (rolled back: it writes nothing), bounded by Options.StatementTimeout.
+// an index or stops at a limit ([Config].ExactLimit), so a snapshot stays a
+// few milliseconds with millions of backlog rows or inbox keys. Counts past
+// the limit are planner estimates (Estimated is set); ages are always exact.
+// A snapshot never takes or waits on the cleanup lease and runs in one
+// transaction (rolled back: it writes nothing), bounded by
+// [Config].StatementTimeout. [ListParked], [CountParked] and [ListDead] read
+// the rows the actions below select.
 //
-// # Operating parked rows and dead letters
+// # Writing: operating parked rows and dead letters
 //
-// The operator functions act on what a snapshot shows; `relay parked`
-// and `relay dead` call them. All are safe while relays and consumers
-// run and idempotent (a second run leaves the same end state):
+// The actions act on what a snapshot shows; `relay parked` and `relay dead`
+// call them. All are safe while relays and consumers run and idempotent (a
+// second run leaves the same end state):
 //
-//   - ListParked, CountParked: parked outbox rows, filtered by topic, error
-//     text, minimum age and ids (ParkedFilter).
-//   - RetryParked unparks them (attempts restart at 0, last_error stays):
-//     running relays publish them again; they keep their ids, so one key's
-//     rows go out in id order among themselves. DiscardParked deletes them.
-//     Both work in short batches by id, each statement re-checking that its
-//     rows are still parked, so a row a relay or another operator changed
-//     meanwhile is left alone.
-//   - ListDead: the consumer adapter's dead letters (DeadFilter).
-//   - ReplayDead: in one transaction, writes each dead letter's record (key,
+//   - [RetryParked] writes: it unparks the rows a [ParkedFilter] selects
+//     (attempts restart at 0, last_error stays): running relays publish them
+//     again; they keep their ids, so one key's rows go out in id order.
+//     [DiscardParked] writes: it deletes them. Both work in short batches by
+//     id, each statement re-checking that its rows are still parked, so a row
+//     a relay or another operator changed meanwhile is left alone.
+//   - [ReplayDead] writes, in one transaction: each dead letter's record (key,
 //     value and headers as consumed; stored by the adapter since migration
-//     00040) through outbox.Write to its source topic or a chosen one, with
-//     the header inbox.ReplayHeader ("pgbox-replay-of: <id>"), and marks it
-//     replayed (replayed_at, replayed_to). The inbox appends the replay id to
-//     the key of such a message (package inbox, "Replayed dead letters"), so
-//     the replay is processed once while a rewind over the original record
-//     is still a duplicate. A dead letter replayed before is skipped unless
-//     ReplayOptions.Again asks for a new replay (with a new replay id).
+//     00040) goes through outbox.Write to its source topic or a chosen one,
+//     with the header inbox.ReplayHeader ("pgbox-replay-of: <id>"), and the
+//     dead letter is marked replayed (replayed_at, replayed_to). The inbox
+//     appends the replay id to the key of such a message (package inbox,
+//     "Replayed dead letters"), so the replay is processed once while a
+//     rewind over the original record is still a duplicate. A dead letter
+//     replayed before is skipped unless [ReplayConfig].Again asks for a new
+//     replay (with a new replay id).
 package inspect
 
 import (
@@ -46,12 +53,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/internal/pgerr"
+	"github.com/pgbox/pgbox/outbox"
 )
 
-// Defaults for Options fields left zero.
+// Defaults for Config fields left zero.
 const (
 	// LanesDefault is the relay's default lane count (relay.LanesDefault).
 	LanesDefault = 16
@@ -68,24 +76,24 @@ type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Options configures Read.
-type Options struct {
+// Config configures [Read]. The zero value reads with every default.
+type Config struct {
 	// Lanes groups the backlog by lane when no relay ever ran (the lane table
 	// is empty); otherwise the lane table's count is used. Defaults to
-	// LanesDefault (16, the relay's default).
+	// [LanesDefault] (16, the relay's default).
 	Lanes int
 
 	// ExactLimit is how many rows a count reads; a count that reaches it is
 	// replaced by the planner's estimate and marked Estimated. Defaults to
-	// ExactLimitDefault (1,000).
+	// [ExactLimitDefault] (1,000).
 	ExactLimit int
 
 	// StatementTimeout bounds each query of the snapshot (SET LOCAL
-	// statement_timeout). Defaults to StatementTimeoutDefault (2s).
+	// statement_timeout). Defaults to [StatementTimeoutDefault] (2s).
 	StatementTimeout time.Duration
 
 	// ParkedList is how many of the newest parked rows are listed. Defaults
-	// to ParkedListDefault (10).
+	// to [ParkedListDefault] (10).
 	ParkedList int
 
 	// Cutoffs, when set, compares each inbox topic's oldest key with the
@@ -99,7 +107,7 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-func (o Options) withDefaults() Options {
+func (o Config) withDefaults() Config {
 	if o.Lanes == 0 {
 		o.Lanes = LanesDefault
 	}
@@ -118,10 +126,13 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-func (o Options) validate() error {
+func (o Config) validate(db DB) error {
 	var errs []error
-	if o.Lanes < 0 {
-		errs = append(errs, fmt.Errorf("inspect: Lanes %d is negative (use a positive count, or zero for %d)", o.Lanes, LanesDefault))
+	if db == nil {
+		errs = append(errs, errNilDB)
+	}
+	if o.Lanes < 0 || o.Lanes > outbox.Slots {
+		errs = append(errs, fmt.Errorf("inspect: Lanes %d is out of range (use 1..%d, outbox.Slots, as the relays do; or zero for %d)", o.Lanes, outbox.Slots, LanesDefault))
 	}
 	if o.ExactLimit < 0 {
 		errs = append(errs, fmt.Errorf("inspect: ExactLimit %d is negative (use a positive count, or zero for %d)", o.ExactLimit, ExactLimitDefault))
@@ -135,6 +146,8 @@ func (o Options) validate() error {
 	return errors.Join(errs...)
 }
 
+var errNilDB = errors.New("inspect: nil database (pass a *pgxpool.Pool, *pgx.Conn or pgx.Tx)")
+
 // ErrSchemaMissing is returned (wrapped) when the pgbox tables are not on
 // the search_path.
 var ErrSchemaMissing = errors.New("the pgbox tables are missing from the search_path: run `relay migrate up`, or set the schema")
@@ -145,19 +158,19 @@ var ErrSchemaMissing = errors.New("the pgbox tables are missing from the search_
 var ErrNoConnection = errors.New("no database connection")
 
 // Read takes one snapshot. It runs in a transaction of its own on db (a
-// savepoint when db is a pgx.Tx), rolled back at the end, each query bounded by Options.StatementTimeout; ctx bounds the whole.
-func Read(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
-	if err := opts.validate(); err != nil {
+// savepoint when db is a pgx.Tx), rolled back at the end, each query bounded by Config.StatementTimeout; ctx bounds the whole.
+func Read(ctx context.Context, db DB, cfg Config) (*Snapshot, error) {
+	if err := cfg.validate(db); err != nil {
 		return nil, err
 	}
-	opts = opts.withDefaults()
+	cfg = cfg.withDefaults()
 	start := time.Now()
-	snap, err := readTx(ctx, db, opts)
+	snap, err := readTx(ctx, db, cfg)
 	if err != nil {
 		return nil, err
 	}
-	if opts.Cutoffs != nil {
-		snap.addCutoffs(ctx, *opts.Cutoffs, opts.Logger)
+	if cfg.Cutoffs != nil {
+		snap.addCutoffs(ctx, *cfg.Cutoffs, cfg.Logger)
 	} else {
 		snap.Cutoffs = "unknown: no Kafka admin to read topic configs from"
 	}
@@ -165,22 +178,22 @@ func Read(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
 	return snap, nil
 }
 
-func readTx(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
+func readTx(ctx context.Context, db DB, cfg Config) (*Snapshot, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("inspect: begin: %w (%w)", err, ErrNoConnection)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	timeout := fmt.Sprintf("%dms", max(opts.StatementTimeout.Milliseconds(), 1))
+	timeout := fmt.Sprintf("%dms", max(cfg.StatementTimeout.Milliseconds(), 1))
 	snap := &Snapshot{}
 	if err := tx.QueryRow(ctx, sqlStart, timeout).Scan(&snap.Time); err != nil {
 		return nil, fmt.Errorf("inspect: set statement_timeout, read the database clock: %w", err)
 	}
 	snap.Time = snap.Time.UTC()
-	for _, step := range []func(context.Context, pgx.Tx, Options) error{
+	for _, step := range []func(context.Context, pgx.Tx, Config) error{
 		snap.readLanes, snap.readBacklog, snap.readLaneAges, snap.readParked, snap.readInbox, snap.readDead,
 	} {
-		if err := step(ctx, tx, opts); err != nil {
+		if err := step(ctx, tx, cfg); err != nil {
 			return nil, schemaHint(err)
 		}
 	}
@@ -189,14 +202,13 @@ func readTx(ctx context.Context, db DB, opts Options) (*Snapshot, error) {
 
 // schemaHint wraps ErrSchemaMissing into "relation does not exist".
 func schemaHint(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+	if pgerr.IsUndefinedTable(err) {
 		return fmt.Errorf("%w (%w)", err, ErrSchemaMissing)
 	}
 	return err
 }
 
-func (s *Snapshot) readLanes(ctx context.Context, tx pgx.Tx, opts Options) error {
+func (s *Snapshot) readLanes(ctx context.Context, tx pgx.Tx, cfg Config) error {
 	rows, err := tx.Query(ctx, sqlLanes)
 	if err != nil {
 		return fmt.Errorf("inspect: read pgbox_relay_lanes: %w", err)
@@ -209,7 +221,7 @@ func (s *Snapshot) readLanes(ctx context.Context, tx pgx.Tx, opts Options) error
 	if err != nil {
 		return fmt.Errorf("inspect: read pgbox_relay_lanes: %w", err)
 	}
-	s.LaneCount = opts.Lanes
+	s.LaneCount = cfg.Lanes
 	if len(s.Lanes) > 0 {
 		s.LaneCount = s.Lanes[0].Lanes
 	}

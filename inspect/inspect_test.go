@@ -62,7 +62,7 @@ func TestReadExact(t *testing.T) {
 	exec(t, db, `INSERT INTO pgbox_consumer_dead (consumer, topic, partition, "offset", attempts, error, dlq_topic)
 		VALUES ('svc', 'orders', 0, 1, 3, 'boom', 'orders.dlq')`)
 
-	snap, err := inspect.Read(ctx, db.Pool, inspect.Options{})
+	snap, err := inspect.Read(ctx, db.Pool, inspect.Config{})
 	require.NoError(t, err)
 	require.Equal(t, 2, snap.LaneCount)
 	require.Equal(t, []inspect.TopicBacklog{
@@ -119,7 +119,7 @@ func TestReadEstimates(t *testing.T) {
 	exec(t, db, `ANALYZE pgbox_outbox`)
 	exec(t, db, `ANALYZE pgbox_inbox`)
 
-	snap, err := inspect.Read(ctx, db.Pool, inspect.Options{ExactLimit: 100})
+	snap, err := inspect.Read(ctx, db.Pool, inspect.Config{ExactLimit: 100})
 	require.NoError(t, err)
 	require.True(t, snap.Outbox.Estimated)
 	require.InDelta(t, 4000, snap.Outbox.Unpublished, 400)
@@ -140,7 +140,7 @@ func TestReadEstimates(t *testing.T) {
 func TestReadSchemaMissing(t *testing.T) {
 	t.Parallel()
 	db := testdb.Empty(t)
-	_, err := inspect.Read(context.Background(), db.Pool, inspect.Options{})
+	_, err := inspect.Read(context.Background(), db.Pool, inspect.Config{})
 	require.Error(t, err)
 	require.True(t, errors.Is(err, inspect.ErrSchemaMissing), "%v", err)
 	require.ErrorContains(t, err, "relay migrate up")
@@ -166,7 +166,7 @@ func TestReadNeverWaitsOnCleanupLock(t *testing.T) {
 	require.NoError(t, err)
 
 	// Were the snapshot to wait on the lease, the statement timeout would fail it.
-	snap, err := inspect.Read(ctx, db.Pool, inspect.Options{StatementTimeout: time.Second})
+	snap, err := inspect.Read(ctx, db.Pool, inspect.Config{StatementTimeout: time.Second})
 	require.NoError(t, err)
 	require.Len(t, snap.Inbox, 1)
 	require.NoError(t, ltx.Rollback(ctx))
@@ -177,7 +177,7 @@ func TestReadNeverWaitsOnCleanupLock(t *testing.T) {
 	_, err = tx.Exec(ctx, `LOCK TABLE pgbox_outbox IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
 	start := time.Now()
-	_, err = inspect.Read(ctx, db.Pool, inspect.Options{StatementTimeout: 300 * time.Millisecond})
+	_, err = inspect.Read(ctx, db.Pool, inspect.Config{StatementTimeout: 300 * time.Millisecond})
 	require.ErrorContains(t, err, "statement timeout")
 	require.Less(t, time.Since(start), 10*time.Second, "the statement timeout bounds the wait")
 }
@@ -185,9 +185,20 @@ func TestReadNeverWaitsOnCleanupLock(t *testing.T) {
 // TestOptionsValidation: negative settings are named.
 func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
-	_, err := inspect.Read(context.Background(), nil, inspect.Options{ExactLimit: -1, StatementTimeout: -time.Second})
+	ctx := context.Background()
+	_, err := inspect.Read(ctx, nil, inspect.Config{ExactLimit: -1, StatementTimeout: -time.Second, ParkedList: -1, Lanes: -1})
+	require.ErrorContains(t, err, "nil database")
 	require.ErrorContains(t, err, "ExactLimit -1")
 	require.ErrorContains(t, err, "StatementTimeout -1s")
+	require.ErrorContains(t, err, "ParkedList -1")
+	require.ErrorContains(t, err, "Lanes -1 is out of range")
+	db := testdb.New(t)
+	// More lanes than slots: no relay accepts it, a snapshot would show
+	// lanes that cannot exist.
+	_, err = inspect.Read(ctx, db.Pool, inspect.Config{Lanes: 257})
+	require.ErrorContains(t, err, "Lanes 257 is out of range (use 1..256, outbox.Slots")
+	_, err = inspect.Read(ctx, db.Pool, inspect.Config{Lanes: 256})
+	require.NoError(t, err)
 }
 
 // TestReadCutoffs: each consumer's oldest key is compared with its topic's
@@ -206,7 +217,7 @@ func TestReadCutoffs(t *testing.T) {
 	inboxKeys(t, db, "svc", "orders", 2, 3*time.Hour)
 	inboxKeys(t, db, "svc", "ledger", 2, time.Hour)
 
-	snap, err := inspect.Read(context.Background(), db.Pool, inspect.Options{Cutoffs: &cleanup.Config{Admin: admin, Buffer: time.Hour}})
+	snap, err := inspect.Read(context.Background(), db.Pool, inspect.Config{Cutoffs: &cleanup.Config{Admin: admin, Buffer: time.Hour}})
 	require.NoError(t, err)
 	require.Contains(t, snap.Cutoffs, "from Kafka topic configs")
 	require.Len(t, snap.Inbox, 2)

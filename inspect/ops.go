@@ -54,8 +54,11 @@ type ParkedFilter struct {
 	BatchSize int
 }
 
-func (f ParkedFilter) validate() error {
+func (f ParkedFilter) validate(db Querier) error {
 	var errs []error
+	if db == nil {
+		errs = append(errs, errNilDB)
+	}
 	if f.OlderThan < 0 {
 		errs = append(errs, fmt.Errorf("inspect: OlderThan %v is negative (use a positive age, or 0 for any age)", f.OlderThan))
 	}
@@ -106,7 +109,7 @@ func cutoff(ctx context.Context, db Querier, olderThan time.Duration) (time.Time
 
 // ListParked returns the parked rows f selects, in id order, at most f.Limit.
 func ListParked(ctx context.Context, db Querier, f ParkedFilter) ([]ParkedMessage, error) {
-	if err := f.validate(); err != nil {
+	if err := f.validate(db); err != nil {
 		return nil, err
 	}
 	limit, _ := f.limits()
@@ -132,7 +135,7 @@ func ListParked(ctx context.Context, db Querier, f ParkedFilter) ([]ParkedMessag
 // CountParked counts the parked rows f selects (f.Limit does not apply):
 // what DiscardParked or RetryParked would act on now.
 func CountParked(ctx context.Context, db Querier, f ParkedFilter) (int64, error) {
-	if err := f.validate(); err != nil {
+	if err := f.validate(db); err != nil {
 		return 0, err
 	}
 	at, err := cutoff(ctx, db, f.OlderThan)
@@ -167,7 +170,7 @@ func DiscardParked(ctx context.Context, db Querier, f ParkedFilter) (int64, erro
 }
 
 func parkedBatches(ctx context.Context, db Querier, f ParkedFilter, sql, verb string) (int64, error) {
-	if err := f.validate(); err != nil {
+	if err := f.validate(db); err != nil {
 		return 0, err
 	}
 	_, batch := f.limits()

@@ -209,7 +209,7 @@ func TestReplayDead(t *testing.T) {
 	a := deadRow(t, db, "svc", "orders", 1, time.Hour, true)
 	old := deadRow(t, db, "svc", "orders", 2, time.Hour, false)
 
-	res, err := inspect.ReplayDead(ctx, db.Pool, []int64{a}, inspect.ReplayOptions{})
+	res, err := inspect.ReplayDead(ctx, db.Pool, []int64{a}, inspect.ReplayConfig{})
 	require.NoError(t, err)
 	tag := func(id int64, n string) string { return strconv.FormatInt(id, 10) + n }
 	require.Equal(t, []inspect.Replay{{ID: a, Topic: "orders", ReplayOf: tag(a, "")}}, res)
@@ -225,26 +225,26 @@ func TestReplayDead(t *testing.T) {
 	require.Equal(t, "orders", dl[0].ReplayedTo)
 
 	// Twice = once.
-	res, err = inspect.ReplayDead(ctx, db.Pool, []int64{a}, inspect.ReplayOptions{})
+	res, err = inspect.ReplayDead(ctx, db.Pool, []int64{a}, inspect.ReplayConfig{})
 	require.NoError(t, err)
 	require.Equal(t, []inspect.Replay{{ID: a, Skipped: true}}, res)
 	require.Len(t, outboxMessages(t, db), 1)
 
 	// Again: a new replay, a new id, to the chosen topic.
-	res, err = inspect.ReplayDead(ctx, db.Pool, []int64{a}, inspect.ReplayOptions{Again: true, ToTopic: "orders.retry"})
+	res, err = inspect.ReplayDead(ctx, db.Pool, []int64{a}, inspect.ReplayConfig{Again: true, ToTopic: "orders.retry"})
 	require.NoError(t, err)
 	require.Equal(t, []inspect.Replay{{ID: a, Topic: "orders.retry", ReplayOf: tag(a, ".2")}}, res)
 	require.Len(t, outboxMessages(t, db), 2)
 
 	// Bad input: the error names the id or topic; nothing written, all or nothing.
-	_, err = inspect.ReplayDead(ctx, db.Pool, []int64{a, 999}, inspect.ReplayOptions{Again: true})
+	_, err = inspect.ReplayDead(ctx, db.Pool, []int64{a, 999}, inspect.ReplayConfig{Again: true})
 	require.ErrorIs(t, err, inspect.ErrDeadNotFound)
 	require.ErrorContains(t, err, "999")
-	_, err = inspect.ReplayDead(ctx, db.Pool, []int64{a, old}, inspect.ReplayOptions{Again: true})
+	_, err = inspect.ReplayDead(ctx, db.Pool, []int64{a, old}, inspect.ReplayConfig{Again: true})
 	require.ErrorIs(t, err, inspect.ErrNotReplayable)
-	_, err = inspect.ReplayDead(ctx, db.Pool, []int64{a}, inspect.ReplayOptions{ToTopic: "bad topic"})
+	_, err = inspect.ReplayDead(ctx, db.Pool, []int64{a}, inspect.ReplayConfig{ToTopic: "bad topic"})
 	require.ErrorContains(t, err, `"bad topic"`)
-	_, err = inspect.ReplayDead(ctx, db.Pool, nil, inspect.ReplayOptions{})
+	_, err = inspect.ReplayDead(ctx, db.Pool, nil, inspect.ReplayConfig{})
 	require.Error(t, err)
 	require.Len(t, outboxMessages(t, db), 2)
 }
@@ -259,7 +259,7 @@ func TestReplayDeadConcurrent(t *testing.T) {
 	errs := make(chan error, 4)
 	for range 4 {
 		go func() {
-			_, err := inspect.ReplayDead(ctx, db.Pool, []int64{a}, inspect.ReplayOptions{})
+			_, err := inspect.ReplayDead(ctx, db.Pool, []int64{a}, inspect.ReplayConfig{})
 			errs <- err
 		}()
 	}
@@ -267,4 +267,34 @@ func TestReplayDeadConcurrent(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 	require.Len(t, outboxMessages(t, db), 1)
+}
+
+// Every operator function refuses a nil database and negative filter values
+// with an error naming the field, before touching anything.
+func TestOpsValidation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	badParked := inspect.ParkedFilter{OlderThan: -time.Second, Limit: -1, BatchSize: -1, IDs: []int64{0}}
+	for name, call := range map[string]func() error{
+		"ListParked":    func() error { _, err := inspect.ListParked(ctx, nil, badParked); return err },
+		"CountParked":   func() error { _, err := inspect.CountParked(ctx, nil, badParked); return err },
+		"RetryParked":   func() error { _, err := inspect.RetryParked(ctx, nil, badParked); return err },
+		"DiscardParked": func() error { _, err := inspect.DiscardParked(ctx, nil, badParked); return err },
+	} {
+		err := call()
+		for _, want := range []string{"nil database", "OlderThan -1s", "Limit -1", "BatchSize -1", "id 0 is not a row id"} {
+			require.ErrorContains(t, err, want, name)
+		}
+	}
+	_, err := inspect.ListDead(ctx, nil, inspect.DeadFilter{OlderThan: -time.Second, Limit: -1})
+	for _, want := range []string{"nil database", "OlderThan -1s", "Limit -1"} {
+		require.ErrorContains(t, err, want)
+	}
+	_, err = inspect.ReplayDead(ctx, nil, []int64{1}, inspect.ReplayConfig{})
+	require.ErrorContains(t, err, "nil database")
+	db := testdb.New(t)
+	_, err = inspect.ReplayDead(ctx, db.Pool, nil, inspect.ReplayConfig{})
+	require.ErrorContains(t, err, "no dead letter ids")
+	_, err = inspect.ReplayDead(ctx, db.Pool, []int64{-3}, inspect.ReplayConfig{})
+	require.ErrorContains(t, err, "id -3 is not a row id")
 }

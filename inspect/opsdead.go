@@ -40,12 +40,15 @@ type DeadFilter struct {
 	// IDs keeps these dead letters only. Defaults to nil: any id.
 	IDs []int64
 	// Limit is how many dead letters ListDead returns. Defaults to
-	// ListLimitDefault (100).
+	// [ListLimitDefault] (100).
 	Limit int
 }
 
-func (f DeadFilter) validate() error {
+func (f DeadFilter) validate(db Querier) error {
 	var errs []error
+	if db == nil {
+		errs = append(errs, errNilDB)
+	}
 	if f.OlderThan < 0 {
 		errs = append(errs, fmt.Errorf("inspect: OlderThan %v is negative (use a positive age, or 0 for any age)", f.OlderThan))
 	}
@@ -78,7 +81,7 @@ type DeadLetter struct {
 
 // ListDead returns the dead letters f selects, in id order, at most f.Limit.
 func ListDead(ctx context.Context, db Querier, f DeadFilter) ([]DeadLetter, error) {
-	if err := f.validate(); err != nil {
+	if err := f.validate(db); err != nil {
 		return nil, err
 	}
 	at, err := cutoff(ctx, db, f.OlderThan)
@@ -101,8 +104,8 @@ func ListDead(ctx context.Context, db Querier, f DeadFilter) ([]DeadLetter, erro
 	return list, nil
 }
 
-// ReplayOptions configures ReplayDead.
-type ReplayOptions struct {
+// ReplayConfig configures ReplayDead.
+type ReplayConfig struct {
 	// ToTopic is the topic the replays are written to. Defaults to "": each
 	// dead letter's own source topic.
 	ToTopic string
@@ -125,30 +128,33 @@ type Replay struct {
 	Skipped bool `json:"skipped"`
 }
 
-// ReplayDead replays the dead letters ids name, in one transaction on db:
-// each one's record (key, value and headers as consumed) is written through
+// ReplayDead writes: it replays the dead letters ids name, in one
+// transaction on db: each one's record (key, value and headers as consumed) is written through
 // outbox.Write, with the header inbox.ReplayHeader set to its replay id, to
-// opts.ToTopic or its source topic, and the dead letter is marked replayed.
+// cfg.ToTopic or its source topic, and the dead letter is marked replayed.
 // Running relays then publish the replays; the consumer's inbox processes
 // each one under a key of its own (see package inbox, "Replayed dead
 // letters"), while the original record's key still dedupes a rewind.
 //
 // It is idempotent: a dead letter replayed before is skipped unless
-// opts.Again is set, and two concurrent replays of one dead letter
+// cfg.Again is set, and two concurrent replays of one dead letter
 // serialize on its row (the second skips it). An unknown id
 // (ErrDeadNotFound), a dead letter without a stored record
 // (ErrNotReplayable) or a record outbox.Write refuses fails the whole call
 // with an error naming it; nothing is written.
-func ReplayDead(ctx context.Context, db DB, ids []int64, opts ReplayOptions) ([]Replay, error) {
+func ReplayDead(ctx context.Context, db DB, ids []int64, cfg ReplayConfig) ([]Replay, error) {
+	if db == nil {
+		return nil, errNilDB
+	}
 	if len(ids) == 0 {
 		return nil, errors.New("inspect: no dead letter ids to replay")
 	}
 	if err := checkIDs(ids); err != nil {
 		return nil, err
 	}
-	if opts.ToTopic != "" {
-		if err := outbox.ValidateTopic(opts.ToTopic); err != nil {
-			return nil, fmt.Errorf("inspect: replay topic %q: %w", opts.ToTopic, err)
+	if cfg.ToTopic != "" {
+		if err := outbox.ValidateTopic(cfg.ToTopic); err != nil {
+			return nil, fmt.Errorf("inspect: replay topic %q: %w", cfg.ToTopic, err)
 		}
 	}
 	ids = slices.Compact(slices.Sorted(slices.Values(ids)))
@@ -157,7 +163,7 @@ func ReplayDead(ctx context.Context, db DB, ids []int64, opts ReplayOptions) ([]
 		return nil, fmt.Errorf("inspect: begin: %w (%w)", err, ErrNoConnection)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	out, err := replayTx(ctx, tx, ids, opts)
+	out, err := replayTx(ctx, tx, ids, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +184,7 @@ type deadRecord struct {
 	replays int
 }
 
-func replayTx(ctx context.Context, tx pgx.Tx, ids []int64, opts ReplayOptions) ([]Replay, error) {
+func replayTx(ctx context.Context, tx pgx.Tx, ids []int64, cfg ReplayConfig) ([]Replay, error) {
 	recs, err := lockDead(ctx, tx, ids)
 	if err != nil {
 		return nil, err
@@ -190,11 +196,11 @@ func replayTx(ctx context.Context, tx pgx.Tx, ids []int64, opts ReplayOptions) (
 		topics  []string
 	)
 	for _, d := range recs {
-		if d.replays > 0 && !opts.Again {
+		if d.replays > 0 && !cfg.Again {
 			out = append(out, Replay{ID: d.id, Skipped: true})
 			continue
 		}
-		m, tag, err := d.message(opts.ToTopic)
+		m, tag, err := d.message(cfg.ToTopic)
 		if err != nil {
 			return nil, err
 		}

@@ -10,12 +10,12 @@ import (
 
 // readBacklog counts unparked rows exactly up to the limit, by topic and
 // lane; past it, per topic from planner statistics.
-func (s *Snapshot) readBacklog(ctx context.Context, tx pgx.Tx, opts Options) error {
+func (s *Snapshot) readBacklog(ctx context.Context, tx pgx.Tx, cfg Config) error {
 	var n int64
-	if err := tx.QueryRow(ctx, sqlUnpublishedBounded, opts.ExactLimit).Scan(&n); err != nil {
+	if err := tx.QueryRow(ctx, sqlUnpublishedBounded, cfg.ExactLimit).Scan(&n); err != nil {
 		return fmt.Errorf("inspect: count pgbox_outbox: %w", err)
 	}
-	if n < int64(opts.ExactLimit) {
+	if n < int64(cfg.ExactLimit) {
 		rows, err := tx.Query(ctx, sqlBacklogExact, s.LaneCount)
 		if err != nil {
 			return fmt.Errorf("inspect: read pgbox_outbox backlog: %w", err)
@@ -54,7 +54,7 @@ func (s *Snapshot) readBacklog(ctx context.Context, tx pgx.Tx, opts Options) err
 
 // readLaneAges finds each lane's oldest unpublished row, one index probe per
 // slot.
-func (s *Snapshot) readLaneAges(ctx context.Context, tx pgx.Tx, _ Options) error {
+func (s *Snapshot) readLaneAges(ctx context.Context, tx pgx.Tx, _ Config) error {
 	oldest := make([]*time.Time, s.LaneCount)
 	rows, err := tx.Query(ctx, sqlOldestPerSlot)
 	if err != nil {
@@ -91,8 +91,8 @@ func (s *Snapshot) readLaneAges(ctx context.Context, tx pgx.Tx, _ Options) error
 }
 
 // readParked counts parked rows per topic (bounded) and lists the newest.
-func (s *Snapshot) readParked(ctx context.Context, tx pgx.Tx, opts Options) error {
-	rows, err := tx.Query(ctx, sqlParkedBounded, opts.ExactLimit)
+func (s *Snapshot) readParked(ctx context.Context, tx pgx.Tx, cfg Config) error {
+	rows, err := tx.Query(ctx, sqlParkedBounded, cfg.ExactLimit)
 	if err != nil {
 		return fmt.Errorf("inspect: count parked rows: %w", err)
 	}
@@ -103,8 +103,8 @@ func (s *Snapshot) readParked(ctx context.Context, tx pgx.Tx, opts Options) erro
 	for _, p := range s.ParkedTopics {
 		s.Outbox.Parked += p.Count
 	}
-	s.Outbox.ParkedCapped = s.Outbox.Parked >= int64(opts.ExactLimit)
-	rows, err = tx.Query(ctx, sqlParkedNewest, opts.ParkedList)
+	s.Outbox.ParkedCapped = s.Outbox.Parked >= int64(cfg.ExactLimit)
+	rows, err = tx.Query(ctx, sqlParkedNewest, cfg.ParkedList)
 	if err != nil {
 		return fmt.Errorf("inspect: list parked rows: %w", err)
 	}

@@ -3,7 +3,7 @@ package inspect
 // All of inspect's SQL. Every query is bounded by an index or a LIMIT, so a
 // snapshot costs about the same with an empty outbox and a 5-million-row
 // backlog; counts that would need a scan are bounded counts that become
-// planner estimates past Options.ExactLimit. Tables are unqualified: they
+// planner estimates past Config.ExactLimit. Tables are unqualified: they
 // resolve through the connection's search_path.
 
 const sqlLanes = `SELECT lane, lanes, coalesce(owner, ''), expires_at > now(), epoch,

@@ -11,7 +11,7 @@ type Snapshot struct {
 	// ReadSeconds is how long the snapshot took to read.
 	ReadSeconds float64 `json:"read_seconds"`
 
-	// LaneCount is the relay's lane count (the lane table's, else Options.Lanes).
+	// LaneCount is the relay's lane count (the lane table's, else Config.Lanes).
 	LaneCount int `json:"lanes"`
 
 	// Outbox sums the backlog.
@@ -22,7 +22,7 @@ type Snapshot struct {
 	LaneAges []LaneAge `json:"outbox_lane_oldest"`
 	// ParkedTopics counts parked rows per topic.
 	ParkedTopics []TopicCount `json:"outbox_parked_by_topic"`
-	// Parked lists the newest parked rows (Options.ParkedList).
+	// Parked lists the newest parked rows (Config.ParkedList).
 	Parked []ParkedRow `json:"parked_rows"`
 
 	// Lanes is the lane table: which instance holds each lane.
@@ -37,7 +37,7 @@ type Snapshot struct {
 
 	// Dead counts the consumer adapter's dead letters per consumer and topic.
 	Dead []DeadCount `json:"dead_letters"`
-	// DeadEstimated is set when Dead counts stopped at Options.ExactLimit.
+	// DeadEstimated is set when Dead counts stopped at Config.ExactLimit.
 	DeadEstimated bool `json:"dead_letters_capped,omitempty"`
 }
 
@@ -46,9 +46,9 @@ type OutboxTotals struct {
 	// Unpublished counts unpublished, unparked rows.
 	Unpublished int64 `json:"unpublished"`
 	// Estimated is set when Unpublished and the per-topic counts are
-	// planner estimates (more than Options.ExactLimit rows).
+	// planner estimates (more than Config.ExactLimit rows).
 	Estimated bool `json:"estimated"`
-	// Parked counts parked rows (at most Options.ExactLimit: ParkedCapped).
+	// Parked counts parked rows (at most Config.ExactLimit: ParkedCapped).
 	Parked       int64 `json:"parked"`
 	ParkedCapped bool  `json:"parked_capped,omitempty"`
 	// OldestAge is the age in seconds of the oldest unpublished, unparked

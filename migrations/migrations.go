@@ -9,6 +9,12 @@
 //
 // Tables are created unqualified, in the first schema of the connection's
 // search_path; the library's queries find them the same way.
+//
+// [Down] rolls back one version per call, as goose's Down does, and guards
+// the step: it refuses while a relay instance is registered with an unexpired
+// lease, and when the step would drop a table holding rows (unpublished
+// outbox rows, inbox keys, dead letters), until [DownConfig] confirms it.
+// [Status] writes nothing.
 package migrations
 
 import (
@@ -17,7 +23,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
 
 	"github.com/pressly/goose/v3"
@@ -33,30 +38,29 @@ var files embed.FS
 // FS returns the embedded migration files (for callers that run goose themselves).
 func FS() fs.FS { return files }
 
-// Options tunes how migrations run. The zero value is what most callers want.
-type Options struct {
-	// LockID is the advisory lock key that serializes concurrent migrators.
-	// Defaults to a constant derived from TableName, so every pgbox process
-	// migrating the same database waits for the others.
-	LockID int64
-}
+// LockIDDefault is [Config].LockID's default: a key derived from
+// [TableName] (the FNV-1a hash of "pgbox:pgbox_migrations", shifted to a
+// positive int64), so every pgbox process migrating one database waits for
+// the others.
+const LockIDDefault int64 = 3142831831076409947
 
-func lockIDDefault() int64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("pgbox:" + TableName))
-	return int64(h.Sum64() >> 1)
+// Config tunes how migrations run. The zero value is what most callers want.
+type Config struct {
+	// LockID is the advisory lock key that serializes concurrent migrators.
+	// Defaults to [LockIDDefault].
+	LockID int64
 }
 
 // NewProvider returns a goose Provider over pgbox's migrations for db (a
 // *sql.DB from github.com/jackc/pgx/v5/stdlib).
-func NewProvider(db *sql.DB, opts Options) (*goose.Provider, error) {
+func NewProvider(db *sql.DB, cfg Config) (*goose.Provider, error) {
 	if db == nil {
 		return nil, errors.New("migrations: nil *sql.DB (open one with sql.Open(\"pgx\", url) after importing github.com/jackc/pgx/v5/stdlib)")
 	}
-	if opts.LockID == 0 {
-		opts.LockID = lockIDDefault()
+	if cfg.LockID == 0 {
+		cfg.LockID = LockIDDefault
 	}
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(opts.LockID))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(cfg.LockID))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: session locker: %w", err)
 	}
@@ -71,10 +75,14 @@ func NewProvider(db *sql.DB, opts Options) (*goose.Provider, error) {
 	return p, nil
 }
 
-// Up applies every pending migration.
+// Up applies every pending migration. It fails with [ErrNoSchema] when no
+// schema of the connection's search_path exists.
 func Up(ctx context.Context, db *sql.DB) error {
-	p, err := NewProvider(db, Options{})
+	p, err := NewProvider(db, Config{})
 	if err != nil {
+		return err
+	}
+	if _, err := currentSchema(ctx, db); err != nil {
 		return err
 	}
 	if _, err := p.Up(ctx); err != nil {
@@ -83,24 +91,30 @@ func Up(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
-// Down rolls back every applied migration, newest first. It drops pgbox's
-// tables and their data.
-func Down(ctx context.Context, db *sql.DB) error {
-	p, err := NewProvider(db, Options{})
-	if err != nil {
-		return err
-	}
-	if _, err := p.DownTo(ctx, 0); err != nil {
-		return fmt.Errorf("migrations: down: %w", err)
-	}
-	return nil
-}
-
-// Status reports each migration and whether it is applied.
+// Status reports each migration and whether it is applied. It writes
+// nothing: on a database pgbox never migrated every migration is pending and
+// goose's version table is not created. It fails with [ErrNoSchema] when no
+// schema of the connection's search_path exists.
 func Status(ctx context.Context, db *sql.DB) ([]*goose.MigrationStatus, error) {
-	p, err := NewProvider(db, Options{})
+	p, err := NewProvider(db, Config{})
 	if err != nil {
 		return nil, err
+	}
+	schema, err := currentSchema(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	migrated, err := tableExists(ctx, db, schema, TableName)
+	if err != nil {
+		return nil, err
+	}
+	if !migrated {
+		// goose's Status would create its version table first.
+		var st []*goose.MigrationStatus
+		for _, s := range p.ListSources() {
+			st = append(st, &goose.MigrationStatus{Source: s, State: goose.StatePending})
+		}
+		return st, nil
 	}
 	st, err := p.Status(ctx)
 	if err != nil {

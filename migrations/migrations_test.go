@@ -2,6 +2,9 @@ package migrations_test
 
 import (
 	"context"
+	"database/sql"
+	"hash/fnv"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/internal/testdb"
@@ -51,7 +55,17 @@ func TestUpDownUp(t *testing.T) {
 		require.Equal(t, "applied", string(s.State), "migration %s", s.Source.Path)
 	}
 
-	require.NoError(t, migrations.Down(ctx, sqlDB))
+	// Down goes one version per call, newest first; empty tables need no
+	// confirmation.
+	for i := len(st) - 1; i >= 0; i-- {
+		plan, err := migrations.Down(ctx, sqlDB, migrations.DownConfig{})
+		require.NoError(t, err)
+		require.Equal(t, st[i].Source.Path, plan.Source)
+		require.Empty(t, plan.Losses)
+		require.Equal(t, i, appliedCount(t, sqlDB), "after rolling back %s", plan.Source)
+	}
+	_, err = migrations.Down(ctx, sqlDB, migrations.DownConfig{})
+	require.ErrorIs(t, err, migrations.ErrNothingToRollBack)
 	require.Empty(t, pgboxTables(t, db), "down must drop every pgbox table")
 
 	require.NoError(t, migrations.Up(ctx, sqlDB))
@@ -59,6 +73,162 @@ func TestUpDownUp(t *testing.T) {
 
 	// Up again is a no-op.
 	require.NoError(t, migrations.Up(ctx, sqlDB))
+}
+
+func appliedCount(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	st, err := migrations.Status(context.Background(), db)
+	require.NoError(t, err)
+	n := 0
+	for _, s := range st {
+		if s.State == goose.StateApplied {
+			n++
+		}
+	}
+	return n
+}
+
+// downTo rolls back (confirmed) until source is the newest applied migration.
+func downTo(t *testing.T, db *sql.DB, source string) {
+	t.Helper()
+	for {
+		plan, err := migrations.PlanDown(context.Background(), db)
+		require.NoError(t, err)
+		require.NotZero(t, plan.Version, "%s is not applied", source)
+		if plan.Source == source {
+			return
+		}
+		_, err = migrations.Down(context.Background(), db, migrations.DownConfig{Yes: true, Force: true})
+		require.NoError(t, err)
+	}
+}
+
+func count(t *testing.T, db *testdb.DB, table string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n))
+	return n
+}
+
+// A step that would drop a table holding rows (or columns of one) is refused
+// without Yes, names what would be lost, and changes nothing.
+func TestDownRefusesDataLoss(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	sqlDB := db.SQL(t)
+	exec := func(q string) {
+		_, err := db.Pool.Exec(ctx, q)
+		require.NoError(t, err)
+	}
+	exec(`INSERT INTO pgbox_outbox (event_id, slot, topic, key, value) SELECT gen_random_uuid(), 1, 'orders', 'k', 'v' FROM generate_series(1, 3)`)
+	exec(`INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset") SELECT 'svc', 'k' || i, 'orders', 0, i FROM generate_series(1, 2) i`)
+	exec(`INSERT INTO pgbox_consumer_dead (consumer, topic, partition, "offset", key, attempts, error, dlq_topic, dead_at)
+		VALUES ('svc', 'orders', 0, 9, 'orders/0/9', 5, 'poison', 'orders.dlq', now())`)
+
+	for _, step := range []struct {
+		source, lost, table string
+		rows                int
+	}{
+		{"00040_ops.sql", "stored data of 1 dead letter (columns of pgbox_consumer_dead)", "pgbox_consumer_dead", 1},
+		{"00010_consumer.sql", "1 dead letter (pgbox_consumer_dead)", "pgbox_consumer_dead", 1},
+		{"00002_outbox.sql", "3 outbox rows (pgbox_outbox)", "pgbox_outbox", 3},
+		{"00001_inbox.sql", "2 inbox keys (pgbox_inbox)", "pgbox_inbox", 2},
+	} {
+		downTo(t, sqlDB, step.source)
+		plan, err := migrations.Down(ctx, sqlDB, migrations.DownConfig{})
+		require.ErrorIs(t, err, migrations.ErrDataLoss, step.source)
+		require.ErrorContains(t, err, step.lost)
+		require.Equal(t, step.source, plan.Source)
+		require.Equal(t, step.lost, plan.LossText())
+		require.Equal(t, step.rows, count(t, db, step.table), "a refused step changes nothing")
+		plan, err = migrations.PlanDown(ctx, sqlDB)
+		require.NoError(t, err)
+		require.Equal(t, step.source, plan.Source, "still applied")
+
+		plan, err = migrations.Down(ctx, sqlDB, migrations.DownConfig{Yes: true})
+		require.NoError(t, err, step.source)
+		require.Equal(t, step.source, plan.Source)
+	}
+	require.Empty(t, pgboxTables(t, db))
+}
+
+// A relay instance with an unexpired lease blocks every step unless Force;
+// an expired registration (a relay that died) does not.
+func TestDownRefusesWhileRelayRuns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	sqlDB := db.SQL(t)
+	_, err := db.Pool.Exec(ctx, `INSERT INTO pgbox_relay_instances (instance, expires_at)
+		VALUES ('relay-a', now() + interval '1 hour'), ('relay-dead', now() - interval '1 minute')`)
+	require.NoError(t, err)
+	before := appliedCount(t, sqlDB)
+
+	plan, err := migrations.Down(ctx, sqlDB, migrations.DownConfig{Yes: true})
+	require.ErrorIs(t, err, migrations.ErrRelayRunning)
+	require.ErrorContains(t, err, "relay-a")
+	require.Equal(t, []string{"relay-a"}, plan.LiveInstances)
+	require.Equal(t, before, appliedCount(t, sqlDB), "nothing rolled back")
+
+	_, err = db.Pool.Exec(ctx, `UPDATE pgbox_relay_instances SET expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	// Only dead registrations left: the step goes, though it drops a column of
+	// a table holding (their) rows, once confirmed.
+	_, err = migrations.Down(ctx, sqlDB, migrations.DownConfig{})
+	require.ErrorIs(t, err, migrations.ErrDataLoss)
+	require.ErrorContains(t, err, "2 relay instances")
+	_, err = migrations.Down(ctx, sqlDB, migrations.DownConfig{Yes: true})
+	require.NoError(t, err)
+	require.Equal(t, before-1, appliedCount(t, sqlDB))
+
+	_, err = db.Pool.Exec(ctx, `UPDATE pgbox_relay_instances SET expires_at = now() + interval '1 hour'`)
+	require.NoError(t, err)
+	_, err = migrations.Down(ctx, sqlDB, migrations.DownConfig{Force: true})
+	require.NoError(t, err, "Force rolls back under a live relay")
+	require.Equal(t, before-2, appliedCount(t, sqlDB))
+}
+
+// Status and Down on a database pgbox never migrated create nothing, not
+// even goose's version table.
+func TestStatusOnEmptyDatabaseCreatesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.Empty(t)
+	sqlDB := db.SQL(t)
+	st, err := migrations.Status(ctx, sqlDB)
+	require.NoError(t, err)
+	files, err := fs.Glob(migrations.FS(), "*.sql")
+	require.NoError(t, err)
+	require.Len(t, st, len(files))
+	for _, s := range st {
+		require.Equal(t, goose.StatePending, s.State, s.Source.Path)
+	}
+	_, err = migrations.Down(ctx, sqlDB, migrations.DownConfig{Yes: true, Force: true})
+	require.ErrorIs(t, err, migrations.ErrNothingToRollBack)
+	require.ErrorIs(t, err, goose.ErrNoNextVersion)
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1`, db.Schema).Scan(&n))
+	require.Zero(t, n, "status and down created something in %s", db.Schema)
+}
+
+// A search_path none of whose schemas exists is named, for each call.
+func TestMissingSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u, err := testdb.WithSearchPath(testdb.ServerURL(t), "pgbox_no_such_schema")
+	require.NoError(t, err)
+	sqlDB, err := sql.Open("pgx", u)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sqlDB.Close() })
+
+	_, err = migrations.Status(ctx, sqlDB)
+	require.ErrorIs(t, err, migrations.ErrNoSchema)
+	require.ErrorContains(t, err, "pgbox_no_such_schema")
+	_, err = migrations.Down(ctx, sqlDB, migrations.DownConfig{})
+	require.ErrorIs(t, err, migrations.ErrNoSchema)
+	err = migrations.Up(ctx, sqlDB)
+	require.ErrorIs(t, err, migrations.ErrNoSchema)
 }
 
 // Two processes migrating the same database at once: the session lock makes
@@ -86,7 +256,15 @@ func TestConcurrentUp(t *testing.T) {
 
 func TestNilDB(t *testing.T) {
 	t.Parallel()
-	err := migrations.Up(context.Background(), nil)
+	ctx := context.Background()
+	require.ErrorContains(t, migrations.Up(ctx, nil), "nil *sql.DB")
+	_, err := migrations.Status(ctx, nil)
+	require.ErrorContains(t, err, "nil *sql.DB")
+	_, err = migrations.Down(ctx, nil, migrations.DownConfig{Yes: true})
+	require.ErrorContains(t, err, "nil *sql.DB")
+	_, err = migrations.PlanDown(ctx, nil)
+	require.ErrorContains(t, err, "nil *sql.DB")
+	_, err = migrations.NewProvider(nil, migrations.Config{})
 	require.ErrorContains(t, err, "nil *sql.DB")
 }
 
@@ -128,4 +306,14 @@ func TestGooseCLI(t *testing.T) {
 	require.Empty(t, pgboxTables(t, db))
 	goose("up")
 	require.Contains(t, pgboxTables(t, db), "pgbox_inbox")
+}
+
+// LockIDDefault is the key earlier pgbox releases derived at run time: a
+// migrator of this release and one of an older release still wait for each
+// other.
+func TestLockIDDefault(t *testing.T) {
+	t.Parallel()
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("pgbox:" + migrations.TableName))
+	require.Equal(t, int64(h.Sum64()>>1), migrations.LockIDDefault)
 }

@@ -121,7 +121,7 @@ func BenchmarkInspect(b *testing.B) {
 }
 
 func benchScrape(b *testing.B, pool *pgxpool.Pool) {
-	c, err := pgboxprom.New(pgboxprom.Config{DB: pool, Inspect: inspect.Options{Lanes: 16}})
+	c, err := pgboxprom.New(pgboxprom.Config{DB: pool, Inspect: inspect.Config{Lanes: 16}})
 	require.NoError(b, err)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)
@@ -139,12 +139,12 @@ func benchScrape(b *testing.B, pool *pgxpool.Pool) {
 
 func benchStatus(b *testing.B, pool *pgxpool.Pool) {
 	ctx := context.Background()
-	_, err := inspect.Read(ctx, pool, inspect.Options{}) // warm up
+	_, err := inspect.Read(ctx, pool, inspect.Config{}) // warm up
 	require.NoError(b, err)
 	b.ResetTimer()
 	start := time.Now()
 	for b.Loop() {
-		snap, err := inspect.Read(ctx, pool, inspect.Options{})
+		snap, err := inspect.Read(ctx, pool, inspect.Config{})
 		require.NoError(b, err)
 		require.NotEmpty(b, snap.Inbox)
 	}

@@ -58,7 +58,7 @@ type Config struct {
 	// of ScrapeTimeout; its Cutoffs, when set, give the inbox cutoff metrics
 	// when no Cleaner does (cleanup.Cutoffs, one Kafka request per scrape).
 	// Defaults to inspect's defaults.
-	Inspect inspect.Options
+	Inspect inspect.Config
 	// ScrapeTimeout bounds a scrape's database reads. Defaults to
 	// [ScrapeTimeoutDefault] (2s).
 	ScrapeTimeout time.Duration

@@ -84,7 +84,7 @@ func TestDedupHits(t *testing.T) {
 	ctx := context.Background()
 	ib, err := inbox.New(inbox.Config{Consumer: "svc", Key: inbox.ByHeader("id")})
 	require.NoError(t, err)
-	c := newCollector(t, pgboxprom.Config{Inbox: ib, DB: db.Pool, Inspect: inspect.Options{Lanes: 4}})
+	c := newCollector(t, pgboxprom.Config{Inbox: ib, DB: db.Pool, Inspect: inspect.Config{Lanes: 4}})
 
 	m := inbox.Message{Topic: "orders", Partition: 0, Offset: 1, Value: []byte("v"), Headers: []outbox.Header{{Key: "id", Value: []byte("o-1")}}}
 	for range 3 {

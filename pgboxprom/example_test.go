@@ -57,7 +57,7 @@ func Example() {
 	}
 
 	// Status: the snapshot `relay status --json` prints.
-	snap, err := inspect.Read(ctx, pool, inspect.Options{})
+	snap, err := inspect.Read(ctx, pool, inspect.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

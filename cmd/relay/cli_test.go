@@ -121,6 +121,25 @@ func TestHelpListsEverySetting(t *testing.T) {
 	}
 }
 
+// TestHelpSummariesAreSentences: `relay --help` gives each command one whole
+// sentence (it used to show the first line of a longer text, cut mid-sentence).
+func TestHelpSummariesAreSentences(t *testing.T) {
+	t.Parallel()
+	r := runRelay(t, time.Minute, nil, "--help")
+	require.Equal(t, 0, r.code, r.stderr)
+	for _, c := range commands {
+		line := ""
+		for _, l := range strings.Split(r.stdout, "\n") {
+			if strings.HasPrefix(l, "  "+c.synopsis+" ") {
+				line = strings.TrimSpace(strings.TrimPrefix(l, "  "+c.synopsis))
+			}
+		}
+		require.NotEmpty(t, line, "--help lists no %s", c.synopsis)
+		require.Regexp(t, `^[A-Z][^:]*\.$`, line, "%s: a summary is one whole sentence", c.name)
+		require.Equal(t, 1, strings.Count(line, "."), "%s: one sentence: %q", c.name, line)
+	}
+}
+
 func TestFlagBeatsEnv(t *testing.T) {
 	t.Parallel()
 	opts := &options{}
@@ -147,7 +166,7 @@ func TestVersion(t *testing.T) {
 
 // TestDocsListEverySetting keeps docs/operations.md's configuration table in
 // step with the binary's settings: a row per setting, with its environment
-// variable and the default --help shows.
+// variable, and the default and description --help shows, word for word.
 func TestDocsListEverySetting(t *testing.T) {
 	t.Parallel()
 	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
@@ -156,6 +175,10 @@ func TestDocsListEverySetting(t *testing.T) {
 	opts := &options{}
 	set := newSettings()
 	opts.bind(set, allGroups...)
+	var missing []string
+	defer func() {
+		require.Empty(t, missing, "docs/operations.md lacks these rows (the meaning is --help's text, word for word):\n%s", strings.Join(missing, ""))
+	}()
 	for _, st := range set.list {
 		if st.group == "Demo" {
 			continue // no command reads them: the demo has its own (docs/demo.md)
@@ -164,8 +187,10 @@ func TestDocsListEverySetting(t *testing.T) {
 		if st.def == "" {
 			def = "—"
 		}
-		row := "| `--" + st.name + "` | `" + st.env + "` | " + def + " |"
-		require.True(t, strings.Contains(doc, row), "docs/operations.md has no row %s", row)
+		row := "| `--" + st.name + "` | `" + st.env + "` | " + def + " | " + strings.ReplaceAll(st.help(), "|", `\|`) + " |\n"
+		if !strings.Contains(doc, row) {
+			missing = append(missing, row)
+		}
 	}
 }
 

@@ -265,14 +265,19 @@ func printSettings(out io.Writer, list []*setting) {
 			if def == "" {
 				def = `""`
 			}
-			u := st.usage
-			if strings.HasPrefix(st.allow, "one of") {
-				u += " (" + st.allow + ")"
-			}
-			fmt.Fprintf(tw, "  --%s\t%s\tdefault %s\t%s\n", st.name, st.env, def, u)
+			fmt.Fprintf(tw, "  --%s\t%s\tdefault %s\t%s\n", st.name, st.env, def, st.help())
 		}
 		_ = tw.Flush()
 	}
+}
+
+// help is the setting's description as --help prints it (and
+// docs/operations.md repeats it, checked by TestDocsListEverySetting).
+func (st *setting) help() string {
+	if strings.HasPrefix(st.allow, "one of") {
+		return st.usage + " (" + st.allow + ")"
+	}
+	return st.usage
 }
 
 // redacted returns every setting's effective value as printable text, with

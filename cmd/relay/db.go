@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"database/sql"
+	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -18,8 +20,26 @@ func (a *app) openPool(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, usageError("invalid value %q for DATABASE_URL (--database-url): %v", dbconf.RedactDSN(o.DatabaseURL), err)
 	}
-	return dbconf.Open(ctx, cfg, o.DatabaseURL)
+	pool, err := dbconf.Open(ctx, cfg, o.DatabaseURL)
+	if err != nil || o.Schema == "" {
+		return pool, err
+	}
+	// PostgreSQL skips a search_path schema that does not exist: name it
+	// here, before a command reports pgbox's tables missing.
+	var exists bool
+	if err := pool.QueryRow(ctx, schemaExistsSQL, o.Schema).Scan(&exists); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("look up schema %q: %w", o.Schema, err)
+	}
+	if !exists {
+		pool.Close()
+		return nil, fmt.Errorf("schema %q (PGBOX_SCHEMA, --schema) does not exist in database %s: create it (CREATE SCHEMA %s) or correct the setting",
+			o.Schema, dbconf.RedactDSN(o.DatabaseURL), pgx.Identifier{o.Schema}.Sanitize())
+	}
+	return pool, nil
 }
+
+const schemaExistsSQL = `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`
 
 // sqlDB wraps a pool as a *sql.DB for goose.
 func sqlDB(pool *pgxpool.Pool) *sql.DB { return stdlib.OpenDBFromPool(pool) }

@@ -40,28 +40,37 @@ func main() {
 type command struct {
 	name     string
 	synopsis string
-	doc      string
-	groups   []string
-	run      func(ctx context.Context, a *app, args []string) error
+	// summary is the one sentence `relay --help` shows beside the synopsis.
+	summary string
+	doc     string
+	groups  []string
+	run     func(ctx context.Context, a *app, args []string) error
 }
 
 var commands []*command
 
 func init() {
 	commands = []*command{
-		{name: "run", synopsis: "run", doc: "Publish the outbox to Kafka (relay) and prune old rows on a schedule (cleanup).\nServes /metrics, /healthz and /readyz on --http-addr. Stops on SIGINT/SIGTERM within --shutdown-timeout.",
+		{name: "run", synopsis: "run", summary: "Publish the outbox to Kafka and prune old rows on a schedule.",
+			doc:    "Publish the outbox to Kafka (relay) and prune old rows on a schedule (cleanup).\nServes /metrics, /healthz and /readyz on --http-addr. Stops on SIGINT/SIGTERM within --shutdown-timeout.",
 			groups: []string{groupDB, groupKafka, groupRelay, groupCleanup, groupHTTP, groupLog}, run: cmdRun},
-		{name: "migrate", synopsis: "migrate up|down|status", doc: "Apply (up), roll back all (down) or list (status) pgbox's migrations.\n`down` drops pgbox's tables and their data.",
-			groups: []string{groupDB, groupLog}, run: cmdMigrate},
-		{name: "cleanup", synopsis: "cleanup [--dry-run]", doc: "Run one cleanup pass and print its report: inbox keys past their topic's\nretention window (retention.ms + segment.ms + buffer), published outbox rows.",
+		{name: "migrate", synopsis: "migrate up|down|status", summary: "Apply, roll back (one version per run) or list pgbox's migrations.",
+			doc:    migrateDoc,
+			groups: []string{groupDB, groupMigrate, groupLog}, run: cmdMigrate},
+		{name: "cleanup", synopsis: "cleanup [--dry-run]", summary: "Run one cleanup pass and print its report.",
+			doc:    "Run one cleanup pass and print its report: inbox keys past their topic's\nretention window (retention.ms + segment.ms + buffer), published outbox rows.",
 			groups: []string{groupDB, groupKafka, groupCleanup, groupCleanupOnce, groupLog}, run: cmdCleanup},
-		{name: "status", synopsis: "status [--json]", doc: "Print the outbox backlog per topic and lane, the oldest unpublished row, parked\nrows, lane owners, and inbox keys per consumer and topic. With Kafka brokers\nset, each topic's oldest key is compared with its cleanup cutoff.",
+		{name: "status", synopsis: "status [--json]", summary: "Print the outbox backlog, parked rows, lane owners and inbox key ages.",
+			doc:    "Print the outbox backlog per topic and lane, the oldest unpublished row, parked\nrows, lane owners, and inbox keys per consumer and topic. With Kafka brokers\nset, each topic's oldest key is compared with its cleanup cutoff.",
 			groups: []string{groupDB, groupKafkaOptional, groupCleanup, groupStatus, groupLog}, run: cmdStatus},
-		{name: "parked", synopsis: "parked list|retry|discard [ID...]", doc: parkedDoc,
+		{name: "parked", synopsis: "parked list|retry|discard [ID...]", summary: "List, retry or discard parked outbox rows.",
+			doc:    parkedDoc,
 			groups: []string{groupDB, groupOps, groupOpsParked, groupLog}, run: cmdParked},
-		{name: "dead", synopsis: "dead list|replay [ID...]", doc: deadDoc,
+		{name: "dead", synopsis: "dead list|replay [ID...]", summary: "List or replay the consumer adapter's dead letters.",
+			doc:    deadDoc,
 			groups: []string{groupDB, groupOps, groupOpsDead, groupLog}, run: cmdDead},
-		{name: "version", synopsis: "version", doc: "Print the version of this binary and of the schema it ships.",
+		{name: "version", synopsis: "version", summary: "Print the version of this binary and of the schema it ships.",
+			doc:    "Print the version of this binary and of the schema it ships.",
 			groups: nil, run: cmdVersion},
 	}
 }
@@ -153,7 +162,7 @@ Usage: relay <command> [flags]
 Commands:
 `)
 	for _, c := range commands {
-		fmt.Fprintf(out, "  %-24s %s\n", c.synopsis, strings.SplitN(c.doc, "\n", 2)[0])
+		fmt.Fprintf(out, "  %-34s %s\n", c.synopsis, c.summary)
 	}
 	fmt.Fprint(out, `
 Every setting is a flag and an environment variable (the flag wins).

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"strconv"
 	"time"
 
@@ -25,6 +22,7 @@ type opsOptions struct {
 	Limit         int
 	ErrorContains string
 	Yes           bool
+	Force         bool
 	Consumer      string
 	ToTopic       string
 	Again         bool
@@ -38,7 +36,18 @@ func (o *opsOptions) bind(s *settings, has map[string]bool) {
 	}
 	if has[groupOpsParked] {
 		s.str(&o.ErrorContains, groupOpsParked, "error-contains", "PGBOX_OPS_ERROR_CONTAINS", "", "only parked rows whose last error contains this text; empty: any")
-		s.boolean(&o.Yes, groupOpsParked, "yes", "PGBOX_OPS_YES", false, "confirm `discard` (without it, discard only shows what it would delete, and exits 2)")
+	}
+	if has[groupOpsParked] || has[groupMigrate] {
+		g := groupOpsParked
+		if !has[groupOpsParked] {
+			g = groupMigrate
+		}
+		s.boolean(&o.Yes, g, "yes", "PGBOX_OPS_YES", false,
+			"confirm `parked discard`, or a `migrate down` step that drops rows (without it, either deletes nothing and exits 2)")
+	}
+	if has[groupMigrate] {
+		s.boolean(&o.Force, groupMigrate, "force", "PGBOX_MIGRATE_FORCE", false,
+			"`migrate down` even while a relay instance is registered with an unexpired lease")
 	}
 	if has[groupOpsDead] {
 		s.str(&o.Consumer, groupOpsDead, "consumer", "PGBOX_OPS_CONSUMER", "", "only dead letters of this consumer (inbox.Config.Consumer); empty: any")
@@ -66,185 +75,9 @@ func (a *app) printJSON(v any) error {
 	return enc.Encode(v)
 }
 
-// cmdParked runs `parked list|retry|discard [ID...]`.
-func cmdParked(ctx context.Context, a *app, args []string) error {
-	if len(args) == 0 {
-		return usageError("parked needs an action: list, retry or discard (see `relay parked --help`)")
-	}
-	action := args[0]
-	if action != "list" && action != "retry" && action != "discard" {
-		return usageError("unknown parked action %q (allowed: list, retry, discard)", action)
-	}
-	ids, err := parseIDs(args[1:])
-	if err != nil {
-		return err
-	}
-	o := a.opts.Ops
-	f := inspect.ParkedFilter{Topic: o.Topic, ErrorContains: o.ErrorContains, OlderThan: o.OlderThan, IDs: ids, Limit: o.Limit}
-	pool, err := a.openPool(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	switch action {
-	case "list":
-		rows, err := inspect.ListParked(ctx, pool, f)
-		if err != nil {
-			return err
-		}
-		if a.opts.JSON {
-			return a.printJSON(nonNilSlice(rows))
-		}
-		writeParked(a.stdout, rows)
-		return nil
-	case "retry":
-		n, err := inspect.RetryParked(ctx, pool, f)
-		if err != nil {
-			return err
-		}
-		if a.opts.JSON {
-			return a.printJSON(map[string]int64{"retried": n})
-		}
-		fmt.Fprintf(a.stdout, "retried %d parked row(s): running relays publish them again\n", n)
-		return nil
-	}
-	return discardParked(ctx, a, pool, f)
-}
-
-func discardParked(ctx context.Context, a *app, pool inspect.Querier, f inspect.ParkedFilter) error {
-	o := a.opts.Ops
-	if o.Yes {
-		n, err := inspect.DiscardParked(ctx, pool, f)
-		if err != nil {
-			return err
-		}
-		if a.opts.JSON {
-			return a.printJSON(map[string]int64{"discarded": n})
-		}
-		fmt.Fprintf(a.stdout, "discarded %d parked row(s)\n", n)
-		return nil
-	}
-	n, err := inspect.CountParked(ctx, pool, f)
-	if err != nil {
-		return err
-	}
-	rows, err := inspect.ListParked(ctx, pool, f)
-	if err != nil {
-		return err
-	}
-	if a.opts.JSON {
-		if err := a.printJSON(map[string]any{"dry_run": true, "would_discard": n, "rows": nonNilSlice(rows)}); err != nil {
-			return err
-		}
-	} else {
-		writeParked(a.stdout, rows)
-		fmt.Fprintf(a.stdout, "would discard %d parked row(s)\n", n)
-	}
-	return usageError("discard: nothing deleted: add --yes to delete the %d row(s) shown", n)
-}
-
-func writeParked(w io.Writer, rows []inspect.ParkedMessage) {
-	if len(rows) == 0 {
-		fmt.Fprintln(w, "no parked rows")
-		return
-	}
-	fmt.Fprintf(w, "%-10s %-30s %-8s %-20s %s\n", "ID", "TOPIC", "ATTEMPTS", "PARKED AT", "LAST ERROR")
-	for _, r := range rows {
-		fmt.Fprintf(w, "%-10d %-30s %-8d %-20s %s\n", r.ID, r.Topic, r.Attempts, r.ParkedAt.UTC().Format(time.DateTime), r.LastError)
-	}
-}
-
-// cmdDead runs `dead list|replay [ID...]`.
-func cmdDead(ctx context.Context, a *app, args []string) error {
-	if len(args) == 0 {
-		return usageError("dead needs an action: list or replay (see `relay dead --help`)")
-	}
-	action := args[0]
-	if action != "list" && action != "replay" {
-		return usageError("unknown dead action %q (allowed: list, replay)", action)
-	}
-	ids, err := parseIDs(args[1:])
-	if err != nil {
-		return err
-	}
-	o := a.opts.Ops
-	if action == "replay" && len(ids) == 0 {
-		return usageError("dead replay needs the ids of the dead letters to replay (see `relay dead list`)")
-	}
-	pool, err := a.openPool(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if action == "list" {
-		f := inspect.DeadFilter{Consumer: o.Consumer, Topic: o.Topic, OlderThan: o.OlderThan, IDs: ids, Limit: o.Limit}
-		rows, err := inspect.ListDead(ctx, pool, f)
-		if err != nil {
-			return err
-		}
-		if a.opts.JSON {
-			return a.printJSON(nonNilSlice(rows))
-		}
-		writeDead(a.stdout, rows)
-		return nil
-	}
-	res, err := inspect.ReplayDead(ctx, pool, ids, inspect.ReplayOptions{ToTopic: o.ToTopic, Again: o.Again})
-	if err != nil {
-		return err
-	}
-	if a.opts.JSON {
-		return a.printJSON(map[string]any{"replays": res})
-	}
-	for _, r := range res {
-		if r.Skipped {
-			fmt.Fprintf(a.stdout, "dead letter %d: replayed before, skipped (--again replays it once more)\n", r.ID)
-		} else {
-			fmt.Fprintf(a.stdout, "dead letter %d: replayed to %s (%s: %s)\n", r.ID, r.Topic, "pgbox-replay-of", r.ReplayOf)
-		}
-	}
-	return nil
-}
-
-func writeDead(w io.Writer, rows []inspect.DeadLetter) {
-	if len(rows) == 0 {
-		fmt.Fprintln(w, "no dead letters")
-		return
-	}
-	fmt.Fprintf(w, "%-8s %-20s %-30s %-20s %-20s %-8s %s\n", "ID", "CONSUMER", "SOURCE", "DEAD AT", "REPLAYED AT", "REPLAYS", "ERROR")
-	for _, r := range rows {
-		replayed := "-"
-		if r.ReplayedAt != nil {
-			replayed = r.ReplayedAt.UTC().Format(time.DateTime)
-		}
-		src := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
-		fmt.Fprintf(w, "%-8d %-20s %-30s %-20s %-20s %-8d %s\n", r.ID, r.Consumer, src, r.DeadAt.UTC().Format(time.DateTime), replayed, r.Replays, r.Error)
-	}
-}
-
 func nonNilSlice[T any](s []T) []T {
 	if s == nil {
 		return []T{}
 	}
 	return s
 }
-
-const parkedDoc = `Parked outbox rows (rows the relay gave up on after its attempts):
-  list              print the rows the filters select, in id order (--limit)
-  retry [ID...]     unpark them: attempts restart at 0, running relays publish
-                    them again, in id order among themselves
-  discard [ID...]   delete them (their events are never published); without
-                    --yes it prints what it would delete and exits 2
-IDs, when given, restrict the action to those rows. Safe while relays run:
-batches of 500 rows, each re-checking that its rows are still parked.
-Idempotent: running a command twice leaves the same end state.`
-
-const deadDoc = `Dead-lettered consumer messages (pgbox_consumer_dead):
-  list              print the dead letters the filters select, in id order
-  replay ID...      write each one's record (key, value, headers) through the
-                    outbox to its source topic (or --to-topic) with the header
-                    pgbox-replay-of: <id>, and mark it replayed, in one
-                    transaction. The consumer's inbox processes the replay
-                    under a key of its own (key + "/replay/" + id), once; a
-                    rewind over the original record still skips it. A dead
-                    letter replayed before is skipped unless --again.
-Exit codes: 0 success, 1 failure (an unknown id), 2 bad flags or arguments.`

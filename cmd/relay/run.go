@@ -143,6 +143,6 @@ func (a *app) runParts(pool *pgxpool.Pool, lk *lazyKafka) (*relay.Relay, *cleanu
 		}
 	}
 	exp, err := newMetrics(pgboxprom.Config{Relay: r, Cleaner: cl, DB: pool,
-		Inspect: inspect.Options{Lanes: a.opts.Relay.Lanes}, Logger: a.log.With("component", "metrics")})
+		Inspect: inspect.Config{Lanes: a.opts.Relay.Lanes}, Logger: a.log.With("component", "metrics")})
 	return r, cl, exp, err
 }

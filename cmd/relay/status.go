@@ -3,18 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/internal/pgerr"
 	"github.com/pgbox/pgbox/relay"
 )
 
 // schemaHint turns "relation does not exist" into inspect's advice.
 func schemaHint(err error) error {
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+	if pgerr.IsUndefinedTable(err) {
 		return fmt.Errorf("%w (%w)", err, inspect.ErrSchemaMissing)
 	}
 	return err
@@ -31,7 +29,7 @@ func cmdStatus(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	opts := inspect.Options{Lanes: relay.LanesDefault, Logger: a.log.With("component", "status")}
+	opts := inspect.Config{Lanes: relay.LanesDefault, Logger: a.log.With("component", "status")}
 	if len(a.opts.Kafka.Brokers) > 0 {
 		kcfg, err := a.opts.Kafka.Sarama()
 		if err != nil {

@@ -34,6 +34,7 @@ func TestMigrateUpStatusDown(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "pending")
 	require.NotContains(t, r.stdout, "applied")
+	require.False(t, tableExists(t, db, "pgbox_migrations"), "status on an unmigrated database creates nothing")
 
 	r = runRelay(t, time.Minute, env, "migrate", "up")
 	require.Equal(t, 0, r.code, r.stderr)
@@ -50,10 +51,24 @@ func TestMigrateUpStatusDown(t *testing.T) {
 	r = runRelay(t, time.Minute, env, "migrate", "up")
 	require.Equal(t, 0, r.code, "up twice is a no-op: %s", r.stderr)
 
+	// down rolls back one version per run.
 	r = runRelay(t, time.Minute, env, "migrate", "down")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.False(t, tableExists(t, db, "pgbox_inbox"))
+	require.Contains(t, r.stdout, "rolled back 00060_relay_sleeping.sql")
+	require.True(t, tableExists(t, db, "pgbox_inbox"))
+	r = runRelay(t, time.Minute, env, "migrate", "status")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `(?m)^60\s+pending`, r.stdout)
+	require.Regexp(t, `(?m)^50\s+applied`, r.stdout)
+
+	for tableExists(t, db, "pgbox_inbox") {
+		r = runRelay(t, time.Minute, env, "migrate", "down")
+		require.Equal(t, 0, r.code, r.stderr)
+	}
 	require.False(t, tableExists(t, db, "pgbox_outbox"))
+	r = runRelay(t, time.Minute, env, "migrate", "down")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "nothing to roll back")
 
 	r = runRelay(t, time.Minute, env, "migrate", "up")
 	require.Equal(t, 0, r.code, r.stderr)

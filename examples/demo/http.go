@@ -25,7 +25,7 @@ import (
 func serveMetrics(ctx context.Context, wg *sync.WaitGroup, addr string, pool *pgxpool.Pool, r *relay.Relay, ib *inbox.Inbox,
 	handler *inboxsarama.Handler, log, libLog *slog.Logger) error {
 	col, err := pgboxprom.New(pgboxprom.Config{Relay: r, Inbox: ib, Consumer: handler, DB: pool,
-		Inspect: inspect.Options{Lanes: 4}, Logger: libLog.With("component", "metrics")})
+		Inspect: inspect.Config{Lanes: 4}, Logger: libLog.With("component", "metrics")})
 	if err != nil {
 		return err
 	}

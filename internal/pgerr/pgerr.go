@@ -76,6 +76,7 @@ const (
 	CodeDeadlockDetected      = "40P01"
 	CodeReadOnlyTransaction   = "25006"
 	CodeQueryCanceled         = "57014"
+	CodeUniqueViolation       = "23505"
 )
 
 // retryableCodes are the SQLSTATEs outside classes 08 and 53 that retrying

@@ -156,7 +156,7 @@ func migrateSchema(ctx context.Context, u, schema string) error {
 		return fmt.Errorf("sql.Open: %w", err)
 	}
 	defer sqlDB.Close()
-	p, err := migrations.NewProvider(sqlDB, migrations.Options{LockID: lockID(schema)})
+	p, err := migrations.NewProvider(sqlDB, migrations.Config{LockID: lockID(schema)})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/migrations"
+)
+
+func init() {
+	flagChecks["force"] = flagCheck{check: checkMigrateForce, bad: "maybe"}
+}
+
+// rollBackTo rolls back, through the library and confirmed, until source is
+// the newest applied migration.
+func rollBackTo(t *testing.T, db *testdb.DB, source string) {
+	t.Helper()
+	sqlDB := db.SQL(t)
+	for {
+		plan, err := migrations.PlanDown(context.Background(), sqlDB)
+		require.NoError(t, err)
+		require.NotZero(t, plan.Version, "%s is not applied", source)
+		if plan.Source == source {
+			return
+		}
+		_, err = migrations.Down(context.Background(), sqlDB, migrations.DownConfig{Yes: true, Force: true})
+		require.NoError(t, err)
+	}
+}
+
+func registerRelay(t *testing.T, db *testdb.DB, instance string) {
+	t.Helper()
+	_, err := db.Pool.Exec(context.Background(), `INSERT INTO pgbox_relay_instances (instance, expires_at) VALUES ($1, now() + interval '1 hour')`, instance)
+	require.NoError(t, err)
+}
+
+// `migrate down` refuses a step while a relay runs and a step that drops
+// rows, says what would be lost, and changes nothing; --force and --yes
+// confirm each.
+func TestMigrateDownRefuses(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	writeRows(t, db, "payments", 0, 3)
+	rollBackTo(t, db, "00003_relay.sql")
+	registerRelay(t, db, "relay-7")
+	env := []string{"DATABASE_URL=" + db.URL}
+
+	r := runRelay(t, time.Minute, env, "migrate", "down", "--yes")
+	require.Equal(t, 2, r.code, r.stderr)
+	require.Contains(t, r.stderr, "relay-7")
+	require.Contains(t, r.stderr, "--force")
+	require.True(t, tableExists(t, db, "pgbox_relay_instances"), "nothing rolled back")
+
+	r = runRelay(t, time.Minute, env, "migrate", "down", "--force")
+	require.Equal(t, 2, r.code, "the step drops the relay's registrations: %s", r.stderr)
+	require.Contains(t, r.stderr, "1 relay instance (pgbox_relay_instances)")
+	require.Contains(t, r.stderr, "--yes")
+	require.True(t, tableExists(t, db, "pgbox_relay_instances"))
+
+	r = runRelay(t, time.Minute, env, "migrate", "down", "--force", "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "rolled back 00003_relay.sql")
+	require.False(t, tableExists(t, db, "pgbox_relay_instances"))
+
+	// The outbox holds 3 unpublished rows: one line says so and exits 2.
+	r = runRelay(t, time.Minute, env, "migrate", "down")
+	require.Equal(t, 2, r.code, r.stderr)
+	require.Contains(t, r.stderr, "rolling back 00002_outbox.sql would drop 3 outbox rows (pgbox_outbox): add --yes to confirm")
+	require.Equal(t, 3, outboxCount(t, db))
+
+	r = runRelay(t, time.Minute, env, "migrate", "down", "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "dropped 3 outbox rows")
+	require.False(t, tableExists(t, db, "pgbox_outbox"))
+	require.True(t, tableExists(t, db, "pgbox_inbox"), "one step per run")
+}
+
+// A --schema that does not exist is named as missing, and nothing is created.
+func TestMigrateMissingSchema(t *testing.T) {
+	t.Parallel()
+	env := []string{"DATABASE_URL=" + testdb.ServerURL(t), "PGBOX_SCHEMA=pgbox_no_such_schema"}
+	for _, action := range []string{"status", "up", "down"} {
+		r := runRelay(t, time.Minute, env, "migrate", action)
+		require.Equal(t, 1, r.code, r.stderr)
+		require.Contains(t, r.stderr, `schema "pgbox_no_such_schema" (PGBOX_SCHEMA, --schema) does not exist`, action)
+	}
+}
+
+func checkMigrateForce(t *testing.T, set setFn) {
+	db := testdb.New(t)
+	registerRelay(t, db, "relay-live")
+	env := []string{"DATABASE_URL=" + db.URL}
+	r := runWith(t, set, "false", env, "migrate", "down", "--yes")
+	require.Equal(t, 2, r.code, "a live relay refuses the step: %s", r.stderr)
+	r = runWith(t, set, "true", env, "migrate", "down", "--yes")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "rolled back 00060_relay_sleeping.sql")
+}
