@@ -6,15 +6,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/stdlib"
+
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
 )
 
 // BenchmarkWrite: 100 messages of 200 B per transaction. The baseline inserts
-// the same rows with one INSERT statement per message in the same transaction.
+// the same rows with one INSERT statement per message in the same
+// transaction; database_sql is WriteSQL in a database/sql transaction (pgx's
+// stdlib driver).
 func BenchmarkWrite(b *testing.B) {
 	ctx := context.Background()
 	db := testdb.New(b)
+	sdb := stdlib.OpenDBFromPool(db.Pool)
+	b.Cleanup(func() { _ = sdb.Close() })
 	msgs := make([]outbox.Message, 100)
 	for i := range msgs {
 		msgs[i] = outbox.Message{Topic: "payments.v1", Key: fmt.Appendf(nil, "order-%d", i), Value: make([]byte, 200),
@@ -31,6 +37,22 @@ func BenchmarkWrite(b *testing.B) {
 				b.Fatal(err)
 			}
 			if err := tx.Commit(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.N*len(msgs))/time.Since(start).Seconds(), "msgs/s")
+	})
+	b.Run("database_sql", func(b *testing.B) {
+		start := time.Now()
+		for b.Loop() {
+			tx, err := sdb.BeginTx(ctx, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := outbox.WriteSQL(ctx, tx, msgs...); err != nil {
+				b.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
 				b.Fatal(err)
 			}
 		}
