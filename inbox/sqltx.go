@@ -25,10 +25,12 @@ type SQLHandlerFunc func(ctx context.Context, tx *sql.Tx, m Message) error
 // ProcessSQL is Process inside a database/sql transaction opened on pgx's
 // stdlib driver (sql.Open("pgx", …), stdlib.OpenDB; GORM's postgres driver;
 // bun or sqlc on such a *sql.DB). Everything Process says holds: the same
-// statements, round trips, savepoint, results and errors. The dedup step runs
-// on the pgx connection under tx, inside one ExecContext call (see
-// docs/consumer.md), then h runs with tx. A tx that is not usable this way is
-// refused with an error wrapping ErrUnsupportedTx before anything is sent.
+// statements, savepoint, results and errors. The dedup step runs on the pgx
+// connection under tx, inside one ExecContext call that then sends an empty
+// statement (one round trip more than Process; see docs/consumer.md), then h
+// runs with tx. A tx that is not usable this way (another driver, already
+// ended, or out of its transaction block) is refused with an error wrapping
+// ErrUnsupportedTx before anything is written.
 func (ib *Inbox) ProcessSQL(ctx context.Context, tx *sql.Tx, m Message, h SQLHandlerFunc) (Result, error) {
 	if tx == nil || h == nil {
 		return Result{}, errors.New("inbox: ProcessSQL needs a non-nil tx and handler")
