@@ -1,4 +1,4 @@
-package gorm_test
+package gormexample_test
 
 import (
 	"context"
