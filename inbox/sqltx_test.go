@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
@@ -97,4 +99,34 @@ func TestProcessSQLMigrationsNotRun(t *testing.T) {
 	require.ErrorIs(t, err, inbox.ErrNeedsOperator)
 	require.ErrorContains(t, err, "relay migrate up")
 	require.NoError(t, tx.Rollback())
+}
+
+// A handler whose own statement fails aborts the transaction; the rollback to
+// the inbox's savepoint makes it usable again, in either kind of transaction
+// (through database/sql, the rollback goes through the *sql.Tx).
+func TestHandlerStatementErrorLeavesTxUsable(t *testing.T) {
+	t.Parallel()
+	forKinds(t, func(t *testing.T, b *testBundle) {
+		ctx := context.Background()
+		ib := newInbox(t, inbox.Config{})
+		failing := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+			if err := pay(ctx, tx, m); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `SELECT 1/0`)
+			return err
+		}
+		tx := b.begin(t)
+		_, err := process(ctx, ib, tx, msg("orders", 0, 1, "v"), failing)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr)
+		require.Equal(t, "22012", pgErr.Code)
+		_, err = processBatch(ctx, ib, tx, []inbox.Message{msg("orders", 0, 2, "v"), msg("orders", 0, 3, "v")}, failing)
+		require.ErrorAs(t, err, &pgErr)
+		_, err = tx.Exec(ctx, `INSERT INTO payments (event, amount) VALUES ('after', 1)`)
+		require.NoError(t, err, "the caller's transaction is usable")
+		require.NoError(t, tx.Commit(ctx))
+		require.Equal(t, 1, b.payments(t))
+		require.Zero(t, b.inboxRows(t))
+	})
 }
