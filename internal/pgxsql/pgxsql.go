@@ -34,18 +34,6 @@ import (
 var ErrUnsupportedTx = errors.New("the *sql.Tx must be an open transaction on pgx's database/sql driver " +
 	"(github.com/jackc/pgx/v5/stdlib: sql.Open(\"pgx\", url) or stdlib.OpenDB)")
 
-// probeSQL is what ExecContext is called with. pgx never sends it (the hook
-// replaces it); a driver that is not pgx's and takes any argument runs it:
-// it reads nothing and writes nothing.
-const probeSQL = `SELECT $1::text WHERE false`
-
-// noStatement replaces the probe when fn has nothing to send: pgx sends it
-// through the simple protocol (no arguments), and the server answers an empty
-// query at once. (Failing the hook on purpose would save that round trip, but
-// every query tracer and database/sql instrumentation would count an error per
-// call.)
-const noStatement = `-- pgbox`
-
 // errStop ends the driver call after fn failed; Run returns fn's error.
 var errStop = errors.New("pgbox: statement not sent")
 
