@@ -17,8 +17,14 @@ BENCHTIME ?= 1x
 demo: ## run the orders→payments demo on an embedded Kafka broker
 	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) run ./examples/demo $(DEMO_ARGS)
 
+# Modules of their own under examples/ (an ORM's dependencies stay out of
+# pgbox's go.mod); the whole suite runs their tests too.
+EXAMPLE_MODULES := examples/gorm
+
 test: ## the whole suite, with the race detector, against real PostgreSQL
-	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) test -race -count=1 -timeout 40m $(PKG)
+	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) test -race -count=1 -timeout 40m $(PKG) && \
+	if [ "$(PKG)" = "./..." ]; then for m in $(EXAMPLE_MODULES); do \
+		(cd $$m && DATABASE_URL="$$url" $(GO) test -race -count=1 -timeout 10m ./...) || exit 1; done; fi
 
 # The large chaos run (integration_test/): >= 200,000 events end to end through
 # real processes, every fault kind injected 5 times; prints the report table.
@@ -50,6 +56,7 @@ bench-remote: ## `make bench` with a delaying TCP proxy (BENCH_DELAY each way, d
 vet: ## go vet, staticcheck (a go tool dependency in go.mod) and gofmt
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
+	for m in $(EXAMPLE_MODULES); do (cd $$m && $(GO) vet ./... && $(GO) tool -modfile=$(CURDIR)/go.mod staticcheck ./...) || exit 1; done
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
 fmt:

@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"database/sql"
 	"slices"
 	"strconv"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
@@ -37,7 +39,10 @@ import (
 // (INSERT … ON CONFLICT DO NOTHING, then the business INSERT);
 // ProcessBatch against the common two-step pattern (SELECT … = ANY, then
 // INSERT the new keys); the watermark modes against the business INSERT
-// alone, with no dedup at all.
+// alone, with no dedup at all. The SQL benchmarks measure ProcessSQL and
+// ProcessBatchSQL in a database/sql transaction (pgx's stdlib driver, one
+// connection) against Process and ProcessBatch on pgx as their baseline:
+// their x-baseline is what the same guarantees cost through database/sql.
 const (
 	benchTxns    = 3000
 	benchBatches = 300
@@ -225,6 +230,67 @@ func plainBatch(context.Context) side {
 	}
 }
 
+// sqlDB returns, opening it on the first call, a database/sql handle with
+// one connection to c's server and schema (through the same proxy).
+func sqlDB(b *testing.B, c *pgxpool.Conn, db **sql.DB) *sql.DB {
+	if *db == nil {
+		*db = stdlib.OpenDB(*c.Conn().Config().Copy())
+		(*db).SetMaxOpenConns(1)
+		b.Cleanup(func() { _ = (*db).Close() })
+	}
+	return *db
+}
+
+// inSQLTx runs fn in a database/sql transaction and commits it.
+func inSQLTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// pgboxOneSQL: pgboxOne through database/sql (ProcessSQL).
+func pgboxOneSQL(b *testing.B) side {
+	ib, err := inbox.New(inbox.Config{Consumer: benchConsumer})
+	require.NoError(b, err)
+	var db *sql.DB
+	return func(ctx context.Context, c *pgxpool.Conn, ms []inbox.Message) error {
+		return inSQLTx(ctx, sqlDB(b, c, &db), func(tx *sql.Tx) error {
+			_, err := ib.ProcessSQL(ctx, tx, ms[0], func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+				_, err := tx.ExecContext(ctx, benchBusinessOne, m.String())
+				return err
+			})
+			return err
+		})
+	}
+}
+
+// pgboxBatchSQL: pgboxBatch through database/sql (ProcessBatchSQL).
+func pgboxBatchSQL(b *testing.B) side {
+	ib, err := inbox.New(inbox.Config{Consumer: benchConsumer})
+	require.NoError(b, err)
+	var db *sql.DB
+	return func(ctx context.Context, c *pgxpool.Conn, ms []inbox.Message) error {
+		return inSQLTx(ctx, sqlDB(b, c, &db), func(tx *sql.Tx) error {
+			events := make([]string, 0, len(ms))
+			_, err := ib.ProcessBatchSQL(ctx, tx, ms, func(ctx context.Context, tx *sql.Tx, m inbox.Message) error {
+				events = append(events, m.String())
+				return nil
+			})
+			if err != nil || len(events) == 0 {
+				return err
+			}
+			_, err = tx.ExecContext(ctx, benchBusinessMany, events)
+			return err
+		})
+	}
+}
+
 // runner holds one side's connection and the messages it will process.
 type runner struct {
 	do    side
@@ -318,4 +384,12 @@ func BenchmarkProcessWatermarkInterleaved(b *testing.B) {
 
 func BenchmarkProcessBatch100WatermarkInterleaved(b *testing.B) {
 	interleaved(b, pgboxWatermarkBatch, baselineSide(plainBatch), benchBatches, benchBatch)
+}
+
+func BenchmarkProcessSQLInterleaved(b *testing.B) {
+	interleaved(b, pgboxOneSQL, pgboxOne, benchTxns, 1)
+}
+
+func BenchmarkProcessBatch100SQLInterleaved(b *testing.B) {
+	interleaved(b, pgboxBatchSQL, pgboxBatch, benchBatches, benchBatch)
 }

@@ -24,6 +24,12 @@
 // rolled back). No Redis, no SERIALIZABLE, no Kafka transactions: the unique
 // index under READ COMMITTED is the mechanism.
 //
+// The transaction is a pgx.Tx (Process, ProcessBatch) or, for a service on
+// database/sql (GORM, bun, sqlc), a *sql.Tx opened on pgx's stdlib driver
+// (ProcessSQL, ProcessBatchSQL, whose handler gets that *sql.Tx): the same
+// dedup step runs on the pgx connection under it, with the same guarantees
+// and errors.
+//
 // Mark the Kafka offset only after the commit. Do not run the consumer's
 // transactions with synchronous_commit = off: a crash could then lose a commit
 // whose offset Kafka already has, and the message's effect with it.

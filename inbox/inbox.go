@@ -337,7 +337,7 @@ func recordAt(t time.Time) pgtype.Timestamptz {
 // handler never leaves the inbox row behind.
 const cleanupTimeout = 10 * time.Second
 
-func rollbackToSavepoint(ctx context.Context, tx pgx.Tx) error {
+func rollbackToSavepoint(ctx context.Context, tx execer) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	if _, err := tx.Exec(ctx, sqlRollbackRelease); err != nil {
@@ -349,7 +349,7 @@ func rollbackToSavepoint(ctx context.Context, tx pgx.Tx) error {
 // undo rolls back to the savepoint after err, unless the caller owns tx (it
 // rolls tx back itself), and returns err, with the rollback's own failure if
 // any.
-func undo(ctx context.Context, tx pgx.Tx, owned bool, err error) error {
+func undo(ctx context.Context, tx execer, owned bool, err error) error {
 	if owned {
 		return err
 	}

@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -20,6 +21,8 @@ import (
 type testBundle struct {
 	db   *testdb.DB
 	pool *pgxpool.Pool
+	kind txKind  // of the transactions begin and process open (kindPgx when unset)
+	sdb  *sql.DB // sqlDB's
 }
 
 // setup gives the test its own migrated schema with a business table,
@@ -65,7 +68,7 @@ func (b *testBundle) count(t *testing.T, query string, args ...any) int {
 // so that a failing test does not hang the pool's Close.
 func (b *testBundle) begin(t *testing.T) pgx.Tx {
 	t.Helper()
-	tx, err := b.pool.Begin(context.Background())
+	tx, err := b.beginKind(context.Background(), t)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	return tx
@@ -80,17 +83,20 @@ func (b *testBundle) inboxRows(t *testing.T) int {
 func (b *testBundle) process(t *testing.T, ib *inbox.Inbox, m inbox.Message, h inbox.HandlerFunc) (inbox.Result, error) {
 	t.Helper()
 	ctx := context.Background()
-	tx, err := b.pool.Begin(ctx)
+	tx, err := b.beginKind(ctx, t)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	res, perr := ib.Process(ctx, tx, m, h)
+	res, perr := process(ctx, ib, tx, m, h)
 	require.NoError(t, tx.Commit(ctx))
 	return res, perr
 }
 
 func TestProcessDuplicateSkipped(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testProcessDuplicateSkipped)
+}
+
+func testProcessDuplicateSkipped(t *testing.T, b *testBundle) {
 	ib := newInbox(t, inbox.Config{})
 	m := msg("orders", 3, 42, `{"amount":100}`)
 
@@ -126,13 +132,16 @@ func TestProcessDuplicateSkipped(t *testing.T) {
 
 func TestProcessRollbackThenRedelivery(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testProcessRollbackThenRedelivery)
+}
+
+func testProcessRollbackThenRedelivery(t *testing.T, b *testBundle) {
 	ib := newInbox(t, inbox.Config{})
 	m := msg("orders", 0, 7, "v")
 	ctx := context.Background()
 
 	tx := b.begin(t)
-	res, err := ib.Process(ctx, tx, m, pay)
+	res, err := process(ctx, ib, tx, m, pay)
 	require.NoError(t, err)
 	require.False(t, res.Duplicate)
 	require.NoError(t, tx.Rollback(ctx)) // e.g. a later step failed, or the process crashed
@@ -147,7 +156,10 @@ func TestProcessRollbackThenRedelivery(t *testing.T) {
 
 func TestProcessHandlerErrorLeavesNothing(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testProcessHandlerErrorLeavesNothing)
+}
+
+func testProcessHandlerErrorLeavesNothing(t *testing.T, b *testBundle) {
 	ib := newInbox(t, inbox.Config{})
 	m := msg("orders", 0, 1, "v")
 	ctx := context.Background()
@@ -156,7 +168,7 @@ func TestProcessHandlerErrorLeavesNothing(t *testing.T) {
 	tx := b.begin(t)
 	_, err := tx.Exec(ctx, `INSERT INTO payments (event, amount) VALUES ('before', 1)`)
 	require.NoError(t, err)
-	_, err = ib.Process(ctx, tx, m, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+	_, err = process(ctx, ib, tx, m, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		if err := pay(ctx, tx, m); err != nil {
 			return err
 		}
@@ -185,7 +197,10 @@ func TestProcessHandlerErrorLeavesNothing(t *testing.T) {
 
 func TestProcessTwoConsumersOneKey(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testProcessTwoConsumersOneKey)
+}
+
+func testProcessTwoConsumersOneKey(t *testing.T, b *testBundle) {
 	a := newInbox(t, inbox.Config{Consumer: "billing", Key: inbox.ByHeader("event-id")})
 	c := newInbox(t, inbox.Config{Consumer: "shipping", Key: inbox.ByHeader("event-id")})
 	m := msg("orders", 0, 1, "v", outbox.Header{Key: "event-id", Value: []byte("evt-1")})
@@ -207,7 +222,10 @@ func TestProcessTwoConsumersOneKey(t *testing.T) {
 
 func TestProcessInvalidMessage(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testProcessInvalidMessage)
+}
+
+func testProcessInvalidMessage(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	byHeader := newInbox(t, inbox.Config{Key: inbox.ByHeader("event-id")})
 	byOffset := newInbox(t, inbox.Config{})
@@ -236,7 +254,7 @@ func TestProcessInvalidMessage(t *testing.T) {
 	for _, tc := range cases {
 		tx := b.begin(t)
 		called := false
-		_, err := tc.ib.Process(ctx, tx, tc.m, func(context.Context, pgx.Tx, inbox.Message) error { called = true; return nil })
+		_, err := process(ctx, tc.ib, tx, tc.m, func(context.Context, pgx.Tx, inbox.Message) error { called = true; return nil })
 		require.ErrorIs(t, err, inbox.ErrInvalidMessage, tc.name)
 		require.ErrorContains(t, err, tc.want, tc.name)
 		require.ErrorContains(t, err, fmt.Sprintf("message %s", tc.m), tc.name) // names the message
@@ -253,7 +271,7 @@ func TestProcessInvalidMessage(t *testing.T) {
 	for _, tc := range cases {
 		tx := b.begin(t)
 		ok := msg("orders", 9, 9, "v", hdr("fine"))
-		_, err := tc.ib.ProcessBatch(ctx, tx, []inbox.Message{ok, tc.m}, pay)
+		_, err := processBatch(ctx, tc.ib, tx, []inbox.Message{ok, tc.m}, pay)
 		require.ErrorIs(t, err, inbox.ErrInvalidMessage, tc.name)
 		var me *inbox.MessageError
 		require.ErrorAs(t, err, &me, tc.name)
@@ -304,7 +322,10 @@ func TestNewValidates(t *testing.T) {
 // caller's savepoint around Process still rolls back all of it.
 func TestProcessManyInOneTx(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testProcessManyInOneTx)
+}
+
+func testProcessManyInOneTx(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{})
 	boom := errors.New("boom")
@@ -316,29 +337,29 @@ func TestProcessManyInOneTx(t *testing.T) {
 	}
 
 	tx := b.begin(t)
-	_, err := ib.Process(ctx, tx, msg("orders", 0, 1, "v"), pay)
+	_, err := process(ctx, ib, tx, msg("orders", 0, 1, "v"), pay)
 	require.NoError(t, err)
-	_, err = ib.Process(ctx, tx, msg("orders", 0, 2, "v"), fail)
+	_, err = process(ctx, ib, tx, msg("orders", 0, 2, "v"), fail)
 	require.ErrorIs(t, err, boom)
-	res, err := ib.Process(ctx, tx, msg("orders", 0, 1, "v"), pay) // seen earlier in this tx
+	res, err := process(ctx, ib, tx, msg("orders", 0, 1, "v"), pay) // seen earlier in this tx
 	require.NoError(t, err)
 	require.True(t, res.Duplicate)
-	_, err = ib.Process(ctx, tx, msg("orders", 0, 3, "v"), pay)
+	_, err = process(ctx, ib, tx, msg("orders", 0, 3, "v"), pay)
 	require.NoError(t, err)
 
 	// A caller's own savepoint around Process, rolled back.
 	sp, err := tx.Begin(ctx)
 	require.NoError(t, err)
-	_, err = ib.Process(ctx, sp, msg("orders", 0, 4, "v"), pay)
+	_, err = process(ctx, ib, sp, msg("orders", 0, 4, "v"), pay)
 	require.NoError(t, err)
 	require.NoError(t, sp.Rollback(ctx))
 	// And one released.
 	sp, err = tx.Begin(ctx)
 	require.NoError(t, err)
-	_, err = ib.Process(ctx, sp, msg("orders", 0, 5, "v"), pay)
+	_, err = process(ctx, ib, sp, msg("orders", 0, 5, "v"), pay)
 	require.NoError(t, err)
 	require.NoError(t, sp.Commit(ctx))
-	_, err = ib.Process(ctx, tx, msg("orders", 0, 6, "v"), fail)
+	_, err = process(ctx, ib, tx, msg("orders", 0, 6, "v"), fail)
 	require.ErrorIs(t, err, boom)
 	require.NoError(t, tx.Commit(ctx))
 

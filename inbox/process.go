@@ -65,6 +65,11 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, m Message, h HandlerFun
 	if tx == nil || h == nil {
 		return Result{}, errors.New("inbox: Process needs a non-nil tx and handler")
 	}
+	return process(ctx, ib, pgxKind{Tx: tx, h: h}, m, owntx.Owns(ctx, tx))
+}
+
+// process is Process and ProcessSQL, for each kind of transaction.
+func process[T txKind](ctx context.Context, ib *Inbox, tx T, m Message, owned bool) (Result, error) {
 	key, err := ib.key.key(m)
 	if err != nil {
 		ib.stats.invalid.Add(1)
@@ -72,16 +77,19 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, m Message, h HandlerFun
 	}
 	res := Result{Key: key}
 	fp := ib.sum(m.Value)
-	owned := owntx.Owns(ctx, tx)
 
-	o, err := ib.dedupOne(ctx, tx, m, key, fp, owned)
+	var o oneOutcome
+	err = tx.dedup(ctx, func(q querier) error {
+		o, err = ib.dedupOne(ctx, q, m, key, fp, owned)
+		if err == nil && !o.wmDup && ib.keyed && !o.inserted && mismatch(fp, o.storedFP) {
+			ib.stats.mismatches.Add(1)
+			// Undo the watermark's move too: the message was not handled.
+			err = undo(ctx, q, owned, ErrFingerprintMismatch)
+		}
+		return err
+	})
 	if err != nil {
 		return res, ib.msgErr(0, m, key, err)
-	}
-	if !o.wmDup && ib.keyed && !o.inserted && mismatch(fp, o.storedFP) {
-		ib.stats.mismatches.Add(1)
-		// Undo the watermark's move too: the message was not handled.
-		return res, ib.msgErr(0, m, key, undo(ctx, tx, owned, ErrFingerprintMismatch))
 	}
 	if o.gap > 0 { // reported even when the key turns out a duplicate
 		ib.stats.gaps.Add(1)
@@ -94,7 +102,7 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, m Message, h HandlerFun
 	}
 
 	slot := &resultSlot{}
-	if err := h(handlerCtx(ctx, slot, owned), tx, m); err != nil {
+	if err := tx.handle(handlerCtx(ctx, slot, owned), m); err != nil {
 		ib.stats.handlerErrors.Add(1)
 		return res, ib.msgErr(0, m, key, undo(ctx, tx, owned, fmt.Errorf("handler: %w", err)))
 	}
@@ -126,7 +134,7 @@ type oneOutcome struct {
 // in one round trip; a key that conflicts takes a second, to read the stored
 // fingerprint and result. On success the savepoint is open; on error it has
 // been rolled back and released.
-func (ib *Inbox) dedupOne(ctx context.Context, tx pgx.Tx, m Message, key string, fp []byte, owned bool) (oneOutcome, error) {
+func (ib *Inbox) dedupOne(ctx context.Context, tx querier, m Message, key string, fp []byte, owned bool) (oneOutcome, error) {
 	args := []any{ib.consumer, key, m.Topic, m.Partition, m.Offset, fp, recordAt(m.Timestamp)}
 	b := &pgx.Batch{}
 	if !owned {
@@ -206,7 +214,7 @@ func (ib *Inbox) readOne(br pgx.BatchResults, m Message, o *oneOutcome) error {
 // statement, whose snapshot includes a row committed by a transaction the
 // insert waited for). A row deleted meanwhile (by a concurrent cleanup) is
 // inserted again.
-func (ib *Inbox) readStoredOne(ctx context.Context, tx pgx.Tx, key string, args []any, o *oneOutcome) error {
+func (ib *Inbox) readStoredOne(ctx context.Context, tx querier, key string, args []any, o *oneOutcome) error {
 	for attempt := 0; ; attempt++ {
 		err := tx.QueryRow(ctx, sqlTouchOne, ib.consumer, key, args[6]).Scan(&o.storedFP, &o.stored)
 		if err == nil || !errors.Is(err, pgx.ErrNoRows) {
@@ -256,6 +264,12 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 	if tx == nil || h == nil {
 		return nil, errors.New("inbox: ProcessBatch needs a non-nil tx and handler")
 	}
+	return processBatch(ctx, ib, pgxKind{Tx: tx, h: h}, ms, owntx.Owns(ctx, tx))
+}
+
+// processBatch is ProcessBatch and ProcessBatchSQL, for each kind of
+// transaction.
+func processBatch[T txKind](ctx context.Context, ib *Inbox, tx T, ms []Message, owned bool) ([]Result, error) {
 	if len(ms) == 0 {
 		return nil, nil
 	}
@@ -263,7 +277,23 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 	if err != nil {
 		return nil, err
 	}
-	owned := owntx.Owns(ctx, tx)
+	err = tx.dedup(ctx, func(q querier) error { return ib.dedupBatchStep(ctx, q, ms, p, owned) })
+	if errors.Is(err, ErrUnsupportedTx) {
+		return nil, fmt.Errorf("inbox: consumer %q, batch of %d: %w", ib.consumer, len(ms), err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := runBatch(ctx, ib, tx, ms, p, owned); err != nil {
+		return nil, err
+	}
+	return p.results, nil
+}
+
+// dedupBatchStep is ProcessBatch's dedup step: it moves the watermarks,
+// inserts the keys and checks fingerprints against stored keys. On error it
+// has rolled back to the savepoint (unless the caller owns tx).
+func (ib *Inbox) dedupBatchStep(ctx context.Context, tx querier, ms []Message, p *batchPlan, owned bool) error {
 	insert := sqlInsertManyNew
 	if owned {
 		// Without a savepoint, the probe's unique violation (a key
@@ -271,7 +301,7 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 		// CONFLICT at once, which waits for such a key and skips it.
 		insert = sqlInsertMany
 	}
-	err = ib.dedupBatch(ctx, tx, p, insert, owned)
+	err := ib.dedupBatch(ctx, tx, p, insert, owned)
 	if !owned && pgerr.Is(err, codeUniqueViolation) {
 		// A key committed concurrently (see sqlInsertManyNew): again, with
 		// ON CONFLICT.
@@ -284,21 +314,18 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 		var spErr *savepointError
 		if errors.As(err, &spErr) {
 			// No savepoint exists (see dedupOne): nothing of ours to undo.
-			return nil, fmt.Errorf("inbox: consumer %q: %w", ib.consumer, pgerr.WithFix(err))
+			return fmt.Errorf("inbox: consumer %q: %w", ib.consumer, pgerr.WithFix(err))
 		}
 		err = undo(ctx, tx, owned, ib.dedupErr(err))
-		return nil, fmt.Errorf("inbox: consumer %q, batch of %d: %w", ib.consumer, len(ms), err)
+		return fmt.Errorf("inbox: consumer %q, batch of %d: %w", ib.consumer, len(ms), err)
 	}
 	if p.wm != nil {
 		p.wmDup, p.gaps = p.wm.decide(ms)
 	}
 	if err := ib.checkStored(ms, p); err != nil {
-		return nil, undo(ctx, tx, owned, err)
+		return undo(ctx, tx, owned, err)
 	}
-	if err := ib.runBatch(ctx, tx, ms, h, p, owned); err != nil {
-		return nil, err
-	}
-	return p.results, nil
+	return nil
 }
 
 // batchPlan is one ProcessBatch call's keys and what the database said of
@@ -412,7 +439,7 @@ func (p *batchPlan) scanStored(r pgx.Rows) error {
 // batch's partition watermarks (watermark modes) and inserts every distinct
 // key (keyed modes) in one round trip, then reads the stored rows of the keys
 // that conflicted. On error the caller rolls back to the savepoint.
-func (ib *Inbox) dedupBatch(ctx context.Context, tx pgx.Tx, p *batchPlan, insert string, owned bool) error {
+func (ib *Inbox) dedupBatch(ctx context.Context, tx querier, p *batchPlan, insert string, owned bool) error {
 	b := &pgx.Batch{}
 	if !owned {
 		b.Queue(sqlSavepoint)
@@ -482,7 +509,7 @@ func (ib *Inbox) readBatch(br pgx.BatchResults, p *batchPlan) error {
 // statement, so rows committed by transactions the insert waited for are
 // visible). A row deleted meanwhile (by a concurrent cleanup) is inserted
 // again.
-func (ib *Inbox) readConflicts(ctx context.Context, tx pgx.Tx, p *batchPlan) error {
+func (ib *Inbox) readConflicts(ctx context.Context, tx querier, p *batchPlan) error {
 	for attempt := 0; len(p.rows) < len(p.keys); attempt++ {
 		if attempt == maxVanished {
 			return fmt.Errorf("keys conflicted but their rows kept vanishing (%d attempts)", maxVanished)
@@ -547,7 +574,7 @@ func (ib *Inbox) checkStored(ms []Message, p *batchPlan) error {
 // runBatch runs h, in input order, for each message whose key is new, then
 // stores the results handlers set. On error it has rolled back to the
 // savepoint (unless the caller owns tx).
-func (ib *Inbox) runBatch(ctx context.Context, tx pgx.Tx, ms []Message, h HandlerFunc, p *batchPlan, owned bool) error {
+func runBatch[T txKind](ctx context.Context, ib *Inbox, tx T, ms []Message, p *batchPlan, owned bool) error {
 	slot := &resultSlot{}
 	hctx := handlerCtx(ctx, slot, owned)
 	var setKeys []string
@@ -575,7 +602,7 @@ func (ib *Inbox) runBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Handle
 			continue
 		}
 		*slot = resultSlot{}
-		if err := h(hctx, tx, m); err != nil {
+		if err := tx.handle(hctx, m); err != nil {
 			ib.stats.handlerErrors.Add(1)
 			return undo(ctx, tx, owned, ib.msgErr(i, m, res.Key, fmt.Errorf("handler: %w", err)))
 		}

@@ -40,7 +40,10 @@ func (r *callLog) handler(result func(m inbox.Message) string) inbox.HandlerFunc
 
 func TestProcessBatch(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testProcessBatch)
+}
+
+func testProcessBatch(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{Key: inbox.ByHeader("event-id")})
 	ev := func(id string, offset int64, value string) inbox.Message {
@@ -55,7 +58,7 @@ func TestProcessBatch(t *testing.T) {
 	rec := &callLog{}
 	batch := []inbox.Message{ev("B", 2, "b"), ev("A", 3, "a"), ev("C", 4, "c"), ev("B", 5, "b")}
 	tx := b.begin(t)
-	res, err := ib.ProcessBatch(ctx, tx, batch, rec.handler(receipt))
+	res, err := processBatch(ctx, ib, tx, batch, rec.handler(receipt))
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 
@@ -73,7 +76,7 @@ func TestProcessBatch(t *testing.T) {
 	// The whole batch again: all duplicates, results kept.
 	rec = &callLog{}
 	tx = b.begin(t)
-	res, err = ib.ProcessBatch(ctx, tx, batch, rec.handler(nil))
+	res, err = processBatch(ctx, ib, tx, batch, rec.handler(nil))
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	require.Empty(t, rec.calls)
@@ -84,21 +87,24 @@ func TestProcessBatch(t *testing.T) {
 	require.Equal(t, 3, b.payments(t))
 
 	// Empty batch: nothing to do.
-	res, err = ib.ProcessBatch(ctx, b.begin(t), nil, pay)
+	res, err = processBatch(ctx, ib, b.begin(t), nil, pay)
 	require.NoError(t, err)
 	require.Empty(t, res)
 }
 
 func TestProcessBatchHandlerErrorLeavesNothing(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testProcessBatchHandlerErrorLeavesNothing)
+}
+
+func testProcessBatchHandlerErrorLeavesNothing(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{})
 	boom := errors.New("boom")
 	batch := []inbox.Message{msg("orders", 0, 1, "x"), msg("orders", 0, 2, "y"), msg("orders", 0, 3, "z")}
 
 	tx := b.begin(t)
-	_, err := ib.ProcessBatch(ctx, tx, batch, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+	_, err := processBatch(ctx, ib, tx, batch, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		if err := pay(ctx, tx, m); err != nil {
 			return err
 		}
@@ -118,7 +124,7 @@ func TestProcessBatchHandlerErrorLeavesNothing(t *testing.T) {
 
 	// Redelivery processes all three.
 	tx = b.begin(t)
-	res, err := ib.ProcessBatch(ctx, tx, batch, pay)
+	res, err := processBatch(ctx, ib, tx, batch, pay)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	require.Len(t, res, 3)
@@ -127,7 +133,10 @@ func TestProcessBatchHandlerErrorLeavesNothing(t *testing.T) {
 
 func TestFingerprintMismatch(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testFingerprintMismatch)
+}
+
+func testFingerprintMismatch(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{Key: inbox.ByHeader("event-id")})
 	ev := func(id string, offset int64, value string) inbox.Message {
@@ -144,7 +153,7 @@ func TestFingerprintMismatch(t *testing.T) {
 	// Same key, different payload: an error, not a silent skip.
 	tx := b.begin(t)
 	called := false
-	_, err = ib.Process(ctx, tx, ev("evt-1", 3, `{"amount":999}`), func(context.Context, pgx.Tx, inbox.Message) error {
+	_, err = process(ctx, ib, tx, ev("evt-1", 3, `{"amount":999}`), func(context.Context, pgx.Tx, inbox.Message) error {
 		called = true
 		return nil
 	})
@@ -158,7 +167,7 @@ func TestFingerprintMismatch(t *testing.T) {
 
 	// In a batch, against a stored key: the batch's new keys are not kept.
 	tx = b.begin(t)
-	_, err = ib.ProcessBatch(ctx, tx, []inbox.Message{ev("evt-2", 4, "x"), ev("evt-1", 5, "changed")}, pay)
+	_, err = processBatch(ctx, ib, tx, []inbox.Message{ev("evt-2", 4, "x"), ev("evt-1", 5, "changed")}, pay)
 	require.ErrorIs(t, err, inbox.ErrFingerprintMismatch)
 	var me *inbox.MessageError
 	require.ErrorAs(t, err, &me)
@@ -167,7 +176,7 @@ func TestFingerprintMismatch(t *testing.T) {
 
 	// In a batch, between two copies of one new key.
 	tx = b.begin(t)
-	_, err = ib.ProcessBatch(ctx, tx, []inbox.Message{ev("evt-3", 6, "x"), ev("evt-3", 7, "y")}, pay)
+	_, err = processBatch(ctx, ib, tx, []inbox.Message{ev("evt-3", 6, "x"), ev("evt-3", 7, "y")}, pay)
 	require.ErrorIs(t, err, inbox.ErrFingerprintMismatch)
 	require.ErrorAs(t, err, &me)
 	require.Equal(t, 1, me.Index)
@@ -180,7 +189,10 @@ func TestFingerprintMismatch(t *testing.T) {
 
 func TestFingerprintsOff(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testFingerprintsOff)
+}
+
+func testFingerprintsOff(t *testing.T, b *testBundle) {
 	ib := newInbox(t, inbox.Config{Key: inbox.ByHeader("event-id"), DisableFingerprint: true})
 	h := outbox.Header{Key: "event-id", Value: []byte("evt-1")}
 	_, err := b.process(t, ib, msg("orders", 0, 1, "one", h), pay)
@@ -200,7 +212,10 @@ func TestFingerprintsOff(t *testing.T) {
 
 func TestStoredResult(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testStoredResult)
+}
+
+func testStoredResult(t *testing.T, b *testBundle) {
 	ib := newInbox(t, inbox.Config{})
 	m := msg("orders", 0, 1, "v")
 	res, err := b.process(t, ib, m, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
@@ -232,7 +247,10 @@ func TestStoredResult(t *testing.T) {
 // times: exactly one delivery must have an effect each time.
 func TestConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testConcurrentDuplicates)
+}
+
+func testConcurrentDuplicates(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{})
 	const rounds = 100
@@ -247,9 +265,9 @@ func TestConcurrentDuplicates(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				errs[w] = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				errs[w] = b.beginFunc(ctx, t, func(tx pgx.Tx) error {
 					var err error
-					results[w], err = ib.Process(ctx, tx, m, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+					results[w], err = process(ctx, ib, tx, m, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 						if err := inbox.SetResult(ctx, []byte(fmt.Sprint(w))); err != nil {
 							return err
 						}
@@ -285,57 +303,64 @@ func TestInFlightWaits(t *testing.T) {
 	for _, commit := range []bool{true, false} {
 		t.Run(fmt.Sprintf("first_commits=%v", commit), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t)
-			ctx := context.Background()
-			ib := newInbox(t, inbox.Config{})
-			m := msg("orders", 0, 1, "v")
-
-			tx1 := b.begin(t)
-			_, err := ib.Process(ctx, tx1, m, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-				require.NoError(t, inbox.SetResult(ctx, []byte("from-1")))
-				return pay(ctx, tx, m)
-			})
-			require.NoError(t, err)
-
-			tx2 := b.begin(t)
-			type outcome struct {
-				res inbox.Result
-				err error
-			}
-			done := make(chan outcome, 1)
-			go func() {
-				res, err := ib.Process(ctx, tx2, m, pay)
-				done <- outcome{res, err}
-			}()
-			b.waitBlocked(t, tx2.Conn().PgConn().PID())
-			if commit {
-				require.NoError(t, tx1.Commit(ctx))
-			} else {
-				require.NoError(t, tx1.Rollback(ctx))
-			}
-			o := <-done
-			require.NoError(t, o.err)
-			require.NoError(t, tx2.Commit(ctx))
-			require.Equal(t, commit, o.res.Duplicate)
-			if commit {
-				require.Equal(t, []byte("from-1"), o.res.Stored)
-			}
-			require.Equal(t, 1, b.payments(t))
-			require.Equal(t, 1, b.inboxRows(t))
+			forKinds(t, func(t *testing.T, b *testBundle) { inFlightWaits(t, b, commit) })
 		})
 	}
 }
 
+func inFlightWaits(t *testing.T, b *testBundle, commit bool) {
+	ctx := context.Background()
+	ib := newInbox(t, inbox.Config{})
+	m := msg("orders", 0, 1, "v")
+
+	tx1 := b.begin(t)
+	_, err := process(ctx, ib, tx1, m, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+		require.NoError(t, inbox.SetResult(ctx, []byte("from-1")))
+		return pay(ctx, tx, m)
+	})
+	require.NoError(t, err)
+
+	tx2 := b.begin(t)
+	type outcome struct {
+		res inbox.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	pid2 := pid(t, tx2)
+	go func() {
+		res, err := process(ctx, ib, tx2, m, pay)
+		done <- outcome{res, err}
+	}()
+	b.waitBlocked(t, pid2)
+	if commit {
+		require.NoError(t, tx1.Commit(ctx))
+	} else {
+		require.NoError(t, tx1.Rollback(ctx))
+	}
+	o := <-done
+	require.NoError(t, o.err)
+	require.NoError(t, tx2.Commit(ctx))
+	require.Equal(t, commit, o.res.Duplicate)
+	if commit {
+		require.Equal(t, []byte("from-1"), o.res.Stored)
+	}
+	require.Equal(t, 1, b.payments(t))
+	require.Equal(t, 1, b.inboxRows(t))
+}
+
 func TestInFlightLockTimeout(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testInFlightLockTimeout)
+}
+
+func testInFlightLockTimeout(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{LockTimeout: 50 * time.Millisecond})
 	m := msg("orders", 0, 1, "v")
 	other := msg("orders", 0, 2, "v")
 
 	tx1 := b.begin(t)
-	_, err := ib.Process(ctx, tx1, m, pay)
+	_, err := process(ctx, ib, tx1, m, pay)
 	require.NoError(t, err)
 
 	showLockTimeout := func(tx pgx.Tx) string {
@@ -347,19 +372,19 @@ func TestInFlightLockTimeout(t *testing.T) {
 	_, err = tx2.Exec(ctx, `SET LOCAL lock_timeout = '7s'`)
 	require.NoError(t, err)
 
-	_, err = ib.Process(ctx, tx2, m, pay)
+	_, err = process(ctx, ib, tx2, m, pay)
 	require.ErrorIs(t, err, inbox.ErrInFlight)
 	require.ErrorContains(t, err, `key "orders/0/1"`)
 	require.Equal(t, "7s", showLockTimeout(tx2), "the caller's setting is restored")
 
-	_, err = ib.ProcessBatch(ctx, tx2, []inbox.Message{other, m}, pay)
+	_, err = processBatch(ctx, ib, tx2, []inbox.Message{other, m}, pay)
 	require.ErrorIs(t, err, inbox.ErrInFlight)
 	require.Equal(t, "7s", showLockTimeout(tx2))
 
 	// The transaction is still usable; a new key processes, and its handler
 	// runs under the caller's lock_timeout.
 	var inHandler string
-	_, err = ib.Process(ctx, tx2, other, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+	_, err = process(ctx, ib, tx2, other, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		inHandler = showLockTimeout(tx)
 		return pay(ctx, tx, m)
 	})
@@ -374,7 +399,7 @@ func TestInFlightLockTimeout(t *testing.T) {
 	tx3 := b.begin(t)
 	_, err = tx3.Exec(ctx, `SET LOCAL lock_timeout = '50ms'`)
 	require.NoError(t, err)
-	_, err = waiting.Process(ctx, tx3, m, pay)
+	_, err = process(ctx, waiting, tx3, m, pay)
 	require.ErrorIs(t, err, inbox.ErrInFlight)
 	_, err = tx3.Exec(ctx, `SELECT 1`)
 	require.NoError(t, err)
@@ -417,7 +442,10 @@ func TestKeys(t *testing.T) {
 // each key has exactly one effect.
 func TestConcurrentBatches(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testConcurrentBatches)
+}
+
+func testConcurrentBatches(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{})
 	const rounds, size = 20, 10
@@ -437,8 +465,8 @@ func TestConcurrentBatches(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				errs[w] = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-					res, err := ib.ProcessBatch(ctx, tx, batch, pay)
+				errs[w] = b.beginFunc(ctx, t, func(tx pgx.Tx) error {
+					res, err := processBatch(ctx, ib, tx, batch, pay)
 					for _, r := range res {
 						if r.Duplicate {
 							dups[w]++

@@ -23,7 +23,10 @@ func (b *testBundle) watermark(t *testing.T, partition int32) int {
 
 func TestWatermarkProcess(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testWatermarkProcess)
+}
+
+func testWatermarkProcess(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{Dedup: inbox.DedupWatermark})
 
@@ -54,14 +57,14 @@ func TestWatermarkProcess(t *testing.T) {
 
 	// A rolled-back transaction leaves the watermark where it was...
 	tx := b.begin(t)
-	_, err = ib.Process(ctx, tx, msg("orders", 0, 7, "v"), pay)
+	_, err = process(ctx, ib, tx, msg("orders", 0, 7, "v"), pay)
 	require.NoError(t, err)
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, 6, b.watermark(t, 0))
 	// ...and so does a failed handler, whose caller's transaction stays usable.
 	tx = b.begin(t)
 	boom := errors.New("boom")
-	_, err = ib.Process(ctx, tx, msg("orders", 0, 7, "v"), func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+	_, err = process(ctx, ib, tx, msg("orders", 0, 7, "v"), func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		require.NoError(t, pay(ctx, tx, m))
 		return boom
 	})
@@ -90,7 +93,10 @@ func TestWatermarkProcess(t *testing.T) {
 
 func TestWatermarkTopicRecreated(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testWatermarkTopicRecreated)
+}
+
+func testWatermarkTopicRecreated(t *testing.T, b *testBundle) {
 	ib := newInbox(t, inbox.Config{Dedup: inbox.DedupWatermark})
 	withID := func(off int64, id string) inbox.Message {
 		m := msg("orders", 0, off, "v")
@@ -123,7 +129,10 @@ func TestWatermarkTopicRecreated(t *testing.T) {
 
 func TestWatermarkBatch(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testWatermarkBatch)
+}
+
+func testWatermarkBatch(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{Dedup: inbox.DedupWatermark})
 	// Partition 0 has processed up to offset 4.
@@ -140,7 +149,7 @@ func TestWatermarkBatch(t *testing.T) {
 		msg("orders", 0, 9, "v"), // after a gap of 3
 	}
 	tx := b.begin(t)
-	res, err := ib.ProcessBatch(ctx, tx, batch, rec.handler(nil))
+	res, err := processBatch(ctx, ib, tx, batch, rec.handler(nil))
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	var dups []bool
@@ -157,7 +166,7 @@ func TestWatermarkBatch(t *testing.T) {
 	// The same batch again: all duplicates.
 	rec = &callLog{}
 	tx = b.begin(t)
-	res, err = ib.ProcessBatch(ctx, tx, batch, rec.handler(nil))
+	res, err = processBatch(ctx, ib, tx, batch, rec.handler(nil))
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	require.Empty(t, rec.calls)
@@ -168,7 +177,7 @@ func TestWatermarkBatch(t *testing.T) {
 	// A partition's messages out of order: rejected, nothing written, the
 	// transaction usable.
 	tx = b.begin(t)
-	_, err = ib.ProcessBatch(ctx, tx, []inbox.Message{msg("orders", 0, 11, "v"), msg("orders", 0, 10, "v")}, pay)
+	_, err = processBatch(ctx, ib, tx, []inbox.Message{msg("orders", 0, 11, "v"), msg("orders", 0, 10, "v")}, pay)
 	require.ErrorIs(t, err, inbox.ErrInvalidMessage)
 	var me *inbox.MessageError
 	require.ErrorAs(t, err, &me)
@@ -181,7 +190,7 @@ func TestWatermarkBatch(t *testing.T) {
 
 	// A failing handler rolls the whole batch back, watermarks included.
 	tx = b.begin(t)
-	_, err = ib.ProcessBatch(ctx, tx, []inbox.Message{msg("orders", 0, 10, "v"), msg("orders", 1, 2, "v")},
+	_, err = processBatch(ctx, ib, tx, []inbox.Message{msg("orders", 0, 10, "v"), msg("orders", 1, 2, "v")},
 		func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 			if m.Partition == 1 {
 				return errors.New("boom")
@@ -201,7 +210,10 @@ func TestWatermarkBatch(t *testing.T) {
 // watermark row serializes them, exactly one processes.
 func TestWatermarkConcurrentDeliveries(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testWatermarkConcurrentDeliveries)
+}
+
+func testWatermarkConcurrentDeliveries(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{Dedup: inbox.DedupWatermark})
 	const rounds = 100
@@ -220,16 +232,16 @@ func TestWatermarkConcurrentDeliveries(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				errs[w] = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				errs[w] = b.beginFunc(ctx, t, func(tx pgx.Tx) error {
 					count := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 						processed[w]++
 						return pay(ctx, tx, m)
 					}
 					if w == 0 && batchSize == 1 {
-						_, err := ib.Process(ctx, tx, ms[0], count)
+						_, err := process(ctx, ib, tx, ms[0], count)
 						return err
 					}
-					_, err := ib.ProcessBatch(ctx, tx, ms, count)
+					_, err := processBatch(ctx, ib, tx, ms, count)
 					return err
 				})
 			}()
@@ -245,7 +257,10 @@ func TestWatermarkConcurrentDeliveries(t *testing.T) {
 
 func TestWatermarkAndKeys(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	forKinds(t, testWatermarkAndKeys)
+}
+
+func testWatermarkAndKeys(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	ib := newInbox(t, inbox.Config{Dedup: inbox.DedupWatermarkAndKeys, Key: inbox.ByHeader("event-id")})
 	ev := func(id string, offset int64, value string) inbox.Message {
@@ -270,7 +285,7 @@ func TestWatermarkAndKeys(t *testing.T) {
 	require.Equal(t, 1, b.watermark(t, 0))
 
 	tx := b.begin(t)
-	res2, err := ib.ProcessBatch(ctx, tx, []inbox.Message{ev("A", 0, "a"), ev("B", 3, "b"), ev("A", 4, "a"), ev("C", 5, "c")}, pay)
+	res2, err := processBatch(ctx, ib, tx, []inbox.Message{ev("A", 0, "a"), ev("B", 3, "b"), ev("A", 4, "a"), ev("C", 5, "c")}, pay)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	var dups []bool

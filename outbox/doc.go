@@ -7,6 +7,10 @@
 //	err := outbox.Write(ctx, tx, outbox.Message{Topic: "payments.v1", Key: []byte(orderID), Value: payload})
 //	err = tx.Commit(ctx)
 //
+// A service on database/sql (GORM, bun, sqlc) calls WriteSQL with its
+// *sql.Tx, opened on pgx's stdlib driver: the same statement, sent by the pgx
+// connection under the *sql.Tx.
+//
 // Write validates every message first (Kafka topic-name rules, size limit,
 // header keys) and then inserts all of them in one round trip. An invalid
 // message makes Write return an error wrapping ErrInvalidMessage that names it

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/internal/testdb"
@@ -32,9 +33,19 @@ func TestWriteInEveryQueryMode(t *testing.T) {
 					outbox.Message{Topic: "modes", Key: nil, Value: nil})
 			})
 			require.NoError(t, err, "outbox.Write in query mode %s", mode)
+
+			// The same through database/sql on a connection in that mode.
+			sdb := stdlib.OpenDB(*cfg)
+			defer sdb.Close()
+			tx, err := sdb.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			require.NoError(t, outbox.WriteSQL(ctx, tx, outbox.Message{Topic: "modes", Key: []byte(mode), Value: []byte("sql")}),
+				"outbox.WriteSQL in query mode %s", mode)
+			require.NoError(t, tx.Commit())
+
 			var n int
 			require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox WHERE key = $1::bytea`, []byte(mode)).Scan(&n))
-			require.Equal(t, 1, n)
+			require.Equal(t, 2, n)
 		})
 	}
 }

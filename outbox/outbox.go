@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,8 +10,11 @@ import (
 	"strconv"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgbox/pgbox/internal/pgxsql"
 )
 
 // Header is one Kafka record header. The JSON tags are the storage format of
@@ -56,6 +60,13 @@ var (
 	ErrTooLarge = errors.New("message too large")
 	// ErrNilTx is returned when Write is given a nil transaction.
 	ErrNilTx = errors.New("outbox: nil transaction (pass the pgx.Tx of the business transaction the events belong to)")
+	// ErrUnsupportedTx is returned (wrapped, saying which) when WriteSQL is
+	// given a *sql.Tx it cannot write through: one from a driver other than
+	// pgx's stdlib (or behind a wrapper that does not pass arguments
+	// through), one already committed or rolled back, or one whose
+	// connection is not in a transaction. Nothing was written. It is the
+	// same value as inbox.ErrUnsupportedTx.
+	ErrUnsupportedTx = pgxsql.ErrUnsupportedTx
 )
 
 // Execer is the part of pgx.Tx that Write needs. Pass the caller's pgx.Tx so
@@ -144,12 +155,59 @@ func (w *Writer) Write(ctx context.Context, tx Execer, msgs ...Message) error {
 	if tx == nil {
 		return ErrNilTx
 	}
+	args, err := w.args(msgs)
+	if err != nil || args == nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, w.insert, args...); err != nil {
+		return insertErr(msgs, err)
+	}
+	return nil
+}
+
+// WriteSQL is Write inside a database/sql transaction opened on pgx's stdlib
+// driver (sql.Open("pgx", …), stdlib.OpenDB; GORM's postgres driver; bun or
+// sqlc on such a *sql.DB). The statement, its encoding and its errors are
+// Write's: pgx's connection under tx sends it, in one round trip. A tx from
+// another driver, already committed or rolled back, or whose connection is
+// not in a transaction, is refused with an error wrapping ErrUnsupportedTx
+// before anything is sent. See docs/relay.md.
+func (w *Writer) WriteSQL(ctx context.Context, tx *sql.Tx, msgs ...Message) error {
+	if tx == nil {
+		return ErrNilTx
+	}
+	args, err := w.args(msgs)
+	if err != nil || args == nil {
+		return err
+	}
+	err = pgxsql.Run(ctx, tx, func(*pgx.Conn) (string, []any, error) { return w.insert, args, nil })
+	switch {
+	case errors.Is(err, ErrUnsupportedTx):
+		return fmt.Errorf("outbox: %w", err)
+	case err != nil:
+		return insertErr(msgs, err)
+	}
+	return nil
+}
+
+// WriteSQL is Writer.WriteSQL with the default Config.
+func WriteSQL(ctx context.Context, tx *sql.Tx, msgs ...Message) error {
+	return defaultWriter.WriteSQL(ctx, tx, msgs...)
+}
+
+func insertErr(msgs []Message, err error) error {
+	return fmt.Errorf("outbox: insert %d message(s), first to topic %q: %w", len(msgs), msgs[0].Topic, err)
+}
+
+// args validates msgs and returns the insert's arguments, nil for no
+// messages.
+func (w *Writer) args(msgs []Message) ([]any, error) {
 	if len(msgs) == 0 {
-		return nil
+		return nil, nil
 	}
 	for i := range msgs {
 		if err := w.validate(&msgs[i]); err != nil {
-			return fmt.Errorf("%w: message %d (topic %q, key %s): %w", ErrInvalidMessage, i, msgs[i].Topic, showKey(msgs[i].Key), err)
+			return nil, fmt.Errorf("%w: message %d (topic %q, key %s): %w", ErrInvalidMessage, i, msgs[i].Topic, showKey(msgs[i].Key), err)
 		}
 	}
 	eventIDs := make([]EventID, len(msgs))
@@ -171,7 +229,7 @@ func (w *Writer) Write(ctx context.Context, tx Execer, msgs ...Message) error {
 		if len(m.Headers) > 0 {
 			b, err := json.Marshal(m.Headers)
 			if err != nil { // cannot happen for valid headers
-				return fmt.Errorf("outbox: message %d (topic %q): encode headers: %w", i, m.Topic, err)
+				return nil, fmt.Errorf("outbox: message %d (topic %q): encode headers: %w", i, m.Topic, err)
 			}
 			s := string(b)
 			headers[i] = &s
@@ -181,10 +239,7 @@ func (w *Writer) Write(ctx context.Context, tx Execer, msgs ...Message) error {
 	if w.cfg.Notify {
 		args = append(args, w.cfg.Channel, slotList(slots))
 	}
-	if _, err := tx.Exec(ctx, w.insert, args...); err != nil {
-		return fmt.Errorf("outbox: insert %d message(s), first to topic %q: %w", len(msgs), msgs[0].Topic, err)
-	}
-	return nil
+	return args, nil
 }
 
 // slotList is the notification payload: the distinct slots written, sorted

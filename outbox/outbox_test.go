@@ -45,8 +45,11 @@ func readRows(t *testing.T, db *testdb.DB) []storedRow {
 
 func TestWriteStoresMessagesAsGiven(t *testing.T) {
 	t.Parallel()
+	forKinds(t, testWriteStoresMessagesAsGiven)
+}
+
+func testWriteStoresMessagesAsGiven(t *testing.T, db *testdb.DB, k txKind) {
 	ctx := context.Background()
-	db := testdb.New(t)
 
 	msgs := []outbox.Message{
 		{Topic: "payments.v1", Key: []byte("order-1"), Value: []byte(`{"amount":10}`),
@@ -56,10 +59,9 @@ func TestWriteStoresMessagesAsGiven(t *testing.T) {
 		{Topic: "payments.v1", Key: []byte{}, Value: []byte{}},               // empty, not nil
 		{Topic: "payments.v1", Key: []byte("order-1"), Value: []byte("2nd")}, // same key → same slot
 	}
-	tx, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	require.NoError(t, outbox.Write(ctx, tx, msgs...))
-	require.NoError(t, tx.Commit(ctx))
+	tx := begin(t, db, k)
+	require.NoError(t, tx.write(ctx, nil, msgs...))
+	require.NoError(t, tx.commit(ctx))
 
 	got := readRows(t, db)
 	require.Len(t, got, len(msgs))
@@ -89,13 +91,14 @@ func TestWriteStoresMessagesAsGiven(t *testing.T) {
 
 func TestRolledBackWriteLeavesNothing(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	db := testdb.New(t)
-	tx, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	require.NoError(t, outbox.Write(ctx, tx, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("v")}))
-	require.NoError(t, tx.Rollback(ctx))
-	require.Empty(t, readRows(t, db))
+	forKinds(t, func(t *testing.T, db *testdb.DB, k txKind) {
+		ctx := context.Background()
+		tx := begin(t, db, k)
+		require.NoError(t, tx.write(ctx, nil, outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("v")}))
+		require.Equal(t, 1, tx.rows(t))
+		require.NoError(t, tx.rollback(ctx))
+		require.Empty(t, readRows(t, db))
+	})
 }
 
 func TestEventIDsIncrease(t *testing.T) {
@@ -113,8 +116,11 @@ func TestEventIDsIncrease(t *testing.T) {
 // caller's transaction still usable for what comes next.
 func TestWriteRejectsBadInput(t *testing.T) {
 	t.Parallel()
+	forKinds(t, testWriteRejectsBadInput)
+}
+
+func testWriteRejectsBadInput(t *testing.T, db *testdb.DB, k txKind) {
 	ctx := context.Background()
-	db := testdb.New(t)
 	ok := outbox.Message{Topic: "ok", Key: []byte("k"), Value: []byte("v")}
 	small, err := outbox.NewWriter(outbox.Config{MaxBytes: 300})
 	require.NoError(t, err)
@@ -137,9 +143,7 @@ func TestWriteRejectsBadInput(t *testing.T) {
 			Headers: []outbox.Header{{Key: "h", Value: make([]byte, 100)}}}, "record size 315 bytes (outbox.RecordSize: key, value, headers, pgbox's own headers and Kafka's record overhead) exceeds the limit of 300"},
 		{"bad utf8 header key", nil, outbox.Message{Topic: "t", Key: []byte("k1"), Headers: []outbox.Header{{Key: "\xff"}}}, "not valid UTF-8"},
 	}
-	tx, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
+	tx := begin(t, db, k)
 	for _, tc := range cases {
 		w := tc.writer
 		if w == nil {
@@ -147,21 +151,20 @@ func TestWriteRejectsBadInput(t *testing.T) {
 			require.NoError(t, err)
 		}
 		// The bad message second: the good one before it must not be written either.
-		err := w.Write(ctx, tx, ok, tc.msg)
+		err := tx.write(ctx, w, ok, tc.msg)
 		require.ErrorIs(t, err, outbox.ErrInvalidMessage, tc.name)
 		require.ErrorContains(t, err, "message 1 (topic "+quote(tc.msg.Topic)+`, key "k1")`, tc.name)
 		require.ErrorContains(t, err, tc.want, tc.name)
 	}
 	// The transaction is still usable, and nothing from the bad calls is in it.
-	require.NoError(t, outbox.Write(ctx, tx, ok))
-	var n int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox`).Scan(&n))
-	require.Equal(t, 1, n)
-	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, tx.write(ctx, nil, ok))
+	require.Equal(t, 1, tx.rows(t))
+	require.NoError(t, tx.commit(ctx))
 
 	require.ErrorIs(t, outbox.Write(ctx, nil, ok), outbox.ErrNilTx)
 	var nilTx pgx.Tx
 	require.ErrorIs(t, outbox.Write(ctx, nilTx, ok), outbox.ErrNilTx)
+	require.ErrorIs(t, outbox.WriteSQL(ctx, nil, ok), outbox.ErrNilTx)
 
 	_, err = outbox.NewWriter(outbox.Config{MaxBytes: -1})
 	require.ErrorContains(t, err, "Config.MaxBytes is -1")

@@ -27,26 +27,25 @@ func TestRecordSizeCountsEverything(t *testing.T) {
 // and the caller's transaction stays usable.
 func TestWriteSizeLimitBoundary(t *testing.T) {
 	t.Parallel()
+	forKinds(t, testWriteSizeLimitBoundary)
+}
+
+func testWriteSizeLimitBoundary(t *testing.T, db *testdb.DB, k txKind) {
 	ctx := context.Background()
-	db := testdb.New(t)
 	m := outbox.Message{Topic: "payments", Key: []byte("k"), Headers: []outbox.Header{{Key: "trace", Value: []byte("abc")}}}
 	m.Value = []byte(strings.Repeat("x", outbox.MaxBytesDefault-outbox.RecordSize(m)))
 	require.Equal(t, outbox.MaxBytesDefault, outbox.RecordSize(m))
 	over := m
 	over.Value = append([]byte("y"), m.Value...)
 
-	tx, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
-	err = outbox.Write(ctx, tx, over)
+	tx := begin(t, db, k)
+	err := tx.write(ctx, nil, over)
 	require.ErrorIs(t, err, outbox.ErrInvalidMessage)
 	require.ErrorIs(t, err, outbox.ErrTooLarge)
 	for _, s := range []string{"record size 1048589 bytes", "limit of 1048588 bytes", "outbox.Config.MaxBytes", "--kafka-max-message-bytes", "message.max.bytes", `topic "payments"`} {
 		require.ErrorContains(t, err, s)
 	}
-	require.NoError(t, outbox.Write(ctx, tx, m))
-	var n int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox`).Scan(&n))
-	require.Equal(t, 1, n, "only the message at the limit")
-	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, tx.write(ctx, nil, m))
+	require.Equal(t, 1, tx.rows(t), "only the message at the limit")
+	require.NoError(t, tx.commit(ctx))
 }

@@ -1,0 +1,7 @@
+// Package gormexample shows pgbox inside a GORM transaction: inbox.ProcessSQL and
+// outbox.WriteSQL take the *sql.Tx that GORM's postgres driver (pgx's
+// stdlib underneath) opened for db.Transaction, so the business rows GORM
+// writes, the inbox key and the outbox row commit together. See
+// Example in example_test.go, which runs against a real database in `make
+// test`.
+package gormexample
