@@ -12,8 +12,8 @@ import (
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/console"
 	"github.com/pgbox/pgbox/inspect"
-	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testdb"
 )
 
 // TestCleanupPageAndRiskWarnings: against the embedded broker, the cleanup

@@ -16,13 +16,14 @@ import (
 const (
 	// MaxActionRowsDefault bounds how many rows one action may touch.
 	MaxActionRowsDefault = 1000
-	// ListLimitDefault is how many rows a list page shows.
-	ListLimitDefault = 100
-	// AuditListDefault is how many of the newest audit records the audit
-	// page shows.
-	AuditListDefault = 100
 	// QueryTimeoutDefault bounds each page's and each action's database work.
 	QueryTimeoutDefault = 10 * time.Second
+)
+
+// Page sizes: how many rows a list page and the audit page show.
+const (
+	listLimit = 100
+	auditList = 100
 )
 
 // DB is what the console reads and acts on: a *pgxpool.Pool satisfies it.

@@ -72,7 +72,7 @@ func (h *Handler) dead(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	q := deadQueryOf(r.URL.Query())
 	d := deadData{Q: q, QS: q.values().Encode(), Max: h.cfg.MaxActionRows}
-	f, none, err := h.deadFilter(ctx, q, ListLimitDefault)
+	f, none, err := h.deadFilter(ctx, q, listLimit)
 	if err == nil && !none {
 		d.Rows, err = inspect.ListDead(ctx, h.cfg.DB, f)
 	}

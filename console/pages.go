@@ -83,7 +83,7 @@ func (h *Handler) auditPage(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ctx, cancel := h.ctx(r)
 	defer cancel()
-	recs, err := ReadAudit(ctx, h.cfg.DB, AuditListDefault)
+	recs, err := ReadAudit(ctx, h.cfg.DB, auditList)
 	if err != nil {
 		h.failErr(w, r, err)
 		return

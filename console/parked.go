@@ -75,7 +75,7 @@ func (h *Handler) parked(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	q := parkedQueryOf(r.URL.Query())
 	d := parkedData{Q: q, QS: q.values().Encode(), Max: h.cfg.MaxActionRows}
-	f, none, err := h.parkedFilter(ctx, q, ListLimitDefault)
+	f, none, err := h.parkedFilter(ctx, q, listLimit)
 	if err == nil && !none {
 		if d.Rows, err = inspect.ListParked(ctx, h.cfg.DB, f); err == nil {
 			d.Count, err = inspect.CountParked(ctx, h.cfg.DB, f)

@@ -49,8 +49,8 @@ var commands []*command
 
 func init() {
 	commands = []*command{
-		{name: "run", synopsis: "run", doc: "Publish the outbox to Kafka (relay) and prune old rows on a schedule (cleanup).\nServes /metrics, /healthz and /readyz on --http-addr. Stops on SIGINT/SIGTERM within --shutdown-timeout.",
-			groups: []string{groupDB, groupKafka, groupRelay, groupCleanup, groupHTTP, groupLog}, run: cmdRun},
+		{name: "run", synopsis: "run", doc: "Publish the outbox to Kafka (relay) and prune old rows on a schedule (cleanup).\nServes /metrics, /healthz and /readyz on --http-addr, the operator console on --console-addr.\nStops on SIGINT/SIGTERM within --shutdown-timeout.",
+			groups: []string{groupDB, groupKafka, groupRelay, groupCleanup, groupHTTP, groupConsole, groupLog}, run: cmdRun},
 		{name: "migrate", synopsis: "migrate up|down|status", doc: "Apply (up), roll back all (down) or list (status) pgbox's migrations.\n`down` drops pgbox's tables and their data.",
 			groups: []string{groupDB, groupLog}, run: cmdMigrate},
 		{name: "cleanup", synopsis: "cleanup [--dry-run]", doc: "Run one cleanup pass and print its report: inbox keys past their topic's\nretention window (retention.ms + segment.ms + buffer), published outbox rows.",
