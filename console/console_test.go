@@ -65,6 +65,13 @@ func TestPagesRenderWithSecurityHeaders(t *testing.T) {
 		require.NotContains(t, body, "<script", path)
 		require.NotContains(t, body, "unsafe-inline", path)
 	}
+	// Relay instances, awake or asleep.
+	exec(t, b.db, `INSERT INTO pgbox_relay_instances (instance, expires_at, sleeping) VALUES
+		('relay-a', now() + interval '1 minute', true), ('relay-b', now() + interval '1 minute', false), ('relay-c', now() - interval '1 minute', false)`)
+	over := vera.get(t, "/")
+	require.Regexp(t, `relay-a</td><td><span class="ok">live</span>, asleep`, over)
+	require.Regexp(t, `relay-b</td><td><span class="ok">live</span>, awake`, over)
+	require.Regexp(t, `relay-c</td><td><span class="bad">expired`, over)
 	// A key filter that matches nothing selects nothing (not every row).
 	require.Contains(t, vera.get(t, "/parked?key=nope"), "No parked rows match")
 	require.Contains(t, vera.get(t, "/dead?key=nope"), "No dead letters match")

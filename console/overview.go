@@ -23,6 +23,7 @@ type overviewData struct {
 	// previous overview; nil when unknown.
 	Rate      *float64
 	LanesHeld map[string]int
+	Sleeping  map[string]bool
 	Parked    int64
 	Dead      int64
 }
@@ -36,7 +37,12 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		h.failErr(w, r, err)
 		return
 	}
-	d := overviewData{Snap: snap, Rate: h.rate(), LanesHeld: map[string]int{}, Parked: snap.Outbox.Parked, Warnings: warnings(snap, h.cfg.Cleaner)}
+	sleeping, err := inspect.InstancesSleeping(ctx, h.cfg.DB)
+	if err != nil {
+		h.failErr(w, r, err)
+		return
+	}
+	d := overviewData{Snap: snap, Rate: h.rate(), LanesHeld: map[string]int{}, Sleeping: sleeping, Parked: snap.Outbox.Parked, Warnings: warnings(snap, h.cfg.Cleaner)}
 	for _, l := range snap.Lanes {
 		if l.Held {
 			d.LanesHeld[l.Owner]++

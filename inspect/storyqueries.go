@@ -59,3 +59,6 @@ const sqlParkedIDsByKey = `SELECT id FROM pgbox_outbox WHERE parked_at IS NOT NU
 // $2 at most.
 const sqlDeadIDsByKey = `SELECT id FROM pgbox_consumer_dead
 WHERE key = $1 OR record_key = convert_to($1, 'UTF8') ORDER BY id LIMIT $2`
+
+// sqlInstanceSleeping reads which relay instances sleep (migration 00060).
+const sqlInstanceSleeping = `SELECT instance, sleeping FROM pgbox_relay_instances`
