@@ -244,6 +244,8 @@ func TestBrowser(t *testing.T) {
 		chromedp.Navigate(srv.URL+"/dead"),
 		chromedp.SendKeys(css("#dead-key"), "pay-2"),
 		chromedp.Click(css("#dead-find")),
+		// The value attribute is the server's: the filtered page has loaded.
+		chromedp.WaitVisible(css(`#dead-key[value="pay-2"]`)),
 		chromedp.WaitVisible(css("#dead")),
 		chromedp.Click(css("#dead tbody a")),
 		chromedp.WaitVisible(css("#replay")),
