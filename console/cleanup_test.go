@@ -38,7 +38,7 @@ func TestCleanupPageAndRiskWarnings(t *testing.T) {
 	_, err = cl.RunOnce(context.Background())
 	require.NoError(t, err)
 	h, err := console.New(console.Config{DB: db.Pool, Auth: testAuth(t), Cleaner: cl, CleanupInterval: time.Hour,
-		Inspect: inspect.Options{Cutoffs: &cleanup.Config{Admin: admin, Buffer: cleanup.NoBuffer}}})
+		Inspect: inspect.Options{Cutoffs: &cleanup.Config{Admin: admin, Buffer: 30 * time.Minute}}})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
@@ -52,6 +52,7 @@ func TestCleanupPageAndRiskWarnings(t *testing.T) {
 	page := vera.get(t, "/cleanup")
 	require.Contains(t, page, "infinite_retention")
 	require.Contains(t, page, "3600000")
+	require.Contains(t, page, "<td>30m0s</td><td>2h30m0s</td>", "orders.v1: buffer, window = 1h + 1h + 30m")
 	require.Contains(t, page, "1 ran, 0 skipped")
 	require.Contains(t, page, cl.Stats().LastPass.Add(time.Hour).UTC().Format("2006-01-02 15:04:05Z"), "the next pass")
 	over := vera.get(t, "/")

@@ -75,6 +75,9 @@ func TestPagesRenderWithSecurityHeaders(t *testing.T) {
 	// A key filter that matches nothing selects nothing (not every row).
 	require.Contains(t, vera.get(t, "/parked?key=nope"), "No parked rows match")
 	require.Contains(t, vera.get(t, "/dead?key=nope"), "No dead letters match")
+	require.Contains(t, vera.get(t, "/dead?error=account+closed&key=ord-1"), "dead/row?id="+fmt.Sprint(d))
+	require.Contains(t, vera.get(t, "/dead?error=nope"), "No dead letters match")
+	require.Contains(t, vera.get(t, "/dead?error=account&key=nope"), "No dead letters match")
 	// The viewer is shown no action.
 	require.NotContains(t, vera.get(t, "/parked/row?id="+fmt.Sprint(p)), `action="/parked/retry"`)
 	require.Contains(t, b.as("otto", operatorPass).get(t, "/parked/row?id="+fmt.Sprint(p)), `action="/parked/retry"`)

@@ -18,20 +18,21 @@ type deadQuery struct {
 	Consumer string
 	Topic    string
 	Key      string
+	Error    string
 	IDs      string
 }
 
 func deadQueryOf(v url.Values) deadQuery {
-	return deadQuery{Consumer: v.Get("consumer"), Topic: v.Get("topic"), Key: v.Get("key"), IDs: v.Get("ids")}
+	return deadQuery{Consumer: v.Get("consumer"), Topic: v.Get("topic"), Key: v.Get("key"), Error: v.Get("error"), IDs: v.Get("ids")}
 }
 
 func (q deadQuery) String() string {
-	return fmt.Sprintf("consumer=%q topic=%q key=%q ids=%q", q.Consumer, q.Topic, q.Key, q.IDs)
+	return fmt.Sprintf("consumer=%q topic=%q key=%q error=%q ids=%q", q.Consumer, q.Topic, q.Key, q.Error, q.IDs)
 }
 
 func (q deadQuery) values() url.Values {
 	v := url.Values{}
-	for k, s := range map[string]string{"consumer": q.Consumer, "topic": q.Topic, "key": q.Key, "ids": q.IDs} {
+	for k, s := range map[string]string{"consumer": q.Consumer, "topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs} {
 		if s != "" {
 			v.Set(k, s)
 		}
@@ -45,18 +46,26 @@ func (h *Handler) deadFilter(ctx context.Context, q deadQuery, limit int) (f ins
 		return f, false, err
 	}
 	f = inspect.DeadFilter{Consumer: q.Consumer, Topic: q.Topic, IDs: ids, Limit: limit}
-	if q.Key == "" {
-		return f, false, nil
+	for _, by := range []struct {
+		text string
+		find func(context.Context, inspect.Querier, string, int) ([]int64, error)
+	}{{q.Key, inspect.DeadIDsByKey}, {q.Error, inspect.DeadIDsByError}} {
+		if by.text == "" {
+			continue
+		}
+		found, err := by.find(ctx, h.cfg.DB, by.text, h.cfg.MaxActionRows+1)
+		if err != nil {
+			return f, false, err
+		}
+		if f.IDs != nil {
+			found = slices.DeleteFunc(found, func(id int64) bool { return !slices.Contains(f.IDs, id) })
+		}
+		if len(found) == 0 {
+			return f, true, nil
+		}
+		f.IDs = found
 	}
-	byKey, err := inspect.DeadIDsByKey(ctx, h.cfg.DB, q.Key, h.cfg.MaxActionRows+1)
-	if err != nil {
-		return f, false, err
-	}
-	if ids != nil {
-		byKey = slices.DeleteFunc(byKey, func(id int64) bool { return !slices.Contains(ids, id) })
-	}
-	f.IDs = byKey
-	return f, len(byKey) == 0, nil
+	return f, false, nil
 }
 
 type deadData struct {
@@ -120,7 +129,7 @@ func (h *Handler) deadConfirm(w http.ResponseWriter, r *http.Request) {
 		verb = "replay again"
 	}
 	d := confirmData{Action: "/dead/replay", Verb: verb, What: "dead letters matching " + q.String(), Count: len(ids), Max: h.cfg.MaxActionRows,
-		Too: len(ids) > h.cfg.MaxActionRows, Fields: map[string]string{"consumer": q.Consumer, "topic": q.Topic, "key": q.Key, "ids": q.IDs, "again": again}}
+		Too: len(ids) > h.cfg.MaxActionRows, Fields: map[string]string{"consumer": q.Consumer, "topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs, "again": again}}
 	h.render(w, r, "confirm", "Confirm "+verb, d, start)
 }
 

@@ -10,9 +10,16 @@ import (
 	"github.com/pgbox/pgbox/inspect"
 )
 
+// rule is one topic's cleanup rule with its buffer: the window less
+// Kafka's retention.ms and segment.ms (zero for a forced window).
+type rule struct {
+	cleanup.TopicReport
+	Buffer time.Duration
+}
+
 type cleanupData struct {
 	Snap     *inspect.Snapshot
-	Rules    []cleanup.TopicReport
+	Rules    []rule
 	RulesErr string
 	Running  bool
 	Stats    cleanup.Stats
@@ -33,10 +40,18 @@ func (h *Handler) cleanupPage(w http.ResponseWriter, r *http.Request) {
 	}
 	d := cleanupData{Snap: snap}
 	if h.cfg.Inspect.Cutoffs != nil {
-		if d.Rules, err = inspect.CleanupPlan(ctx, snap, *h.cfg.Inspect.Cutoffs); err != nil {
+		reps, err := inspect.CleanupPlan(ctx, snap, *h.cfg.Inspect.Cutoffs)
+		if err != nil {
 			d.RulesErr = err.Error()
 		}
-		snap.ApplyCutoffs(d.Rules, "from Kafka topic configs (retention.ms + segment.ms + buffer)")
+		for _, tr := range reps {
+			ru := rule{TopicReport: tr}
+			if !tr.Skipped && !tr.Forced {
+				ru.Buffer = tr.Window - time.Duration(tr.RetentionMs+tr.SegmentMs)*time.Millisecond
+			}
+			d.Rules = append(d.Rules, ru)
+		}
+		snap.ApplyCutoffs(reps, "from Kafka topic configs (retention.ms + segment.ms + buffer)")
 	} else {
 		d.RulesErr = "no Kafka admin configured: the rules are unknown here"
 	}

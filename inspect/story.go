@@ -281,17 +281,24 @@ func DeadIDsByKey(ctx context.Context, db Querier, key string, limit int) ([]int
 	return idsBy(ctx, db, sqlDeadIDsByKey, key, limit, "dead letters")
 }
 
+// DeadIDsByError returns the ids of the dead letters whose error contains
+// text (case sensitive), at most limit (0: StoryLimitDefault), for a
+// DeadFilter's IDs.
+func DeadIDsByError(ctx context.Context, db Querier, text string, limit int) ([]int64, error) {
+	return idsBy(ctx, db, sqlDeadIDsByError, text, limit, "dead letters")
+}
+
 func idsBy(ctx context.Context, db Querier, sql string, key any, limit int, what string) ([]int64, error) {
 	if limit < 0 {
 		return nil, fmt.Errorf("inspect: limit %d is negative (use a positive count, or 0 for %d)", limit, StoryLimitDefault)
 	}
 	rows, err := db.Query(ctx, sql, key, cmp.Or(limit, StoryLimitDefault))
 	if err != nil {
-		return nil, fmt.Errorf("inspect: find %s by key %q: %w", what, key, schemaHint(err))
+		return nil, fmt.Errorf("inspect: find %s by %q: %w", what, key, schemaHint(err))
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return nil, fmt.Errorf("inspect: find %s by key %q: %w", what, key, schemaHint(err))
+		return nil, fmt.Errorf("inspect: find %s by %q: %w", what, key, schemaHint(err))
 	}
 	return ids, nil
 }

@@ -77,6 +77,13 @@ func TestReadStory(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int64{1}, ids)
 
+	ids, err = inspect.DeadIDsByError(ctx, db.Pool, "pois", 0)
+	require.NoError(t, err)
+	require.Equal(t, []int64{1}, ids)
+	ids, err = inspect.DeadIDsByError(ctx, db.Pool, "Poison", 0)
+	require.NoError(t, err)
+	require.Empty(t, ids, "case sensitive")
+
 	row, err := inspect.ReadOutboxRow(ctx, db.Pool, 2)
 	require.NoError(t, err)
 	require.Equal(t, []byte("b"), row.Value)

@@ -62,3 +62,6 @@ WHERE key = $1 OR record_key = convert_to($1, 'UTF8') ORDER BY id LIMIT $2`
 
 // sqlInstanceSleeping reads which relay instances sleep (migration 00060).
 const sqlInstanceSleeping = `SELECT instance, sleeping FROM pgbox_relay_instances`
+
+// sqlDeadIDsByError lists dead letters whose error contains $1, $2 at most.
+const sqlDeadIDsByError = `SELECT id FROM pgbox_consumer_dead WHERE strpos(error, $1) > 0 ORDER BY id LIMIT $2`
