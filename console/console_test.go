@@ -323,3 +323,35 @@ func TestTrustedProxyHeader(t *testing.T) {
 	code, _, _ = b.as("", "").do(t, "GET", "/", nil)
 	require.Equal(t, http.StatusUnauthorized, code)
 }
+
+// Replaying every dead letter a filter selects: confirmed count, bounded.
+func TestDeadReplayMatchingFilter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	deadRow(t, b.db, "orders.v1", "ord-1", "v", 1)
+	deadRow(t, b.db, "orders.v1", "ord-2", "v", 2)
+	deadRow(t, b.db, "refunds.v1", "ref-1", "v", 3)
+	otto := b.as("otto", operatorPass)
+	page := otto.get(t, "/dead/confirm?topic=orders.v1")
+	require.Contains(t, page, `id="confirm-count">2<`)
+	token := csrfRe.FindStringSubmatch(page)[1]
+	code, _, hdr := otto.do(t, "POST", "/dead/replay", url.Values{"csrf": {token}, "topic": {"orders.v1"}, "expect": {"2"}})
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Contains(t, otto.get(t, hdr.Get("Location")), "dead.replay by otto: ok (2 of 2 rows)")
+	require.Equal(t, 2, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_outbox WHERE topic = 'orders.v1'`))
+	require.Equal(t, 0, scalar[int](t, b.db, `SELECT replays FROM pgbox_consumer_dead WHERE topic = 'refunds.v1'`))
+}
+
+// An action whose audit record cannot be written is not taken.
+func TestNoAuditNoAction(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	p := parkRow(t, b.db, "payments.v1", "pay-1", "v", "boom")
+	otto := b.as("otto", operatorPass)
+	token := otto.csrf(t, "/parked/row?id="+fmt.Sprint(p))
+	exec(t, b.db, `DROP TABLE pgbox_console_audit`)
+	code, body, _ := otto.do(t, "POST", "/parked/discard", url.Values{"csrf": {token}, "ids": {fmt.Sprint(p)}, "expect": {"1"}})
+	require.Equal(t, http.StatusInternalServerError, code)
+	require.Contains(t, body, "relay migrate up")
+	require.Equal(t, 1, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_outbox WHERE id = $1`, p), "the row is still there")
+}
