@@ -85,8 +85,10 @@ type Config struct {
 	QueryTimeout time.Duration
 
 	// Prefix is the path the handler is mounted at (for example
-	// "/console"); requests outside it get 404, and the console's links
-	// start with it. Defaults to "": mounted at the root.
+	// "/console", with mux.Handle("/console/", h); not behind
+	// http.StripPrefix: the handler strips it itself); requests outside it
+	// get 404, and the console's links start with it. Defaults to "":
+	// mounted at the root.
 	Prefix string
 
 	// CSRFKey signs the forms' CSRF tokens. Consoles behind one load
