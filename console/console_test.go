@@ -3,8 +3,10 @@ package console_test
 import (
 	"context"
 	"fmt"
+	"html"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -205,6 +207,11 @@ func TestParkedRetryAndDiscardConfirmedBoundedAudited(t *testing.T) {
 	parkRow(t, b.db, "payments.v1", "k3", "v", "MESSAGE_TOO_LARGE")
 	otto := b.as("otto", operatorPass)
 
+	// The list's "retry all matching" link carries the filter.
+	m := regexp.MustCompile(`href="([^"]+)" id="retry-all"`).FindStringSubmatch(otto.get(t, "/parked?error=UNKNOWN&topic=payments.v1"))
+	require.NotNil(t, m)
+	require.Contains(t, otto.get(t, html.UnescapeString(m[1])), `id="confirm-count">2<`)
+
 	// Three rows match: more than the 2 one action may touch.
 	require.Contains(t, otto.get(t, "/parked/confirm?action=retry&topic=payments.v1"), `id="too-many"`)
 	token := otto.csrf(t, "/parked/confirm?action=retry&error=UNKNOWN")
@@ -332,7 +339,9 @@ func TestDeadReplayMatchingFilter(t *testing.T) {
 	deadRow(t, b.db, "orders.v1", "ord-2", "v", 2)
 	deadRow(t, b.db, "refunds.v1", "ref-1", "v", 3)
 	otto := b.as("otto", operatorPass)
-	page := otto.get(t, "/dead/confirm?topic=orders.v1")
+	m := regexp.MustCompile(`href="([^"]+)" id="replay-all"`).FindStringSubmatch(otto.get(t, "/dead?topic=orders.v1"))
+	require.NotNil(t, m)
+	page := otto.get(t, html.UnescapeString(m[1]))
 	require.Contains(t, page, `id="confirm-count">2<`)
 	token := csrfRe.FindStringSubmatch(page)[1]
 	code, _, hdr := otto.do(t, "POST", "/dead/replay", url.Values{"csrf": {token}, "topic": {"orders.v1"}, "expect": {"2"}})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html/template"
 	"net/http"
 	"net/url"
 	"slices"
@@ -70,7 +71,7 @@ func (h *Handler) deadFilter(ctx context.Context, q deadQuery, limit int) (f ins
 
 type deadData struct {
 	Q    deadQuery
-	QS   string
+	QS   template.URL // the filter as a query string
 	Rows []inspect.DeadLetter
 	Max  int
 }
@@ -80,7 +81,7 @@ func (h *Handler) dead(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.ctx(r)
 	defer cancel()
 	q := deadQueryOf(r.URL.Query())
-	d := deadData{Q: q, QS: q.values().Encode(), Max: h.cfg.MaxActionRows}
+	d := deadData{Q: q, QS: template.URL(q.values().Encode()), Max: h.cfg.MaxActionRows}
 	f, none, err := h.deadFilter(ctx, q, listLimit)
 	if err == nil && !none {
 		d.Rows, err = inspect.ListDead(ctx, h.cfg.DB, f)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html/template"
 	"net/http"
 	"net/url"
 	"slices"
@@ -63,7 +64,7 @@ func (h *Handler) parkedFilter(ctx context.Context, q parkedQuery, limit int) (f
 
 type parkedData struct {
 	Q     parkedQuery
-	QS    string
+	QS    template.URL // the filter as a query string
 	Rows  []inspect.ParkedMessage
 	Count int64
 	Max   int
@@ -74,7 +75,7 @@ func (h *Handler) parked(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.ctx(r)
 	defer cancel()
 	q := parkedQueryOf(r.URL.Query())
-	d := parkedData{Q: q, QS: q.values().Encode(), Max: h.cfg.MaxActionRows}
+	d := parkedData{Q: q, QS: template.URL(q.values().Encode()), Max: h.cfg.MaxActionRows}
 	f, none, err := h.parkedFilter(ctx, q, listLimit)
 	if err == nil && !none {
 		if d.Rows, err = inspect.ListParked(ctx, h.cfg.DB, f); err == nil {
