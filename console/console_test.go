@@ -343,6 +343,8 @@ func TestDeadReplayMatchingFilter(t *testing.T) {
 	require.NotNil(t, m)
 	page := otto.get(t, html.UnescapeString(m[1]))
 	require.Contains(t, page, `id="confirm-count">2<`)
+	require.Contains(t, page, `<form method="post" action="/dead/replay">`)
+	require.Contains(t, page, `<input type="hidden" name="topic" value="orders.v1">`)
 	token := csrfRe.FindStringSubmatch(page)[1]
 	code, _, hdr := otto.do(t, "POST", "/dead/replay", url.Values{"csrf": {token}, "topic": {"orders.v1"}, "expect": {"2"}})
 	require.Equal(t, http.StatusSeeOther, code)
@@ -363,4 +365,24 @@ func TestNoAuditNoAction(t *testing.T) {
 	require.Equal(t, http.StatusInternalServerError, code)
 	require.Contains(t, body, "relay migrate up")
 	require.Equal(t, 1, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_outbox WHERE id = $1`, p), "the row is still there")
+}
+
+// Mounted under a prefix, links, forms and redirects keep it.
+func TestPrefix(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *console.Config) { c.Prefix = "/ops/console" })
+	p := parkRow(t, b.db, "payments.v1", "pay-1", "v", "boom")
+	otto := b.as("otto", operatorPass)
+	code, _, _ := otto.do(t, "GET", "/parked", nil)
+	require.Equal(t, http.StatusNotFound, code)
+	page := otto.get(t, "/ops/console/parked/row?id="+fmt.Sprint(p))
+	require.Contains(t, page, `href="/ops/console/static/style.css"`)
+	require.Contains(t, page, `action="/ops/console/parked/discard"`)
+	code, _, hdr := otto.do(t, "POST", "/ops/console/parked/discard",
+		url.Values{"csrf": {csrfRe.FindStringSubmatch(page)[1]}, "ids": {fmt.Sprint(p)}, "expect": {"1"}})
+	require.Equal(t, http.StatusSeeOther, code)
+	require.True(t, strings.HasPrefix(hdr.Get("Location"), "/ops/console/parked?"), hdr.Get("Location"))
+	require.Contains(t, otto.get(t, hdr.Get("Location")), "parked.discard by otto: ok")
+	code, _, _ = otto.do(t, "GET", "/ops/console/static/style.css", nil)
+	require.Equal(t, http.StatusOK, code)
 }
