@@ -12,7 +12,7 @@ BENCHTIME ?= 1x
 
 
 .PHONY: bench-remote
-.PHONY: demo test test-short bench vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios
+.PHONY: demo test test-short bench vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios screenshots
 
 demo: ## run the orders→payments demo on an embedded Kafka broker
 	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) run ./examples/demo $(DEMO_ARGS)
@@ -43,6 +43,13 @@ chaos: ## the large chaos run, report as a table
 # CHAOS_OUTAGE_EVENTS=50000).
 chaos-scenarios: ## environment scenarios (bad deploy, cleanup policies, Kafka outage)
 	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) test -count=1 -run '^TestScenario' -timeout 120m -v ./integration_test/
+
+# The console's browser test (console.TestBrowser, part of `make test`) with
+# PGBOX_SCREENSHOTS set: it saves its pages into docs/console-*.png. Like
+# `make test`, it installs Debian's chromium package when none is found and
+# it runs as root.
+screenshots: ## refresh the console's screenshots in docs/ (headless Chromium)
+	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" PGBOX_SCREENSHOTS=1 $(GO) test -count=1 -run '^TestBrowser$$' ./console/
 
 bench: ## benchmarks, printed as a table against the same run's baselines
 	@url=$$($(DEVDB) url) && set -o pipefail && DATABASE_URL="$$url" \

@@ -24,7 +24,7 @@ const (
 	groupLog           = "Process"
 )
 
-var allGroups = []string{groupDB, groupKafka, groupRelay, groupSchedule, groupCleanup, groupCleanupOnce, groupHTTP, groupStatus, groupOps, groupOpsParked, groupOpsDead, groupMigrate, groupLog}
+var allGroups = []string{groupDB, groupKafka, groupRelay, groupSchedule, groupCleanup, groupCleanupOnce, groupHTTP, groupConsole, groupStatus, groupOps, groupOpsParked, groupOpsDead, groupMigrate, groupLog}
 
 // Defaults of the binary's own settings (the libraries' defaults are reused
 // where a setting passes straight through).
@@ -67,6 +67,8 @@ type options struct {
 
 	HTTPAddr string
 	JSON     bool
+
+	Console consoleOptions
 
 	LogFormat       string
 	LogLevel        string
@@ -142,6 +144,7 @@ func (o *options) bind(s *settings, groups ...string) {
 	if has[groupHTTP] {
 		s.str(&o.HTTPAddr, groupHTTP, "http-addr", "PGBOX_HTTP_ADDR", httpAddrDefault, "listen address of /metrics, /healthz and /readyz (empty: no HTTP server)")
 	}
+	o.Console.bind(s, has)
 	if has[groupStatus] || has[groupOps] {
 		// One --json for status and the operator commands (parked, dead).
 		s.boolean(&o.JSON, groupStatus, "json", "PGBOX_STATUS_JSON", false, "print the status (or the parked/dead command's result) as JSON")
@@ -192,6 +195,9 @@ func (o *options) validate(cmd string) error {
 	}
 	if _, _, err := net.SplitHostPort(o.HTTPAddr); o.HTTPAddr != "" && err != nil {
 		bad("invalid value %q for PGBOX_HTTP_ADDR (--http-addr): must be host:port, :port or empty (no HTTP server)", o.HTTPAddr)
+	}
+	if err := o.Console.validate(); err != nil {
+		bad("%s", trimUsage(err))
 	}
 	if err := o.Relay.validate(); err != nil {
 		bad("%s", trimUsage(err))

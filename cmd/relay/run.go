@@ -57,13 +57,19 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 			return err
 		}
 	}
+	var consoleDone <-chan error
+	if a.opts.Console.Addr != "" {
+		if consoleDone, err = a.serveConsole(runCtx, pool, lk, r, cl); err != nil {
+			return err
+		}
+	}
 	// Each part reports its name on stopped when it returns.
-	stopped, pending := make(chan string, 4), map[string]bool{}
+	stopped, pending := make(chan string, 5), map[string]bool{}
 	start := func(name string, f func()) {
 		pending[name] = true
 		go func() { f(); stopped <- name }()
 	}
-	relayErr, httpErr := make(chan error, 1), make(chan error, 1)
+	relayErr, httpErr := make(chan error, 1), make(chan error, 2)
 	start("relay", func() { relayErr <- r.Run(runCtx) })
 	if cl != nil {
 		start("cleanup", func() { _ = cl.Run(runCtx) }) // a failed pass is logged and counted; the next one retries
@@ -73,6 +79,13 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 		start("http", func() {
 			if err := <-httpDone; err != nil {
 				httpErr <- err
+			}
+		})
+	}
+	if consoleDone != nil {
+		start("console", func() {
+			if err := <-consoleDone; err != nil {
+				httpErr <- fmt.Errorf("console: %w", err)
 			}
 		})
 	}

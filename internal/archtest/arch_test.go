@@ -131,3 +131,20 @@ func TestInspectImportsPgxAndCleanupOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleGoesThroughInspect: the console shows and does everything
+// through inspect (cleanup for the types of its rules and stats, outbox for
+// header types); it links no Kafka client and no Prometheus, and none of the
+// packages that write (relay, inbox) directly.
+func TestConsoleGoesThroughInspect(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, module+"/console").Output()
+	require.NoError(t, err)
+	for _, i := range strings.Fields(string(out)) {
+		if strings.HasPrefix(i, module+"/") {
+			require.Contains(t, []string{module + "/inspect", module + "/cleanup", module + "/outbox"}, i, "console imports %s", i)
+		} else if strings.Contains(i, ".") {
+			require.Contains(t, []string{"github.com/jackc/pgx/v5", "golang.org/x/crypto/bcrypt"}, i, "console imports %s", i)
+		}
+	}
+}

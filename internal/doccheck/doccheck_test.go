@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/console"
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/inspect"
@@ -321,6 +322,9 @@ func TestLibraryDefaults(t *testing.T) {
 		"inspect.ParkedListDefault":           inspect.ParkedListDefault,
 		"inspect.ListLimitDefault":            inspect.ListLimitDefault,
 		"inspect.OpsBatchDefault":             inspect.OpsBatchDefault,
+		"inspect.StoryLimitDefault":           inspect.StoryLimitDefault,
+		"console.MaxActionRowsDefault":        console.MaxActionRowsDefault,
+		"console.QueryTimeoutDefault":         console.QueryTimeoutDefault,
 		"pgboxprom.ScrapeTimeoutDefault":      pgboxprom.ScrapeTimeoutDefault,
 		"pgboxprom.LatencyPollDefault":        pgboxprom.LatencyPollDefault,
 	}

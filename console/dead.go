@@ -1,0 +1,188 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/pgbox/pgbox/inspect"
+)
+
+// deadQuery is the dead-letter page's filter.
+type deadQuery struct {
+	Consumer string
+	Topic    string
+	Key      string
+	Error    string
+	IDs      string
+}
+
+func deadQueryOf(v url.Values) deadQuery {
+	return deadQuery{Consumer: v.Get("consumer"), Topic: v.Get("topic"), Key: v.Get("key"), Error: v.Get("error"), IDs: v.Get("ids")}
+}
+
+func (q deadQuery) String() string {
+	return fmt.Sprintf("consumer=%q topic=%q key=%q error=%q ids=%q", q.Consumer, q.Topic, q.Key, q.Error, q.IDs)
+}
+
+func (q deadQuery) values() url.Values {
+	v := url.Values{}
+	for k, s := range map[string]string{"consumer": q.Consumer, "topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	return v
+}
+
+func (h *Handler) deadFilter(ctx context.Context, q deadQuery, limit int) (f inspect.DeadFilter, none bool, err error) {
+	ids, err := parseIDs(q.IDs)
+	if err != nil {
+		return f, false, err
+	}
+	f = inspect.DeadFilter{Consumer: q.Consumer, Topic: q.Topic, IDs: ids, Limit: limit}
+	for _, by := range []struct {
+		text string
+		find func(context.Context, inspect.Querier, string, int) ([]int64, error)
+	}{{q.Key, inspect.DeadIDsByKey}, {q.Error, inspect.DeadIDsByError}} {
+		if by.text == "" {
+			continue
+		}
+		found, err := by.find(ctx, h.cfg.DB, by.text, h.cfg.MaxActionRows+1)
+		if err != nil {
+			return f, false, err
+		}
+		if f.IDs != nil {
+			found = slices.DeleteFunc(found, func(id int64) bool { return !slices.Contains(f.IDs, id) })
+		}
+		if len(found) == 0 {
+			return f, true, nil
+		}
+		f.IDs = found
+	}
+	return f, false, nil
+}
+
+type deadData struct {
+	Q    deadQuery
+	QS   template.URL // the filter as a query string
+	Rows []inspect.DeadLetter
+	Max  int
+}
+
+func (h *Handler) dead(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	q := deadQueryOf(r.URL.Query())
+	d := deadData{Q: q, QS: template.URL(q.values().Encode()), Max: h.cfg.MaxActionRows}
+	f, none, err := h.deadFilter(ctx, q, listLimit)
+	if err == nil && !none {
+		d.Rows, err = inspect.ListDead(ctx, h.cfg.DB, f)
+	}
+	if err != nil {
+		h.failErr(w, r, err)
+		return
+	}
+	h.render(w, r, "dead", "Dead letters", d, start)
+}
+
+func (h *Handler) deadRow(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	id, ok := parseID(r.URL.Query().Get("id"))
+	if !ok {
+		h.fail(w, r, http.StatusBadRequest, "no dead letter id")
+		return
+	}
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	rec, err := inspect.ReadDeadRecord(ctx, h.cfg.DB, id)
+	if errors.Is(err, inspect.ErrRowNotFound) {
+		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("dead letter %d is gone (pruned)", id))
+		return
+	}
+	if err != nil {
+		h.failErr(w, r, err)
+		return
+	}
+	h.render(w, r, "deadrow", fmt.Sprintf("Dead letter %d", id), rec, start)
+}
+
+func (h *Handler) deadConfirm(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	q := deadQueryOf(r.URL.Query())
+	again := r.URL.Query().Get("again")
+	ids, err := h.deadSelect(ctx, q)
+	if err != nil {
+		h.failErr(w, r, err)
+		return
+	}
+	verb := "replay"
+	if again != "" {
+		verb = "replay again"
+	}
+	d := confirmData{Action: "/dead/replay", Verb: verb, What: "dead letters matching " + q.String(), Count: len(ids), Max: h.cfg.MaxActionRows,
+		Too: len(ids) > h.cfg.MaxActionRows, Fields: map[string]string{"consumer": q.Consumer, "topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs, "again": again}}
+	h.render(w, r, "confirm", "Confirm "+verb, d, start)
+}
+
+func (h *Handler) deadSelect(ctx context.Context, q deadQuery) ([]int64, error) {
+	f, none, err := h.deadFilter(ctx, q, h.cfg.MaxActionRows+1)
+	if err != nil || none {
+		return nil, err
+	}
+	rows, err := inspect.ListDead(ctx, h.cfg.DB, f)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]int64, len(rows))
+	for i, row := range rows {
+		ids[i] = row.ID
+	}
+	return ids, nil
+}
+
+// deadReplay replays the dead letters the form selects (again: those
+// replayed before too), bounded and confirmed as parkedAct.
+func (h *Handler) deadReplay(w http.ResponseWriter, r *http.Request, who Identity, name string) {
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	q := deadQueryOf(r.PostForm)
+	again := r.PostForm.Get("again") != ""
+	if again {
+		name = "dead.replay_again"
+	}
+	back := h.cfg.Prefix + "/dead?" + q.values().Encode()
+	ids, err := h.deadSelect(ctx, q)
+	if err != nil {
+		h.failErr(w, r, err)
+		return
+	}
+	if why := h.bounds(len(ids), r.PostForm.Get("expect")); why != "" {
+		id := h.refused(ctx, who, name, q.String(), why)
+		http.Redirect(w, r, back+"&done="+strconv.FormatInt(id, 10), http.StatusSeeOther)
+		return
+	}
+	a, err := h.startAudit(ctx, who, name, q.String())
+	if err != nil {
+		h.failErr(w, r, err)
+		return
+	}
+	res, err := inspect.ReplayDead(ctx, h.cfg.DB, ids, inspect.ReplayConfig{Again: again})
+	var n int64
+	for _, rp := range res {
+		if !rp.Skipped {
+			n++
+		}
+	}
+	a.finish(ctx, ids, n, err)
+	http.Redirect(w, r, back+"&done="+strconv.FormatInt(a.id, 10), http.StatusSeeOther)
+}

@@ -1,0 +1,37 @@
+// Package console is pgbox's operator console: an http.Handler a service
+// mounts on its own mux (or `relay run --console-addr` serves) that shows
+// what is stuck and fixes it from a browser, safely.
+//
+// Pages: the overview (outbox backlog per topic and lane, relay instances
+// and their lanes, parked and dead-letter counts, each consumer's inbox keys
+// against their cleanup cutoff, and warnings wherever the dedup guarantee is
+// at risk); parked rows and dead letters, filtered by topic, key and error,
+// each with its headers and value (as text, JSON or hex), retried,
+// discarded or replayed one at a time or all matching a filter; cleanup
+// (each topic's rule and the last pass); a key's story (every pgbox row
+// that mentions a topic and key, or an event id); and the audit trail.
+// Everything it reads and does goes through package inspect, the same
+// functions `relay status`, `relay parked` and `relay dead` call.
+//
+// # Security
+//
+// The console can replay payments, so:
+//
+//   - CheckListen refuses an address other than loopback unless Auth
+//     authenticates someone (basic auth with bcrypt-hashed passwords,
+//     bearer tokens, or a header set by a trusted reverse proxy).
+//   - Roles: viewers read, operators act. Without authentication every
+//     request is an anonymous viewer.
+//   - Every action is a POST from the console's own origin
+//     (http.CrossOriginProtection) carrying a CSRF token bound to the
+//     person, checks the operator role, touches at most
+//     Config.MaxActionRows rows (and exactly as many as the operator
+//     confirmed), and is recorded in the table pgbox_console_audit
+//     (migration 00090) before it runs and in the log; the audit page
+//     shows the trail.
+//   - Pages are server-rendered by html/template (payloads are escaped,
+//     never interpreted), with a Content-Security-Policy that allows no
+//     script at all, frame-ancestors 'none', and Cache-Control: no-store.
+//     Config.HidePayloads keeps keys, values and header values off the
+//     pages. No setting is ever rendered, so no secret can be.
+package console

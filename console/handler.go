@@ -1,0 +1,208 @@
+package console
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+)
+
+//go:embed assets
+var assets embed.FS
+
+// Handler is the console: an http.Handler a service mounts on its own mux.
+type Handler struct {
+	cfg   Config
+	auth  *authenticator
+	csrf  csrf
+	mux   *http.ServeMux
+	pages map[string]*template.Template
+	cross *http.CrossOriginProtection
+
+	rateMu   sync.Mutex
+	rateLast rateSample
+}
+
+// New validates cfg and returns the console's handler.
+func New(cfg Config) (*Handler, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	h := &Handler{cfg: cfg, auth: newAuthenticator(cfg.Auth), csrf: newCSRF(cfg.CSRFKey), mux: http.NewServeMux(),
+		pages: map[string]*template.Template{}, cross: http.NewCrossOriginProtection()}
+	h.cross.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.fail(w, r, http.StatusForbidden, "cross-origin request refused")
+	}))
+	for _, p := range []string{"overview", "parked", "parkedrow", "dead", "deadrow", "confirm", "cleanup", "story", "audit", "error"} {
+		t, err := template.New(p).Funcs(h.funcs()).ParseFS(assets, "assets/layout.html", "assets/row.html", "assets/"+p+".html")
+		if err != nil {
+			return nil, err
+		}
+		h.pages[p] = t
+	}
+	static, _ := fs.Sub(assets, "assets/static")
+	h.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	h.routes()
+	return h, nil
+}
+
+func (h *Handler) routes() {
+	h.mux.HandleFunc("GET /{$}", h.overview)
+	h.mux.HandleFunc("GET /parked", h.parked)
+	h.mux.HandleFunc("GET /parked/row", h.parkedRow)
+	h.mux.HandleFunc("GET /parked/confirm", h.parkedConfirm)
+	h.mux.HandleFunc("POST /parked/retry", h.action("parked.retry", h.parkedAct))
+	h.mux.HandleFunc("POST /parked/discard", h.action("parked.discard", h.parkedAct))
+	h.mux.HandleFunc("GET /dead", h.dead)
+	h.mux.HandleFunc("GET /dead/row", h.deadRow)
+	h.mux.HandleFunc("GET /dead/confirm", h.deadConfirm)
+	h.mux.HandleFunc("POST /dead/replay", h.action("dead.replay", h.deadReplay))
+	h.mux.HandleFunc("GET /cleanup", h.cleanupPage)
+	h.mux.HandleFunc("GET /story", h.story)
+	h.mux.HandleFunc("GET /audit", h.auditPage)
+}
+
+// ServeHTTP serves the console. Every response carries the security
+// headers; every request is authenticated first.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hd := w.Header()
+	hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	hd.Set("X-Frame-Options", "DENY")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("Referrer-Policy", "no-referrer")
+	// Pages show payloads, errors and operator data: never cached.
+	hd.Set("Cache-Control", "no-store")
+	path := r.URL.Path
+	if h.cfg.Prefix != "" {
+		if path != h.cfg.Prefix && !strings.HasPrefix(path, h.cfg.Prefix+"/") {
+			http.NotFound(w, r)
+			return
+		}
+		path = strings.TrimPrefix(path, h.cfg.Prefix)
+	}
+	if path == "" {
+		http.Redirect(w, r, h.cfg.Prefix+"/", http.StatusSeeOther)
+		return
+	}
+	id, err := h.auth.identify(r)
+	if err != nil {
+		if len(h.cfg.Auth.Users) > 0 {
+			hd.Set("WWW-Authenticate", `Basic realm="pgbox console", charset="UTF-8"`)
+		}
+		http.Error(w, "authentication required", http.StatusUnauthorized)
+		return
+	}
+	r2 := r.Clone(context.WithValue(r.Context(), identityKey{}, id))
+	r2.URL.Path = path
+	r2.URL.RawPath = ""
+	h.mux.ServeHTTP(w, r2)
+}
+
+// action wraps a POST action: a same-origin request, a valid CSRF token,
+// the operator role; refusals are logged and (role refusals) audited.
+func (h *Handler) action(name string, act func(w http.ResponseWriter, r *http.Request, who Identity, name string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		who, _ := IdentityFrom(r.Context())
+		if err := h.cross.Check(r); err != nil {
+			h.cfg.Logger.WarnContext(r.Context(), "console action refused", "actor", who.Name, "action", name, "reason", err.Error())
+			h.fail(w, r, http.StatusForbidden, "cross-origin request refused")
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+		if err := r.ParseForm(); err != nil {
+			h.fail(w, r, http.StatusBadRequest, "unreadable form: "+err.Error())
+			return
+		}
+		if !h.csrf.valid(who, r.PostForm.Get("csrf")) {
+			h.cfg.Logger.WarnContext(r.Context(), "console action refused", "actor", who.Name, "action", name, "reason", "missing or wrong CSRF token")
+			h.fail(w, r, http.StatusForbidden, "missing or wrong CSRF token: reload the page and try again")
+			return
+		}
+		if !who.Operator() {
+			h.refused(r.Context(), who, name, targetOf(r), "needs the operator role")
+			h.fail(w, r, http.StatusForbidden, "this action needs the operator role ("+who.Name+" is a "+string(who.Role)+")")
+			return
+		}
+		act(w, r, who, name)
+	}
+}
+
+// ctx bounds a page's or an action's database work.
+func (h *Handler) ctx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), h.cfg.QueryTimeout)
+}
+
+// page is what every template gets.
+type page struct {
+	Title  string
+	Nav    string
+	Prefix string
+	Who    Identity
+	CSRF   string
+	// Hide is set when payloads are not to be shown.
+	Hide  bool
+	Flash *AuditRecord
+	Data  any
+	Took  time.Duration
+}
+
+func (h *Handler) render(w http.ResponseWriter, r *http.Request, name, title string, data any, start time.Time) {
+	who, _ := IdentityFrom(r.Context())
+	p := page{Title: title, Nav: name, Prefix: h.cfg.Prefix, Who: who, CSRF: h.csrf.token(who), Hide: h.cfg.HidePayloads, Data: data,
+		Took: time.Since(start).Round(time.Millisecond)}
+	if done := r.URL.Query().Get("done"); done != "" {
+		ctx, cancel := h.ctx(r)
+		defer cancel()
+		if id, ok := parseID(done); ok {
+			p.Flash, _ = readAuditOne(ctx, h.cfg.DB, id)
+		}
+	}
+	var buf bytes.Buffer
+	if err := h.pages[name].ExecuteTemplate(&buf, "layout", p); err != nil {
+		h.cfg.Logger.ErrorContext(r.Context(), "console: render page", "page", name, "err", err)
+		http.Error(w, "cannot render the page", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = w.Write(buf.Bytes())
+}
+
+// fail renders an error page with status.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	who, _ := IdentityFrom(r.Context())
+	var buf bytes.Buffer
+	p := page{Title: http.StatusText(status), Prefix: h.cfg.Prefix, Who: who, Data: msg}
+	if err := h.pages["error"].ExecuteTemplate(&buf, "layout", p); err != nil {
+		http.Error(w, msg, status)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// failErr logs err and shows it (errors name what failed; no secret is in
+// them: the DSN never reaches an inspect error).
+func (h *Handler) failErr(w http.ResponseWriter, r *http.Request, err error) {
+	h.cfg.Logger.ErrorContext(r.Context(), "console: page failed", "path", r.URL.Path, "err", err)
+	h.fail(w, r, http.StatusInternalServerError, err.Error())
+}
+
+// targetOf describes what a refused request asked for: its form without
+// the token.
+func targetOf(r *http.Request) string {
+	v := url.Values{}
+	for k, vs := range r.PostForm {
+		if k != "csrf" {
+			v[k] = vs
+		}
+	}
+	return r.URL.Path + "?" + v.Encode()
+}

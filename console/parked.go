@@ -1,0 +1,214 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/pgbox/pgbox/inspect"
+)
+
+// parkedQuery is the parked page's filter, as in its URL and forms.
+type parkedQuery struct {
+	Topic string
+	Key   string
+	Error string
+	IDs   string
+}
+
+func parkedQueryOf(v url.Values) parkedQuery {
+	return parkedQuery{Topic: v.Get("topic"), Key: v.Get("key"), Error: v.Get("error"), IDs: v.Get("ids")}
+}
+
+func (q parkedQuery) String() string {
+	return fmt.Sprintf("topic=%q key=%q error=%q ids=%q", q.Topic, q.Key, q.Error, q.IDs)
+}
+
+func (q parkedQuery) values() url.Values {
+	v := url.Values{}
+	for k, s := range map[string]string{"topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	return v
+}
+
+// filter turns q into an inspect.ParkedFilter; none is false when the key
+// matches no parked row (the filter would otherwise select every row).
+func (h *Handler) parkedFilter(ctx context.Context, q parkedQuery, limit int) (f inspect.ParkedFilter, none bool, err error) {
+	ids, err := parseIDs(q.IDs)
+	if err != nil {
+		return f, false, err
+	}
+	f = inspect.ParkedFilter{Topic: q.Topic, ErrorContains: q.Error, IDs: ids, Limit: limit}
+	if q.Key == "" {
+		return f, false, nil
+	}
+	byKey, err := inspect.ParkedIDsByKey(ctx, h.cfg.DB, []byte(q.Key), h.cfg.MaxActionRows+1)
+	if err != nil {
+		return f, false, err
+	}
+	if ids != nil {
+		byKey = slices.DeleteFunc(byKey, func(id int64) bool { return !slices.Contains(ids, id) })
+	}
+	f.IDs = byKey
+	return f, len(byKey) == 0, nil
+}
+
+type parkedData struct {
+	Q     parkedQuery
+	QS    template.URL // the filter as a query string
+	Rows  []inspect.ParkedMessage
+	Count int64
+	Max   int
+}
+
+func (h *Handler) parked(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	q := parkedQueryOf(r.URL.Query())
+	d := parkedData{Q: q, QS: template.URL(q.values().Encode()), Max: h.cfg.MaxActionRows}
+	f, none, err := h.parkedFilter(ctx, q, listLimit)
+	if err == nil && !none {
+		if d.Rows, err = inspect.ListParked(ctx, h.cfg.DB, f); err == nil {
+			d.Count, err = inspect.CountParked(ctx, h.cfg.DB, f)
+		}
+	}
+	if err != nil {
+		h.failErr(w, r, err)
+		return
+	}
+	h.render(w, r, "parked", "Parked rows", d, start)
+}
+
+type parkedRowData struct {
+	Row *inspect.OutboxRow
+}
+
+func (h *Handler) parkedRow(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	id, ok := parseID(r.URL.Query().Get("id"))
+	if !ok {
+		h.fail(w, r, http.StatusBadRequest, "no row id")
+		return
+	}
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	row, err := inspect.ReadOutboxRow(ctx, h.cfg.DB, id)
+	if errors.Is(err, inspect.ErrRowNotFound) {
+		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("outbox row %d is gone (published, discarded or pruned)", id))
+		return
+	}
+	if err != nil {
+		h.failErr(w, r, err)
+		return
+	}
+	h.render(w, r, "parkedrow", fmt.Sprintf("Outbox row %d", id), parkedRowData{Row: row}, start)
+}
+
+// confirmData is the confirmation page of an action on many rows.
+type confirmData struct {
+	Action string // path of the POST
+	Verb   string
+	What   string
+	Fields map[string]string
+	Count  int
+	Max    int
+	Too    bool
+}
+
+func (h *Handler) parkedConfirm(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	q := parkedQueryOf(r.URL.Query())
+	verb := r.URL.Query().Get("action")
+	if verb != "retry" && verb != "discard" {
+		h.fail(w, r, http.StatusBadRequest, "action must be retry or discard")
+		return
+	}
+	ids, err := h.parkedSelect(ctx, q)
+	if err != nil {
+		h.failErr(w, r, err)
+		return
+	}
+	d := confirmData{Action: "/parked/" + verb, Verb: verb, What: "parked rows matching " + q.String(), Count: len(ids), Max: h.cfg.MaxActionRows,
+		Too: len(ids) > h.cfg.MaxActionRows, Fields: map[string]string{"topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs}}
+	h.render(w, r, "confirm", "Confirm "+verb, d, start)
+}
+
+// parkedSelect lists the ids q selects, at most MaxActionRows+1 (one more
+// than allowed shows that the filter is too wide).
+func (h *Handler) parkedSelect(ctx context.Context, q parkedQuery) ([]int64, error) {
+	f, none, err := h.parkedFilter(ctx, q, h.cfg.MaxActionRows+1)
+	if err != nil || none {
+		return nil, err
+	}
+	rows, err := inspect.ListParked(ctx, h.cfg.DB, f)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]int64, len(rows))
+	for i, row := range rows {
+		ids[i] = row.ID
+	}
+	return ids, nil
+}
+
+// parkedAct retries or discards the rows the form's filter selects, if
+// they are as many as the operator confirmed (expect) and at most
+// MaxActionRows. It acts on those ids only.
+func (h *Handler) parkedAct(w http.ResponseWriter, r *http.Request, who Identity, name string) {
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	q := parkedQueryOf(r.PostForm)
+	back := h.cfg.Prefix + "/parked?" + q.values().Encode()
+	ids, err := h.parkedSelect(ctx, q)
+	if err != nil {
+		h.failErr(w, r, err)
+		return
+	}
+	if why := h.bounds(len(ids), r.PostForm.Get("expect")); why != "" {
+		id := h.refused(ctx, who, name, q.String(), why)
+		http.Redirect(w, r, back+"&done="+strconv.FormatInt(id, 10), http.StatusSeeOther)
+		return
+	}
+	a, err := h.startAudit(ctx, who, name, q.String())
+	if err != nil {
+		h.failErr(w, r, err)
+		return
+	}
+	var n int64
+	if name == "parked.retry" {
+		n, err = inspect.RetryParked(ctx, h.cfg.DB, inspect.ParkedFilter{IDs: ids})
+	} else {
+		n, err = inspect.DiscardParked(ctx, h.cfg.DB, inspect.ParkedFilter{IDs: ids})
+	}
+	a.finish(ctx, ids, n, err)
+	http.Redirect(w, r, back+"&done="+strconv.FormatInt(a.id, 10), http.StatusSeeOther)
+}
+
+// bounds checks an action's row count against the confirmed count and
+// MaxActionRows; it returns why the action is refused, or "".
+func (h *Handler) bounds(n int, expect string) string {
+	want, err := strconv.Atoi(expect)
+	switch {
+	case err != nil:
+		return "no confirmed row count"
+	case n > h.cfg.MaxActionRows:
+		return fmt.Sprintf("the filter selects more than %d rows (the most one action may touch): narrow it", h.cfg.MaxActionRows)
+	case n == 0:
+		return "the filter selects no rows"
+	case n != want:
+		return fmt.Sprintf("the filter now selects %d rows, not the %d confirmed: confirm again", n, want)
+	}
+	return ""
+}
