@@ -23,8 +23,15 @@ const (
 	BatchSizeDefault = 1
 	// BatchWaitDefault is Options.BatchWait's default.
 	BatchWaitDefault = 10 * time.Millisecond
-	// MaxAttemptsDefault is Options.MaxAttempts's default.
-	MaxAttemptsDefault = 5
+	// MaxAttemptsDefault is Options.MaxAttempts's default. With the default
+	// backoff (RetryBackoffDefault doubling to MaxRetryBackoffDefault) the 24
+	// waits between the first and the last attempt add up to about three
+	// minutes: long enough to ride out a downstream
+	// service's restart or a failover before a healthy message is
+	// dead-lettered. The price: a poison message holds its partition that
+	// long (the partitions of other claims go on). A handler that knows an
+	// error cannot pass returns Permanent(err) and skips the wait.
+	MaxAttemptsDefault = 25
 	// RetryBackoffDefault is Options.RetryBackoff's default.
 	RetryBackoffDefault = 100 * time.Millisecond
 	// MaxRetryBackoffDefault is Options.MaxRetryBackoff's default.
@@ -50,7 +57,8 @@ const (
 )
 
 // Options configures NewHandler. The zero value is
-// usable: one message per transaction, five attempts, dead letters to
+// usable: one message per transaction, 25 attempts over about three minutes,
+// dead letters to
 // "<topic>.dlq", no topic ids.
 type Options struct {
 	// BatchSize is the most messages of one partition processed in one
@@ -71,7 +79,9 @@ type Options struct {
 	// a run inside a batch counts like any other. 1 means no retries.
 	// Database errors (retryable ones, and those that need an operator) are
 	// never the message's fault and do not count. Defaults to
-	// MaxAttemptsDefault (5).
+	// MaxAttemptsDefault (25: about three minutes of retries, enough to ride
+	// out a downstream restart; a poison message holds its partition that
+	// long, unless the handler returns Permanent).
 	MaxAttempts int
 
 	// RetryBackoff is the wait before the second attempt; it doubles per

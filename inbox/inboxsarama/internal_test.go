@@ -61,6 +61,25 @@ func TestBackoff(t *testing.T) {
 	}
 }
 
+// TestDefaultRetryScheduleRidesOutARestart: with the default settings, a
+// message whose handler keeps failing transiently (a downstream service
+// restarting) is retried for minutes, with capped waits, before it is
+// dead-lettered (issue 19: it used to be about 2s).
+func TestDefaultRetryScheduleRidesOutARestart(t *testing.T) {
+	t.Parallel()
+	o := Options{}.withDefaults()
+	h := &Handler{opts: o}
+	var window time.Duration
+	for n := 1; n < o.MaxAttempts; n++ { // a wait after every attempt but the last
+		d := h.backoff(n)
+		require.LessOrEqual(t, d, o.MaxRetryBackoff*6/5, "wait %d is capped", n)
+		window += d
+	}
+	require.GreaterOrEqual(t, window, 2*time.Minute, "retries span at least two minutes")
+	require.LessOrEqual(t, window, 5*time.Minute, "a poison message holds its partition at most minutes")
+	require.LessOrEqual(t, o.MaxRetryBackoff, 30*time.Second, "a recovered downstream is noticed within seconds")
+}
+
 func TestErrorText(t *testing.T) {
 	t.Parallel()
 	long := make([]byte, 5000)
