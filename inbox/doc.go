@@ -85,7 +85,7 @@
 //     compaction, retention deleting records before they were read), so a
 //     gap is reported, not refused.
 //   - Topic deleted and recreated: with Message.TopicID set (the adapter's
-//     Options.Client), a record carrying a different id starts the row over
+//     Config.Client), a record carrying a different id starts the row over
 //     at its offset; without ids the offsets of the new topic compare with
 //     the old one's, and records up to the old watermark would be taken for
 //     duplicates: set topic ids when topics can be recreated.

@@ -197,7 +197,7 @@ func (d *demo) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.handler, err = inboxsarama.NewHandler(d.pool, d.ib, d.charge, inboxsarama.Options{
+	d.handler, err = inboxsarama.NewHandler(d.pool, d.ib, d.charge, inboxsarama.Config{
 		BatchSize: 16, Logger: d.log.With("component", "consumer"),
 	})
 	if err != nil {

@@ -9,7 +9,7 @@
 // For each claimed partition, in order:
 //
 //	BEGIN
-//	  ib.Process(msg, fn)       (or ib.ProcessBatch(msgs, fn) with Options.BatchSize > 1)
+//	  ib.Process(msg, fn)       (or ib.ProcessBatch(msgs, fn) with Config.BatchSize > 1)
 //	  fn: business writes, outbox.Write of the events it produces
 //	COMMIT
 //	session.MarkMessage          (only after the commit)
@@ -43,7 +43,7 @@
 //
 // Any other error of fn is the message's: it counts as an attempt (in
 // pgbox_consumer_attempts, surviving restarts), is retried with backoff up to
-// Options.MaxAttempts runs in all (a run inside a batch included), and is then
+// Config.MaxAttempts runs in all (a run inside a batch included), and is then
 // dead-lettered through the outbox (HeaderDLQ* headers say why). Permanent
 // dead-letters at once.
 //
@@ -53,7 +53,7 @@
 //	h, err := inboxsarama.NewHandler(pool, ib, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 //		// business writes in tx; outbox.Write(ctx, tx, ...) for the events
 //		return nil
-//	}, inboxsarama.Options{BatchSize: 100})
+//	}, inboxsarama.Config{BatchSize: 100})
 //	for ctx.Err() == nil {
 //		if err := group.Consume(ctx, topics, h); errors.Is(err, inbox.ErrNeedsOperator) {
 //			return err // page someone: retrying will not help

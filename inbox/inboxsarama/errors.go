@@ -13,7 +13,7 @@ var ErrPermanent = errors.New("permanent error")
 
 // Permanent marks a handler error as one that retrying cannot fix (a
 // malformed payload, a rule violation): the consumer adapter dead-letters the
-// message at once instead of retrying it up to Options.MaxAttempts.
+// message at once instead of retrying it up to Config.MaxAttempts.
 // Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {

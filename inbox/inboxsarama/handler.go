@@ -16,14 +16,14 @@ import (
 	"github.com/pgbox/pgbox/outbox"
 )
 
-// Defaults of Options.
+// Defaults of Config.
 const (
-	// BatchSizeDefault is Options.BatchSize's default: one message per
+	// BatchSizeDefault is Config.BatchSize's default: one message per
 	// transaction.
 	BatchSizeDefault = 1
-	// BatchWaitDefault is Options.BatchWait's default.
+	// BatchWaitDefault is Config.BatchWait's default.
 	BatchWaitDefault = 10 * time.Millisecond
-	// MaxAttemptsDefault is Options.MaxAttempts's default. With the default
+	// MaxAttemptsDefault is Config.MaxAttempts's default. With the default
 	// backoff (RetryBackoffDefault doubling to MaxRetryBackoffDefault) the 24
 	// waits between the first and the last attempt add up to about three
 	// minutes: long enough to ride out a downstream
@@ -32,35 +32,35 @@ const (
 	// long (the partitions of other claims go on). A handler that knows an
 	// error cannot pass returns Permanent(err) and skips the wait.
 	MaxAttemptsDefault = 25
-	// RetryBackoffDefault is Options.RetryBackoff's default.
+	// RetryBackoffDefault is Config.RetryBackoff's default.
 	RetryBackoffDefault = 100 * time.Millisecond
-	// MaxRetryBackoffDefault is Options.MaxRetryBackoff's default.
+	// MaxRetryBackoffDefault is Config.MaxRetryBackoff's default.
 	MaxRetryBackoffDefault = 10 * time.Second
 	// DeadLetterSuffixDefault is appended to the source topic's name to make
-	// the dead-letter topic when Options.DeadLetterTopic is empty.
+	// the dead-letter topic when Config.DeadLetterTopic is empty.
 	DeadLetterSuffixDefault = ".dlq"
-	// DrainTimeoutDefault is Options.DrainTimeout's default.
+	// DrainTimeoutDefault is Config.DrainTimeout's default.
 	DrainTimeoutDefault = 5 * time.Second
 )
 
-// Sentinels for the Options durations whose zero is a meaningful value (a
+// Sentinels for the Config durations whose zero is a meaningful value (a
 // zero field means the default).
 const (
-	// NoBatchWait asks Options.BatchWait for no wait: a batch is what is
+	// NoBatchWait asks Config.BatchWait for no wait: a batch is what is
 	// already buffered.
 	NoBatchWait time.Duration = -1
-	// NoRetryBackoff asks Options.RetryBackoff for no wait between retries.
+	// NoRetryBackoff asks Config.RetryBackoff for no wait between retries.
 	NoRetryBackoff time.Duration = -1
-	// NoDrainTimeout asks Options.DrainTimeout for none: a transaction in
+	// NoDrainTimeout asks Config.DrainTimeout for none: a transaction in
 	// flight when its session ends is rolled back at once.
 	NoDrainTimeout time.Duration = -1
 )
 
-// Options configures NewHandler. The zero value is
+// Config configures NewHandler. The zero value is
 // usable: one message per transaction, 25 attempts over about three minutes,
 // dead letters to
 // "<topic>.dlq", no topic ids.
-type Options struct {
+type Config struct {
 	// BatchSize is the most messages of one partition processed in one
 	// transaction. Above 1, messages go through ProcessBatch (one round trip
 	// for all their keys); a batch whose handler fails is retried message by
@@ -130,7 +130,7 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-func (o Options) withDefaults() Options {
+func (o Config) withDefaults() Config {
 	if o.BatchSize == 0 {
 		o.BatchSize = BatchSizeDefault
 	}
@@ -160,24 +160,24 @@ func durationOr(d, def time.Duration) time.Duration {
 	return d
 }
 
-func (o Options) validate() error {
+func (o Config) validate() error {
 	switch {
 	case o.BatchSize < 0:
-		return fmt.Errorf("inboxsarama: Options.BatchSize is negative (%d): use 1 for a transaction per message, or more to batch", o.BatchSize)
+		return fmt.Errorf("inboxsarama: Config.BatchSize is negative (%d): use 1 for a transaction per message, or more to batch", o.BatchSize)
 	case o.BatchWait < -1:
-		return fmt.Errorf("inboxsarama: Options.BatchWait is negative (%v): use NoBatchWait for no wait, 0 for the default", o.BatchWait)
+		return fmt.Errorf("inboxsarama: Config.BatchWait is negative (%v): use NoBatchWait for no wait, 0 for the default", o.BatchWait)
 	case o.MaxAttempts < 0:
-		return fmt.Errorf("inboxsarama: Options.MaxAttempts is negative (%d): use 1 to dead-letter on the first failure (no retries), 0 for the default", o.MaxAttempts)
+		return fmt.Errorf("inboxsarama: Config.MaxAttempts is negative (%d): use 1 to dead-letter on the first failure (no retries), 0 for the default", o.MaxAttempts)
 	case o.RetryBackoff < -1:
-		return fmt.Errorf("inboxsarama: Options.RetryBackoff is negative (%v): use NoRetryBackoff for no wait, 0 for the default", o.RetryBackoff)
+		return fmt.Errorf("inboxsarama: Config.RetryBackoff is negative (%v): use NoRetryBackoff for no wait, 0 for the default", o.RetryBackoff)
 	case o.MaxRetryBackoff < 0:
-		return fmt.Errorf("inboxsarama: Options.MaxRetryBackoff is negative (%v): use NoRetryBackoff for no wait at all, 0 for the default", o.MaxRetryBackoff)
+		return fmt.Errorf("inboxsarama: Config.MaxRetryBackoff is negative (%v): use NoRetryBackoff for no wait at all, 0 for the default", o.MaxRetryBackoff)
 	case o.DrainTimeout < -1:
-		return fmt.Errorf("inboxsarama: Options.DrainTimeout is negative (%v): use NoDrainTimeout to roll back at once, 0 for the default", o.DrainTimeout)
+		return fmt.Errorf("inboxsarama: Config.DrainTimeout is negative (%v): use NoDrainTimeout to roll back at once, 0 for the default", o.DrainTimeout)
 	}
 	if o.DeadLetterTopic != "" {
 		if err := outbox.ValidateTopic(o.DeadLetterTopic); err != nil {
-			return fmt.Errorf("inboxsarama: Options.DeadLetterTopic %q: %w", o.DeadLetterTopic, err)
+			return fmt.Errorf("inboxsarama: Config.DeadLetterTopic %q: %w", o.DeadLetterTopic, err)
 		}
 	}
 	return nil
@@ -205,7 +205,7 @@ type Handler struct {
 	pool *pgxpool.Pool
 	ib   *inbox.Inbox
 	fn   inbox.HandlerFunc
-	opts Options
+	opts Config
 	log  *slog.Logger
 
 	// afterCommit, when set (by tests), runs after a transaction committed
@@ -260,7 +260,7 @@ var _ sarama.ConsumerGroupHandler = (*Handler)(nil)
 //     deadline (or statement_timeout) is its fault, and counts.
 //
 // A panic in fn is recovered and counts as a failed attempt.
-func NewHandler(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts Options) (*Handler, error) {
+func NewHandler(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts Config) (*Handler, error) {
 	if pool == nil {
 		return nil, errors.New("inboxsarama: NewHandler: nil pool (pass the *pgxpool.Pool of the service's database)")
 	}

@@ -54,7 +54,7 @@ func TestClassify(t *testing.T) {
 
 func TestBackoff(t *testing.T) {
 	t.Parallel()
-	h := &Handler{opts: Options{RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second}}
+	h := &Handler{opts: Config{RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second}}
 	for n, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 50: time.Second} {
 		got := h.backoff(n)
 		require.InDelta(t, float64(want), float64(got), float64(want)*0.2+1, "retry %d", n)
@@ -67,7 +67,7 @@ func TestBackoff(t *testing.T) {
 // dead-lettered (issue 19: it used to be about 2s).
 func TestDefaultRetryScheduleRidesOutARestart(t *testing.T) {
 	t.Parallel()
-	o := Options{}.withDefaults()
+	o := Config{}.withDefaults()
 	h := &Handler{opts: o}
 	var window time.Duration
 	for n := 1; n < o.MaxAttempts; n++ { // a wait after every attempt but the last

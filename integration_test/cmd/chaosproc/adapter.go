@@ -15,7 +15,7 @@ import (
 
 // newAdapter returns the consumer-group handler: BEGIN; inbox dedup; fn; COMMIT; mark.
 func newAdapter(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, batch int, log *slog.Logger) (sarama.ConsumerGroupHandler, func() string, error) {
-	h, err := inboxsarama.NewHandler(pool, ib, fn, inboxsarama.Options{BatchSize: batch, Logger: log})
+	h, err := inboxsarama.NewHandler(pool, ib, fn, inboxsarama.Config{BatchSize: batch, Logger: log})
 	if err != nil {
 		return nil, nil, err
 	}
