@@ -2,7 +2,9 @@
 // handler: the loop a service would otherwise write around inbox.Process,
 // with offsets, batches, retries, dead letters and topic ids. Package inbox
 // itself links no Kafka client; this package is where sarama comes in, the
-// way a River driver sits beside River's core.
+// way a River driver sits beside River's core. The loop itself (batches,
+// attempts, retries, dead letters, the error classifier, marking after the
+// commit) is inbox/internal/consume, shared with the franz-go adapter.
 //
 // # The loop
 //

@@ -1,4 +1,4 @@
-package inboxsarama
+package consume
 
 import (
 	"context"
@@ -24,7 +24,7 @@ func TestClassify(t *testing.T) {
 		want      errKind
 	}{
 		{"handler error", fmt.Errorf("handler: %w", plain), plain, errHandler},
-		{"permanent handler error", Permanent(plain), Permanent(plain), errPermanent},
+		{"permanent handler error", inbox.Permanent(plain), inbox.Permanent(plain), errPermanent},
 		{"deadlock in handler", pg("40P01"), pg("40P01"), errRetry},
 		{"serialization failure in handler", pg("40001"), pg("40001"), errRetry},
 		{"handler deadline", context.DeadlineExceeded, context.DeadlineExceeded, errHandler},
@@ -54,7 +54,7 @@ func TestClassify(t *testing.T) {
 
 func TestBackoff(t *testing.T) {
 	t.Parallel()
-	h := &Handler{opts: Config{RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second}}
+	h := &Loop{cfg: Config{RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second}}
 	for n, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 50: time.Second} {
 		got := h.backoff(n)
 		require.InDelta(t, float64(want), float64(got), float64(want)*0.2+1, "retry %d", n)
@@ -67,8 +67,8 @@ func TestBackoff(t *testing.T) {
 // dead-lettered (issue 19: it used to be about 2s).
 func TestDefaultRetryScheduleRidesOutARestart(t *testing.T) {
 	t.Parallel()
-	o := Config{}.withDefaults()
-	h := &Handler{opts: o}
+	o := Config{}.WithDefaults()
+	h := &Loop{cfg: o}
 	var window time.Duration
 	for n := 1; n < o.MaxAttempts; n++ { // a wait after every attempt but the last
 		d := h.backoff(n)
