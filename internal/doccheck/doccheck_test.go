@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxfranz"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/migrations"
@@ -305,6 +306,14 @@ func TestLibraryDefaults(t *testing.T) {
 		"inboxsarama.MaxRetryBackoffDefault":  inboxsarama.MaxRetryBackoffDefault,
 		"inboxsarama.DeadLetterSuffixDefault": inboxsarama.DeadLetterSuffixDefault,
 		"inboxsarama.DrainTimeoutDefault":     inboxsarama.DrainTimeoutDefault,
+		"inboxfranz.BatchSizeDefault":         inboxfranz.BatchSizeDefault,
+		"inboxfranz.BatchWaitDefault":         inboxfranz.BatchWaitDefault,
+		"inboxfranz.MaxAttemptsDefault":       inboxfranz.MaxAttemptsDefault,
+		"inboxfranz.RetryBackoffDefault":      inboxfranz.RetryBackoffDefault,
+		"inboxfranz.MaxRetryBackoffDefault":   inboxfranz.MaxRetryBackoffDefault,
+		"inboxfranz.DeadLetterSuffixDefault":  inboxfranz.DeadLetterSuffixDefault,
+		"inboxfranz.DrainTimeoutDefault":      inboxfranz.DrainTimeoutDefault,
+		"inboxfranz.CommitIntervalDefault":    inboxfranz.CommitIntervalDefault,
 		"cleanup.BufferDefault":               cleanup.BufferDefault,
 		"cleanup.BatchSizeDefault":            cleanup.BatchSizeDefault,
 		"cleanup.PauseDefault":                cleanup.PauseDefault,
