@@ -142,10 +142,15 @@ func saramaConfig() *sarama.Config {
 	return cfg
 }
 
-// franzOpts are the kgo options of a test member with short group timings.
+// franzOpts are the kgo options of a test member of the adapter.
 func franzOpts(addrs []string, group, topic string, balancer kgo.GroupBalancer) []kgo.Opt {
+	return append(franzGroupOpts(addrs, group, topic, balancer), kgo.DisableAutoCommit())
+}
+
+// franzGroupOpts are the kgo options of a group member with short timings.
+func franzGroupOpts(addrs []string, group, topic string, balancer kgo.GroupBalancer) []kgo.Opt {
 	return []kgo.Opt{
-		kgo.SeedBrokers(addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic), kgo.DisableAutoCommit(),
+		kgo.SeedBrokers(addrs...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
 		kgo.Balancers(balancer), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.SessionTimeout(2 * time.Second), kgo.HeartbeatInterval(200 * time.Millisecond),
 		kgo.RebalanceTimeout(5 * time.Second), kgo.FetchMaxWait(50 * time.Millisecond),
@@ -218,7 +223,7 @@ type bundle struct {
 	topic string
 }
 
-func setup(t *testing.T, partitions int32) *bundle {
+func setup(t testing.TB, partitions int32) *bundle {
 	t.Helper()
 	db := testdb.New(t)
 	_, err := db.Pool.Exec(context.Background(), `CREATE TABLE effects (
