@@ -91,7 +91,7 @@
 //     compaction, retention deleting records before they were read), so a
 //     gap is reported, not refused.
 //   - Topic deleted and recreated: with Message.TopicID set (the adapter's
-//     Options.Client), a record carrying a different id starts the row over
+//     Config.Client), a record carrying a different id starts the row over
 //     at its offset; without ids the offsets of the new topic compare with
 //     the old one's, and records up to the old watermark would be taken for
 //     duplicates: set topic ids when topics can be recreated.
@@ -133,7 +133,10 @@
 //
 // The package links no Kafka client: Message is a plain struct, so a service
 // on sarama, franz-go or confluent-kafka-go, or one calling Process from an
-// HTTP handler, uses it the same way. For a ready-made sarama consumer-group
-// handler that runs this loop (offsets, batches, retries, dead letters, topic
-// ids), see package inbox/inboxsarama.
+// HTTP handler, uses it the same way. For a ready-made consumer that runs
+// this loop (offsets, batches, retries, dead letters, topic ids), see package
+// inbox/inboxsarama (a sarama consumer-group handler) or inbox/inboxfranz (a
+// franz-go group consumer); they share one loop. Permanent and
+// ConsumerStats are theirs, kept here so a handler and a metrics exporter
+// work with either.
 package inbox

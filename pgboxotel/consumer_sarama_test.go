@@ -21,7 +21,7 @@ func consume(t *testing.T, pool *pgxpool.Pool, addrs []string, group string, top
 	t.Helper()
 	ib, err := inbox.New(inbox.Config{Consumer: group, Key: inbox.ByHeader("pgbox-event-id")})
 	require.NoError(t, err)
-	h, err := inboxsarama.NewHandler(pool, ib, fn, inboxsarama.Options{})
+	h, err := inboxsarama.NewHandler(pool, ib, fn, inboxsarama.Config{})
 	require.NoError(t, err)
 
 	cfg := kafkatest.Config()

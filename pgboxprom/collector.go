@@ -24,7 +24,6 @@ import (
 
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inbox"
-	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -48,8 +47,9 @@ type Config struct {
 	Cleaner *cleanup.Cleaner
 	// Inbox is an in-process inbox whose counters are exported. Defaults to nil.
 	Inbox *inbox.Inbox
-	// Consumer is the sarama consumer adapter. Defaults to nil.
-	Consumer *inboxsarama.Handler
+	// Consumer is a consumer adapter (an *inboxsarama.Handler or an
+	// *inboxfranz.Consumer). Defaults to nil.
+	Consumer Consumer
 
 	// DB is read at every scrape through inspect.Read (a *pgxpool.Pool).
 	// Defaults to nil: no database metrics.

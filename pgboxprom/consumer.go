@@ -1,6 +1,17 @@
 package pgboxprom
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgbox/pgbox/inbox"
+)
+
+// Consumer is what the collector reads of a consumer adapter, whichever
+// Kafka client it drives: *inboxsarama.Handler and *inboxfranz.Consumer are
+// both one, so the collector links neither client.
+type Consumer interface {
+	Stats() inbox.ConsumerStats
+}
 
 // collectConsumer exports the consumer adapter's counters.
 func (c *Collector) collectConsumer(ch chan<- prometheus.Metric) {

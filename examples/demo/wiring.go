@@ -18,8 +18,8 @@ import (
 // and its group loop, the relay's producer, cleanup's admin client.
 
 // consumerSettings are the consumer adapter's settings.
-func consumerSettings(log *slog.Logger) inboxsarama.Options {
-	return inboxsarama.Options{BatchSize: 16, Logger: log.With("component", "consumer")}
+func consumerSettings(log *slog.Logger) inboxsarama.Config {
+	return inboxsarama.Config{BatchSize: 16, Logger: log.With("component", "consumer")}
 }
 
 // consume runs one member of the service's consumer group until ctx ends.

@@ -46,7 +46,7 @@ func TestConsumerChildProcess(t *testing.T) {
 	require.NoError(t, err)
 	defer client.Close()
 	ib := newTestInbox(t, group, inbox.ByOffset())
-	h := mustHandler(t, pool, ib, effect, inboxsarama.Options{Client: client, CommitOffsets: true})
+	h := mustHandler(t, pool, ib, effect, inboxsarama.Config{Client: client, CommitOffsets: true})
 	var mu sync.Mutex
 	inboxsarama.SetAfterCommitForTest(h, func(ms []inbox.Message) {
 		mu.Lock()

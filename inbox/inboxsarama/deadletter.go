@@ -1,131 +1,17 @@
 package inboxsarama
 
-import (
-	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"strconv"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/pgbox/pgbox/inbox"
-	"github.com/pgbox/pgbox/outbox"
-)
+import "github.com/pgbox/pgbox/inbox/internal/consume"
 
 // Headers added to a dead-letter record, after the original record's own.
+// Both consumer adapters write the same ones.
 const (
-	HeaderDLQError          = "pgbox.dlq.error"           // the last error's text (at most 4 KiB)
-	HeaderDLQAttempts       = "pgbox.dlq.attempts"        // attempts made, decimal
-	HeaderDLQSourceTopic    = "pgbox.dlq.source-topic"    // the topic consumed
-	HeaderDLQSourceTopicID  = "pgbox.dlq.source-topic-id" // its id, when known
-	HeaderDLQSourcePart     = "pgbox.dlq.source-partition"
-	HeaderDLQSourceOffset   = "pgbox.dlq.source-offset"
-	HeaderDLQConsumer       = "pgbox.dlq.consumer" // inbox.Inbox.Consumer()
-	HeaderDLQKey            = "pgbox.dlq.key"      // the inbox key, when the record had one
-	HeaderDLQContentDropped = "pgbox.dlq.dropped"  // why the value and original headers were left out
+	HeaderDLQError          = consume.HeaderDLQError          // the last error's text (at most 4 KiB)
+	HeaderDLQAttempts       = consume.HeaderDLQAttempts       // attempts made, decimal
+	HeaderDLQSourceTopic    = consume.HeaderDLQSourceTopic    // the topic consumed
+	HeaderDLQSourceTopicID  = consume.HeaderDLQSourceTopicID  // its id, when known
+	HeaderDLQSourcePart     = consume.HeaderDLQSourcePart     // its partition, decimal
+	HeaderDLQSourceOffset   = consume.HeaderDLQSourceOffset   // its offset, decimal
+	HeaderDLQConsumer       = consume.HeaderDLQConsumer       // inbox.Inbox.Consumer()
+	HeaderDLQKey            = consume.HeaderDLQKey            // the inbox key, when the record had one
+	HeaderDLQContentDropped = consume.HeaderDLQContentDropped // why the value and original headers were left out
 )
-
-// writeDeadLetter is the dead-letter transaction's work: record m's key in
-// the inbox (so a redelivery is a duplicate), record it in
-// pgbox_consumer_dead, and write the dead-letter record to the outbox. dup is
-// true when the key turned out to be processed meanwhile (nothing written);
-// written is false when this record was dead-lettered before.
-func (c *claimRun) writeDeadLetter(tx pgx.Tx, m inbox.Message, cause error, attempts int) (dup, written bool, dlq string, err error) {
-	ctx := c.work
-	dlq = c.h.deadLetterTopic(m.Topic)
-	consumer := c.h.ib.Consumer()
-
-	// A savepoint of our own: whatever Process does on failure, the
-	// transaction stays usable for the dead-letter row.
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return false, false, dlq, fmt.Errorf("savepoint: %w", err)
-	}
-	var key *string
-	res, perr := c.h.ib.Process(ctx, sp, m, func(context.Context, pgx.Tx, inbox.Message) error { return nil })
-	switch {
-	case perr == nil:
-		if err := sp.Commit(ctx); err != nil {
-			return false, false, dlq, fmt.Errorf("release savepoint: %w", err)
-		}
-		if res.Duplicate {
-			// Another delivery of the key committed meanwhile: its effects
-			// exist, there is nothing to dead-letter.
-			if _, err := tx.Exec(ctx, sqlDeleteAttempts, consumer, m.Topic, m.TopicID, m.Partition, m.Offset); err != nil {
-				return false, false, dlq, fmt.Errorf("delete from pgbox_consumer_attempts: %w", err)
-			}
-			return true, false, dlq, nil
-		}
-		key = &res.Key
-	case errors.Is(perr, inbox.ErrInvalidMessage), errors.Is(perr, inbox.ErrFingerprintMismatch):
-		// No key to record (or it belongs to a different payload): the
-		// pgbox_consumer_dead row alone makes this idempotent.
-		if err := sp.Rollback(ctx); err != nil {
-			return false, false, dlq, fmt.Errorf("roll back savepoint: %w", err)
-		}
-	default:
-		return false, false, dlq, perr
-	}
-
-	var headers *string
-	if len(m.Headers) > 0 {
-		b, err := json.Marshal(m.Headers) // outbox.Header's storage format
-		if err != nil {
-			return false, false, dlq, fmt.Errorf("encode headers of %s: %w", m, err)
-		}
-		s := string(b)
-		headers = &s
-	}
-	tag, err := tx.Exec(ctx, sqlInsertDead, consumer, m.Topic, m.TopicID, m.Partition, m.Offset, key, attempts, errorText(cause), dlq,
-		m.Key, m.Value, headers)
-	if err != nil {
-		return false, false, dlq, fmt.Errorf("insert into pgbox_consumer_dead: %w", err)
-	}
-	if tag.RowsAffected() == 1 {
-		rec := deadLetterRecord(m, consumer, key, cause, attempts, dlq)
-		err := outbox.Write(ctx, tx, rec)
-		if errors.Is(err, outbox.ErrInvalidMessage) {
-			// Too large with the diagnostics added (or otherwise refused):
-			// send the diagnostics without the payload rather than stall.
-			// The payload stays in Kafka at the source offset.
-			rec.Value = nil
-			rec.Headers = append(dlqHeaders(m, consumer, key, cause, attempts),
-				outbox.Header{Key: HeaderDLQContentDropped, Value: []byte(errorText(err))})
-			err = outbox.Write(ctx, tx, rec)
-		}
-		if err != nil {
-			return false, false, dlq, fmt.Errorf("write dead letter to outbox topic %s: %w", dlq, err)
-		}
-		written = true
-	}
-	if _, err := tx.Exec(ctx, sqlDeleteAttempts, consumer, m.Topic, m.TopicID, m.Partition, m.Offset); err != nil {
-		return false, false, dlq, fmt.Errorf("delete from pgbox_consumer_attempts: %w", err)
-	}
-	return false, written, dlq, nil
-}
-
-func deadLetterRecord(m inbox.Message, consumer string, key *string, cause error, attempts int, dlq string) outbox.Message {
-	hs := make([]outbox.Header, 0, len(m.Headers)+9)
-	hs = append(hs, m.Headers...)
-	hs = append(hs, dlqHeaders(m, consumer, key, cause, attempts)...)
-	return outbox.Message{Topic: dlq, Key: m.Key, Value: m.Value, Headers: hs}
-}
-
-func dlqHeaders(m inbox.Message, consumer string, key *string, cause error, attempts int) []outbox.Header {
-	hs := []outbox.Header{
-		{Key: HeaderDLQError, Value: []byte(errorText(cause))},
-		{Key: HeaderDLQAttempts, Value: []byte(strconv.Itoa(attempts))},
-		{Key: HeaderDLQSourceTopic, Value: []byte(m.Topic)},
-		{Key: HeaderDLQSourcePart, Value: []byte(strconv.FormatInt(int64(m.Partition), 10))},
-		{Key: HeaderDLQSourceOffset, Value: []byte(strconv.FormatInt(m.Offset, 10))},
-		{Key: HeaderDLQConsumer, Value: []byte(consumer)},
-	}
-	if m.TopicID != "" {
-		hs = append(hs, outbox.Header{Key: HeaderDLQSourceTopicID, Value: []byte(m.TopicID)})
-	}
-	if key != nil {
-		hs = append(hs, outbox.Header{Key: HeaderDLQKey, Value: []byte(*key)})
-	}
-	return hs
-}

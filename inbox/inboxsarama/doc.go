@@ -2,14 +2,16 @@
 // handler: the loop a service would otherwise write around inbox.Process,
 // with offsets, batches, retries, dead letters and topic ids. Package inbox
 // itself links no Kafka client; this package is where sarama comes in, the
-// way a River driver sits beside River's core.
+// way a River driver sits beside River's core. The loop itself (batches,
+// attempts, retries, dead letters, the error classifier, marking after the
+// commit) is inbox/internal/consume, shared with the franz-go adapter.
 //
 // # The loop
 //
 // For each claimed partition, in order:
 //
 //	BEGIN
-//	  ib.Process(msg, fn)       (or ib.ProcessBatch(msgs, fn) with Options.BatchSize > 1)
+//	  ib.Process(msg, fn)       (or ib.ProcessBatch(msgs, fn) with Config.BatchSize > 1)
 //	  fn: business writes, outbox.Write of the events it produces
 //	COMMIT
 //	session.MarkMessage          (only after the commit)
@@ -43,7 +45,7 @@
 //
 // Any other error of fn is the message's: it counts as an attempt (in
 // pgbox_consumer_attempts, surviving restarts), is retried with backoff up to
-// Options.MaxAttempts runs in all (a run inside a batch included), and is then
+// Config.MaxAttempts runs in all (a run inside a batch included), and is then
 // dead-lettered through the outbox (HeaderDLQ* headers say why). Permanent
 // dead-letters at once.
 //
@@ -53,7 +55,7 @@
 //	h, err := inboxsarama.NewHandler(pool, ib, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 //		// business writes in tx; outbox.Write(ctx, tx, ...) for the events
 //		return nil
-//	}, inboxsarama.Options{BatchSize: 100})
+//	}, inboxsarama.Config{BatchSize: 100})
 //	for ctx.Err() == nil {
 //		if err := group.Consume(ctx, topics, h); errors.Is(err, inbox.ErrNeedsOperator) {
 //			return err // page someone: retrying will not help

@@ -29,7 +29,7 @@ func TestConsumerSessionEndFinishesInFlight(t *testing.T) {
 		return effect(ctx, tx, m)
 	}
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Options{DrainTimeout: 30 * time.Second})
+	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{DrainTimeout: 30 * time.Second})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 	<-started
 	m.cancel() // the session ends while offset 2's transaction is open
@@ -40,7 +40,7 @@ func TestConsumerSessionEndFinishesInFlight(t *testing.T) {
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`), "offsets 0-2 committed, nothing started after")
 	require.EqualValues(t, 3, b.committedOffset(t, "svc", b.topic, 0), "offset 2 marked after its commit")
 
-	h2 := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{})
+	h2 := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{})
 	m2 := startMember(t, b.addrs, "svc", []string{b.topic}, h2)
 	testutil.Eventually(t, 30*time.Second, "the rest", func() bool { n, _ := b.effects(t); return n == 5 })
 	m2.stop()
@@ -66,7 +66,7 @@ func TestConsumerSessionEndRollsBackAfterDrainTimeout(t *testing.T) {
 		return nil
 	}
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Options{DrainTimeout: 100 * time.Millisecond})
+	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{DrainTimeout: 100 * time.Millisecond})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 	<-started
 	m.stop()
@@ -75,7 +75,7 @@ func TestConsumerSessionEndRollsBackAfterDrainTimeout(t *testing.T) {
 	require.EqualValues(t, 2, b.committedOffset(t, "svc", b.topic, 0), "offset 2 not marked")
 	require.Zero(t, h.Stats().Failures, "a cancelled attempt is not a failure")
 
-	h2 := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{})
+	h2 := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{})
 	m2 := startMember(t, b.addrs, "svc", []string{b.topic}, h2)
 	testutil.Eventually(t, 30*time.Second, "the rest", func() bool { n, _ := b.effects(t); return n == 5 })
 	m2.stop()

@@ -87,7 +87,7 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 			return effect(ctx, tx, m)
 		}
 	}
-	opts := inboxsarama.Options{MaxAttempts: 3, RetryBackoff: 20 * time.Millisecond, DrainTimeout: 50 * time.Millisecond}
+	opts := inboxsarama.Config{MaxAttempts: 3, RetryBackoff: 20 * time.Millisecond, DrainTimeout: 50 * time.Millisecond}
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
 	h1 := mustHandler(t, b.db.Pool, ib, failing(1), opts)
@@ -190,7 +190,7 @@ func TestConsumerPermanentErrorInBatch(t *testing.T) {
 		return effect(ctx, tx, m)
 	}
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Options{
+	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{
 		BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 5, DeadLetterTopic: "svc.dead",
 	})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
@@ -232,7 +232,7 @@ func TestConsumerMaxAttemptsInBatch(t *testing.T) {
 		}
 		return effect(ctx, tx, m)
 	}
-	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), fn, inboxsarama.Options{
+	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), fn, inboxsarama.Config{
 		BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond,
 		DeadLetterTopic: "svc.dead",
 	})
@@ -263,7 +263,7 @@ func TestConsumerInvalidMessageDeadLettered(t *testing.T) {
 	b.produceEvents(t, msgs[1])
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{})
+	h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 	testutil.Eventually(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
 	m.stop()

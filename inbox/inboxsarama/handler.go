@@ -1,58 +1,63 @@
 package inboxsarama
 
 import (
-	"errors"
-	"fmt"
+	"context"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/inbox"
-	"github.com/pgbox/pgbox/internal/backoff"
-	"github.com/pgbox/pgbox/outbox"
+	"github.com/pgbox/pgbox/inbox/internal/consume"
 )
 
-// Defaults of Options.
+// Defaults of Config.
 const (
-	// BatchSizeDefault is Options.BatchSize's default: one message per
+	// BatchSizeDefault is Config.BatchSize's default: one message per
 	// transaction.
-	BatchSizeDefault = 1
-	// BatchWaitDefault is Options.BatchWait's default.
-	BatchWaitDefault = 10 * time.Millisecond
-	// MaxAttemptsDefault is Options.MaxAttempts's default.
-	MaxAttemptsDefault = 5
-	// RetryBackoffDefault is Options.RetryBackoff's default.
-	RetryBackoffDefault = 100 * time.Millisecond
-	// MaxRetryBackoffDefault is Options.MaxRetryBackoff's default.
-	MaxRetryBackoffDefault = 10 * time.Second
+	BatchSizeDefault = consume.BatchSizeDefault
+	// BatchWaitDefault is Config.BatchWait's default.
+	BatchWaitDefault = consume.BatchWaitDefault
+	// MaxAttemptsDefault is Config.MaxAttempts's default. With the default
+	// backoff (RetryBackoffDefault doubling to MaxRetryBackoffDefault) the 24
+	// waits between the first and the last attempt add up to about three
+	// minutes: long enough to ride out a downstream
+	// service's restart or a failover before a healthy message is
+	// dead-lettered. The price: a poison message holds its partition that
+	// long (the partitions of other claims go on). A handler that knows an
+	// error cannot pass returns Permanent(err) and skips the wait.
+	MaxAttemptsDefault = consume.MaxAttemptsDefault
+	// RetryBackoffDefault is Config.RetryBackoff's default.
+	RetryBackoffDefault = consume.RetryBackoffDefault
+	// MaxRetryBackoffDefault is Config.MaxRetryBackoff's default.
+	MaxRetryBackoffDefault = consume.MaxRetryBackoffDefault
 	// DeadLetterSuffixDefault is appended to the source topic's name to make
-	// the dead-letter topic when Options.DeadLetterTopic is empty.
-	DeadLetterSuffixDefault = ".dlq"
-	// DrainTimeoutDefault is Options.DrainTimeout's default.
-	DrainTimeoutDefault = 5 * time.Second
+	// the dead-letter topic when Config.DeadLetterTopic is empty.
+	DeadLetterSuffixDefault = consume.DeadLetterSuffixDefault
+	// DrainTimeoutDefault is Config.DrainTimeout's default.
+	DrainTimeoutDefault = consume.DrainTimeoutDefault
 )
 
-// Sentinels for the Options durations whose zero is a meaningful value (a
+// Sentinels for the Config durations whose zero is a meaningful value (a
 // zero field means the default).
 const (
-	// NoBatchWait asks Options.BatchWait for no wait: a batch is what is
+	// NoBatchWait asks Config.BatchWait for no wait: a batch is what is
 	// already buffered.
 	NoBatchWait time.Duration = -1
-	// NoRetryBackoff asks Options.RetryBackoff for no wait between retries.
+	// NoRetryBackoff asks Config.RetryBackoff for no wait between retries.
 	NoRetryBackoff time.Duration = -1
-	// NoDrainTimeout asks Options.DrainTimeout for none: a transaction in
+	// NoDrainTimeout asks Config.DrainTimeout for none: a transaction in
 	// flight when its session ends is rolled back at once.
 	NoDrainTimeout time.Duration = -1
 )
 
-// Options configures NewHandler. The zero value is
-// usable: one message per transaction, five attempts, dead letters to
+// Config configures NewHandler. The zero value is
+// usable: one message per transaction, 25 attempts over about three minutes,
+// dead letters to
 // "<topic>.dlq", no topic ids.
-type Options struct {
+type Config struct {
 	// BatchSize is the most messages of one partition processed in one
 	// transaction. Above 1, messages go through ProcessBatch (one round trip
 	// for all their keys); a batch whose handler fails is retried message by
@@ -71,7 +76,9 @@ type Options struct {
 	// a run inside a batch counts like any other. 1 means no retries.
 	// Database errors (retryable ones, and those that need an operator) are
 	// never the message's fault and do not count. Defaults to
-	// MaxAttemptsDefault (5).
+	// MaxAttemptsDefault (25: about three minutes of retries, enough to ride
+	// out a downstream restart; a poison message holds its partition that
+	// long, unless the handler returns Permanent).
 	MaxAttempts int
 
 	// RetryBackoff is the wait before the second attempt; it doubles per
@@ -120,91 +127,26 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-func (o Options) withDefaults() Options {
-	if o.BatchSize == 0 {
-		o.BatchSize = BatchSizeDefault
+// core is the loop's share of the settings.
+func (o Config) core() consume.Config {
+	return consume.Config{
+		Name: "inboxsarama", BatchSize: o.BatchSize, BatchWait: o.BatchWait, MaxAttempts: o.MaxAttempts,
+		RetryBackoff: o.RetryBackoff, MaxRetryBackoff: o.MaxRetryBackoff, DeadLetterTopic: o.DeadLetterTopic,
+		DrainTimeout: o.DrainTimeout, Logger: o.Logger,
 	}
-	o.BatchWait = durationOr(o.BatchWait, BatchWaitDefault)
-	if o.MaxAttempts == 0 {
-		o.MaxAttempts = MaxAttemptsDefault
-	}
-	o.RetryBackoff = durationOr(o.RetryBackoff, RetryBackoffDefault)
-	if o.MaxRetryBackoff == 0 {
-		o.MaxRetryBackoff = MaxRetryBackoffDefault
-	}
-	o.DrainTimeout = durationOr(o.DrainTimeout, DrainTimeoutDefault)
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	return o
-}
-
-// durationOr maps 0 to def and the No* sentinel (-1) to zero.
-func durationOr(d, def time.Duration) time.Duration {
-	switch d {
-	case 0:
-		return def
-	case -1:
-		return 0
-	}
-	return d
-}
-
-func (o Options) validate() error {
-	switch {
-	case o.BatchSize < 0:
-		return fmt.Errorf("inboxsarama: Options.BatchSize is negative (%d): use 1 for a transaction per message, or more to batch", o.BatchSize)
-	case o.BatchWait < -1:
-		return fmt.Errorf("inboxsarama: Options.BatchWait is negative (%v): use NoBatchWait for no wait, 0 for the default", o.BatchWait)
-	case o.MaxAttempts < 0:
-		return fmt.Errorf("inboxsarama: Options.MaxAttempts is negative (%d): use 1 to dead-letter on the first failure (no retries), 0 for the default", o.MaxAttempts)
-	case o.RetryBackoff < -1:
-		return fmt.Errorf("inboxsarama: Options.RetryBackoff is negative (%v): use NoRetryBackoff for no wait, 0 for the default", o.RetryBackoff)
-	case o.MaxRetryBackoff < 0:
-		return fmt.Errorf("inboxsarama: Options.MaxRetryBackoff is negative (%v): use NoRetryBackoff for no wait at all, 0 for the default", o.MaxRetryBackoff)
-	case o.DrainTimeout < -1:
-		return fmt.Errorf("inboxsarama: Options.DrainTimeout is negative (%v): use NoDrainTimeout to roll back at once, 0 for the default", o.DrainTimeout)
-	}
-	if o.DeadLetterTopic != "" {
-		if err := outbox.ValidateTopic(o.DeadLetterTopic); err != nil {
-			return fmt.Errorf("inboxsarama: Options.DeadLetterTopic %q: %w", o.DeadLetterTopic, err)
-		}
-	}
-	return nil
 }
 
 // Stats counts what a Handler did since it was made.
 // Processed and Duplicates count committed transactions only.
-type Stats struct {
-	Processed       uint64 // messages whose handler ran and whose transaction committed
-	Duplicates      uint64 // messages skipped as already processed, committed
-	Failures        uint64 // handler attempts that failed (each counts toward MaxAttempts)
-	TransientErrors uint64 // attempts that failed on a retryable database error (not counted as attempts)
-	OperatorErrors  uint64 // database errors that need an operator and ended a claim (not counted as attempts)
-	Retries         uint64 // attempts repeated after a failure of either kind
-	DeadLettered    uint64 // messages dead-lettered
-	BatchFallbacks  uint64 // batches retried message by message after a failure
-	Gaps            uint64 // watermark modes: committed messages that came after offsets never processed (logged)
-}
+type Stats = inbox.ConsumerStats
 
 // Handler is the sarama.ConsumerGroupHandler that
 // NewHandler returns. It is safe for the concurrent use sarama
 // makes of it (one ConsumeClaim goroutine per partition) and may be passed
 // to Consume again after a rebalance.
 type Handler struct {
-	pool *pgxpool.Pool
-	ib   *inbox.Inbox
-	fn   inbox.HandlerFunc
-	opts Options
-	log  *slog.Logger
-
-	// afterCommit, when set (by tests), runs after a transaction committed
-	// and before its offsets are marked.
-	afterCommit func([]inbox.Message)
-
-	stats struct {
-		processed, duplicates, failures, transient, operator, retries, dead, fallbacks, gaps atomic.Uint64
-	}
+	loop *consume.Loop
+	cfg  Config
 
 	// ended holds, per session, the error that needs an operator which
 	// ended one of its claims; Cleanup returns it, so Consume does.
@@ -250,37 +192,16 @@ var _ sarama.ConsumerGroupHandler = (*Handler)(nil)
 //     deadline (or statement_timeout) is its fault, and counts.
 //
 // A panic in fn is recovered and counts as a failed attempt.
-func NewHandler(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts Options) (*Handler, error) {
-	if pool == nil {
-		return nil, errors.New("inboxsarama: NewHandler: nil pool (pass the *pgxpool.Pool of the service's database)")
-	}
-	if ib == nil {
-		return nil, errors.New("inboxsarama: NewHandler: nil *inbox.Inbox (make one with inbox.New)")
-	}
-	if fn == nil {
-		return nil, errors.New("inboxsarama: NewHandler: nil HandlerFunc (pass the func that does each message's business work)")
-	}
-	if err := opts.validate(); err != nil {
+func NewHandler(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts Config) (*Handler, error) {
+	loop, err := consume.New(pool, ib, fn, opts.core(), "NewHandler")
+	if err != nil {
 		return nil, err
 	}
-	opts = opts.withDefaults()
-	return &Handler{pool: pool, ib: ib, fn: fn, opts: opts, log: opts.Logger}, nil
+	return &Handler{loop: loop, cfg: opts}, nil
 }
 
 // Stats returns the counters so far.
-func (h *Handler) Stats() Stats {
-	return Stats{
-		Processed:       h.stats.processed.Load(),
-		Duplicates:      h.stats.duplicates.Load(),
-		Failures:        h.stats.failures.Load(),
-		TransientErrors: h.stats.transient.Load(),
-		OperatorErrors:  h.stats.operator.Load(),
-		Retries:         h.stats.retries.Load(),
-		DeadLettered:    h.stats.dead.Load(),
-		BatchFallbacks:  h.stats.fallbacks.Load(),
-		Gaps:            h.stats.gaps.Load(),
-	}
-}
+func (h *Handler) Stats() Stats { return h.loop.Stats() }
 
 // Setup implements sarama.ConsumerGroupHandler. It does nothing: per-claim
 // state (topic ids, pending attempts) is read when each claim starts.
@@ -302,30 +223,46 @@ func (h *Handler) Cleanup(sess sarama.ConsumerGroupSession) error {
 // any) committed or rolled back; offsets are marked only after a commit. It
 // returns an error only when the database needs an operator (see NewHandler).
 func (h *Handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
-	c := newClaimRun(h, sess, claim)
-	defer c.close()
-	c.run()
-	if c.fatal != nil {
+	fatal := consume.Run(h.loop, &saramaClaim{sess: sess, claim: claim, cfg: &h.cfg})
+	if fatal != nil {
 		h.endedMu.Lock()
 		if h.ended == nil {
 			h.ended = map[sarama.ConsumerGroupSession]error{}
 		}
 		if h.ended[sess] == nil {
-			h.ended[sess] = c.fatal
+			h.ended[sess] = fatal
 		}
 		h.endedMu.Unlock()
 	}
-	return c.fatal
+	return fatal
 }
 
-// backoff returns the wait before retry n (n ≥ 1).
-func (h *Handler) backoff(n int) time.Duration {
-	return backoff.Delay(h.opts.RetryBackoff, h.opts.MaxRetryBackoff, n)
+// saramaClaim is a sarama claim as the loop reads it.
+type saramaClaim struct {
+	sess  sarama.ConsumerGroupSession
+	claim sarama.ConsumerGroupClaim
+	cfg   *Config
 }
 
-func (h *Handler) deadLetterTopic(source string) string {
-	if h.opts.DeadLetterTopic != "" {
-		return h.opts.DeadLetterTopic
+func (c *saramaClaim) Topic() string                                   { return c.claim.Topic() }
+func (c *saramaClaim) Partition() int32                                { return c.claim.Partition() }
+func (c *saramaClaim) InitialOffset() int64                            { return c.claim.InitialOffset() }
+func (c *saramaClaim) Context() context.Context                        { return c.sess.Context() }
+func (c *saramaClaim) Records() <-chan *sarama.ConsumerMessage         { return c.claim.Messages() }
+func (c *saramaClaim) Message(m *sarama.ConsumerMessage) inbox.Message { return Message(m) }
+
+func (c *saramaClaim) TopicID(context.Context) (string, error) {
+	if c.cfg.Client == nil {
+		return "", nil
 	}
-	return source + DeadLetterSuffixDefault
+	return fetchTopicID(c.cfg.Client, c.claim.Topic())
+}
+
+// Mark marks m's offset in the session, and commits it when
+// Config.CommitOffsets asks to.
+func (c *saramaClaim) Mark(m *sarama.ConsumerMessage) {
+	c.sess.MarkMessage(m, "")
+	if c.cfg.CommitOffsets {
+		c.sess.Commit()
+	}
 }

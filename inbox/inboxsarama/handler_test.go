@@ -176,7 +176,7 @@ func (m *member) stop() {
 	<-m.done
 }
 
-func mustHandler(t testing.TB, pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts inboxsarama.Options) *inboxsarama.Handler {
+func mustHandler(t testing.TB, pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts inboxsarama.Config) *inboxsarama.Handler {
 	t.Helper()
 	h, err := inboxsarama.NewHandler(pool, ib, fn, opts)
 	require.NoError(t, err)
@@ -227,7 +227,7 @@ func TestConsumerProcessesAndMarks(t *testing.T) {
 			require.NoError(t, err)
 			defer client.Close()
 			ib := newTestInbox(t, "svc", inbox.ByOffset())
-			h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{BatchSize: batch, Client: client})
+			h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{BatchSize: batch, Client: client})
 			m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 			testutil.Eventually(t, 30*time.Second, "all effects", func() bool { n, _ := b.effects(t); return n >= len(evs) })
 			m.stop()
@@ -261,7 +261,7 @@ func TestConsumerTopicRecreatedIsNotDuplicate(t *testing.T) {
 	require.NoError(t, err)
 	defer client.Close()
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{Client: client})
+	h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{Client: client})
 
 	b.produceEvents(t, "old-0", "old-1")
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
@@ -305,20 +305,20 @@ func TestNewHandlerValidates(t *testing.T) {
 		pool *pgxpool.Pool
 		ib   *inbox.Inbox
 		fn   inbox.HandlerFunc
-		opts inboxsarama.Options
+		opts inboxsarama.Config
 		want string
 	}{
-		{"nil pool", nil, ib, effect, inboxsarama.Options{}, "nil pool"},
-		{"nil inbox", db.Pool, nil, effect, inboxsarama.Options{}, "nil *inbox.Inbox"},
-		{"nil handler", db.Pool, ib, nil, inboxsarama.Options{}, "nil HandlerFunc"},
-		{"negative batch", db.Pool, ib, effect, inboxsarama.Options{BatchSize: -1}, "BatchSize is negative"},
-		{"negative attempts", db.Pool, ib, effect, inboxsarama.Options{MaxAttempts: -2}, "MaxAttempts is negative"},
-		{"bad dlq topic", db.Pool, ib, effect, inboxsarama.Options{DeadLetterTopic: "dead letters"}, `DeadLetterTopic "dead letters"`},
+		{"nil pool", nil, ib, effect, inboxsarama.Config{}, "nil pool"},
+		{"nil inbox", db.Pool, nil, effect, inboxsarama.Config{}, "nil *inbox.Inbox"},
+		{"nil handler", db.Pool, ib, nil, inboxsarama.Config{}, "nil HandlerFunc"},
+		{"negative batch", db.Pool, ib, effect, inboxsarama.Config{BatchSize: -1}, "BatchSize is negative"},
+		{"negative attempts", db.Pool, ib, effect, inboxsarama.Config{MaxAttempts: -2}, "MaxAttempts is negative"},
+		{"bad dlq topic", db.Pool, ib, effect, inboxsarama.Config{DeadLetterTopic: "dead letters"}, `DeadLetterTopic "dead letters"`},
 	} {
 		_, err := inboxsarama.NewHandler(tc.pool, tc.ib, tc.fn, tc.opts)
 		require.ErrorContains(t, err, tc.want, tc.name)
 	}
-	_, err := inboxsarama.NewHandler(db.Pool, ib, effect, inboxsarama.Options{})
+	_, err := inboxsarama.NewHandler(db.Pool, ib, effect, inboxsarama.Config{})
 	require.NoError(t, err)
 }
 
@@ -350,7 +350,7 @@ func TestConsumerTopicIDFallback(t *testing.T) {
 		ids = append(ids, m.TopicID)
 		return effect(ctx, tx, m)
 	}
-	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByOffset()), fn, inboxsarama.Options{Client: client})
+	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByOffset()), fn, inboxsarama.Config{Client: client})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 	testutil.Eventually(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
 	m.stop()

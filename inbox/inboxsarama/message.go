@@ -9,7 +9,7 @@ import (
 
 // Message converts a record consumed with sarama into the inbox's view of
 // it. TopicID is left empty: sarama's ConsumerMessage does not carry it (the
-// Handler sets it from Options.Client).
+// Handler sets it from Config.Client).
 func Message(m *sarama.ConsumerMessage) inbox.Message {
 	if m == nil {
 		return inbox.Message{}

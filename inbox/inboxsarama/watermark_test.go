@@ -63,7 +63,7 @@ func TestConsumerWatermarkRebalances(t *testing.T) {
 			// crashed after its transactions): whoever takes their
 			// partitions over reads everything they processed again.
 			join := func(batch int, commits bool) *member {
-				h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+				h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
 				handlers = append(handlers, h)
 				cfg := cgConfig()
 				cfg.Consumer.Offsets.AutoCommit.Enable = commits
@@ -74,7 +74,7 @@ func TestConsumerWatermarkRebalances(t *testing.T) {
 			// too, concurrently: each record is delivered twice at about the
 			// same time, the race of a partition handed over while its old
 			// owner's transaction is in flight.
-			twin := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Options{BatchSize: 10})
+			twin := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{BatchSize: 10})
 			handlers = append(handlers, twin)
 			tm := startMember(t, b.addrs, "svc-twin", []string{b.topic}, twin)
 			a := join(50, false)
@@ -181,7 +181,7 @@ func TestConsumerWatermarkOffsetResets(t *testing.T) {
 	b := cgSetup(t, 1)
 	ib := newWatermarkInbox(t, "svc")
 	var logs syncBuffer
-	opts := inboxsarama.Options{BatchSize: 10, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	opts := inboxsarama.Config{BatchSize: 10, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	b.produceEvents(t, events("a", 100)...)
 	h := mustHandler(t, b.db.Pool, ib, effect, opts)
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
@@ -214,7 +214,7 @@ func TestConsumerWatermarkOffsetResets(t *testing.T) {
 }
 
 // A topic deleted and recreated under the same name restarts its offsets at
-// 0; with topic ids (Options.Client) the watermark row starts over for the
+// 0; with topic ids (Config.Client) the watermark row starts over for the
 // new topic instead of taking its records for duplicates.
 func TestConsumerWatermarkTopicRecreated(t *testing.T) {
 	t.Parallel()
@@ -222,7 +222,7 @@ func TestConsumerWatermarkTopicRecreated(t *testing.T) {
 	client, err := sarama.NewClient(b.addrs, cgConfig())
 	require.NoError(t, err)
 	defer client.Close()
-	h := mustHandler(t, b.db.Pool, newWatermarkInbox(t, "svc"), effect, inboxsarama.Options{Client: client})
+	h := mustHandler(t, b.db.Pool, newWatermarkInbox(t, "svc"), effect, inboxsarama.Config{Client: client})
 
 	b.produceEvents(t, "old-0", "old-1", "old-2")
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)

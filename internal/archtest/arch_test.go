@@ -148,3 +148,24 @@ func TestConsoleGoesThroughInspect(t *testing.T) {
 		}
 	}
 }
+
+// TestConsumerAdaptersLinkOnlyTheirClient: the consumer loop the adapters
+// share links no Kafka client, and each adapter links only its own, so a
+// service on franz-go never links sarama and the reverse.
+func TestConsumerAdaptersLinkOnlyTheirClient(t *testing.T) {
+	t.Parallel()
+	const franz = "github.com/twmb/franz-go"
+	isClient := func(d, client string) bool { return d == client || strings.HasPrefix(d, client+"/") }
+	for pkg, banned := range map[string][]string{
+		"inbox":                  {sarama, franz},
+		"inbox/internal/consume": {sarama, franz},
+		"inbox/inboxsarama":      {franz},
+		"inbox/inboxfranz":       {sarama},
+	} {
+		for _, d := range deps(t, module+"/"+pkg) {
+			for _, b := range banned {
+				require.False(t, isClient(d, b), "%s links %s", pkg, d)
+			}
+		}
+	}
+}

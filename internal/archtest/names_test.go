@@ -12,11 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// pendingRename lists library packages whose settings struct another branch
-// is renaming to Config at the time of writing (inbox/inboxsarama.Options);
-// drop the entry when that rename lands.
-var pendingRename = map[string]bool{"inbox/inboxsarama": true}
-
 // TestOneSettingsWord: a library package's settings struct is a Config (or a
 // …Config), never an Options: one word for every constructor. The binary,
 // examples and internal packages are not public API and are not checked.
@@ -33,7 +28,7 @@ func TestOneSettingsWord(t *testing.T) {
 		if d.IsDir() {
 			top, _, _ := strings.Cut(rel, "/")
 			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "internal" ||
-				top == "cmd" || top == "examples" || top == "integration_test" || top == "scripts" || top == "deploy" || pendingRename[rel]) {
+				top == "cmd" || top == "examples" || top == "integration_test" || top == "scripts" || top == "deploy") {
 				return filepath.SkipDir
 			}
 			return nil

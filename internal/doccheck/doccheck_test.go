@@ -19,6 +19,7 @@ import (
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/console"
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/inboxfranz"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/migrations"
@@ -306,6 +307,14 @@ func TestLibraryDefaults(t *testing.T) {
 		"inboxsarama.MaxRetryBackoffDefault":  inboxsarama.MaxRetryBackoffDefault,
 		"inboxsarama.DeadLetterSuffixDefault": inboxsarama.DeadLetterSuffixDefault,
 		"inboxsarama.DrainTimeoutDefault":     inboxsarama.DrainTimeoutDefault,
+		"inboxfranz.BatchSizeDefault":         inboxfranz.BatchSizeDefault,
+		"inboxfranz.BatchWaitDefault":         inboxfranz.BatchWaitDefault,
+		"inboxfranz.MaxAttemptsDefault":       inboxfranz.MaxAttemptsDefault,
+		"inboxfranz.RetryBackoffDefault":      inboxfranz.RetryBackoffDefault,
+		"inboxfranz.MaxRetryBackoffDefault":   inboxfranz.MaxRetryBackoffDefault,
+		"inboxfranz.DeadLetterSuffixDefault":  inboxfranz.DeadLetterSuffixDefault,
+		"inboxfranz.DrainTimeoutDefault":      inboxfranz.DrainTimeoutDefault,
+		"inboxfranz.CommitIntervalDefault":    inboxfranz.CommitIntervalDefault,
 		"cleanup.BufferDefault":               cleanup.BufferDefault,
 		"cleanup.BatchSizeDefault":            cleanup.BatchSizeDefault,
 		"cleanup.PauseDefault":                cleanup.PauseDefault,
@@ -352,7 +361,8 @@ func TestLibraryDefaults(t *testing.T) {
 }
 
 // exportedDefaults lists the XxxDefault constants the library packages
-// declare (cmd/, examples/ and internal/ excluded), as package.Name.
+// declare (cmd/, examples/ and every internal/ package excluded: they are
+// no API), as package.Name.
 func exportedDefaults(t *testing.T) []string {
 	t.Helper()
 	decl := regexp.MustCompile(`(?m)^\t([A-Z][A-Za-z0-9]*Default)\b[^=\n]*=`)
@@ -364,7 +374,7 @@ func exportedDefaults(t *testing.T) []string {
 		rel, _ := filepath.Rel(root, path)
 		rel = filepath.ToSlash(rel)
 		if d.IsDir() {
-			if strings.HasPrefix(d.Name(), ".") && rel != "." || rel == "cmd" || rel == "examples" || rel == "internal" {
+			if strings.HasPrefix(d.Name(), ".") && rel != "." || rel == "cmd" || rel == "examples" || d.Name() == "internal" {
 				return filepath.SkipDir
 			}
 			return nil

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -51,6 +50,7 @@ func runPayments(ctx context.Context, log *slog.Logger, args []string) error {
 	member := fs.String("member", "m0", "this member's name (logs, payments.member)")
 	batch := fs.Int("batch", 16, "messages per transaction")
 	dedup := fs.String("dedup", "keys", "inbox mode: keys (event-id keys) or watermark (offset watermark plus event-id keys)")
+	client := fs.String("client", "sarama", "Kafka client: sarama (inbox/inboxsarama) or franz (inbox/inboxfranz)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -80,24 +80,13 @@ func runPayments(ctx context.Context, log *slog.Logger, args []string) error {
 		return err
 	}
 	s := &paymentsService{topic: *out, member: *member}
-	h, stats, err := newAdapter(pool, ib, s.charge, *batch, log.With("component", "consumer"))
+	m := groupMember{group: *group, member: *member, brokers: splitList(*brokers), topics: splitList(*in), batch: *batch}
+	log.Info("payments member starting", "member", *member, "group", *group, "topic", *in, "client", *client)
+	stats, err := m.run(ctx, *client, log.With("component", "consumer", "client", *client), pool, ib, s.charge)
 	if err != nil {
 		return err
 	}
-	cg, err := sarama.NewConsumerGroup(strings.Split(*brokers, ","), *group, consumerConfig(*member))
-	if err != nil {
-		return fmt.Errorf("payments: consumer group %s: %w", *group, err)
-	}
-	defer cg.Close()
-	go logStats(ctx, log, stats)
-	log.Info("payments member starting", "member", *member, "group", *group, "topic", *in)
-	for ctx.Err() == nil {
-		if err := cg.Consume(ctx, strings.Split(*in, ","), h); err != nil && ctx.Err() == nil {
-			log.Warn("consumer group session ended", "err", err)
-			_ = sleep(ctx, 200*time.Millisecond)
-		}
-	}
-	log.Info("payments member stopping", "stats", stats())
+	log.Info("payments member stopping", "stats", stats)
 	return nil
 }
 
@@ -149,6 +138,6 @@ func logStats(ctx context.Context, log *slog.Logger, stats func() string) {
 	}
 }
 
-func fmtStats(processed, dups, failures, transient, dead uint64) string {
-	return fmt.Sprintf("processed=%d duplicates=%d failures=%d transient=%d dead_lettered=%d", processed, dups, failures, transient, dead)
+func fmtStats(s inbox.ConsumerStats) string {
+	return fmt.Sprintf("processed=%d duplicates=%d failures=%d transient=%d dead_lettered=%d", s.Processed, s.Duplicates, s.Failures, s.TransientErrors, s.DeadLettered)
 }

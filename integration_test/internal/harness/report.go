@@ -3,6 +3,7 @@ package harness
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -24,6 +25,9 @@ func (r *Report) Print(out io.Writer) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "events produced (orders committed)\t%d\t\n", v.Produced)
 	fmt.Fprintf(tw, "business effects (payments rows)\t%d\t\n", v.Effects)
+	for _, c := range slices.Sorted(maps.Keys(v.ByClient)) {
+		fmt.Fprintf(tw, "  of which committed by the %s member(s)\t%d\t\n", c, v.ByClient[c])
+	}
 	fmt.Fprintf(tw, "LOST events\t%d\t%s\n", v.Lost, mark(v.Lost))
 	fmt.Fprintf(tw, "DUPLICATE business effects\t%d\t%s\n", v.DuplicateEffects, mark(v.DuplicateEffects))
 	fmt.Fprintf(tw, "per-key ORDER INVERSIONS\t%d\t%s\n", v.OrderInversions, mark(v.OrderInversions))

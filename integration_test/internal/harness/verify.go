@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -24,6 +25,9 @@ type Verdict struct {
 	DuplicateRecords int64 // downstream records beyond the first per order
 	DeadLetters      int64 // pgbox_consumer_dead rows (must be 0: nothing here is poison)
 	Parked           int64 // parked outbox rows in either database (must be 0)
+	// ByClient counts the business effects per Kafka client of the payments
+	// member that committed them (sarama, franz).
+	ByClient map[string]int64
 	// First describes the first violation: the key, and the offsets involved.
 	First []string
 }
@@ -65,11 +69,22 @@ func (w *World) Verify(ctx context.Context) (Verdict, error) {
 		return v, err
 	}
 	v.Effects = int64(len(effects))
+	v.ByClient = byClient(effects)
 	byOrder := checkEffects(&v, orders, effects)
 	if err := w.checkDownstream(ctx, &v, byOrder); err != nil {
 		return v, err
 	}
 	return v, w.countLeftovers(ctx, &v)
+}
+
+// byClient counts effects by the client their member ran on (the member
+// name's last part, payments-N-client).
+func byClient(effects []effect) map[string]int64 {
+	out := map[string]int64{}
+	for _, e := range effects {
+		out[e.member[strings.LastIndex(e.member, "-")+1:]]++
+	}
+	return out
 }
 
 func checkEffects(v *Verdict, orders map[string]int64, effects []effect) map[string]effect {

@@ -65,6 +65,12 @@ type Options struct {
 	OrderRelays, PaymentRelays int
 	// Consumers is the payments group's member count. Defaults to 2.
 	Consumers int
+	// Clients are the payments members' Kafka clients, given to the members
+	// in turn: "sarama" (inbox/inboxsarama) or "franz" (inbox/inboxfranz).
+	// Defaults to sarama and franz: with two members, one on each client in
+	// the same consumer group, as during a service's move from one to the
+	// other.
+	Clients []string
 	// Watermark runs the payments members in the inbox's offset-watermark
 	// mode (inbox.DedupWatermarkAndKeys: the watermark for redeliveries,
 	// event-id keys for the relays' duplicates). Defaults to false (keys).
@@ -110,6 +116,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Consumers == 0 {
 		o.Consumers = 2
+	}
+	if len(o.Clients) == 0 {
+		o.Clients = []string{"sarama", "franz"}
 	}
 	if o.Partitions == 0 {
 		o.Partitions = 4
@@ -332,10 +341,12 @@ func (w *World) startServices() error {
 		dedup = "watermark"
 	}
 	for i := range w.Opts.Consumers {
-		name := fmt.Sprintf("payments-%d", i+1)
+		client := w.Opts.Clients[i%len(w.Opts.Clients)]
+		name := fmt.Sprintf("payments-%d-%s", i+1, client) // verify counts effects per client by this suffix
 		w.Consumers = append(w.Consumers, &Proc{Name: name, Path: w.Bin.Proc, LogPath: filepath.Join(w.Dir, name+".log"),
 			Args: []string{"payments", "--db", w.dsn(PaymentsDB, name), "--brokers", w.Brokers[0], "--group", Group,
-				"--topic", strings.Join(w.Opts.OrderTopics, ","), "--out-topic", PaymentsTopic, "--member", name, "--dedup", dedup}})
+				"--topic", strings.Join(w.Opts.OrderTopics, ","), "--out-topic", PaymentsTopic, "--member", name, "--dedup", dedup,
+				"--client", client}})
 	}
 	for _, p := range append(append([]*Proc{}, w.Relays...), w.Consumers...) {
 		if err := p.Start(); err != nil {

@@ -1,4 +1,4 @@
-package inboxsarama
+package consume
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgbox/pgbox/inbox"
@@ -20,11 +19,10 @@ import (
 // waiting to be retried (read only to notice a revoked claim).
 const maxPending = 1024
 
-// claimRun is the state of one ConsumeClaim call: one partition, one session.
-type claimRun struct {
-	h     *Handler
-	sess  sarama.ConsumerGroupSession
-	claim sarama.ConsumerGroupClaim
+// claimRun is the state of one Run: one partition, one session.
+type claimRun[R any] struct {
+	l     *Loop
+	claim Claim[R]
 
 	// work is the context of database work. It outlives the session by up
 	// to DrainTimeout, so a transaction in flight at a rebalance can commit.
@@ -41,8 +39,8 @@ type claimRun struct {
 	// that then fell back to one by one: they are dead-lettered, not run again.
 	exhausted map[int64]exhausted
 
-	pending []*sarama.ConsumerMessage // read ahead, not yet handled
-	closed  bool                      // claim.Messages() is closed: revoked
+	pending []R  // read ahead, not yet handled
+	closed  bool // claim.Records() is closed: revoked
 
 	// fatal is the error retrying cannot fix that ended the claim.
 	fatal error
@@ -53,17 +51,17 @@ type exhausted struct {
 	attempts int
 }
 
-func newClaimRun(h *Handler, sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) *claimRun {
-	work, cancel := context.WithCancel(context.WithoutCancel(sess.Context()))
-	c := &claimRun{h: h, sess: sess, claim: claim, work: work, cancelWork: cancel, attempted: map[int64]struct{}{}, exhausted: map[int64]exhausted{}}
-	c.stopDrain = context.AfterFunc(sess.Context(), func() {
-		t := time.AfterFunc(h.opts.DrainTimeout, cancel)
+func newClaimRun[R any](l *Loop, claim Claim[R]) *claimRun[R] {
+	work, cancel := context.WithCancel(context.WithoutCancel(claim.Context()))
+	c := &claimRun[R]{l: l, claim: claim, work: work, cancelWork: cancel, attempted: map[int64]struct{}{}, exhausted: map[int64]exhausted{}}
+	c.stopDrain = context.AfterFunc(claim.Context(), func() {
+		t := time.AfterFunc(l.cfg.DrainTimeout, cancel)
 		context.AfterFunc(work, func() { t.Stop() })
 	})
 	return c
 }
 
-func (c *claimRun) close() {
+func (c *claimRun[R]) close() {
 	c.stopDrain()
 	c.cancelWork()
 }
@@ -71,13 +69,13 @@ func (c *claimRun) close() {
 // stopped reports whether no new transaction may start: the session ended,
 // the drain timeout passed, or the claim was revoked (its Messages channel
 // closed, in a cooperative rebalance).
-func (c *claimRun) stopped() bool {
-	return c.closed || c.sess.Context().Err() != nil || c.work.Err() != nil
+func (c *claimRun[R]) stopped() bool {
+	return c.closed || c.claim.Context().Err() != nil || c.work.Err() != nil
 }
 
 // run processes the claim until the session ends, the claim is revoked, or
 // an error that needs an operator (then in c.fatal) ends it.
-func (c *claimRun) run() {
+func (c *claimRun[R]) run() {
 	if !c.start() {
 		return
 	}
@@ -91,7 +89,7 @@ func (c *claimRun) run() {
 
 // start reads the topic id and the partition's pending attempts, retrying
 // until it succeeds or the session ends.
-func (c *claimRun) start() bool {
+func (c *claimRun[R]) start() bool {
 	topic, partition := c.claim.Topic(), c.claim.Partition()
 	for n := 1; ; n++ {
 		err := c.load()
@@ -104,24 +102,22 @@ func (c *claimRun) start() bool {
 		if classify(err, nil) == errOperator {
 			return c.fail(inbox.Message{Topic: topic, Partition: partition, Offset: c.claim.InitialOffset()}, err, "starting the claim")
 		}
-		c.h.log.ErrorContext(c.work, "pgbox: starting claim failed, retrying",
+		c.l.log.ErrorContext(c.work, "pgbox: starting claim failed, retrying",
 			"topic", topic, "partition", partition, "attempt", n, "error", err)
-		if !c.sleep(c.h.backoff(n)) {
+		if !c.sleep(c.l.backoff(n)) {
 			return false
 		}
 	}
 }
 
-func (c *claimRun) load() error {
+func (c *claimRun[R]) load() error {
 	topic, partition := c.claim.Topic(), c.claim.Partition()
-	if c.h.opts.Client != nil {
-		id, err := fetchTopicID(c.h.opts.Client, topic)
-		if err != nil {
-			return err
-		}
-		c.topicID = id
+	id, err := c.claim.TopicID(c.work)
+	if err != nil {
+		return err
 	}
-	rows, err := c.h.pool.Query(c.work, sqlLoadAttempts, c.h.ib.Consumer(), topic, partition, c.claim.InitialOffset(), c.topicID)
+	c.topicID = id
+	rows, err := c.l.pool.Query(c.work, sqlLoadAttempts, c.l.ib.Consumer(), topic, partition, c.claim.InitialOffset(), c.topicID)
 	if err != nil {
 		return fmt.Errorf("read pgbox_consumer_attempts of %s/%d: %w", topic, partition, err)
 	}
@@ -136,23 +132,23 @@ func (c *claimRun) load() error {
 }
 
 // watch is the claim's message channel while read-ahead has room, else nil.
-func (c *claimRun) watch() <-chan *sarama.ConsumerMessage {
+func (c *claimRun[R]) watch() <-chan R {
 	if c.closed || len(c.pending) >= maxPending {
 		return nil
 	}
-	return c.claim.Messages()
+	return c.claim.Records()
 }
 
 // sleep waits d, reading ahead from the claim meanwhile; false when the
 // session ended or the claim was revoked.
-func (c *claimRun) sleep(d time.Duration) bool {
+func (c *claimRun[R]) sleep(d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
 			return true
-		case <-c.sess.Context().Done():
+		case <-c.claim.Context().Done():
 			return false
 		case m, ok := <-c.watch():
 			if !ok {
@@ -167,8 +163,8 @@ func (c *claimRun) sleep(d time.Duration) bool {
 // next collects the next batch: the first message blocks, the rest fill up
 // to BatchSize from what is buffered or arrives within BatchWait. ok is false
 // when the session ended or the claim was revoked.
-func (c *claimRun) next() (batch []*sarama.ConsumerMessage, ok bool) {
-	size := c.h.opts.BatchSize
+func (c *claimRun[R]) next() (batch []R, ok bool) {
+	size := c.l.cfg.BatchSize
 	n := min(size, len(c.pending))
 	batch = append(batch, c.pending[:n]...)
 	c.pending = c.pending[n:]
@@ -177,9 +173,9 @@ func (c *claimRun) next() (batch []*sarama.ConsumerMessage, ok bool) {
 			return nil, false
 		}
 		select {
-		case <-c.sess.Context().Done():
+		case <-c.claim.Context().Done():
 			return nil, false
-		case m, ok := <-c.claim.Messages():
+		case m, ok := <-c.claim.Records():
 			if !ok {
 				c.closed = true
 				return nil, false
@@ -192,7 +188,7 @@ fill:
 	for len(batch) < size && !c.closed {
 		// Take what is buffered without waiting...
 		select {
-		case m, ok := <-c.claim.Messages():
+		case m, ok := <-c.claim.Records():
 			if !ok {
 				c.closed = true
 				break fill
@@ -203,12 +199,12 @@ fill:
 		}
 		// ...then wait up to BatchWait for more.
 		if timer == nil {
-			t := time.NewTimer(c.h.opts.BatchWait)
+			t := time.NewTimer(c.l.cfg.BatchWait)
 			defer t.Stop()
 			timer = t.C
 		}
 		select {
-		case m, ok := <-c.claim.Messages():
+		case m, ok := <-c.claim.Records():
 			if !ok {
 				c.closed = true
 				break fill
@@ -216,7 +212,7 @@ fill:
 			batch = append(batch, m)
 		case <-timer:
 			break fill
-		case <-c.sess.Context().Done():
+		case <-c.claim.Context().Done():
 			return nil, false
 		}
 	}
@@ -224,15 +220,15 @@ fill:
 }
 
 // handle processes one batch; false when the claim must stop.
-func (c *claimRun) handle(batch []*sarama.ConsumerMessage) bool {
-	if len(batch) == 1 || c.anyAttempted(batch) {
-		// A message that failed before is processed on its own, so its
-		// attempts row is maintained.
-		return c.handleEach(batch)
-	}
+func (c *claimRun[R]) handle(batch []R) bool {
 	msgs := make([]inbox.Message, len(batch))
 	for i, m := range batch {
 		msgs[i] = c.message(m)
+	}
+	if len(batch) == 1 || c.anyAttempted(msgs) {
+		// A message that failed before is processed on its own, so its
+		// attempts row is maintained.
+		return c.handleEach(batch, msgs)
 	}
 	for n := 1; ; n++ {
 		if c.stopped() {
@@ -242,7 +238,7 @@ func (c *claimRun) handle(batch []*sarama.ConsumerMessage) bool {
 		var res []inbox.Result
 		err := c.inTx(func(tx pgx.Tx) error {
 			var err error
-			res, err = c.h.ib.ProcessBatch(owntx.With(c.work, tx), tx, msgs, c.wrap(&herr))
+			res, err = c.l.ib.ProcessBatch(owntx.With(c.work, tx), tx, msgs, c.wrap(&herr))
 			return err
 		})
 		if err == nil {
@@ -266,8 +262,8 @@ func (c *claimRun) handle(batch []*sarama.ConsumerMessage) bool {
 	}
 }
 
-func (c *claimRun) anyAttempted(batch []*sarama.ConsumerMessage) bool {
-	for _, m := range batch {
+func (c *claimRun[R]) anyAttempted(msgs []inbox.Message) bool {
+	for _, m := range msgs {
 		if _, ok := c.attempted[m.Offset]; ok {
 			return true
 		}
@@ -279,30 +275,30 @@ func (c *claimRun) anyAttempted(batch []*sarama.ConsumerMessage) bool {
 // failed handler run counts as that message's attempt (so MaxAttempts holds in
 // batch mode too), and the batch is processed again message by message, so
 // one poison message cannot hold back the others.
-func (c *claimRun) fallBack(batch []*sarama.ConsumerMessage, msgs []inbox.Message, err, herr error, kind errKind) bool {
-	c.h.stats.fallbacks.Add(1)
-	c.h.log.WarnContext(c.work, "pgbox: batch failed, processing its messages one by one",
+func (c *claimRun[R]) fallBack(batch []R, msgs []inbox.Message, err, herr error, kind errKind) bool {
+	c.l.stats.fallbacks.Add(1)
+	c.l.log.WarnContext(c.work, "pgbox: batch failed, processing its messages one by one",
 		"topic", msgs[0].Topic, "partition", msgs[0].Partition, "first_offset", msgs[0].Offset,
 		"size", len(msgs), "error", err)
 	var me *inbox.MessageError
 	if herr != nil && errors.As(err, &me) && me.Index >= 0 && me.Index < len(msgs) {
 		m := msgs[me.Index]
-		c.h.stats.failures.Add(1)
+		c.l.stats.failures.Add(1)
 		attempts, ok := c.countAttempt(m, err)
 		if !ok {
 			return false
 		}
-		if attempts > 0 && (kind == errPermanent || attempts >= c.h.opts.MaxAttempts) {
+		if attempts > 0 && (kind == errPermanent || attempts >= c.l.cfg.MaxAttempts) {
 			c.exhausted[m.Offset] = exhausted{cause: err, attempts: attempts}
 		}
 	}
-	return c.handleEach(batch)
+	return c.handleEach(batch, msgs)
 }
 
 // countAttempt records a failed attempt of m, retrying database errors;
 // attempts is 0 when recording failed in a way the next run of the message
 // will retry, ok false when the claim must stop.
-func (c *claimRun) countAttempt(m inbox.Message, cause error) (attempts int, ok bool) {
+func (c *claimRun[R]) countAttempt(m inbox.Message, cause error) (attempts int, ok bool) {
 	attempts, err := c.recordAttempt(m, cause)
 	if err == nil {
 		c.attempted[m.Offset] = struct{}{}
@@ -318,9 +314,9 @@ func (c *claimRun) countAttempt(m inbox.Message, cause error) (attempts int, ok 
 	return 0, c.infraError(kind, m, 1, err, "recording the attempt")
 }
 
-func (c *claimRun) handleEach(batch []*sarama.ConsumerMessage) bool {
-	for _, m := range batch {
-		if !c.handleOne(m) {
+func (c *claimRun[R]) handleEach(batch []R, msgs []inbox.Message) bool {
+	for i, m := range batch {
+		if !c.handleOne(m, msgs[i]) {
 			return false
 		}
 	}
@@ -329,8 +325,7 @@ func (c *claimRun) handleEach(batch []*sarama.ConsumerMessage) bool {
 
 // handleOne processes one message until it commits or is dead-lettered;
 // false when the claim must stop.
-func (c *claimRun) handleOne(sm *sarama.ConsumerMessage) bool {
-	m := c.message(sm)
+func (c *claimRun[R]) handleOne(sm R, m inbox.Message) bool {
 	if x, ok := c.exhausted[m.Offset]; ok {
 		// Its last allowed attempt ran in a batch.
 		delete(c.exhausted, m.Offset)
@@ -366,13 +361,13 @@ func (c *claimRun) handleOne(sm *sarama.ConsumerMessage) bool {
 
 // processOne runs one transaction: Process, and the deletion of m's attempts
 // row once it succeeded. herr is the handler's own error.
-func (c *claimRun) processOne(m inbox.Message) (res inbox.Result, err, herr error) {
+func (c *claimRun[R]) processOne(m inbox.Message) (res inbox.Result, err, herr error) {
 	_, hadAttempts := c.attempted[m.Offset]
 	err = c.inTx(func(tx pgx.Tx) error {
 		var err error
-		res, err = c.h.ib.Process(owntx.With(c.work, tx), tx, m, c.wrap(&herr))
+		res, err = c.l.ib.Process(owntx.With(c.work, tx), tx, m, c.wrap(&herr))
 		if err == nil && hadAttempts {
-			_, err = tx.Exec(c.work, sqlDeleteAttempts, c.h.ib.Consumer(), m.Topic, m.TopicID, m.Partition, m.Offset)
+			_, err = tx.Exec(c.work, sqlDeleteAttempts, c.l.ib.Consumer(), m.Topic, m.TopicID, m.Partition, m.Offset)
 			if err != nil {
 				err = fmt.Errorf("delete from pgbox_consumer_attempts: %w", err)
 			}
@@ -386,59 +381,59 @@ func (c *claimRun) processOne(m inbox.Message) (res inbox.Result, err, herr erro
 // handler's) fault: it counts the attempt, then dead-letters m or waits before
 // the next attempt. done is true when m was dead-lettered, ok false when the
 // claim must stop.
-func (c *claimRun) failed(sm *sarama.ConsumerMessage, m inbox.Message, err error, kind errKind) (done, ok bool) {
-	c.h.stats.failures.Add(1)
+func (c *claimRun[R]) failed(sm R, m inbox.Message, err error, kind errKind) (done, ok bool) {
+	c.l.stats.failures.Add(1)
 	attempts, ok := c.countAttempt(m, err)
 	if !ok || attempts == 0 {
 		return false, ok
 	}
-	if kind == errPermanent || attempts >= c.h.opts.MaxAttempts {
+	if kind == errPermanent || attempts >= c.l.cfg.MaxAttempts {
 		return true, c.deadLetter(sm, m, err, attempts)
 	}
-	c.h.stats.retries.Add(1)
-	c.h.log.WarnContext(c.work, "pgbox: handler failed, retrying",
+	c.l.stats.retries.Add(1)
+	c.l.log.WarnContext(c.work, "pgbox: handler failed, retrying",
 		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
-		"attempt", attempts, "max_attempts", c.h.opts.MaxAttempts, "error", err)
-	return false, c.sleep(c.h.backoff(attempts))
+		"attempt", attempts, "max_attempts", c.l.cfg.MaxAttempts, "error", err)
+	return false, c.sleep(c.l.backoff(attempts))
 }
 
 // infraError handles a database (or other infrastructure) error that is not
 // the message's fault: never counted as an attempt, never dead-lettered. A
 // retryable one waits and returns true; one that needs an operator ends the
 // claim with it (false).
-func (c *claimRun) infraError(kind errKind, m inbox.Message, n int, err error, what string) bool {
+func (c *claimRun[R]) infraError(kind errKind, m inbox.Message, n int, err error, what string) bool {
 	if what == "" {
 		what = "message"
 	}
 	if kind == errOperator {
 		return c.fail(m, err, what)
 	}
-	c.h.stats.transient.Add(1)
-	c.h.stats.retries.Add(1)
+	c.l.stats.transient.Add(1)
+	c.l.stats.retries.Add(1)
 	level, msg := slog.LevelWarn, "pgbox: transient database error, retrying"
 	if kind == errUnknown {
 		level, msg = slog.LevelError, "pgbox: database error, retrying"
 	}
-	c.h.log.Log(c.work, level, msg,
+	c.l.log.Log(c.work, level, msg,
 		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "what", what, "retry", n, "error", err)
-	return c.sleep(c.h.backoff(n))
+	return c.sleep(c.l.backoff(n))
 }
 
-// fail ends the claim with err, an error retrying cannot fix: ConsumeClaim
-// returns it, and the session's Cleanup hands it to Consume.
-func (c *claimRun) fail(m inbox.Message, err error, what string) bool {
-	c.h.stats.operator.Add(1)
-	c.fatal = fmt.Errorf("inboxsarama: consumer %q, %s/%d: %s at offset %d: %w",
-		c.h.ib.Consumer(), m.Topic, m.Partition, what, m.Offset, pgerr.WithFix(err))
-	c.h.log.ErrorContext(c.work, "pgbox: database needs an operator, ending the claim",
+// fail ends the claim with err, an error retrying cannot fix: Run returns
+// it to the adapter.
+func (c *claimRun[R]) fail(m inbox.Message, err error, what string) bool {
+	c.l.stats.operator.Add(1)
+	c.fatal = fmt.Errorf("%s: consumer %q, %s/%d: %s at offset %d: %w",
+		c.l.cfg.Name, c.l.ib.Consumer(), m.Topic, m.Partition, what, m.Offset, pgerr.WithFix(err))
+	c.l.log.ErrorContext(c.work, "pgbox: database needs an operator, ending the claim",
 		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "what", what,
 		"fix", pgerr.Fix(err), "error", err)
 	return false
 }
 
-func (c *claimRun) recordAttempt(m inbox.Message, cause error) (int, error) {
+func (c *claimRun[R]) recordAttempt(m inbox.Message, cause error) (int, error) {
 	var n int
-	err := c.h.pool.QueryRow(c.work, sqlRecordAttempt, c.h.ib.Consumer(), m.Topic, m.TopicID, m.Partition, m.Offset,
+	err := c.l.pool.QueryRow(c.work, sqlRecordAttempt, c.l.ib.Consumer(), m.Topic, m.TopicID, m.Partition, m.Offset,
 		errorText(cause)).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("record attempt of %s in pgbox_consumer_attempts: %w", m, err)
@@ -448,7 +443,7 @@ func (c *claimRun) recordAttempt(m inbox.Message, cause error) (int, error) {
 
 // deadLetter dead-letters m, retrying database errors until it commits;
 // false when the claim must stop first.
-func (c *claimRun) deadLetter(sm *sarama.ConsumerMessage, m inbox.Message, cause error, attempts int) bool {
+func (c *claimRun[R]) deadLetter(sm R, m inbox.Message, cause error, attempts int) bool {
 	for n := 1; ; n++ {
 		if c.stopped() {
 			return false
@@ -464,10 +459,10 @@ func (c *claimRun) deadLetter(sm *sarama.ConsumerMessage, m inbox.Message, cause
 			delete(c.attempted, m.Offset)
 			switch {
 			case dup:
-				c.h.stats.duplicates.Add(1)
+				c.l.stats.duplicates.Add(1)
 			case written:
-				c.h.stats.dead.Add(1)
-				c.h.log.ErrorContext(c.work, "pgbox: message dead-lettered",
+				c.l.stats.dead.Add(1)
+				c.l.log.ErrorContext(c.work, "pgbox: message dead-lettered",
 					"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
 					"attempts", attempts, "dead_letter_topic", dlq, "error", cause)
 			}
@@ -480,10 +475,10 @@ func (c *claimRun) deadLetter(sm *sarama.ConsumerMessage, m inbox.Message, cause
 		if classify(err, nil) == errOperator {
 			return c.fail(m, err, "dead-lettering")
 		}
-		c.h.stats.retries.Add(1)
-		c.h.log.ErrorContext(c.work, "pgbox: dead-lettering failed, retrying",
+		c.l.stats.retries.Add(1)
+		c.l.log.ErrorContext(c.work, "pgbox: dead-lettering failed, retrying",
 			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempt", n, "error", err)
-		if !c.sleep(c.h.backoff(n)) {
+		if !c.sleep(c.l.backoff(n)) {
 			return false
 		}
 	}
@@ -493,8 +488,8 @@ func (c *claimRun) deadLetter(sm *sarama.ConsumerMessage, m inbox.Message, cause
 // with fn's first batch of statements (lazyTx). When fn fails, the
 // transaction is rolled back whole: this is what lets Process and
 // ProcessBatch run without their savepoint in it (owntx.With).
-func (c *claimRun) inTx(fn func(pgx.Tx) error) error {
-	conn, err := c.h.pool.Acquire(c.work)
+func (c *claimRun[R]) inTx(fn func(pgx.Tx) error) error {
+	conn, err := c.l.pool.Acquire(c.work)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
@@ -524,8 +519,8 @@ func (e *commitError) Unwrap() error { return e.err }
 
 // wrap adapts the user's handler: it records the handler's own error in
 // *herr (to tell it from the inbox's) and turns a panic into an error.
-func (c *claimRun) wrap(herr *error) inbox.HandlerFunc {
-	fn := c.h.fn
+func (c *claimRun[R]) wrap(herr *error) inbox.HandlerFunc {
+	fn := c.l.fn
 	return func(ctx context.Context, tx pgx.Tx, m inbox.Message) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -539,23 +534,23 @@ func (c *claimRun) wrap(herr *error) inbox.HandlerFunc {
 	}
 }
 
-func (c *claimRun) message(sm *sarama.ConsumerMessage) inbox.Message {
-	m := Message(sm)
+func (c *claimRun[R]) message(sm R) inbox.Message {
+	m := c.claim.Message(sm)
 	m.TopicID = c.topicID
 	return m
 }
 
 // count counts a committed message, and logs the gap before it (watermark
 // modes): offsets this consumer never processed are never skipped silently.
-func (c *claimRun) count(m inbox.Message, r inbox.Result) {
+func (c *claimRun[R]) count(m inbox.Message, r inbox.Result) {
 	if r.Duplicate {
-		c.h.stats.duplicates.Add(1)
+		c.l.stats.duplicates.Add(1)
 	} else {
-		c.h.stats.processed.Add(1)
+		c.l.stats.processed.Add(1)
 	}
 	if r.Gap > 0 {
-		c.h.stats.gaps.Add(1)
-		c.h.log.WarnContext(c.work, "pgbox: offsets skipped since the partition's watermark "+
+		c.l.stats.gaps.Add(1)
+		c.l.log.WarnContext(c.work, "pgbox: offsets skipped since the partition's watermark "+
 			"(the group's offset moved forward past records, or retention, compaction or transaction markers left a hole)",
 			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
 			"gap", r.Gap, "first_skipped_offset", m.Offset-r.Gap)
@@ -563,14 +558,11 @@ func (c *claimRun) count(m inbox.Message, r inbox.Result) {
 }
 
 // committed runs after a commit: the hook, then the offset mark.
-func (c *claimRun) committed(msgs []inbox.Message, last *sarama.ConsumerMessage) {
-	if c.h.afterCommit != nil {
-		c.h.afterCommit(msgs)
+func (c *claimRun[R]) committed(msgs []inbox.Message, last R) {
+	if c.l.afterCommit != nil {
+		c.l.afterCommit(msgs)
 	}
-	c.sess.MarkMessage(last, "")
-	if c.h.opts.CommitOffsets {
-		c.sess.Commit()
-	}
+	c.claim.Mark(last)
 }
 
 // errorText is an error's message fit for a text column and a header.

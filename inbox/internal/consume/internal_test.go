@@ -1,4 +1,4 @@
-package inboxsarama
+package consume
 
 import (
 	"context"
@@ -24,7 +24,7 @@ func TestClassify(t *testing.T) {
 		want      errKind
 	}{
 		{"handler error", fmt.Errorf("handler: %w", plain), plain, errHandler},
-		{"permanent handler error", Permanent(plain), Permanent(plain), errPermanent},
+		{"permanent handler error", inbox.Permanent(plain), inbox.Permanent(plain), errPermanent},
 		{"deadlock in handler", pg("40P01"), pg("40P01"), errRetry},
 		{"serialization failure in handler", pg("40001"), pg("40001"), errRetry},
 		{"handler deadline", context.DeadlineExceeded, context.DeadlineExceeded, errHandler},
@@ -54,11 +54,30 @@ func TestClassify(t *testing.T) {
 
 func TestBackoff(t *testing.T) {
 	t.Parallel()
-	h := &Handler{opts: Options{RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second}}
+	h := &Loop{cfg: Config{RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second}}
 	for n, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 50: time.Second} {
 		got := h.backoff(n)
 		require.InDelta(t, float64(want), float64(got), float64(want)*0.2+1, "retry %d", n)
 	}
+}
+
+// TestDefaultRetryScheduleRidesOutARestart: with the default settings, a
+// message whose handler keeps failing transiently (a downstream service
+// restarting) is retried for minutes, with capped waits, before it is
+// dead-lettered (issue 19: it used to be about 2s).
+func TestDefaultRetryScheduleRidesOutARestart(t *testing.T) {
+	t.Parallel()
+	o := Config{}.WithDefaults()
+	h := &Loop{cfg: o}
+	var window time.Duration
+	for n := 1; n < o.MaxAttempts; n++ { // a wait after every attempt but the last
+		d := h.backoff(n)
+		require.LessOrEqual(t, d, o.MaxRetryBackoff*6/5, "wait %d is capped", n)
+		window += d
+	}
+	require.GreaterOrEqual(t, window, 2*time.Minute, "retries span at least two minutes")
+	require.LessOrEqual(t, window, 5*time.Minute, "a poison message holds its partition at most minutes")
+	require.LessOrEqual(t, o.MaxRetryBackoff, 30*time.Second, "a recovered downstream is noticed within seconds")
 }
 
 func TestErrorText(t *testing.T) {

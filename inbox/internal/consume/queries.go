@@ -1,4 +1,4 @@
-package inboxsarama
+package consume
 
 // The consumer adapter's SQL (pgbox_consumer_attempts and pgbox_consumer_dead,
 // from migration 00010). Tables are unqualified, found through search_path.

@@ -1,4 +1,4 @@
-package inboxsarama
+package consume
 
 import (
 	"context"
