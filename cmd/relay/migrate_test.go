@@ -2,6 +2,11 @@ package main
 
 import (
 	"context"
+	"io/fs"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,5 +103,31 @@ func checkMigrateForce(t *testing.T, set setFn) {
 	require.Equal(t, 2, r.code, "a live relay refuses the step: %s", r.stderr)
 	r = runWith(t, set, "true", env, "migrate", "down", "--yes")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "rolled back 00060_relay_sleeping.sql")
+	require.Contains(t, r.stdout, "rolled back "+newestMigration(t))
+}
+
+// newestMigration is the file name of the newest migration: the step
+// `relay migrate down` rolls back first.
+func newestMigration(t *testing.T) string {
+	t.Helper()
+	names, err := fs.Glob(migrations.FS(), "*.sql")
+	require.NoError(t, err)
+	require.NotEmpty(t, names)
+	sort.Strings(names)
+	return names[len(names)-1]
+}
+
+// migrationVersions are the versions of the migration files, oldest first.
+func migrationVersions(t *testing.T) []int64 {
+	t.Helper()
+	names, err := fs.Glob(migrations.FS(), "*.sql")
+	require.NoError(t, err)
+	var vs []int64
+	for _, n := range names {
+		v, err := strconv.ParseInt(n[:strings.IndexByte(n, '_')], 10, 64)
+		require.NoError(t, err, n)
+		vs = append(vs, v)
+	}
+	slices.Sort(vs)
+	return vs
 }
