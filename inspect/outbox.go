@@ -110,7 +110,7 @@ func (s *Snapshot) readParked(ctx context.Context, tx pgx.Tx, opts Options) erro
 	}
 	s.Parked, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedRow, error) {
 		var p ParkedRow
-		err := r.Scan(&p.ID, &p.EventID, &p.Topic, &p.Attempts, &p.LastError, &p.ParkedAt)
+		err := r.Scan(&p.ID, &p.EventID, &p.Topic, &p.Attempts, &p.LastError, &p.ParkedAt, &p.Held)
 		return p, err
 	})
 	if err != nil {

@@ -52,9 +52,10 @@ FROM generate_series(0, 255) AS s(slot)`
 const sqlParkedBounded = `SELECT topic, count(*)::bigint
 FROM (SELECT topic FROM pgbox_outbox WHERE parked_at IS NOT NULL LIMIT $1) s GROUP BY 1 ORDER BY 1`
 
-// sqlParkedNewest lists the newest parked rows.
-const sqlParkedNewest = `SELECT id, event_id::text, topic, attempts, coalesce(last_error, ''), parked_at
-FROM pgbox_outbox WHERE parked_at IS NOT NULL ORDER BY parked_at DESC, id DESC LIMIT $1`
+// sqlParkedNewest lists the newest parked rows, each with the rows it holds
+// back (sqlHeldBy).
+const sqlParkedNewest = `SELECT id, event_id::text, topic, attempts, coalesce(last_error, ''), parked_at, ` + sqlHeldBy + `
+FROM pgbox_outbox p WHERE parked_at IS NOT NULL ORDER BY parked_at DESC, id DESC LIMIT $1`
 
 // sqlInboxOldest lists every (consumer, topic) pair of the inbox with its
 // oldest key, in a loose index scan over pgbox_inbox_consumer_topic_age_idx

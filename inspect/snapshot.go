@@ -87,6 +87,9 @@ type ParkedRow struct {
 	Attempts  int       `json:"attempts"`
 	LastError string    `json:"last_error"`
 	ParkedAt  time.Time `json:"parked_at"`
+	// Held counts the later rows of its topic and key it holds back (see
+	// ParkedMessage.Held).
+	Held int64 `json:"held"`
 }
 
 // Lane is one row of the relay's lane table.

@@ -30,7 +30,16 @@ const (
 	// Kafka's default broker message.max.bytes, so every message outbox.Write
 	// accepts by default is published.
 	MaxMessageBytesDefault = outbox.MaxBytesDefault
+	// UnknownTopicWindowDefault is Config.UnknownTopicWindow's default: long
+	// enough for a deploy that writes before its topic is created, short
+	// enough that a misspelt topic is parked (and shown) within minutes.
+	UnknownTopicWindowDefault = 5 * time.Minute
 )
+
+// NoUnknownTopicWindow, as Config.UnknownTopicWindow, treats a topic that does
+// not exist like any other permanent failure: the row is parked after
+// MaxAttempts failed passes, within seconds.
+const NoUnknownTopicWindow = -1
 
 // Header names the relay adds to every record. Row headers with these names
 // are replaced by the relay's.
@@ -103,10 +112,21 @@ type Config struct {
 	// lanes are taken over within LeaseTTL + HeartbeatInterval. At least twice
 	// HeartbeatInterval. Defaults to LeaseTTLDefault (6s).
 	LeaseTTL time.Duration
-	// MaxAttempts is how many permanent publish failures (unknown topic,
-	// message too large, invalid record...) a row may have before it is
-	// parked. Broker outages never count. Defaults to MaxAttemptsDefault (5).
+	// MaxAttempts is how many permanent publish failures (message too
+	// large, invalid record, not authorized...) a row may have before it is
+	// parked; an unknown topic is parked after UnknownTopicWindow instead.
+	// Broker outages never count. Defaults to MaxAttemptsDefault (5).
 	MaxAttempts int
+	// UnknownTopicWindow is how long a row whose topic does not exist
+	// (UNKNOWN_TOPIC_OR_PARTITION, auto-creation off) is retried, with
+	// backoff, before it is parked, counted from its first such failure on
+	// the database's clock: a deploy often writes before its topic is
+	// created. A dead-letter topic is no different (dead letters are outbox
+	// rows). While it waits, and once it is parked, the row holds its key:
+	// later rows of its topic and key wait behind it. NoUnknownTopicWindow
+	// parks it after MaxAttempts like other permanent failures. Defaults to
+	// UnknownTopicWindowDefault (5m).
+	UnknownTopicWindow time.Duration
 	// MaxBackoff caps the exponential backoff after failed passes. Defaults to
 	// MaxBackoffDefault (10s).
 	MaxBackoff time.Duration
@@ -168,6 +188,7 @@ func (c Config) withDefaults() Config {
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, LeaseTTLDefault)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, MaxBackoffDefault)
+	c.UnknownTopicWindow = cmp.Or(c.UnknownTopicWindow, UnknownTopicWindowDefault)
 	c.Channel = cmp.Or(c.Channel, outbox.ChannelDefault)
 	c.StopTimeout = cmp.Or(c.StopTimeout, StopTimeoutDefault)
 	if c.Logger == nil {
@@ -197,6 +218,10 @@ func (c Config) validate() error {
 		if d.v < 0 {
 			return fmt.Errorf("relay: Config.%s is %s: use a positive duration, or 0 for the default", d.name, d.v)
 		}
+	}
+	if c.UnknownTopicWindow < 0 && c.UnknownTopicWindow != NoUnknownTopicWindow {
+		return fmt.Errorf("relay: Config.UnknownTopicWindow is %s: use a positive duration, 0 for the default (%s), or relay.NoUnknownTopicWindow to park at MaxAttempts",
+			c.UnknownTopicWindow, UnknownTopicWindowDefault)
 	}
 	if c.LeaseTTL < 2*c.HeartbeatInterval {
 		return fmt.Errorf("relay: Config.LeaseTTL (%s) is less than twice Config.HeartbeatInterval (%s): a lease must survive one missed heartbeat", c.LeaseTTL, c.HeartbeatInterval)

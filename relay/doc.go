@@ -104,18 +104,25 @@
 //
 // Broker unreachable, leader moving, timeouts: after the producer's own
 // retries, the pass backs off (capped exponential, MaxBackoff) and retries;
-// nothing is marked. A row that fails
-// permanently (unknown topic with auto-creation off, larger than the
-// producer or broker allows, invalid record, not authorized) gets attempts +
-// 1 and last_error; at MaxAttempts (5) it is parked (parked_at set) and the
-// relay stops trying it. Until then, later rows of the same key wait behind
-// it, in order; once it is parked they proceed. That is the documented choice:
-// a permanent failure is a property of the row or its topic, not something
-// time fixes, and holding a key's later events forever would stall the
-// business process behind it; the parked row stays in the table with its
-// error for an operator, who can fix the cause and replay it with
-// UPDATE pgbox_outbox SET parked_at = NULL, attempts = 0 WHERE id = ...
-// (it then publishes after the key's newer events).
+// nothing is marked. A row that fails permanently (larger than the producer
+// or broker allows, invalid record, not authorized) gets attempts + 1 and
+// last_error; at MaxAttempts (5) it is parked (parked_at set) and the relay
+// stops trying it. A topic that does not exist (auto-creation off; a
+// dead-letter topic too) is retried with backoff for UnknownTopicWindow (5
+// minutes) from the row's first such failure before the row is parked: a
+// deploy often writes before its topic is created.
+//
+// A failing or parked row holds its key: later rows of the same topic and
+// key (the order domain; rows without a key hold nothing) are not claimed
+// while an earlier row of that key is parked, so a key's order is never
+// broken, and other keys go on. The parked row stays in the table with its
+// error for an operator, who fixes the cause and then either retries it
+// (`relay parked retry`, inspect.RetryParked: the relay publishes it, then
+// the rows it held, in id order) or discards it (`relay parked discard`,
+// inspect.DiscardParked: the held rows go on). `relay status` shows how
+// many rows each parked row holds back. Held rows are read past by every
+// claim of their slot (one index probe each), so a key held for long with a
+// large backlog behind it slows its slot's claims: act on parked rows.
 //
 // # Wake-up and idle cost
 //
@@ -180,8 +187,16 @@
 //	                    ->  Seq Scan on pgbox_relay_lanes l
 //	                          Filter: ((owner = $1) AND (lanes = $3) AND (expires_at > now()))
 //	        ->  Limit
-//	              ->  Index Scan using pgbox_outbox_claim_idx on pgbox_outbox
-//	                    Index Cond: ((ROW(slot, id) > ROW((g.slot)::smallint, COALESCE(($6)[(g.slot + 1)], '0'::bigint))) AND (slot <= g.slot))
+//	              ->  Nested Loop Anti Join
+//	                    ->  Index Scan using pgbox_outbox_claim_idx on pgbox_outbox c
+//	                          Index Cond: ((ROW(slot, id) > ROW((g.slot)::smallint, 0)) AND (slot <= g.slot))
+//	                    ->  Index Scan using pgbox_outbox_parked_key_idx on pgbox_outbox p
+//	                          Index Cond: ((topic = c.topic) AND (sha256(key) = sha256(c.key)) AND (id < c.id))
+//	                          Filter: (key = c.key)
+//
+// The anti join is the parking rule (a parked row holds its key): one probe
+// per candidate row into pgbox_outbox_parked_key_idx, an index of the parked
+// rows only.
 //
 // TestClaimQueryUsesIndex (300k rows, a third parked) and
 // TestClaimQueryUsesIndexWithHotKeys (custom and generic plans) assert this

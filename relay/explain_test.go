@@ -41,6 +41,8 @@ func TestClaimQueryUsesIndex(t *testing.T) {
 	text := strings.Join(plan, "\n")
 	t.Log("\n" + text)
 	require.Contains(t, text, "Index Scan using pgbox_outbox_claim_idx on pgbox_outbox")
+	// Whether a parked row holds a row back: one probe of the parked rows' index.
+	require.Contains(t, text, "Index Scan using pgbox_outbox_parked_key_idx on pgbox_outbox")
 	require.NotContains(t, text, "Seq Scan on pgbox_outbox")
 	require.NotContains(t, text, "Bitmap Heap Scan on pgbox_outbox")
 

@@ -172,6 +172,7 @@ func (r *Relay) takeBatch(ctx context.Context, nextSlot int, only *slotSet) ([]r
 type tally struct {
 	okIDs, okEpochs, badIDs, badEpochs []int64
 	badErrs                            []string
+	badWaits                           []bool // the topic does not exist: parked after UnknownTopicWindow
 	res                                passResult
 }
 
@@ -189,10 +190,16 @@ func (r *Relay) tally(rows []row, outcome map[int]error) tally {
 			t.okIDs = append(t.okIDs, rows[i].id)
 			t.okEpochs = append(t.okEpochs, rows[i].epoch)
 		case permanent(e):
+			waits := r.cfg.UnknownTopicWindow > 0 && topicMissing(e)
 			t.badIDs = append(t.badIDs, rows[i].id)
 			t.badEpochs = append(t.badEpochs, rows[i].epoch)
 			t.badErrs = append(t.badErrs, e.Error())
-			r.log.Warn("publish failed permanently", "topic", rows[i].topic, "row_id", rows[i].id,
+			t.badWaits = append(t.badWaits, waits)
+			msg := "publish failed permanently"
+			if waits {
+				msg = "topic does not exist; retrying until the unknown-topic window has passed"
+			}
+			r.log.Warn(msg, "topic", rows[i].topic, "row_id", rows[i].id,
 				"event_id", rows[i].eventID.String(), "attempt", rows[i].attempts+1, "error", e)
 		default:
 			transient++
@@ -220,7 +227,8 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
 	defer cancel()
 	var deleted, parked int
-	if err := r.cfg.Pool.QueryRow(fctx, finishSQL, b.okIDs, b.okEpochs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts).Scan(&deleted, &parked, nil); err != nil {
+	if err := r.cfg.Pool.QueryRow(fctx, finishSQL, b.okIDs, b.okEpochs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts,
+		b.badWaits, max(r.cfg.UnknownTopicWindow, 0)).Scan(&deleted, &parked, nil); err != nil {
 		// The records went out but the rows stay: they will be sent again
 		// (same event ids). That is the at-least-once window.
 		return fmt.Errorf("record outcome of %d rows: %w", b.rows, err)
@@ -243,7 +251,8 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
 		}
 	}
 	if parked > 0 {
-		r.log.Error("rows parked after repeated permanent failures", "rows", parked, "max_attempts", r.cfg.MaxAttempts)
+		r.log.Error("rows parked after repeated permanent failures; each holds its key's later rows until retried or discarded (relay parked)",
+			"rows", parked, "max_attempts", r.cfg.MaxAttempts)
 	}
 	return nil
 }
@@ -320,5 +329,10 @@ func permanent(err error) bool {
 	}
 	return false
 }
+
+// topicMissing reports a topic that does not exist (auto-creation off): not
+// retried within a send, but across passes for UnknownTopicWindow before the
+// row is parked, because a deploy often writes before its topic is created.
+func topicMissing(err error) bool { return errors.Is(err, sarama.ErrUnknownTopicOrPartition) }
 
 const backoffMin = 100 * time.Millisecond
