@@ -294,6 +294,7 @@ func TestLibraryDefaults(t *testing.T) {
 		"relay.LeaseTTLDefault":               relay.LeaseTTLDefault,
 		"relay.MaxAttemptsDefault":            relay.MaxAttemptsDefault,
 		"relay.MaxBackoffDefault":             relay.MaxBackoffDefault,
+		"relay.UnknownTopicWindowDefault":     relay.UnknownTopicWindowDefault,
 		"relay.StopTimeoutDefault":            relay.StopTimeoutDefault,
 		"relay.MaxMessageBytesDefault":        relay.MaxMessageBytesDefault,
 		"outbox.MaxBytesDefault":              outbox.MaxBytesDefault,
