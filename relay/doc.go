@@ -153,7 +153,11 @@
 //
 // When ctx is canceled, Run sends nothing more, waits at most StopTimeout
 // for the records in flight, deletes what Kafka acknowledged, releases its
-// lanes and returns nil. Records still unanswered after StopTimeout are given
+// lanes and returns nil. Every Kafka call on the relay's path honours ctx
+// (sarama's calls take none: they run in a goroutine Run stops waiting
+// for, and closing the client ends them), so a broker that accepts
+// connections and never answers, at start-up or mid-send, does not hold
+// Run past StopTimeout. Records still unanswered after StopTimeout are given
 // up on: their rows stay and the next owner sends them (a duplicate if the
 // broker took them after all, with the same event id).
 //

@@ -146,7 +146,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	var prod *producer
 	err := retry(ctx, r, "connect to Kafka", func(ctx context.Context) error {
-		p, err := newProducer(r.cfg.Brokers, r.cfg.Kafka)
+		p, err := newProducer(ctx, r.cfg.Brokers, r.cfg.Kafka)
 		prod = p
 		return err
 	})

@@ -45,7 +45,7 @@ const recordBatchOverhead = 61
 // round's rows are left out and stopped is true. It also sends nothing more
 // once the leases the rows were claimed under may have run out.
 func (r *Relay) sendBatch(ctx context.Context, p *producer, rows []row, gen int64) (outcome map[int]error, stopped bool) {
-	s := r.planSend(p, rows)
+	s := r.planSend(ctx, p, rows)
 	for {
 		if ctx.Err() != nil {
 			return s.outcome, true
@@ -60,7 +60,7 @@ func (r *Relay) sendBatch(ctx context.Context, p *producer, rows []row, gen int6
 		if len(chunks) == 0 {
 			return s.outcome, false
 		}
-		if err := p.renew(); err != nil {
+		if err := p.renew(ctx); err != nil {
 			for _, c := range chunks {
 				s.fail(c, err)
 			}
@@ -77,7 +77,7 @@ func (r *Relay) sendBatch(ctx context.Context, p *producer, rows []row, gen int6
 			}
 		}
 		if retry := s.apply(results); len(retry) > 0 {
-			_ = p.client.RefreshMetadata(retry...)
+			p.refresh(ctx, retry)
 			if !backoff.Sleep(ctx, p.conf.Producer.Retry.Backoff) {
 				return s.outcome, true
 			}
@@ -147,10 +147,14 @@ func keyOf(x *row, i int) string {
 // planSend builds every row's record and partition queue. Rows that cannot
 // be sent (too large, topic unknown) fail here, and their keys' later rows
 // are held back.
-func (r *Relay) planSend(p *producer, rows []row) *sendState {
+func (r *Relay) planSend(ctx context.Context, p *producer, rows []row) *sendState {
 	s := &sendState{p: p, rows: rows, recs: make([]*sarama.Record, len(rows)), sizes: make([]int, len(rows)),
 		outcome: make(map[int]error, len(rows)), queues: map[topicPartition]*partQueue{}, blocked: map[string]bool{}}
-	topicErr := map[string]error{}
+	type topicParts struct {
+		parts []int32
+		err   error
+	}
+	topics := map[string]topicParts{} // each topic's metadata, looked up once per pass
 	limit := p.conf.Producer.MaxMessageBytes
 	for i := range rows {
 		x := &rows[i]
@@ -164,15 +168,14 @@ func (r *Relay) planSend(p *producer, rows []row) *sendState {
 				"Attempt to produce message larger than configured Producer.MaxMessageBytes: %d > %d", size, limit)))
 			continue
 		}
-		err, seen := topicErr[x.topic]
-		var part int32
+		tps, seen := topics[x.topic]
 		if !seen {
-			part, err = p.partition(m)
-			if err != nil {
-				topicErr[x.topic] = err
-			}
-		} else if err == nil {
-			part, err = p.partition(m)
+			tps.parts, tps.err = p.partitions(ctx, x.topic)
+			topics[x.topic] = tps
+		}
+		part, err := int32(-1), tps.err
+		if err == nil {
+			part, err = p.partition(m, tps.parts)
 		}
 		if err != nil {
 			s.failRow(i, fmt.Errorf("topic %s: %w", x.topic, err))
