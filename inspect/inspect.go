@@ -219,7 +219,7 @@ func (s *Snapshot) readLanes(ctx context.Context, tx pgx.Tx, opts Options) error
 	}
 	s.Instances, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Instance, error) {
 		var i Instance
-		err := r.Scan(&i.Instance, &i.StartedAt, &i.HeartbeatAt, &i.Live)
+		err := r.Scan(&i.Instance, &i.StartedAt, &i.HeartbeatAt, &i.Live, &i.KafkaReady, &i.KafkaDownSince)
 		return i, err
 	})
 	if err != nil {

@@ -64,6 +64,21 @@ func printOutbox(w io.Writer, s *Snapshot) {
 	}
 }
 
+// instanceState says whether an instance runs and whether it reaches Kafka.
+func instanceState(s *Snapshot, i Instance) string {
+	switch {
+	case !i.Live:
+		return "expired"
+	case i.KafkaDownSince != nil:
+		return fmt.Sprintf("running, Kafka unreachable since %s (%s)", i.KafkaDownSince.UTC().Format(time.RFC3339),
+			durtext.Short(s.Time.Sub(*i.KafkaDownSince)))
+	case !i.KafkaReady:
+		return "running, connecting to Kafka"
+	default:
+		return "live"
+	}
+}
+
 func printRelays(w io.Writer, s *Snapshot) {
 	held := map[string]int{}
 	free := 0
@@ -81,10 +96,7 @@ func printRelays(w io.Writer, s *Snapshot) {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "INSTANCE\tSTATE\tLANES HELD\tSTARTED\tLAST HEARTBEAT")
 		for _, i := range s.Instances {
-			state := "live"
-			if !i.Live {
-				state = "expired"
-			}
+			state := instanceState(s, i)
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s ago\n", i.Instance, state, held[i.Instance], i.StartedAt.UTC().Format(time.RFC3339),
 				durtext.Short(s.Time.Sub(i.HeartbeatAt)))
 		}

@@ -34,6 +34,8 @@ const (
 	// enough for a deploy that writes before its topic is created, short
 	// enough that a misspelt topic is parked (and shown) within minutes.
 	UnknownTopicWindowDefault = 5 * time.Minute
+	// KafkaOutageAlertDefault is Config.KafkaOutageAlert's default.
+	KafkaOutageAlertDefault = time.Minute
 )
 
 // NoUnknownTopicWindow, as Config.UnknownTopicWindow, treats a topic that does
@@ -127,6 +129,14 @@ type Config struct {
 	// parks it after MaxAttempts like other permanent failures. Defaults to
 	// UnknownTopicWindowDefault (5m).
 	UnknownTopicWindow time.Duration
+	// KafkaOutageAlert is how long Kafka may be unreachable before the relay
+	// logs it at ERROR (once per outage; WARN lines come before). Kafka is
+	// unreachable while the relay cannot connect at start-up, and while
+	// every send of its passes fails for a reason retrying may fix (broker
+	// down, leader missing, timeouts). pgbox_relay_instances.kafka_down_since
+	// and `relay status` show it from the first failure. Defaults to
+	// KafkaOutageAlertDefault (1m).
+	KafkaOutageAlert time.Duration
 	// MaxBackoff caps the exponential backoff after failed passes. Defaults to
 	// MaxBackoffDefault (10s).
 	MaxBackoff time.Duration
@@ -189,6 +199,7 @@ func (c Config) withDefaults() Config {
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, MaxBackoffDefault)
 	c.UnknownTopicWindow = cmp.Or(c.UnknownTopicWindow, UnknownTopicWindowDefault)
+	c.KafkaOutageAlert = cmp.Or(c.KafkaOutageAlert, KafkaOutageAlertDefault)
 	c.Channel = cmp.Or(c.Channel, outbox.ChannelDefault)
 	c.StopTimeout = cmp.Or(c.StopTimeout, StopTimeoutDefault)
 	if c.Logger == nil {
@@ -214,7 +225,7 @@ func (c Config) validate() error {
 		name string
 		v    time.Duration
 	}{{"PollInterval", c.PollInterval}, {"BusyPollInterval", c.BusyPollInterval}, {"HeartbeatInterval", c.HeartbeatInterval},
-		{"LeaseTTL", c.LeaseTTL}, {"MaxBackoff", c.MaxBackoff}, {"StopTimeout", c.StopTimeout}} {
+		{"LeaseTTL", c.LeaseTTL}, {"MaxBackoff", c.MaxBackoff}, {"StopTimeout", c.StopTimeout}, {"KafkaOutageAlert", c.KafkaOutageAlert}} {
 		if d.v < 0 {
 			return fmt.Errorf("relay: Config.%s is %s: use a positive duration, or 0 for the default", d.name, d.v)
 		}

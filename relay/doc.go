@@ -104,7 +104,11 @@
 //
 // Broker unreachable, leader moving, timeouts: after the producer's own
 // retries, the pass backs off (capped exponential, MaxBackoff) and retries;
-// nothing is marked. A row that fails permanently (larger than the producer
+// nothing is marked. The instance registers in pgbox_relay_instances before
+// Kafka first answers (taking no lanes until it does, so the instances that
+// can publish keep theirs), records an outage in kafka_down_since (`relay
+// status`: "running, Kafka unreachable since …") and logs it at ERROR once
+// it has lasted KafkaOutageAlert (1 minute). A row that fails permanently (larger than the producer
 // or broker allows, invalid record, not authorized) gets attempts + 1 and
 // last_error; at MaxAttempts (5) it is parked (parked_at set) and the relay
 // stops trying it. A topic that does not exist (auto-creation off; a

@@ -43,6 +43,12 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 		}
 		res := r.pass(ctx, p, &nextSlot, only)
 		w.saw(res.maxID)
+		switch {
+		case res.published > 0:
+			r.kafkaUp(ctx)
+		case res.kafkaFailed:
+			r.kafkaDown()
+		}
 		full, carry = true, slotSet{}
 		var wait time.Duration
 		switch {
@@ -95,6 +101,7 @@ type row struct {
 
 type passResult struct {
 	claimed, published, failed int
+	kafkaFailed                bool    // every send failed for a reason retrying may fix
 	maxID                      int64   // the newest row claimed
 	slots                      slotSet // slots the batch had rows in
 	err                        error
@@ -208,6 +215,7 @@ func (r *Relay) tally(rows []row, outcome map[int]error) tally {
 	}
 	t.res.claimed, t.res.published, t.res.failed = len(rows), len(t.okIDs), transient+len(t.badIDs)
 	if transient > 0 {
+		t.res.kafkaFailed = len(t.okIDs) == 0
 		t.res.err = fmt.Errorf("send: %d of %d records failed, will retry: %w", transient, len(rows), firstErr)
 	}
 	r.retried.Add(uint64(transient))

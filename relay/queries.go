@@ -30,15 +30,23 @@ const createLanesSQL = `INSERT INTO pgbox_relay_lanes (lane, lanes) SELECT g, $1
 // in-flight batch can still finish and delete its rows (the epoch is
 // unchanged), so a rebalance does not normally cause duplicates.
 //
-// $1 instance, $2 lease TTL, $3 lane count, $4 release grace.
+// An instance that has not reached Kafka since it started (kafka_ready
+// false, $5) is registered (so status shows it running) but left out of the
+// ranking: it takes no lanes, and the others keep theirs. $6 says Kafka is
+// unreachable now: kafka_down_since keeps the start of the outage.
+//
+// $1 instance, $2 lease TTL, $3 lane count, $4 release grace, $5 Kafka
+// reached since start, $6 Kafka unreachable now.
 const heartbeatSQL = `WITH me AS (
-	INSERT INTO pgbox_relay_instances (instance, expires_at) VALUES ($1, now() + $2::interval)
-	ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at
-	RETURNING instance
+	INSERT INTO pgbox_relay_instances (instance, expires_at, kafka_ready, kafka_down_since)
+	VALUES ($1, now() + $2::interval, $5, CASE WHEN $6 THEN now() END)
+	ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, kafka_ready = $5,
+		kafka_down_since = CASE WHEN $6 THEN coalesce(pgbox_relay_instances.kafka_down_since, now()) END
+	RETURNING instance, kafka_ready
 ), live AS (
-	SELECT instance FROM pgbox_relay_instances WHERE expires_at > now() AND instance <> $1
+	SELECT instance FROM pgbox_relay_instances WHERE expires_at > now() AND instance <> $1 AND kafka_ready
 	UNION ALL
-	SELECT instance FROM me
+	SELECT instance FROM me WHERE kafka_ready
 ), ranked AS (
 	SELECT instance, (row_number() OVER (ORDER BY instance))::int - 1 AS rank, (count(*) OVER ())::int AS n FROM live
 ), target AS (

@@ -66,6 +66,7 @@ var flagChecks = map[string]flagCheck{
 	"max-attempts":            {check: checkMaxAttempts, bad: "0"},
 	"max-backoff":             {check: checkMaxBackoff, bad: "0s"},
 	"unknown-topic-window":    {check: checkUnknownTopicWindow, bad: "-1s"},
+	"kafka-outage-alert":      {check: checkKafkaOutageAlert, bad: "0s"},
 	"no-listen":               {check: checkNoListen, bad: "maybe"},
 	"channel":                 {check: checkChannel, bad: strings.Repeat("c", 64)},
 	"partitioner":             {check: checkPartitioner, bad: "random"},
@@ -643,6 +644,17 @@ func checkUnknownTopicWindow(t *testing.T, set setFn) {
 	writeRows(t, db, "no-such-topic", 0, 1)
 	waitFor(t, "parked within 45s", 45*time.Second, func() bool { return parkedAttempts(t, db) >= 0 })
 	require.Less(t, parkedAttempts(t, db), 1000)
+	require.Equal(t, 0, p.stop(t), p.output())
+}
+
+func checkKafkaOutageAlert(t *testing.T, set setFn) {
+	// Kafka unreachable from the start: logged at ERROR after 1s (with the
+	// 1m default, not within the test's 30s).
+	db := testdb.New(t)
+	p, _ := startWith(t, set, "1s", append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS=127.0.0.1:1"))
+	waitFor(t, "the outage logged at ERROR", 30*time.Second, func() bool {
+		return strings.Contains(p.output(), `level=ERROR msg="Kafka unreachable"`)
+	})
 	require.Equal(t, 0, p.stop(t), p.output())
 }
 

@@ -21,6 +21,7 @@ type relayOptions struct {
 	LeaseTTL          time.Duration
 	MaxAttempts       int
 	UnknownTopicWait  time.Duration
+	KafkaOutageAlert  time.Duration
 	MaxBackoff        time.Duration
 	NoListen          bool
 	Channel           string
@@ -46,6 +47,8 @@ func (r *relayOptions) bind(s *settings) {
 		"permanent publish failures (too large, rejected) before a row is parked; broker outages never count")
 	s.duration(&r.UnknownTopicWait, g, "unknown-topic-window", "PGBOX_UNKNOWN_TOPIC_WINDOW", relay.UnknownTopicWindowDefault, 0,
 		"how long a row whose topic does not exist is retried before it is parked (0: parked after max-attempts)")
+	s.duration(&r.KafkaOutageAlert, g, "kafka-outage-alert", "PGBOX_KAFKA_OUTAGE_ALERT", relay.KafkaOutageAlertDefault, time.Millisecond,
+		"how long Kafka may be unreachable before the relay logs it at ERROR (status shows it from the start)")
 	s.duration(&r.MaxBackoff, g, "max-backoff", "PGBOX_MAX_BACKOFF", relay.MaxBackoffDefault, time.Millisecond, "cap of the backoff after failed passes")
 	s.boolean(&r.NoListen, g, "no-listen", "PGBOX_NO_LISTEN", false, "poll only, no LISTEN (needed behind pgbouncer in transaction mode)")
 	s.str(&r.Channel, g, "channel", "PGBOX_CHANNEL", outbox.ChannelDefault, "LISTEN channel; must match the writers' outbox.Config.Channel")
@@ -114,6 +117,7 @@ func (a *app) relayConfig(pool *pgxpool.Pool) (relay.Config, error) {
 		LeaseTTL:           o.Relay.LeaseTTL,
 		MaxAttempts:        o.Relay.MaxAttempts,
 		UnknownTopicWindow: unknownTopic,
+		KafkaOutageAlert:   o.Relay.KafkaOutageAlert,
 		MaxBackoff:         o.Relay.MaxBackoff,
 		MaxMessageBytes:    o.Relay.MaxMessageBytes,
 		NoListen:           o.Relay.NoListen,
