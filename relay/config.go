@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -43,8 +44,8 @@ const (
 // MaxAttempts failed passes, within seconds.
 const NoUnknownTopicWindow = -1
 
-// Header names the relay adds to every record. Row headers with these names
-// are replaced by the relay's.
+// Header names the relay adds to every record. outbox.Write refuses a
+// message with a header of these names (outbox.Reserved).
 const (
 	// EventIDHeader carries the row's event id (a UUIDv7 string). Consumers
 	// dedupe on it: inbox.ByHeader(relay.EventIDHeader).
@@ -214,6 +215,14 @@ func (c Config) validate() error {
 	}
 	if len(c.Brokers) == 0 {
 		return errors.New("relay: Config.Brokers is empty (pass the Kafka bootstrap addresses, e.g. []string{\"localhost:9092\"})")
+	}
+	for i, b := range c.Brokers {
+		if strings.TrimSpace(b) == "" {
+			return fmt.Errorf("relay: Config.Brokers[%d] is empty (an unset variable?): pass host:port addresses, e.g. []string{\"localhost:9092\"}", i)
+		}
+	}
+	if strings.TrimSpace(c.Channel) == "" {
+		return errors.New("relay: Config.Channel is blank: leave it empty for outbox.ChannelDefault, or name the writers' channel")
 	}
 	if c.Lanes < 1 || c.Lanes > outbox.Slots {
 		return fmt.Errorf("relay: Config.Lanes is %d: use 1..%d (outbox.Slots)", c.Lanes, outbox.Slots)

@@ -306,7 +306,7 @@ func toMessage(x *row) *sarama.ProducerMessage {
 	}
 	m.Headers = make([]sarama.RecordHeader, 0, len(x.headers)+2)
 	for _, h := range x.headers {
-		if h.Key == EventIDHeader || h.Key == CreatedAtHeader {
+		if outbox.Reserved(h.Key) { // outbox.Write refuses them; rows written otherwise get the relay's
 			continue
 		}
 		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})

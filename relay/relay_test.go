@@ -156,6 +156,10 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"ttl", func(c *relay.Config) { c.LeaseTTL = 150 * time.Millisecond }, "less than twice Config.HeartbeatInterval"},
 		{"attempts", func(c *relay.Config) { c.MaxAttempts = -1 }, "Config.MaxAttempts is -1"},
 		{"negative poll", func(c *relay.Config) { c.PollInterval = -time.Second }, "Config.PollInterval is -1s"},
+		{"empty broker", func(c *relay.Config) { c.Brokers = []string{c.Brokers[0], ""} }, "Config.Brokers[1] is empty (an unset variable?)"},
+		{"blank channel", func(c *relay.Config) { c.Channel = " " }, "Config.Channel is blank"},
+		{"unknown-topic window", func(c *relay.Config) { c.UnknownTopicWindow = -2 * time.Second }, "Config.UnknownTopicWindow is -2s"},
+		{"outage alert", func(c *relay.Config) { c.KafkaOutageAlert = -time.Second }, "Config.KafkaOutageAlert is -1s"},
 	}
 	for _, tc := range cases {
 		cfg := base
