@@ -3,7 +3,6 @@ package relay
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -196,8 +195,8 @@ func (r *Relay) tally(rows []row, outcome map[int]error) tally {
 		case e == nil:
 			t.okIDs = append(t.okIDs, rows[i].id)
 			t.okEpochs = append(t.okEpochs, rows[i].epoch)
-		case permanent(e):
-			waits := r.cfg.UnknownTopicWindow > 0 && topicMissing(e)
+		case classify(e).fate != fateTransient:
+			waits := r.cfg.UnknownTopicWindow > 0 && classify(e).fate == fateMissingTopic
 			t.badIDs = append(t.badIDs, rows[i].id)
 			t.badEpochs = append(t.badEpochs, rows[i].epoch)
 			t.badErrs = append(t.badErrs, e.Error())
@@ -317,30 +316,5 @@ func toMessage(x *row) *sarama.ProducerMessage {
 	)
 	return m
 }
-
-// permanent reports whether a send error will not go away by retrying: the
-// record or its topic is wrong. Everything else (broker down, leader
-// moving, timeouts) is transient and never parks a row.
-func permanent(err error) bool {
-	var cerr sarama.ConfigurationError
-	if errors.As(err, &cerr) { // e.g. larger than Producer.MaxMessageBytes
-		return true
-	}
-	for _, k := range []sarama.KError{
-		sarama.ErrMessageSizeTooLarge, sarama.ErrUnknownTopicOrPartition, sarama.ErrInvalidTopic,
-		sarama.ErrTopicAuthorizationFailed, sarama.ErrMessageSetSizeTooLarge, sarama.ErrInvalidRecord,
-		sarama.ErrPolicyViolation,
-	} {
-		if errors.Is(err, k) {
-			return true
-		}
-	}
-	return false
-}
-
-// topicMissing reports a topic that does not exist (auto-creation off): not
-// retried within a send, but across passes for UnknownTopicWindow before the
-// row is parked, because a deploy often writes before its topic is created.
-func topicMissing(err error) bool { return errors.Is(err, sarama.ErrUnknownTopicOrPartition) }
 
 const backoffMin = 100 * time.Millisecond

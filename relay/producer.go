@@ -282,29 +282,3 @@ func (p *producer) recordBatch(c *chunk) *sarama.RecordBatch {
 		Records: c.recs,
 	}
 }
-
-// retriable reports whether a chunk's error may go away by sending the same
-// batch again (after a metadata refresh): the leader moved or is missing,
-// the broker timed out, the connection broke.
-func retriable(r chunkResult) bool {
-	if r.net {
-		return true
-	}
-	for _, k := range []sarama.KError{
-		sarama.ErrLeaderNotAvailable, sarama.ErrNotLeaderForPartition, sarama.ErrRequestTimedOut,
-		sarama.ErrNotEnoughReplicas, sarama.ErrNotEnoughReplicasAfterAppend, sarama.ErrKafkaStorageError,
-		sarama.ErrUnknownTopicOrPartition, sarama.ErrBrokerNotAvailable, sarama.ErrNetworkException,
-		sarama.ErrOutOfOrderSequenceNumber, sarama.ErrUnknownProducerID, sarama.ErrInvalidProducerEpoch,
-	} {
-		if errors.Is(r.err, k) {
-			return true
-		}
-	}
-	return false
-}
-
-// sequenceBroken reports an error after which the producer id must change.
-func sequenceBroken(err error) bool {
-	return errors.Is(err, sarama.ErrOutOfOrderSequenceNumber) || errors.Is(err, sarama.ErrUnknownProducerID) ||
-		errors.Is(err, sarama.ErrInvalidProducerEpoch)
-}

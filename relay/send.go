@@ -265,11 +265,11 @@ func (s *sendState) apply(results []chunkResult) (retry []string) {
 			q.head, q.tries = nil, 0
 		case retriable(res) && q.tries < s.p.conf.Producer.Retry.Max:
 			q.tries++
-			if sequenceBroken(res.err) {
+			if classify(res.err).newID {
 				s.p.stale = true
 			}
 			retry = append(retry, c.tp.topic)
-		case len(c.rows) > 1 && rejectsContent(res.err):
+		case len(c.rows) > 1 && classify(res.err).split:
 			// Nothing of it was written: send its rows one per batch to find
 			// the bad one(s).
 			q.rows = append(c.rows, q.rows...)
@@ -292,7 +292,7 @@ func (s *sendState) fail(c *chunk, err error) {
 	}
 	q := s.queues[c.tp]
 	q.head, q.tries = nil, 0
-	if !permanent(err) {
+	if classify(err).fate == fateTransient {
 		q.done = true
 	}
 	s.p.stale = true
@@ -324,18 +324,4 @@ func toRecord(m *sarama.ProducerMessage) *sarama.Record {
 		rec.Value, _ = m.Value.Encode()
 	}
 	return rec
-}
-
-// rejectsContent reports a broker's rejection of what a batch holds (one of
-// its records, or its size), as opposed to its topic: sending the rows one
-// per batch then finds the bad one.
-func rejectsContent(err error) bool {
-	for _, k := range []sarama.KError{
-		sarama.ErrMessageSizeTooLarge, sarama.ErrMessageSetSizeTooLarge, sarama.ErrInvalidRecord, sarama.ErrPolicyViolation,
-	} {
-		if errors.Is(err, k) {
-			return true
-		}
-	}
-	return false
 }
