@@ -10,7 +10,11 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/pgbox/pgbox/internal/backoff"
+	"github.com/pgbox/pgbox/outbox"
 )
+
+// Step 2 of a pass: send the claimed rows to Kafka, in order per key, over
+// the producer (producer.go).
 
 // maxRoundBytes bounds the record bytes of one round of requests, well below
 // sarama.MaxRequestSize; partitions beyond it wait for the next round.
@@ -85,65 +89,6 @@ func (r *Relay) sendBatch(ctx context.Context, p *producer, rows []row, gen int6
 	}
 }
 
-// roundTrip sends chunks and waits for every answer; once ctx is canceled it
-// waits at most StopTimeout more (ok is false if it gave up).
-func (r *Relay) roundTrip(ctx context.Context, p *producer, chunks []*chunk) (results []chunkResult, ok bool) {
-	out := make(chan chunkResult, len(chunks))
-	p.produce(chunks, out)
-	results = make([]chunkResult, 0, len(chunks))
-	done := ctx.Done()
-	var stopTimer <-chan time.Time
-	for len(results) < len(chunks) {
-		select {
-		case res := <-out:
-			results = append(results, res)
-		case <-done:
-			done = nil
-			t := time.NewTimer(r.cfg.StopTimeout)
-			defer t.Stop()
-			stopTimer = t.C
-		case <-stopTimer:
-			n := 0
-			for _, c := range chunks {
-				n += len(c.rows)
-			}
-			r.log.Warn("stop: gave up waiting for records in flight; their rows stay in the outbox", "rows", n)
-			return nil, false
-		}
-	}
-	return results, true
-}
-
-// sendState is one sendBatch's bookkeeping.
-type sendState struct {
-	p       *producer
-	rows    []row
-	recs    []*sarama.Record
-	sizes   []int
-	outcome map[int]error
-	queues  map[topicPartition]*partQueue
-	order   []topicPartition // partitions in first-seen order
-	blocked map[string]bool  // keys with a failed row: their later rows wait
-}
-
-// partQueue is one partition's rows not yet written.
-type partQueue struct {
-	rows   []int  // pending rows, id order
-	head   *chunk // the batch in flight or being retried
-	tries  int    // failed tries of head
-	single bool   // the broker rejected a batch: one row per batch from now on
-	done   bool   // a batch failed: the rest waits for the next pass
-}
-
-// keyOf names a row's order domain: its topic and key (keyless rows have no
-// order to keep).
-func keyOf(x *row, i int) string {
-	if x.key == nil {
-		return "\x00nokey" + strconv.Itoa(i)
-	}
-	return x.topic + "\x00" + string(x.key)
-}
-
 // planSend builds every row's record and partition queue. Rows that cannot
 // be sent (too large, topic unknown) fail here, and their keys' later rows
 // are held back.
@@ -194,9 +139,75 @@ func (r *Relay) planSend(ctx context.Context, p *producer, rows []row) *sendStat
 	return s
 }
 
+func toMessage(x *row) *sarama.ProducerMessage {
+	m := &sarama.ProducerMessage{Topic: x.topic}
+	if x.key != nil {
+		m.Key = sarama.ByteEncoder(x.key)
+	}
+	if x.value != nil {
+		m.Value = sarama.ByteEncoder(x.value)
+	}
+	m.Headers = make([]sarama.RecordHeader, 0, len(x.headers)+2)
+	for _, h := range x.headers {
+		if outbox.Reserved(h.Key) { // outbox.Write refuses them; rows written otherwise get the relay's
+			continue
+		}
+		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
+	}
+	m.Headers = append(m.Headers,
+		sarama.RecordHeader{Key: []byte(EventIDHeader), Value: []byte(x.eventID.String())},
+		sarama.RecordHeader{Key: []byte(CreatedAtHeader), Value: []byte(x.createdAt.UTC().Format(time.RFC3339Nano))},
+	)
+	return m
+}
+
+func toRecord(m *sarama.ProducerMessage) *sarama.Record {
+	rec := &sarama.Record{Headers: make([]*sarama.RecordHeader, len(m.Headers))}
+	for i := range m.Headers {
+		rec.Headers[i] = &m.Headers[i]
+	}
+	if m.Key != nil {
+		rec.Key, _ = m.Key.Encode()
+	}
+	if m.Value != nil {
+		rec.Value, _ = m.Value.Encode()
+	}
+	return rec
+}
+
+// keyOf names a row's order domain: its topic and key (keyless rows have no
+// order to keep).
+func keyOf(x *row, i int) string {
+	if x.key == nil {
+		return "\x00nokey" + strconv.Itoa(i)
+	}
+	return x.topic + "\x00" + string(x.key)
+}
+
 func (s *sendState) failRow(i int, err error) {
 	s.outcome[i] = err
 	s.blocked[keyOf(&s.rows[i], i)] = true
+}
+
+// sendState is one sendBatch's bookkeeping.
+type sendState struct {
+	p       *producer
+	rows    []row
+	recs    []*sarama.Record
+	sizes   []int
+	outcome map[int]error
+	queues  map[topicPartition]*partQueue
+	order   []topicPartition // partitions in first-seen order
+	blocked map[string]bool  // keys with a failed row: their later rows wait
+}
+
+// partQueue is one partition's rows not yet written.
+type partQueue struct {
+	rows   []int  // pending rows, id order
+	head   *chunk // the batch in flight or being retried
+	tries  int    // failed tries of head
+	single bool   // the broker rejected a batch: one row per batch from now on
+	done   bool   // a batch failed: the rest waits for the next pass
 }
 
 // nextChunks returns the next batch of every partition with rows left (the
@@ -248,6 +259,35 @@ func (s *sendState) cut(tp topicPartition, q *partQueue, limit int) *chunk {
 		return nil
 	}
 	return c
+}
+
+// roundTrip sends chunks and waits for every answer; once ctx is canceled it
+// waits at most StopTimeout more (ok is false if it gave up).
+func (r *Relay) roundTrip(ctx context.Context, p *producer, chunks []*chunk) (results []chunkResult, ok bool) {
+	out := make(chan chunkResult, len(chunks))
+	p.produce(chunks, out)
+	results = make([]chunkResult, 0, len(chunks))
+	done := ctx.Done()
+	var stopTimer <-chan time.Time
+	for len(results) < len(chunks) {
+		select {
+		case res := <-out:
+			results = append(results, res)
+		case <-done:
+			done = nil
+			t := time.NewTimer(r.cfg.StopTimeout)
+			defer t.Stop()
+			stopTimer = t.C
+		case <-stopTimer:
+			n := 0
+			for _, c := range chunks {
+				n += len(c.rows)
+			}
+			r.log.Warn("stop: gave up waiting for records in flight; their rows stay in the outbox", "rows", n)
+			return nil, false
+		}
+	}
+	return results, true
 }
 
 // apply records a round's answers and returns the topics of batches to
@@ -310,18 +350,4 @@ func (s *sendState) pending() int {
 		}
 	}
 	return n
-}
-
-func toRecord(m *sarama.ProducerMessage) *sarama.Record {
-	rec := &sarama.Record{Headers: make([]*sarama.RecordHeader, len(m.Headers))}
-	for i := range m.Headers {
-		rec.Headers[i] = &m.Headers[i]
-	}
-	if m.Key != nil {
-		rec.Key, _ = m.Key.Encode()
-	}
-	if m.Value != nil {
-		rec.Value, _ = m.Value.Encode()
-	}
-	return rec
 }
