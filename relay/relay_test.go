@@ -36,7 +36,13 @@ func TestPublishesCommittedRowsExactly(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, outbox.Write(ctx, tx, msg(b.topic, "order-1", "rolled back")))
 	require.NoError(t, tx.Rollback(ctx))
-	b.write(t, want[2:]...)
+	b.write(t, want[2:4]...)
+	// outbox.Write refuses a header named like the relay's; a row written
+	// by other means gets the relay's header instead of its own.
+	_, err = b.db.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value, headers)
+		VALUES (gen_random_uuid(), $1, $2, $3, $4, $5)`, outbox.SlotOf(want[4].Key, outbox.EventID{}), want[4].Topic, want[4].Key, want[4].Value,
+		`[{"k": "pgbox-event-id", "v": "bm90LW1pbmU="}]`)
+	require.NoError(t, err)
 
 	// The rows' event ids and times, to compare with the headers.
 	type stored struct {
