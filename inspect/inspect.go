@@ -49,12 +49,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/relay"
 )
 
 // Defaults for Options fields left zero.
 const (
-	// LanesDefault is the relay's default lane count (relay.LanesDefault).
-	LanesDefault = 16
+	// LanesDefault is the relay's default lane count: relay.LanesDefault.
+	LanesDefault = relay.LanesDefault
 	// ExactLimitDefault is how many rows a count reads before it becomes an estimate.
 	ExactLimitDefault = 1000
 	// StatementTimeoutDefault bounds every query of a snapshot.
