@@ -159,6 +159,10 @@ type Config struct {
 	MaxMessageBytes int
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// PublishHook, if set, is told about each batch the relay publishes (see
+	// PublishHook; pgboxotel.Tracer implements it to trace the publish).
+	// Defaults to nil: no hook.
+	PublishHook PublishHook
 }
 
 // NewKafkaConfig returns the sarama config the relay uses when Config.Kafka is

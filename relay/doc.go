@@ -215,5 +215,7 @@
 // Stats returns counters for an exporter: published, retried, parked,
 // batches, batch latency (last, max, total), backlog (table-wide, counted
 // at every fifth heartbeat) and lanes held. Logs go to Config.Logger (slog, snake_case keys);
-// a canceled context is not logged as an error.
+// a canceled context is not logged as an error. Config.PublishHook, if set,
+// is told about each published batch: pgboxotel.Tracer implements it to
+// trace the publish (the relay imports no tracing library).
 package relay

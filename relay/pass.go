@@ -107,8 +107,10 @@ func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slot
 	*nextSlot = (int(rows[len(rows)-1].slot) + 1) % outbox.Slots
 
 	claimed := time.Now()
+	end := r.startPublish(ctx, rows)
 	outcome, _ := r.sendBatch(ctx, p, rows, gen)
 	t := r.tally(rows, outcome)
+	end(len(t.okIDs), t.publishErr(len(rows)))
 	r.waitFinish() // one finish at a time
 	if len(t.okIDs)+len(t.badIDs) == 0 {
 		return t.res
