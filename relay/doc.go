@@ -1,6 +1,7 @@
 // Package relay publishes committed outbox rows (see package outbox) to Kafka
 // with an idempotent sarama producer, and deletes them once Kafka has
-// acknowledged them. Run one or more instances, usually as cmd/relay:
+// acknowledged them. Run one or more instances ([New], [Relay.Run]), usually
+// as the binary cmd/relay:
 //
 //	r, err := relay.New(relay.Config{Pool: pool, Brokers: []string{"kafka:9092"}})
 //	err = r.Run(ctx) // until ctx is canceled
@@ -12,21 +13,21 @@
 // partition (while the topic's partition count stays the same) in id order, which is commit order for writers that serialize on
 // the business row before writing the event (see package outbox). Every
 // record carries the row's event id in the "pgbox-event-id" header
-// (EventIDHeader) and its creation time in "pgbox-created-at"; consumers dedupe
+// ([EventIDHeader]) and its creation time in "pgbox-created-at"; consumers dedupe
 // on the event id (inbox.ByHeader(relay.EventIDHeader)).
 //
 // # Order and scale: slots, lanes, leases
 //
 // outbox.Write stores slot = fnv1a32(key) % 256 in each row. The relay groups
-// slots into Config.Lanes lanes (lane = slot % Lanes). A lane is owned by one
+// slots into [Config.Lanes] lanes ([LaneOf]: lane = slot % Lanes; [LanesDefault] 16). A lane is owned by one
 // instance at a time through a lease row in pgbox_relay_lanes; instances
-// announce themselves in pgbox_relay_instances. Every HeartbeatInterval (2 s)
+// announce themselves in pgbox_relay_instances. Every [Config.HeartbeatInterval] (2 s)
 // each instance runs one statement that renews its instance row and its
 // leases, computes its share (the live instances sorted by name; instance
 // number i of n gets the lanes with lane % n = i), releases lanes outside its
 // share and takes free or expired lanes inside it. So lanes rebalance as
 // instances come and go, and a dead instance's lanes are taken over within
-// LeaseTTL + HeartbeatInterval (8 s by default). All lease times use the
+// [Config.LeaseTTL] + HeartbeatInterval (8 s by default). All lease times use the
 // database's clock.
 //
 // Lease rows rather than session advisory locks: they work through pgbouncer
@@ -74,7 +75,7 @@
 // overlap: the next batch is claimed while the current one is sent, and a
 // sent batch is deleted in the background while the next goes out.
 //
-// Of Config.Kafka the relay uses the client settings (Version, Net,
+// Of [Config.Kafka] the relay uses the client settings (Version, Net,
 // Metadata, ClientID) and, of Producer: RequiredAcks, Timeout (the
 // broker's wait for acks), Retry.Max and Retry.Backoff, Compression and
 // CompressionLevel, MaxMessageBytes (the largest record batch) and
@@ -108,12 +109,12 @@
 // Kafka first answers (taking no lanes until it does, so the instances that
 // can publish keep theirs), records an outage in kafka_down_since (`relay
 // status`: "running, Kafka unreachable since …") and logs it at ERROR once
-// it has lasted KafkaOutageAlert (1 minute). A row that fails permanently (larger than the producer
+// it has lasted [Config.KafkaOutageAlert] (1 minute). A row that fails permanently (larger than the producer
 // or broker allows, invalid record, not authorized) gets attempts + 1 and
-// last_error; at MaxAttempts (5) it is parked (parked_at set) and the relay
+// last_error; at [Config.MaxAttempts] (5) it is parked (parked_at set) and the relay
 // stops trying it. A topic that does not exist (auto-creation off; a
-// dead-letter topic too) is retried with backoff for UnknownTopicWindow (5
-// minutes) from the row's first such failure before the row is parked: a
+// dead-letter topic too) is retried with backoff for [Config.UnknownTopicWindow]
+// ([UnknownTopicWindowDefault], 5 minutes) from the row's first such failure before the row is parked: a
 // deploy often writes before its topic is created.
 //
 // A failing or parked row holds its key: later rows of the same topic and
@@ -155,7 +156,7 @@
 //
 // # Stop
 //
-// When ctx is canceled, Run sends nothing more, waits at most StopTimeout
+// When ctx is canceled, [Relay.Run] sends nothing more, waits at most [Config.StopTimeout]
 // for the records in flight, deletes what Kafka acknowledged, releases its
 // lanes and returns nil. Every Kafka call on the relay's path honours ctx
 // (sarama's calls take none: they run in a goroutine Run stops waiting
@@ -167,7 +168,7 @@
 //
 // # Partitioning
 //
-// Config.Partitioner defaults to NewMurmur2Partitioner, the Java client's
+// [Config.Partitioner] defaults to [NewMurmur2Partitioner], the Java client's
 // placement (toPositive(murmur2(key)) % partitions), so a key lands on the
 // partition Java, franz-go and Kafka Streams producers choose for it.
 // sarama.NewHashPartitioner (FNV-1a, sarama's default) is the alternative
@@ -212,10 +213,10 @@
 //
 // # Stats and logs
 //
-// Stats returns counters for an exporter: published, retried, parked,
+// [Relay.Stats] returns counters for an exporter: published, retried, parked,
 // batches, batch latency (last, max, total), backlog (table-wide, counted
 // at every fifth heartbeat) and lanes held. Logs go to Config.Logger (slog, snake_case keys);
-// a canceled context is not logged as an error. Config.PublishHook, if set,
+// a canceled context is not logged as an error. [Config.PublishHook] ([PublishHook]), if set,
 // is told about each published batch: pgboxotel.Tracer implements it to
 // trace the publish (the relay imports no tracing library).
 package relay
