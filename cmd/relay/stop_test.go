@@ -2,6 +2,7 @@ package main
 
 import (
 	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -59,4 +60,22 @@ func TestRunSIGTERMWhileBrokerHangs(t *testing.T) {
 	require.Equal(t, 0, code, p.output())
 	require.Less(t, took, shutdown, p.output())
 	t.Logf("exited %s after SIGTERM", took)
+}
+
+// TestStatusShowsRelayWithoutKafka: a `relay run` that cannot reach Kafka is
+// running, and `relay status` says so (it used to say "none running").
+func TestStatusShowsRelayWithoutKafka(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	env := append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS=127.0.0.1:1") // nothing listens on port 1
+	p := startRelay(t, env, "run")
+	p.httpAddr(t)
+	var out string
+	waitFor(t, "status shows the instance", 30*time.Second, func() bool {
+		r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + db.URL}, "status")
+		out = r.stdout
+		return r.code == 0 && strings.Contains(out, "running, Kafka unreachable since")
+	})
+	require.NotContains(t, out, "none running")
+	require.Equal(t, 0, p.stop(t), p.output())
 }
