@@ -49,6 +49,7 @@ func (r *Relay) takeBatch(ctx context.Context, nextSlot int, only *slotSet) ([]r
 }
 
 // claim reads the next batch from slots, in slot order, skipping in each
+// slot the rows a parked row holds back (claimSQL).
 func (r *Relay) claim(ctx context.Context, slots []int32) ([]row, error) {
 	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.id, r.cfg.BatchSize, r.cfg.Lanes, slots, r.claimPerSlot())
 	if err != nil {
