@@ -57,12 +57,13 @@ import (
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/internal/pgerr"
 	"github.com/pgbox/pgbox/outbox"
+	"github.com/pgbox/pgbox/relay"
 )
 
 // Defaults for Config fields left zero.
 const (
-	// LanesDefault is the relay's default lane count (relay.LanesDefault).
-	LanesDefault = 16
+	// LanesDefault is the relay's default lane count: relay.LanesDefault.
+	LanesDefault = relay.LanesDefault
 	// ExactLimitDefault is how many rows a count reads before it becomes an estimate.
 	ExactLimitDefault = 1000
 	// StatementTimeoutDefault bounds every query of a snapshot.
@@ -231,7 +232,7 @@ func (s *Snapshot) readLanes(ctx context.Context, tx pgx.Tx, cfg Config) error {
 	}
 	s.Instances, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Instance, error) {
 		var i Instance
-		err := r.Scan(&i.Instance, &i.StartedAt, &i.HeartbeatAt, &i.Live)
+		err := r.Scan(&i.Instance, &i.StartedAt, &i.HeartbeatAt, &i.Live, &i.KafkaReady, &i.KafkaDownSince)
 		return i, err
 	})
 	if err != nil {

@@ -95,6 +95,10 @@ type ParkedMessage struct {
 	LastError string    `json:"last_error"`
 	CreatedAt time.Time `json:"created_at"`
 	ParkedAt  time.Time `json:"parked_at"`
+	// Held counts the rows this row holds back: later rows of its topic and
+	// key, which the relay publishes only once it is retried (after it, in
+	// order) or discarded.
+	Held int64 `json:"held"`
 }
 
 // cutoff reads the filter's minimum age as a time on the database's clock,
@@ -123,7 +127,7 @@ func ListParked(ctx context.Context, db Querier, f ParkedFilter) ([]ParkedMessag
 	}
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedMessage, error) {
 		var p ParkedMessage
-		err := r.Scan(&p.ID, &p.EventID, &p.Topic, &p.Key, &p.Attempts, &p.LastError, &p.CreatedAt, &p.ParkedAt)
+		err := r.Scan(&p.ID, &p.EventID, &p.Topic, &p.Key, &p.Attempts, &p.LastError, &p.CreatedAt, &p.ParkedAt, &p.Held)
 		return p, err
 	})
 	if err != nil {
@@ -149,10 +153,11 @@ func CountParked(ctx context.Context, db Querier, f ParkedFilter) (int64, error)
 	return n, nil
 }
 
-// RetryParked unparks every row f selects: parked_at is cleared and attempts
-// restart at 0 (last_error stays until the relay overwrites it). Running
-// relays then publish the rows again; they keep their ids, so rows of one key
-// go out in id order among themselves. It works in batches of f.BatchSize
+// RetryParked writes: it unparks every row f selects: parked_at is cleared
+// and attempts restart at 0 (last_error stays until the relay overwrites it).
+// Running relays then publish the rows again, and after each the rows of its
+// topic and key it held back; they keep their ids, so a key's rows go out in
+// id order. It works in batches of f.BatchSize
 // rows, each its own statement, so relays and writers are never held up; a
 // row that stopped being parked meanwhile is left alone. Running it twice
 // has the same end state as once: the second finds nothing parked. It
@@ -161,9 +166,10 @@ func RetryParked(ctx context.Context, db Querier, f ParkedFilter) (int64, error)
 	return parkedBatches(ctx, db, f, sqlParkedRetry, "unpark")
 }
 
-// DiscardParked deletes every row f selects, in batches as RetryParked (a row
-// unparked meanwhile is not deleted), and returns how many it deleted. The
-// rows are gone: their events are never published. Preview with CountParked
+// DiscardParked writes: it deletes every row f selects, in batches as
+// RetryParked (a row unparked meanwhile is not deleted), and returns how many
+// it deleted. The rows are gone: their events are never published, and the
+// rows of their keys they held back go on. Preview with CountParked
 // or ListParked.
 func DiscardParked(ctx context.Context, db Querier, f ParkedFilter) (int64, error) {
 	return parkedBatches(ctx, db, f, sqlParkedDiscard, "discard")

@@ -261,7 +261,7 @@ func (d deadRecord) message(topic string) (outbox.Message, string, error) {
 	if d.replays > 0 {
 		tag += "." + strconv.Itoa(d.replays+1)
 	}
-	hs = slices.DeleteFunc(hs, func(h outbox.Header) bool { return h.Key == inbox.ReplayHeader })
+	hs = slices.DeleteFunc(hs, func(h outbox.Header) bool { return h.Key == inbox.ReplayHeader || outbox.Reserved(h.Key) })
 	hs = append(hs, outbox.Header{Key: inbox.ReplayHeader, Value: []byte(tag)})
 	return outbox.Message{Topic: cmp.Or(topic, d.topic), Key: d.key, Value: d.value, Headers: hs}, tag, nil
 }

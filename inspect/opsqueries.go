@@ -18,21 +18,32 @@ const parkedWhere = `parked_at IS NOT NULL AND parked_at <= $3
 	AND (cardinality($4::bigint[]) = 0 OR id = ANY($4::bigint[]))`
 
 // sqlParkedList lists matching parked rows in id order, $5 at most, along
-// pgbox_outbox_parked_idx.
-const sqlParkedList = `SELECT id, event_id::text, topic, key, attempts, coalesce(last_error, ''), created_at, parked_at
-FROM pgbox_outbox WHERE ` + parkedWhere + ` ORDER BY id LIMIT $5`
+// pgbox_outbox_parked_idx, each with the rows it holds back (sqlHeldBy).
+const sqlParkedList = `SELECT id, event_id::text, topic, key, attempts, coalesce(last_error, ''), created_at, parked_at, ` + sqlHeldBy + `
+FROM pgbox_outbox p WHERE ` + parkedWhere + ` ORDER BY id LIMIT $5`
+
+// sqlHeldBy counts the rows parked row p holds back: the later unparked rows
+// of its topic and key, which the relay does not claim while p is parked
+// (relay's claim; rows without a key hold nothing). A key's rows share
+// its slot, so this walks pgbox_outbox_claim_idx from p's position in its
+// slot.
+const sqlHeldBy = `(SELECT count(*) FROM pgbox_outbox h
+	WHERE p.key IS NOT NULL AND (h.slot, h.id) > (p.slot, p.id) AND h.slot <= p.slot
+	  AND h.parked_at IS NULL AND h.topic = p.topic AND h.key = p.key)`
 
 // sqlParkedCount counts the matching parked rows.
 const sqlParkedCount = `SELECT count(*) FROM pgbox_outbox WHERE ` + parkedWhere
 
 // sqlParkedRetry unparks one batch: the next $5 matching rows after id $6.
-// Attempts restart at 0; last_error is kept (the relay overwrites it on the
-// next failure). Returns the batch's last id (NULL: nothing left) and how many
-// rows it unparked.
+// Attempts restart at 0 and so does the unknown-topic window
+// (failing_since); last_error is kept (the relay overwrites it on the next
+// failure). The rows the unparked ones held become claimable with them, so
+// the relay sends each key's rows in id order. Returns the batch's last id
+// (NULL: nothing left) and how many rows it unparked.
 const sqlParkedRetry = `WITH b AS (
 	SELECT id FROM pgbox_outbox WHERE ` + parkedWhere + ` AND id > $6 ORDER BY id LIMIT $5
 ), u AS (
-	UPDATE pgbox_outbox o SET parked_at = NULL, attempts = 0
+	UPDATE pgbox_outbox o SET parked_at = NULL, attempts = 0, failing_since = NULL
 	FROM b WHERE o.id = b.id AND o.parked_at IS NOT NULL
 	RETURNING o.id
 )

@@ -1,11 +1,17 @@
 package inspect
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgbox/pgbox/outbox"
+	"github.com/pgbox/pgbox/relay"
 )
 
 // readBacklog counts unparked rows exactly up to the limit, by topic and
@@ -16,18 +22,19 @@ func (s *Snapshot) readBacklog(ctx context.Context, tx pgx.Tx, cfg Config) error
 		return fmt.Errorf("inspect: count pgbox_outbox: %w", err)
 	}
 	if n < int64(cfg.ExactLimit) {
-		rows, err := tx.Query(ctx, sqlBacklogExact, s.LaneCount)
+		rows, err := tx.Query(ctx, sqlBacklogExact)
 		if err != nil {
 			return fmt.Errorf("inspect: read pgbox_outbox backlog: %w", err)
 		}
-		s.Topics, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (TopicBacklog, error) {
+		bySlot, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (TopicBacklog, error) {
 			var b TopicBacklog
-			err := r.Scan(&b.Topic, &b.Lane, &b.Unpublished)
+			err := r.Scan(&b.Topic, &b.Lane, &b.Unpublished) // Lane holds the slot here
 			return b, err
 		})
 		if err != nil {
 			return fmt.Errorf("inspect: read pgbox_outbox backlog: %w", err)
 		}
+		s.Topics = byLane(bySlot, s.LaneCount)
 		s.Outbox.Unpublished = n
 		return nil
 	}
@@ -52,11 +59,32 @@ func (s *Snapshot) readBacklog(ctx context.Context, tx pgx.Tx, cfg Config) error
 	return nil
 }
 
+// byLane sums per-slot backlogs (Lane holding the slot) into lanes, with the
+// relay's own mapping, ordered by topic and lane.
+func byLane(bySlot []TopicBacklog, lanes int) []TopicBacklog {
+	type key struct {
+		topic string
+		lane  int
+	}
+	sums := map[key]int64{}
+	for _, b := range bySlot {
+		sums[key{b.Topic, relay.LaneOf(b.Lane, lanes)}] += b.Unpublished
+	}
+	out := make([]TopicBacklog, 0, len(sums))
+	for k, n := range sums {
+		out = append(out, TopicBacklog{Topic: k.topic, Lane: k.lane, Unpublished: n})
+	}
+	slices.SortFunc(out, func(a, b TopicBacklog) int {
+		return cmp.Or(strings.Compare(a.Topic, b.Topic), cmp.Compare(a.Lane, b.Lane))
+	})
+	return out
+}
+
 // readLaneAges finds each lane's oldest unpublished row, one index probe per
 // slot.
 func (s *Snapshot) readLaneAges(ctx context.Context, tx pgx.Tx, _ Config) error {
 	oldest := make([]*time.Time, s.LaneCount)
-	rows, err := tx.Query(ctx, sqlOldestPerSlot)
+	rows, err := tx.Query(ctx, sqlOldestPerSlot, outbox.Slots)
 	if err != nil {
 		return fmt.Errorf("inspect: read pgbox_outbox oldest rows: %w", err)
 	}
@@ -67,7 +95,7 @@ func (s *Snapshot) readLaneAges(ctx context.Context, tx pgx.Tx, _ Config) error 
 			rows.Close()
 			return fmt.Errorf("inspect: read pgbox_outbox oldest rows: %w", err)
 		}
-		if lane := slot % s.LaneCount; at != nil && (oldest[lane] == nil || at.Before(*oldest[lane])) {
+		if lane := relay.LaneOf(slot, s.LaneCount); at != nil && (oldest[lane] == nil || at.Before(*oldest[lane])) {
 			oldest[lane] = at
 		}
 	}
@@ -110,7 +138,7 @@ func (s *Snapshot) readParked(ctx context.Context, tx pgx.Tx, cfg Config) error 
 	}
 	s.Parked, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedRow, error) {
 		var p ParkedRow
-		err := r.Scan(&p.ID, &p.EventID, &p.Topic, &p.Attempts, &p.LastError, &p.ParkedAt)
+		err := r.Scan(&p.ID, &p.EventID, &p.Topic, &p.Attempts, &p.LastError, &p.ParkedAt, &p.Held)
 		return p, err
 	})
 	if err != nil {

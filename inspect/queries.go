@@ -10,7 +10,7 @@ const sqlLanes = `SELECT lane, lanes, coalesce(owner, ''), expires_at > now(), e
 	CASE WHEN expires_at > now() THEN extract(epoch FROM expires_at - now()) ELSE 0 END::float8
 FROM pgbox_relay_lanes ORDER BY lane`
 
-const sqlInstances = `SELECT instance, started_at, heartbeat_at, expires_at > now()
+const sqlInstances = `SELECT instance, started_at, heartbeat_at, expires_at > now(), kafka_ready, kafka_down_since
 FROM pgbox_relay_instances ORDER BY instance`
 
 // sqlStart bounds the snapshot's statements (SET LOCAL statement_timeout:
@@ -21,10 +21,11 @@ const sqlStart = `SELECT now() FROM set_config('statement_timeout', $1, true)`
 // pgbox_outbox_claim_idx.
 const sqlUnpublishedBounded = `SELECT count(*) FROM (SELECT 1 FROM pgbox_outbox WHERE parked_at IS NULL LIMIT $1) s`
 
-// sqlBacklogExact groups the unparked rows by topic and lane; run only when
-// sqlUnpublishedBounded found fewer than the exact limit. $1: lanes.
-const sqlBacklogExact = `SELECT topic, (slot % $1)::int, count(*)::bigint
-FROM pgbox_outbox WHERE parked_at IS NULL GROUP BY 1, 2 ORDER BY 1, 2`
+// sqlBacklogExact groups the unparked rows by topic and slot (readBacklog
+// groups slots into lanes with relay.LaneOf); run only when
+// sqlUnpublishedBounded found fewer than the exact limit.
+const sqlBacklogExact = `SELECT topic, slot::int, count(*)::bigint
+FROM pgbox_outbox WHERE parked_at IS NULL GROUP BY 1, 2`
 
 // sqlBacklogEstimate estimates the unparked rows per topic from planner
 // statistics: the claim index's row count (pg_class.reltuples, kept by
@@ -41,20 +42,21 @@ WHERE i.oid = 'pgbox_outbox_claim_idx'::regclass
 ORDER BY 1`
 
 // sqlOldestPerSlot finds each slot's oldest unparked row: one probe of
-// pgbox_outbox_claim_idx (slot, id) per slot, 256 in all, whatever the
-// backlog. Lanes are groups of slots (slot % lanes).
+// pgbox_outbox_claim_idx (slot, id) per slot, $1 (outbox.Slots) in all,
+// whatever the backlog. Lanes are groups of slots (relay.LaneOf).
 const sqlOldestPerSlot = `SELECT s.slot, (SELECT o.created_at FROM pgbox_outbox o
 	WHERE o.slot = s.slot::smallint AND o.parked_at IS NULL ORDER BY o.id LIMIT 1)
-FROM generate_series(0, 255) AS s(slot)`
+FROM generate_series(0, $1::int - 1) AS s(slot)`
 
 // sqlParkedBounded counts parked rows per topic, the first $1 of them, along
 // pgbox_outbox_parked_idx.
 const sqlParkedBounded = `SELECT topic, count(*)::bigint
 FROM (SELECT topic FROM pgbox_outbox WHERE parked_at IS NOT NULL LIMIT $1) s GROUP BY 1 ORDER BY 1`
 
-// sqlParkedNewest lists the newest parked rows.
-const sqlParkedNewest = `SELECT id, event_id::text, topic, attempts, coalesce(last_error, ''), parked_at
-FROM pgbox_outbox WHERE parked_at IS NOT NULL ORDER BY parked_at DESC, id DESC LIMIT $1`
+// sqlParkedNewest lists the newest parked rows, each with the rows it holds
+// back (sqlHeldBy).
+const sqlParkedNewest = `SELECT id, event_id::text, topic, attempts, coalesce(last_error, ''), parked_at, ` + sqlHeldBy + `
+FROM pgbox_outbox p WHERE parked_at IS NOT NULL ORDER BY parked_at DESC, id DESC LIMIT $1`
 
 // sqlInboxOldest lists every (consumer, topic) pair of the inbox with its
 // oldest key, in a loose index scan over pgbox_inbox_consumer_topic_age_idx

@@ -87,6 +87,9 @@ type ParkedRow struct {
 	Attempts  int       `json:"attempts"`
 	LastError string    `json:"last_error"`
 	ParkedAt  time.Time `json:"parked_at"`
+	// Held counts the later rows of its topic and key it holds back (see
+	// ParkedMessage.Held).
+	Held int64 `json:"held"`
 }
 
 // Lane is one row of the relay's lane table.
@@ -106,6 +109,13 @@ type Instance struct {
 	StartedAt   time.Time `json:"started_at"`
 	HeartbeatAt time.Time `json:"heartbeat_at"`
 	Live        bool      `json:"live"`
+	// KafkaReady is false until the instance has reached Kafka since it
+	// started; until then it takes no lanes.
+	KafkaReady bool `json:"kafka_ready"`
+	// KafkaDownSince is when the instance found Kafka unreachable (at
+	// start-up, or every send of its passes failing); nil while Kafka
+	// answers.
+	KafkaDownSince *time.Time `json:"kafka_down_since,omitempty"`
 }
 
 // InboxTopic is one consumer's keys of one source topic, and their oldest

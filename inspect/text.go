@@ -54,13 +54,28 @@ func printOutbox(w io.Writer, s *Snapshot) {
 		_ = tw.Flush()
 	}
 	if len(s.Parked) > 0 {
-		fmt.Fprintln(w, "\nPARKED ROWS (newest; fix the cause, then UPDATE pgbox_outbox SET parked_at = NULL, attempts = 0 WHERE id = … to retry):")
+		fmt.Fprintln(w, "\nPARKED ROWS (newest; each holds back its key's later rows, HELD: fix the cause, then `relay parked retry ID`, or `relay parked discard ID`):")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tEVENT ID\tTOPIC\tATTEMPTS\tPARKED AT\tLAST ERROR")
+		fmt.Fprintln(tw, "ID\tEVENT ID\tTOPIC\tATTEMPTS\tHELD\tPARKED AT\tLAST ERROR")
 		for _, p := range s.Parked {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", p.ID, p.EventID, p.Topic, p.Attempts, p.ParkedAt.UTC().Format(time.RFC3339), truncate(p.LastError, 80))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\n", p.ID, p.EventID, p.Topic, p.Attempts, p.Held, p.ParkedAt.UTC().Format(time.RFC3339), truncate(p.LastError, 80))
 		}
 		_ = tw.Flush()
+	}
+}
+
+// instanceState says whether an instance runs and whether it reaches Kafka.
+func instanceState(s *Snapshot, i Instance) string {
+	switch {
+	case !i.Live:
+		return "expired"
+	case i.KafkaDownSince != nil:
+		return fmt.Sprintf("running, Kafka unreachable since %s (%s)", i.KafkaDownSince.UTC().Format(time.RFC3339),
+			durtext.Short(s.Time.Sub(*i.KafkaDownSince)))
+	case !i.KafkaReady:
+		return "running, connecting to Kafka"
+	default:
+		return "live"
 	}
 }
 
@@ -81,10 +96,7 @@ func printRelays(w io.Writer, s *Snapshot) {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "INSTANCE\tSTATE\tLANES HELD\tSTARTED\tLAST HEARTBEAT")
 		for _, i := range s.Instances {
-			state := "live"
-			if !i.Live {
-				state = "expired"
-			}
+			state := instanceState(s, i)
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s ago\n", i.Instance, state, held[i.Instance], i.StartedAt.UTC().Format(time.RFC3339),
 				durtext.Short(s.Time.Sub(i.HeartbeatAt)))
 		}

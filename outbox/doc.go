@@ -12,7 +12,8 @@
 // connection under the *sql.Tx.
 //
 // Write validates every message first (Kafka topic-name rules, size limit,
-// header keys) and then inserts all of them in one round trip. An invalid
+// header keys; a header named like one the relay sets, EventIDHeader or
+// CreatedAtHeader, is refused rather than silently replaced) and then inserts all of them in one round trip. An invalid
 // message makes Write return an error wrapping ErrInvalidMessage that names it
 // (index, topic, key); nothing is written and the transaction stays usable.
 //

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -118,6 +119,9 @@ func NewWriter(cfg Config) (*Writer, error) {
 	}
 	if cfg.Channel == "" {
 		cfg.Channel = ChannelDefault
+	}
+	if strings.TrimSpace(cfg.Channel) == "" {
+		return nil, errors.New("outbox: Config.Channel is blank: leave it empty for ChannelDefault, or name the relays' channel (relay.Config.Channel)")
 	}
 	if len(cfg.Channel) > 63 {
 		return nil, fmt.Errorf("outbox: Config.Channel %q is longer than PostgreSQL's 63-byte identifier limit", cfg.Channel)
@@ -281,6 +285,10 @@ func (w *Writer) validate(m *Message) error {
 	for j, h := range m.Headers {
 		if !utf8.ValidString(h.Key) { // Kafka header keys are strings
 			return fmt.Errorf("header %d key %q is not valid UTF-8", j, h.Key)
+		}
+		if Reserved(h.Key) {
+			return fmt.Errorf("header %d is named %q, which the relay sets on every record (it would replace yours): "+
+				"rename your header, or drop it when forwarding a consumed record (outbox.WithoutReserved)", j, h.Key)
 		}
 	}
 	if size := RecordSize(*m); size > w.cfg.MaxBytes {

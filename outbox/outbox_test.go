@@ -142,6 +142,9 @@ func testWriteRejectsBadInput(t *testing.T, db *testdb.DB, k txKind) {
 		{"headers too large", small, outbox.Message{Topic: "t", Key: []byte("k1"), Value: []byte("v"),
 			Headers: []outbox.Header{{Key: "h", Value: make([]byte, 100)}}}, "record size 315 bytes (outbox.RecordSize: key, value, headers, pgbox's own headers and Kafka's record overhead) exceeds the limit of 300"},
 		{"bad utf8 header key", nil, outbox.Message{Topic: "t", Key: []byte("k1"), Headers: []outbox.Header{{Key: "\xff"}}}, "not valid UTF-8"},
+		{"event id header", nil, outbox.Message{Topic: "t", Key: []byte("k1"), Headers: []outbox.Header{{Key: "trace"}, {Key: "pgbox-event-id", Value: []byte("mine")}}},
+			`header 1 is named "pgbox-event-id", which the relay sets on every record (it would replace yours): rename your header, or drop it when forwarding a consumed record (outbox.WithoutReserved)`},
+		{"created-at header", nil, outbox.Message{Topic: "t", Key: []byte("k1"), Headers: []outbox.Header{{Key: outbox.CreatedAtHeader}}}, `header 0 is named "pgbox-created-at"`},
 	}
 	tx := begin(t, db, k)
 	for _, tc := range cases {
@@ -170,6 +173,8 @@ func testWriteRejectsBadInput(t *testing.T, db *testdb.DB, k txKind) {
 	require.ErrorContains(t, err, "Config.MaxBytes is -1")
 	_, err = outbox.NewWriter(outbox.Config{Channel: strings.Repeat("c", 64)})
 	require.ErrorContains(t, err, "63-byte")
+	_, err = outbox.NewWriter(outbox.Config{Channel: "  "})
+	require.ErrorContains(t, err, "Config.Channel is blank")
 }
 
 func quote(s string) string { b, _ := json.Marshal(s); return string(b) }
@@ -244,3 +249,23 @@ func TestWriteNotifiesOnlyWhileARelaySleeps(t *testing.T) {
 }
 
 func pgconnTimeout(err error) bool { return err != nil && strings.Contains(err.Error(), "timeout") }
+
+// A consumed record that a pgbox relay published carries the relay's headers;
+// code forwarding it (a dead letter, a replay) drops them with
+// WithoutReserved, and the new record gets its own.
+func TestWithoutReservedDropsTheRelaysHeaders(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	consumed := []outbox.Header{{Key: "trace", Value: []byte("t")}, {Key: outbox.EventIDHeader, Value: []byte("old")},
+		{Key: outbox.CreatedAtHeader, Value: []byte("then")}, {Key: "Pgbox-Event-Id", Value: []byte("not ours: other case")}}
+	m := outbox.Message{Topic: "events.dlq", Key: []byte("k"), Headers: consumed}
+	require.ErrorIs(t, outbox.Write(ctx, db.Pool, m), outbox.ErrInvalidMessage)
+
+	m.Headers = outbox.WithoutReserved(consumed)
+	require.Equal(t, []outbox.Header{consumed[0], consumed[3]}, m.Headers)
+	require.Len(t, consumed, 4, "the input is not changed")
+	require.NoError(t, outbox.Write(ctx, db.Pool, m))
+	require.True(t, outbox.Reserved("pgbox-event-id"))
+	require.False(t, outbox.Reserved("pgbox-replay-of"))
+}

@@ -3,8 +3,8 @@ package outbox
 import "encoding/binary"
 
 // Header names the relay adds to every record (relay.EventIDHeader and
-// relay.CreatedAtHeader are these). Row headers with these names are replaced
-// by the relay's.
+// relay.CreatedAtHeader are these). Write refuses a message that sets one
+// (see Reserved).
 const (
 	// EventIDHeader carries the row's event id (a UUIDv7 string).
 	EventIDHeader = "pgbox-event-id"
@@ -45,4 +45,23 @@ func RecordSize(m Message) int {
 		size += len(h.Key) + len(h.Value) + headerOverhead
 	}
 	return size
+}
+
+// Reserved reports whether name is a header the relay sets on every record it
+// publishes (EventIDHeader, CreatedAtHeader). Write refuses a message with
+// such a header: the relay would replace it, silently. Code that forwards a
+// consumed record's headers (a dead letter, a replay) drops these with
+// WithoutReserved; the new record gets its own.
+func Reserved(name string) bool { return name == EventIDHeader || name == CreatedAtHeader }
+
+// WithoutReserved returns hs without the headers Reserved names, in a new
+// slice (hs is not changed).
+func WithoutReserved(hs []Header) []Header {
+	out := make([]Header, 0, len(hs))
+	for _, h := range hs {
+		if !Reserved(h.Key) {
+			out = append(out, h)
+		}
+	}
+	return out
 }

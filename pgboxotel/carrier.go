@@ -1,8 +1,6 @@
 package pgboxotel
 
 import (
-	"github.com/IBM/sarama"
-
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/outbox"
 )
@@ -58,29 +56,6 @@ func (c inboxCarrier) Keys() []string {
 	keys := make([]string, len(c.Headers))
 	for i, h := range c.Headers {
 		keys[i] = h.Key
-	}
-	return keys
-}
-
-// recordCarrier reads the trace context from a record the relay is about to
-// send. Set is a no-op: the record's headers stay as the row had them.
-type recordCarrier []sarama.RecordHeader
-
-func (c recordCarrier) Get(key string) string {
-	for i := len(c) - 1; i >= 0; i-- {
-		if string(c[i].Key) == key {
-			return string(c[i].Value)
-		}
-	}
-	return ""
-}
-
-func (recordCarrier) Set(string, string) {}
-
-func (c recordCarrier) Keys() []string {
-	keys := make([]string, len(c))
-	for i, h := range c {
-		keys[i] = string(h.Key)
 	}
 	return keys
 }

@@ -3,7 +3,7 @@
 // published it and the consumer that handled it:
 //
 //	charge card (writer's span)
-//	├── send payments.v1     (relay, optional: see "The relay" below)
+//	├┄┄ send payments.v1     (relay, optional, a link: see "The relay" below)
 //	└── process payments.v1  (consumer, pgboxotel.Handler)
 //	    └── ... whatever the handler does, outbox events it writes included
 //
@@ -45,13 +45,19 @@
 //
 // # The relay
 //
-// The relay has no tracing of its own. SendSpan is shaped for an optional
-// relay hook called as each record is handed to the producer and ended with
-// the send's outcome; it starts a producer span, a child of the writer's
-// span, for records that carry trace headers, and leaves the headers alone so
-// the consumer's span stays the writer's child. Without the hook the trace
-// is writer -> consumer, which is what most dashboards need: the time
-// between the two spans is the outbox latency.
+// The relay imports no tracing library; it takes an optional hook,
+// relay.Config.PublishHook, which a Tracer implements (StartPublish):
+//
+//	r, err := relay.New(relay.Config{Pool: pool, Brokers: brokers, PublishHook: tr})
+//
+// Each batch the relay publishes is then one producer span ("send
+// payments.v1"), linked to the writer's span of every traced record in it
+// and ended when Kafka has answered, with the batch size and the number
+// published. It is linked, not a parent: the records' headers are left
+// alone, so each consumer's span stays its writer's child. A batch without
+// a traced record gets no span. Without the hook the trace is writer ->
+// consumer, which is what most dashboards need: the time between the two
+// spans is the outbox latency.
 //
 // # Size
 //

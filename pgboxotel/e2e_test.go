@@ -32,14 +32,14 @@ func recorder(t *testing.T) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) 
 
 // startRelay runs a real relay over db's outbox, publishing to addrs, until
 // the test ends.
-func startRelay(t *testing.T, db *testdb.DB, addrs []string) {
+func startRelay(t *testing.T, db *testdb.DB, addrs []string, hook relay.PublishHook) {
 	t.Helper()
 	kcfg := relay.NewKafkaConfig()
 	kcfg.Version = kafkatest.Version
 	kcfg.Metadata.Retry.Backoff = 50 * time.Millisecond
 	kcfg.Producer.Retry.Backoff = 50 * time.Millisecond
 	r, err := relay.New(relay.Config{Pool: db.Pool, Brokers: addrs, Kafka: kcfg, Lanes: 2, NoListen: true,
-		PollInterval: 50 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, LeaseTTL: time.Second})
+		PollInterval: 50 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, LeaseTTL: time.Second, PublishHook: hook})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -82,7 +82,7 @@ func TestOneTraceWriterToHandler(t *testing.T) {
 		return outbox.Write(context.Background(), tx, outbox.Message{Topic: topic, Key: []byte("order-2"), Value: []byte("untraced")})
 	}))
 
-	startRelay(t, db, addrs)
+	startRelay(t, db, addrs, tr)
 	got := make(chan handled, 4)
 	stop := consume(t, db.Pool, addrs, group, []string{topic}, tr.Handler(func(ctx context.Context, _ pgx.Tx, m inbox.Message) error {
 		got <- handled{span: trace.SpanContextFromContext(ctx), m: m}
@@ -121,6 +121,19 @@ func TestOneTraceWriterToHandler(t *testing.T) {
 	eventID, _ := traced.m.Header(relay.EventIDHeader)
 	require.Equal(t, string(eventID), attrs["messaging.message.id"])
 	require.Equal(t, fmt.Sprint(traced.m.Offset), attrs["messaging.kafka.offset"])
+
+	// The relay's publish: a producer span linked to the writer's span.
+	var send sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.SpanKind() == trace.SpanKindProducer {
+			require.Nil(t, send, "one batch, one publish span")
+			send = s
+		}
+	}
+	require.NotNil(t, send, "the relay's publish span (relay.Config.PublishHook)")
+	require.Equal(t, "send "+topic, send.Name())
+	require.Len(t, send.Links(), 1)
+	require.Equal(t, writer.SpanContext().SpanID(), send.Links()[0].SpanContext.SpanID())
 
 	// The untraced event: a handler span of its own trace, no parent.
 	untraced := byValue["untraced"]

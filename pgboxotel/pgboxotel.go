@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strconv"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -140,43 +139,55 @@ func (t *Tracer) processAttrs(m inbox.Message) []attribute.KeyValue {
 	return attrs
 }
 
-// SendSpan starts a span of kind Producer named "send <topic>" for a record
-// the relay is about to publish, a child of the span context in the record's
-// headers (the writer's), and returns the func that ends it with the send's
-// outcome; on success the partition and offset sarama set on m are recorded.
-// The record's headers are not changed, so the consumer's span stays a child
-// of the writer's span, a sibling of this one. A record without trace
-// headers gets no span (and a no-op end): the relay must not start a trace
-// of its own for every untraced row.
-//
-// Its signature is meant for an optional relay hook (see the package
-// documentation); it is safe to call from several goroutines.
-func (t *Tracer) SendSpan(ctx context.Context, m *sarama.ProducerMessage) (end func(error)) {
-	ctx = t.prop.Extract(ctx, recordCarrier(m.Headers))
-	if !trace.SpanContextFromContext(ctx).IsRemote() {
-		return func(error) {}
+// StartPublish makes Tracer a relay.PublishHook (relay.Config.PublishHook):
+// one span of kind Producer per batch the relay publishes, named
+// "send <topic>" (or "send" when the batch spans topics), linked to the
+// writer's span of every record that carries trace headers, ended when
+// Kafka has answered, with the batch's size and the number published. The
+// records' headers are not changed, so each consumer's span stays a child of
+// its writer's span. A batch without any traced record gets no span: the
+// relay must not start a trace of its own for every untraced batch.
+func (t *Tracer) StartPublish(ctx context.Context, records []relay.PublishRecord) (end func(published int, err error)) {
+	var links []trace.Link
+	seen := map[trace.SpanID]bool{}
+	topic := ""
+	for i := range records {
+		hs := records[i].Headers
+		sc := trace.SpanContextFromContext(t.prop.Extract(context.Background(), outboxCarrier{headers: &hs}))
+		if sc.IsValid() && !seen[sc.SpanID()] {
+			seen[sc.SpanID()] = true
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+		if i == 0 || records[i].Topic == topic {
+			topic = records[i].Topic
+		} else {
+			topic = "*"
+		}
 	}
-	attrs := []attribute.KeyValue{
+	if len(links) == 0 {
+		return func(int, error) {}
+	}
+	name, attrs := "send", []attribute.KeyValue{
 		semconv.MessagingSystemKafka,
 		semconv.MessagingOperationTypeSend,
 		semconv.MessagingOperationName("send"),
-		semconv.MessagingDestinationName(m.Topic),
+		semconv.MessagingBatchMessageCount(len(records)),
 	}
-	if id := recordCarrier(m.Headers).Get(relay.EventIDHeader); id != "" {
-		attrs = append(attrs, semconv.MessagingMessageID(id))
+	if topic != "*" {
+		name += " " + topic
+		attrs = append(attrs, semconv.MessagingDestinationName(topic))
 	}
-	_, span := t.tracer.Start(ctx, "send "+m.Topic, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
-	return func(err error) {
+	_, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(links...), trace.WithAttributes(attrs...))
+	return func(published int, err error) {
+		span.SetAttributes(attribute.Int("pgbox.published_count", published))
 		if err != nil {
 			recordError(span, err)
-		} else {
-			span.SetAttributes(
-				semconv.MessagingDestinationPartitionID(strconv.FormatInt(int64(m.Partition), 10)),
-				semconv.MessagingKafkaOffset(int(m.Offset)))
 		}
 		span.End()
 	}
 }
+
+var _ relay.PublishHook = (*Tracer)(nil)
 
 func recordError(span trace.Span, err error) {
 	span.RecordError(err)

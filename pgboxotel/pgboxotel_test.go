@@ -7,17 +7,18 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/pgboxotel"
+	"github.com/pgbox/pgbox/relay"
 )
 
 func mustTracer(t *testing.T, cfg pgboxotel.Config) *pgboxotel.Tracer {
@@ -149,52 +150,58 @@ func TestHandler(t *testing.T) {
 	require.Equal(t, other.SpanContext().TraceID(), trace.SpanContextFromContext(tr.Extract(context.Background(), msg)).TraceID())
 }
 
-func TestSendSpan(t *testing.T) {
+// One producer span per published batch, linked to each traced writer's
+// span (once per writer), not a parent of anything; none for an untraced
+// batch; the outcome recorded.
+func TestStartPublish(t *testing.T) {
 	t.Parallel()
 	tp, rec := recorder(t)
 	tr := mustTracer(t, pgboxotel.Config{TracerProvider: tp})
-	ctx, writer := tp.Tracer("test").Start(context.Background(), "write")
-	writer.End()
-	row := tr.Inject(ctx, outbox.Message{Topic: "payments.v1"})[0]
-	record := func() *sarama.ProducerMessage {
-		m := &sarama.ProducerMessage{Topic: "payments.v1"}
-		for _, h := range row.Headers {
-			m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
-		}
-		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte("pgbox-event-id"), Value: []byte("0190-ev")})
-		return m
+	var hook relay.PublishHook = tr
+	writer := func(name string) (outbox.Message, trace.SpanContext) {
+		ctx, span := tp.Tracer("test").Start(context.Background(), name)
+		span.End()
+		return tr.Inject(ctx, outbox.Message{Topic: "payments.v1"})[0], span.SpanContext()
 	}
+	a, aSpan := writer("write a")
+	b, bSpan := writer("write b")
+	rec1 := func(m outbox.Message, id string) relay.PublishRecord {
+		return relay.PublishRecord{Topic: m.Topic, EventID: id, Headers: m.Headers}
+	}
+	batch := []relay.PublishRecord{rec1(a, "1"), rec1(b, "2"), rec1(a, "3"), {Topic: "payments.v1", EventID: "4"}}
+	headersBefore := append([]outbox.Header(nil), batch[0].Headers...)
+	hook.StartPublish(context.Background(), batch)(4, nil)
+	require.Equal(t, headersBefore, batch[0].Headers, "the records' headers are not changed")
+	hook.StartPublish(context.Background(), []relay.PublishRecord{rec1(a, "5"), {Topic: "refunds.v1"}})(1, errors.New("1 of 2 records failed"))
+	hook.StartPublish(context.Background(), []relay.PublishRecord{{Topic: "payments.v1", EventID: "6"}})(1, nil) // untraced: no span
 
-	ok := record()
-	headersBefore := append([]sarama.RecordHeader(nil), ok.Headers...)
-	end := tr.SendSpan(context.Background(), ok)
-	ok.Partition, ok.Offset = 3, 7 // as sarama sets them on success
-	end(nil)
-	require.Equal(t, headersBefore, ok.Headers, "the record's headers are not changed")
-
-	failed := record()
-	tr.SendSpan(context.Background(), failed)(sarama.ErrMessageSizeTooLarge)
-
-	tr.SendSpan(context.Background(), &sarama.ProducerMessage{Topic: "payments.v1"})(nil) // untraced: no span
-
-	var sends []map[string]string
+	var sends []sdktrace.ReadOnlySpan
 	for _, s := range rec.Ended() {
-		if s.Name() != "send payments.v1" {
-			continue
+		if s.SpanKind() == trace.SpanKindProducer {
+			sends = append(sends, s)
 		}
-		require.Equal(t, trace.SpanKindProducer, s.SpanKind())
-		require.Equal(t, writer.SpanContext().SpanID(), s.Parent().SpanID())
-		a := attrMap(s)
-		a["status"] = s.Status().Code.String()
-		sends = append(sends, a)
 	}
-	require.Len(t, sends, 2, "one span per traced record, none for the untraced one")
-	require.Equal(t, "7", sends[0]["messaging.kafka.offset"])
-	require.Equal(t, "3", sends[0]["messaging.destination.partition.id"])
-	require.Equal(t, "0190-ev", sends[0]["messaging.message.id"])
-	require.Equal(t, "Unset", sends[0]["status"])
-	require.Equal(t, "Error", sends[1]["status"])
-	require.NotContains(t, sends[1], "messaging.kafka.offset")
+	require.Len(t, sends, 2, "one span per traced batch, none for the untraced one")
+	first := sends[0]
+	require.Equal(t, "send payments.v1", first.Name())
+	require.False(t, first.Parent().IsValid(), "linked, not a child: the consumer stays the writer's child")
+	var linked []trace.SpanContext
+	for _, l := range first.Links() {
+		linked = append(linked, l.SpanContext)
+	}
+	require.Len(t, linked, 2)
+	require.Equal(t, aSpan.SpanID(), linked[0].SpanID())
+	require.Equal(t, bSpan.SpanID(), linked[1].SpanID())
+	attrs := attrMap(first)
+	require.Equal(t, "4", attrs["messaging.batch.message_count"])
+	require.Equal(t, "4", attrs["pgbox.published_count"])
+	require.Equal(t, "payments.v1", attrs["messaging.destination.name"])
+	require.Equal(t, "Unset", first.Status().Code.String())
+
+	second := sends[1]
+	require.Equal(t, "send", second.Name(), "a batch over several topics")
+	require.Equal(t, "Error", second.Status().Code.String())
+	require.NotContains(t, attrMap(second), "messaging.destination.name")
 }
 
 // OpenTelemetry is this package's dependency alone: no other package of the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -30,10 +31,21 @@ const (
 	// Kafka's default broker message.max.bytes, so every message outbox.Write
 	// accepts by default is published.
 	MaxMessageBytesDefault = outbox.MaxBytesDefault
+	// UnknownTopicWindowDefault is Config.UnknownTopicWindow's default: long
+	// enough for a deploy that writes before its topic is created, short
+	// enough that a misspelt topic is parked (and shown) within minutes.
+	UnknownTopicWindowDefault = 5 * time.Minute
+	// KafkaOutageAlertDefault is Config.KafkaOutageAlert's default.
+	KafkaOutageAlertDefault = time.Minute
 )
 
-// Header names the relay adds to every record. Row headers with these names
-// are replaced by the relay's.
+// NoUnknownTopicWindow, as Config.UnknownTopicWindow, treats a topic that does
+// not exist like any other permanent failure: the row is parked after
+// MaxAttempts failed passes, within seconds.
+const NoUnknownTopicWindow = -1
+
+// Header names the relay adds to every record. outbox.Write refuses a
+// message with a header of these names (outbox.Reserved).
 const (
 	// EventIDHeader carries the row's event id (a UUIDv7 string). Consumers
 	// dedupe on it: inbox.ByHeader(relay.EventIDHeader).
@@ -67,10 +79,10 @@ type Config struct {
 	// the idempotent producer on (Producer.Idempotent, RequiredAcks =
 	// WaitForAll, Net.MaxOpenRequests = 1, Producer.Return.Successes and
 	// Errors): New names the setting that breaks this. Producer.Partitioner is
-	// overwritten by Partitioner. Defaults to NewKafkaConfig().
+	// overwritten by Partitioner. Defaults to [NewKafkaConfig]().
 	Kafka *sarama.Config
 	// Partitioner picks a record's partition from its key. It must send equal
-	// keys to equal partitions. Defaults to NewMurmur2Partitioner, the Java
+	// keys to equal partitions. Defaults to [NewMurmur2Partitioner], the Java
 	// client's default (so pgbox and Java producers agree on where a key
 	// goes); sarama.NewHashPartitioner (FNV-1a) is the sarama-compatible choice.
 	Partitioner sarama.PartitionerConstructor
@@ -78,37 +90,56 @@ type Config struct {
 	// slot % Lanes). A lane is owned by one instance at a time, so Lanes bounds
 	// how many instances share the work. Every instance must use the same
 	// value: New refuses to start next to live instances using another.
-	// At most outbox.Slots (256). Defaults to LanesDefault (16).
+	// At most outbox.Slots (256). Defaults to [LanesDefault] (16).
 	Lanes int
 	// Instance names this relay instance in logs and the lease tables, where
 	// the relay appends "#" and a random suffix (see Relay.Instance), so
 	// names need not be unique. Defaults to hostname-pid.
 	Instance string
 	// BatchSize is the most rows one pass claims and sends. Defaults to
-	// BatchSizeDefault (2000).
+	// [BatchSizeDefault] (2000).
 	BatchSize int
 	// PollInterval is how often an idle relay looks for rows when no
-	// notification wakes it. Defaults to PollIntervalDefault (1s).
+	// notification wakes it. Defaults to [PollIntervalDefault] (1s).
 	PollInterval time.Duration
 	// BusyPollInterval is how often the relay watches the table for new rows
 	// for two seconds after a pass that found rows: one index range scan over
 	// the newest ids, so steady traffic is published within milliseconds
 	// without NOTIFY and writers pay nothing for the wake-up. Defaults to
-	// BusyPollIntervalDefault (2ms).
+	// [BusyPollIntervalDefault] (2ms).
 	BusyPollInterval time.Duration
 	// HeartbeatInterval is how often the instance renews its leases and
-	// rebalances lanes (one statement). Defaults to HeartbeatIntervalDefault (2s).
+	// rebalances lanes (one statement). Defaults to [HeartbeatIntervalDefault] (2s).
 	HeartbeatInterval time.Duration
 	// LeaseTTL is how long a lease lasts without renewal. A dead instance's
 	// lanes are taken over within LeaseTTL + HeartbeatInterval. At least twice
-	// HeartbeatInterval. Defaults to LeaseTTLDefault (6s).
+	// HeartbeatInterval. Defaults to [LeaseTTLDefault] (6s).
 	LeaseTTL time.Duration
-	// MaxAttempts is how many permanent publish failures (unknown topic,
-	// message too large, invalid record...) a row may have before it is
-	// parked. Broker outages never count. Defaults to MaxAttemptsDefault (5).
+	// MaxAttempts is how many permanent publish failures (message too
+	// large, invalid record, not authorized...) a row may have before it is
+	// parked; an unknown topic is parked after UnknownTopicWindow instead.
+	// Broker outages never count. Defaults to [MaxAttemptsDefault] (5).
 	MaxAttempts int
+	// UnknownTopicWindow is how long a row whose topic does not exist
+	// (UNKNOWN_TOPIC_OR_PARTITION, auto-creation off) is retried, with
+	// backoff, before it is parked, counted from its first such failure on
+	// the database's clock: a deploy often writes before its topic is
+	// created. A dead-letter topic is no different (dead letters are outbox
+	// rows). While it waits, and once it is parked, the row holds its key:
+	// later rows of its topic and key wait behind it. NoUnknownTopicWindow
+	// parks it after MaxAttempts like other permanent failures ([NoUnknownTopicWindow]). Defaults to
+	// [UnknownTopicWindowDefault] (5m).
+	UnknownTopicWindow time.Duration
+	// KafkaOutageAlert is how long Kafka may be unreachable before the relay
+	// logs it at ERROR (once per outage; WARN lines come before). Kafka is
+	// unreachable while the relay cannot connect at start-up, and while
+	// every send of its passes fails for a reason retrying may fix (broker
+	// down, leader missing, timeouts). pgbox_relay_instances.kafka_down_since
+	// and `relay status` show it from the first failure. Defaults to
+	// [KafkaOutageAlertDefault] (1m).
+	KafkaOutageAlert time.Duration
 	// MaxBackoff caps the exponential backoff after failed passes. Defaults to
-	// MaxBackoffDefault (10s).
+	// [MaxBackoffDefault] (10s).
 	MaxBackoff time.Duration
 	// NoListen turns off LISTEN on Channel; the relay then only polls.
 	// Defaults to false (listening).
@@ -118,16 +149,20 @@ type Config struct {
 	Channel string
 	// StopTimeout bounds how long Run waits, once ctx is canceled, for an
 	// in-flight send to finish (the batch is then released, not marked).
-	// Defaults to StopTimeoutDefault (5s).
+	// Defaults to [StopTimeoutDefault] (5s).
 	StopTimeout time.Duration
 	// MaxMessageBytes is the largest outbox.RecordSize the relay publishes:
 	// set it to the writers' outbox.Config.MaxBytes, at most the
 	// brokers' message.max.bytes. NewKafkaConfig's producer limit follows it;
 	// New rejects a Kafka config whose Producer.MaxMessageBytes is too small
-	// for it. Defaults to MaxMessageBytesDefault (outbox.MaxBytesDefault).
+	// for it. Defaults to [MaxMessageBytesDefault] (outbox.MaxBytesDefault).
 	MaxMessageBytes int
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// PublishHook, if set, is told about each batch the relay publishes (see
+	// PublishHook; pgboxotel.Tracer implements it to trace the publish).
+	// Defaults to nil: no hook.
+	PublishHook PublishHook
 }
 
 // NewKafkaConfig returns the sarama config the relay uses when Config.Kafka is
@@ -168,6 +203,8 @@ func (c Config) withDefaults() Config {
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, LeaseTTLDefault)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, MaxBackoffDefault)
+	c.UnknownTopicWindow = cmp.Or(c.UnknownTopicWindow, UnknownTopicWindowDefault)
+	c.KafkaOutageAlert = cmp.Or(c.KafkaOutageAlert, KafkaOutageAlertDefault)
 	c.Channel = cmp.Or(c.Channel, outbox.ChannelDefault)
 	c.StopTimeout = cmp.Or(c.StopTimeout, StopTimeoutDefault)
 	if c.Logger == nil {
@@ -183,6 +220,14 @@ func (c Config) validate() error {
 	if len(c.Brokers) == 0 {
 		return errors.New("relay: Config.Brokers is empty (pass the Kafka bootstrap addresses, e.g. []string{\"localhost:9092\"})")
 	}
+	for i, b := range c.Brokers {
+		if strings.TrimSpace(b) == "" {
+			return fmt.Errorf("relay: Config.Brokers[%d] is empty (an unset variable?): pass host:port addresses, e.g. []string{\"localhost:9092\"}", i)
+		}
+	}
+	if strings.TrimSpace(c.Channel) == "" {
+		return errors.New("relay: Config.Channel is blank: leave it empty for outbox.ChannelDefault, or name the writers' channel")
+	}
 	if c.Lanes < 1 || c.Lanes > outbox.Slots {
 		return fmt.Errorf("relay: Config.Lanes is %d: use 1..%d (outbox.Slots)", c.Lanes, outbox.Slots)
 	}
@@ -193,10 +238,14 @@ func (c Config) validate() error {
 		name string
 		v    time.Duration
 	}{{"PollInterval", c.PollInterval}, {"BusyPollInterval", c.BusyPollInterval}, {"HeartbeatInterval", c.HeartbeatInterval},
-		{"LeaseTTL", c.LeaseTTL}, {"MaxBackoff", c.MaxBackoff}, {"StopTimeout", c.StopTimeout}} {
+		{"LeaseTTL", c.LeaseTTL}, {"MaxBackoff", c.MaxBackoff}, {"StopTimeout", c.StopTimeout}, {"KafkaOutageAlert", c.KafkaOutageAlert}} {
 		if d.v < 0 {
 			return fmt.Errorf("relay: Config.%s is %s: use a positive duration, or 0 for the default", d.name, d.v)
 		}
+	}
+	if c.UnknownTopicWindow < 0 && c.UnknownTopicWindow != NoUnknownTopicWindow {
+		return fmt.Errorf("relay: Config.UnknownTopicWindow is %s: use a positive duration, 0 for the default (%s), or relay.NoUnknownTopicWindow to park at MaxAttempts",
+			c.UnknownTopicWindow, UnknownTopicWindowDefault)
 	}
 	if c.LeaseTTL < 2*c.HeartbeatInterval {
 		return fmt.Errorf("relay: Config.LeaseTTL (%s) is less than twice Config.HeartbeatInterval (%s): a lease must survive one missed heartbeat", c.LeaseTTL, c.HeartbeatInterval)

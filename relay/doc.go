@@ -1,6 +1,7 @@
 // Package relay publishes committed outbox rows (see package outbox) to Kafka
 // with an idempotent sarama producer, and deletes them once Kafka has
-// acknowledged them. Run one or more instances, usually as cmd/relay:
+// acknowledged them. Run one or more instances ([New], [Relay.Run]), usually
+// as the binary cmd/relay:
 //
 //	r, err := relay.New(relay.Config{Pool: pool, Brokers: []string{"kafka:9092"}})
 //	err = r.Run(ctx) // until ctx is canceled
@@ -12,21 +13,21 @@
 // partition (while the topic's partition count stays the same) in id order, which is commit order for writers that serialize on
 // the business row before writing the event (see package outbox). Every
 // record carries the row's event id in the "pgbox-event-id" header
-// (EventIDHeader) and its creation time in "pgbox-created-at"; consumers dedupe
+// ([EventIDHeader]) and its creation time in "pgbox-created-at"; consumers dedupe
 // on the event id (inbox.ByHeader(relay.EventIDHeader)).
 //
 // # Order and scale: slots, lanes, leases
 //
 // outbox.Write stores slot = fnv1a32(key) % 256 in each row. The relay groups
-// slots into Config.Lanes lanes (lane = slot % Lanes). A lane is owned by one
+// slots into [Config.Lanes] lanes ([LaneOf]: lane = slot % Lanes; [LanesDefault] 16). A lane is owned by one
 // instance at a time through a lease row in pgbox_relay_lanes; instances
-// announce themselves in pgbox_relay_instances. Every HeartbeatInterval (2 s)
+// announce themselves in pgbox_relay_instances. Every [Config.HeartbeatInterval] (2 s)
 // each instance runs one statement that renews its instance row and its
 // leases, computes its share (the live instances sorted by name; instance
 // number i of n gets the lanes with lane % n = i), releases lanes outside its
 // share and takes free or expired lanes inside it. So lanes rebalance as
 // instances come and go, and a dead instance's lanes are taken over within
-// LeaseTTL + HeartbeatInterval (8 s by default). All lease times use the
+// [Config.LeaseTTL] + HeartbeatInterval (8 s by default). All lease times use the
 // database's clock.
 //
 // Lease rows rather than session advisory locks: they work through pgbouncer
@@ -74,7 +75,7 @@
 // overlap: the next batch is claimed while the current one is sent, and a
 // sent batch is deleted in the background while the next goes out.
 //
-// Of Config.Kafka the relay uses the client settings (Version, Net,
+// Of [Config.Kafka] the relay uses the client settings (Version, Net,
 // Metadata, ClientID) and, of Producer: RequiredAcks, Timeout (the
 // broker's wait for acks), Retry.Max and Retry.Backoff, Compression and
 // CompressionLevel, MaxMessageBytes (the largest record batch) and
@@ -104,18 +105,29 @@
 //
 // Broker unreachable, leader moving, timeouts: after the producer's own
 // retries, the pass backs off (capped exponential, MaxBackoff) and retries;
-// nothing is marked. A row that fails
-// permanently (unknown topic with auto-creation off, larger than the
-// producer or broker allows, invalid record, not authorized) gets attempts +
-// 1 and last_error; at MaxAttempts (5) it is parked (parked_at set) and the
-// relay stops trying it. Until then, later rows of the same key wait behind
-// it, in order; once it is parked they proceed. That is the documented choice:
-// a permanent failure is a property of the row or its topic, not something
-// time fixes, and holding a key's later events forever would stall the
-// business process behind it; the parked row stays in the table with its
-// error for an operator, who can fix the cause and replay it with
-// UPDATE pgbox_outbox SET parked_at = NULL, attempts = 0 WHERE id = ...
-// (it then publishes after the key's newer events).
+// nothing is marked. The instance registers in pgbox_relay_instances before
+// Kafka first answers (taking no lanes until it does, so the instances that
+// can publish keep theirs), records an outage in kafka_down_since (`relay
+// status`: "running, Kafka unreachable since …") and logs it at ERROR once
+// it has lasted [Config.KafkaOutageAlert] (1 minute). A row that fails permanently (larger than the producer
+// or broker allows, invalid record, not authorized) gets attempts + 1 and
+// last_error; at [Config.MaxAttempts] (5) it is parked (parked_at set) and the relay
+// stops trying it. A topic that does not exist (auto-creation off; a
+// dead-letter topic too) is retried with backoff for [Config.UnknownTopicWindow]
+// ([UnknownTopicWindowDefault], 5 minutes) from the row's first such failure before the row is parked: a
+// deploy often writes before its topic is created.
+//
+// A failing or parked row holds its key: later rows of the same topic and
+// key (the order domain; rows without a key hold nothing) are not claimed
+// while an earlier row of that key is parked, so a key's order is never
+// broken, and other keys go on. The parked row stays in the table with its
+// error for an operator, who fixes the cause and then either retries it
+// (`relay parked retry`, inspect.RetryParked: the relay publishes it, then
+// the rows it held, in id order) or discards it (`relay parked discard`,
+// inspect.DiscardParked: the held rows go on). `relay status` shows how
+// many rows each parked row holds back. Held rows are read past by every
+// claim of their slot (one index probe each), so a key held for long with a
+// large backlog behind it slows its slot's claims: act on parked rows.
 //
 // # Wake-up and idle cost
 //
@@ -144,15 +156,19 @@
 //
 // # Stop
 //
-// When ctx is canceled, Run sends nothing more, waits at most StopTimeout
+// When ctx is canceled, [Relay.Run] sends nothing more, waits at most [Config.StopTimeout]
 // for the records in flight, deletes what Kafka acknowledged, releases its
-// lanes and returns nil. Records still unanswered after StopTimeout are given
+// lanes and returns nil. Every Kafka call on the relay's path honours ctx
+// (sarama's calls take none: they run in a goroutine Run stops waiting
+// for, and closing the client ends them), so a broker that accepts
+// connections and never answers, at start-up or mid-send, does not hold
+// Run past StopTimeout. Records still unanswered after StopTimeout are given
 // up on: their rows stay and the next owner sends them (a duplicate if the
 // broker took them after all, with the same event id).
 //
 // # Partitioning
 //
-// Config.Partitioner defaults to NewMurmur2Partitioner, the Java client's
+// [Config.Partitioner] defaults to [NewMurmur2Partitioner], the Java client's
 // placement (toPositive(murmur2(key)) % partitions), so a key lands on the
 // partition Java, franz-go and Kafka Streams producers choose for it.
 // sarama.NewHashPartitioner (FNV-1a, sarama's default) is the alternative
@@ -180,8 +196,16 @@
 //	                    ->  Seq Scan on pgbox_relay_lanes l
 //	                          Filter: ((owner = $1) AND (lanes = $3) AND (expires_at > now()))
 //	        ->  Limit
-//	              ->  Index Scan using pgbox_outbox_claim_idx on pgbox_outbox
-//	                    Index Cond: ((ROW(slot, id) > ROW((g.slot)::smallint, COALESCE(($6)[(g.slot + 1)], '0'::bigint))) AND (slot <= g.slot))
+//	              ->  Nested Loop Anti Join
+//	                    ->  Index Scan using pgbox_outbox_claim_idx on pgbox_outbox c
+//	                          Index Cond: ((ROW(slot, id) > ROW((g.slot)::smallint, 0)) AND (slot <= g.slot))
+//	                    ->  Index Scan using pgbox_outbox_parked_key_idx on pgbox_outbox p
+//	                          Index Cond: ((topic = c.topic) AND (sha256(key) = sha256(c.key)) AND (id < c.id))
+//	                          Filter: (key = c.key)
+//
+// The anti join is the parking rule (a parked row holds its key): one probe
+// per candidate row into pgbox_outbox_parked_key_idx, an index of the parked
+// rows only.
 //
 // TestClaimQueryUsesIndex (300k rows, a third parked) and
 // TestClaimQueryUsesIndexWithHotKeys (custom and generic plans) assert this
@@ -189,8 +213,10 @@
 //
 // # Stats and logs
 //
-// Stats returns counters for an exporter: published, retried, parked,
+// [Relay.Stats] returns counters for an exporter: published, retried, parked,
 // batches, batch latency (last, max, total), backlog (table-wide, counted
 // at every fifth heartbeat) and lanes held. Logs go to Config.Logger (slog, snake_case keys);
-// a canceled context is not logged as an error.
+// a canceled context is not logged as an error. [Config.PublishHook] ([PublishHook]), if set,
+// is told about each published batch: pgboxotel.Tracer implements it to
+// trace the publish (the relay imports no tracing library).
 package relay

@@ -7,9 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -62,15 +60,16 @@ func TestBrokerOutageThenRecovery(t *testing.T) {
 }
 
 // Rows that can never be published — unknown topic (auto-create off), larger
-// than the producer allows — are parked after MaxAttempts with their error;
-// other keys keep flowing; later rows of the poison row's own key wait behind
-// it until it is parked, then flow (the documented choice: a parked row
-// leaves the ordered stream).
+// than the producer allows — are parked with their error (after the
+// unknown-topic window, or MaxAttempts); other keys keep flowing; later rows
+// of the poison row's own topic and key wait behind it, parked or not, so a
+// key's order is never broken.
 func TestPoisonRowsAreParked(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := b.config("a")
 	cfg.MaxAttempts = 3
+	cfg.UnknownTopicWindow = relay.NoUnknownTopicWindow
 	cfg.Kafka = kafkaConfig()
 	cfg.Kafka.Producer.MaxMessageBytes = 4000
 	cfg.MaxMessageBytes = 4000 // below what the writers (outbox.Write's default) accept
@@ -79,33 +78,24 @@ func TestPoisonRowsAreParked(t *testing.T) {
 	b.write(t, msg(b.topic, "good-0", "before"))
 	b.write(t, outbox.Message{Topic: "no-such-topic", Key: []byte("poison"), Value: []byte("lost topic")})
 	b.write(t, outbox.Message{Topic: b.topic, Key: []byte("huge"), Value: []byte(strings.Repeat("x", 5000))})
-	b.write(t, msg(b.topic, "poison", "same key, later"))
-	b.write(t, msg(b.topic, "huge", "same topic and key, later")) // waits until the huge row is parked
+	b.write(t, msg(b.topic, "poison", "same key, later"))         // another topic: not held
+	b.write(t, msg(b.topic, "huge", "same topic and key, later")) // held behind the huge row
 	for i := range 10 {
 		b.write(t, msg(b.topic, "good-"+strconv.Itoa(i+1), "after"))
 	}
 
-	got := readTopic(t, b, b.topic, 13)
-	require.Len(t, got, 13, "every good row arrives, the poison rows never")
-	for _, m := range got {
-		if string(m.Key) == "huge" {
-			require.Equal(t, "same topic and key, later", string(m.Value))
-		}
-	}
+	got := readTopic(t, b, b.topic, 12)
+	require.Len(t, got, 12, "every good row arrives, the poison rows and the huge key's later row never")
+	require.Empty(t, valuesOf(got, "huge"))
+	require.Equal(t, []string{"same key, later"}, valuesOf(got, "poison"))
 	waitFor(t, "both poison rows parked", func() bool { return b.outboxCount(t, "parked_at IS NOT NULL") == 2 })
-	require.Equal(t, 2, b.outboxCount(t, "true"), "only the parked rows remain")
+	waitFor(t, "published counted", func() bool { return a.r.Stats().Published == 12 })
+	require.Equal(t, 1, b.outboxCount(t, "parked_at IS NULL"), "the huge row's later row is held (poison's went out: another topic)")
 	require.Equal(t, 1, b.outboxCount(t, "topic = 'no-such-topic' AND attempts = 3 AND last_error ILIKE '%topic%'"))
 	require.Equal(t, 1, b.outboxCount(t, "key = 'huge' AND attempts = 3 AND last_error ILIKE '%MaxMessageBytes%'"))
-	require.EqualValues(t, 2, a.r.Stats().Parked)
-	// The huge key's later row went out only after the huge row was parked.
-	var parkedAt time.Time
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT parked_at FROM pgbox_outbox WHERE key = 'huge'`).Scan(&parkedAt))
-	for _, m := range got {
-		if string(m.Key) == "huge" {
-			require.False(t, m.Timestamp.Add(time.Millisecond).Before(parkedAt), "sent at %s, parked at %s", m.Timestamp, parkedAt)
-		}
-	}
-	waitFor(t, "published counted", func() bool { return a.r.Stats().Published == 13 })
+	require.Equal(t, 1, b.outboxCount(t, "key = 'huge' AND parked_at IS NULL AND attempts = 0"))
+	waitFor(t, "parked counted", func() bool { return a.r.Stats().Parked == 2 })
+	require.Len(t, readTopic(t, b, b.topic, 13), 12, "still held")
 }
 
 // With NOTIFY from the writer, a relay that would otherwise poll once an
@@ -180,7 +170,7 @@ func TestFailureMidPipelineReordersNothing(t *testing.T) {
 // the topic's max.message.bytes, which is below the producer's limit). The
 // relay sends that partition's rows one per batch to find the bad row: only
 // it fails (and is parked at MaxAttempts), every other row goes out, in
-// order, and the bad row's key continues once it is parked.
+// order, and the bad row's key's later row is held behind it.
 func TestBatchRejectedByBrokerFindsTheBadRow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -206,18 +196,13 @@ func TestBatchRejectedByBrokerFindsTheBadRow(t *testing.T) {
 	cfg.MaxAttempts = 2
 	a := start(t, cfg)
 
-	got := readEvents(t, b, 10*keys+1)
-	var counted []*sarama.ConsumerMessage
-	for _, m := range got {
-		if string(m.Key) == "big" {
-			require.Equal(t, "after", string(m.Value), "the oversized row never arrives")
-			continue
-		}
-		counted = append(counted, m)
-	}
-	require.Len(t, counted, 10*keys)
-	require.Zero(t, checkOrder(t, b, counted))
-	waitFor(t, "only the parked row remains", func() bool { return b.outboxCount(t, "true") == 1 })
+	got := readEvents(t, b, 10*keys)
+	require.Empty(t, valuesOf(got, "big"), "the oversized row never arrives, nor its key's later row")
+	require.Len(t, got, 10*keys)
+	require.Zero(t, checkOrder(t, b, got))
+	waitFor(t, "only the parked row and the row it holds remain", func() bool {
+		return b.outboxCount(t, "true") == 2 && b.outboxCount(t, "parked_at IS NOT NULL") == 1
+	})
 	require.Equal(t, 1, b.outboxCount(t, "key = 'big' AND parked_at IS NOT NULL AND attempts = 2 AND last_error ILIKE '%too large%'"))
-	require.EqualValues(t, 1, a.r.Stats().Parked)
+	waitFor(t, "parked counted", func() bool { return a.r.Stats().Parked == 1 })
 }

@@ -27,7 +27,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 
 	heartbeat := func(instance string) {
 		var held, released, live int
-		require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, instance, "1 hour", 1, "0s").Scan(&held, &released, &live))
+		require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, instance, "1 hour", 1, "0s", true, false).Scan(&held, &released, &live))
 	}
 	old := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, id: "old"}
 	heartbeat("old")
@@ -45,7 +45,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	var deleted, parked int
 	require.NoError(t, db.Pool.QueryRow(ctx, finishSQL,
 		[]int64{claimed[0].id}, []int64{claimed[0].epoch},
-		[]int64{claimed[1].id}, []int64{claimed[1].epoch}, []string{"boom"}, 1).Scan(&deleted, &parked, nil))
+		[]int64{claimed[1].id}, []int64{claimed[1].epoch}, []string{"boom"}, 1, []bool{false}, "0s").Scan(&deleted, &parked, nil))
 	require.Zero(t, deleted)
 	require.Zero(t, parked)
 	var n int
@@ -63,6 +63,6 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	require.NotEqual(t, claimed[0].epoch, mine[0].epoch)
 	require.NoError(t, db.Pool.QueryRow(ctx, finishSQL,
 		[]int64{mine[0].id, mine[1].id}, []int64{mine[0].epoch, mine[1].epoch},
-		[]int64{}, []int64{}, []string{}, 1).Scan(&deleted, &parked, nil))
+		[]int64{}, []int64{}, []string{}, 1, []bool{}, "0s").Scan(&deleted, &parked, nil))
 	require.Equal(t, 2, deleted)
 }

@@ -1,17 +1,17 @@
 package relay
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"time"
-
-	"github.com/IBM/sarama"
 
 	"github.com/pgbox/pgbox/internal/backoff"
 	"github.com/pgbox/pgbox/outbox"
 )
+
+// A pass, step by step: workLoop (this file) runs passes; a pass claims a
+// batch (claim.go), sends it (send.go, over producer.go; errors are
+// classified by kafkaerrors.go) and records the outcome (finish.go).
 
 // workLoop runs passes until ctx ends, or a pass fails in a way retrying
 // cannot fix (then it stops Run through stop).
@@ -43,6 +43,12 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 		}
 		res := r.pass(ctx, p, &nextSlot, only)
 		w.saw(res.maxID)
+		switch {
+		case res.published > 0:
+			r.kafkaUp(ctx)
+		case res.kafkaFailed:
+			r.kafkaDown()
+		}
 		full, carry = true, slotSet{}
 		var wait time.Duration
 		switch {
@@ -80,33 +86,13 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 	}
 }
 
-type row struct {
-	id        int64
-	eventID   outbox.EventID
-	slot      int16
-	topic     string
-	key       []byte
-	value     []byte
-	headers   []outbox.Header
-	createdAt time.Time
-	attempts  int32
-	epoch     int64
-}
-
 type passResult struct {
 	claimed, published, failed int
+	kafkaFailed                bool    // every send failed for a reason retrying may fix
 	maxID                      int64   // the newest row claimed
 	slots                      slotSet // slots the batch had rows in
 	err                        error
 }
-
-// minRowsPerSlot is the least a claim takes from one slot.
-const minRowsPerSlot = 16
-
-// claimPerSlot is the most rows one claim takes from one slot, so that a
-// batch spans several slots when a backlog is spread over many, while a few
-// hot keys still fill a batch.
-func (r *Relay) claimPerSlot() int { return max(minRowsPerSlot, r.cfg.BatchSize/4) }
 
 // pass claims one batch, sends it and records the outcome.
 func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slotSet) passResult {
@@ -121,8 +107,10 @@ func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slot
 	*nextSlot = (int(rows[len(rows)-1].slot) + 1) % outbox.Slots
 
 	claimed := time.Now()
+	end := r.startPublish(ctx, rows)
 	outcome, _ := r.sendBatch(ctx, p, rows, gen)
 	t := r.tally(rows, outcome)
+	end(len(t.okIDs), t.publishErr(len(rows)))
 	r.waitFinish() // one finish at a time
 	if len(t.okIDs)+len(t.badIDs) == 0 {
 		return t.res
@@ -148,177 +136,6 @@ func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slot
 	}()
 	r.fin = job
 	return t.res
-}
-
-// takeBatch claims from the slots in rotation from nextSlot (only the ones in
-// only, if given).
-func (r *Relay) takeBatch(ctx context.Context, nextSlot int, only *slotSet) ([]row, int64, error) {
-	gen := r.leaseGen.Load()
-	slots := allSlots(nextSlot)
-	if only != nil {
-		if only.empty() {
-			return nil, gen, nil
-		}
-		slots = only.list(nextSlot)
-	}
-	// The claim sees every row, late commits too, once the previous batch's
-	// rows are gone: no claim skips rows by id (see claimSQL).
-	r.waitFinish()
-	rows, err := r.claim(ctx, slots)
-	return rows, gen, err
-}
-
-// tally is a sent batch's outcome, as the finish statement takes it.
-type tally struct {
-	okIDs, okEpochs, badIDs, badEpochs []int64
-	badErrs                            []string
-	res                                passResult
-}
-
-func (r *Relay) tally(rows []row, outcome map[int]error) tally {
-	var t tally
-	var transient int
-	var firstErr error
-	for i := range rows {
-		e, tried := outcome[i]
-		t.res.slots.add(int(rows[i].slot))
-		t.res.maxID = max(t.res.maxID, rows[i].id)
-		switch {
-		case !tried: // held back behind a failed row of its key, or stopping
-		case e == nil:
-			t.okIDs = append(t.okIDs, rows[i].id)
-			t.okEpochs = append(t.okEpochs, rows[i].epoch)
-		case permanent(e):
-			t.badIDs = append(t.badIDs, rows[i].id)
-			t.badEpochs = append(t.badEpochs, rows[i].epoch)
-			t.badErrs = append(t.badErrs, e.Error())
-			r.log.Warn("publish failed permanently", "topic", rows[i].topic, "row_id", rows[i].id,
-				"event_id", rows[i].eventID.String(), "attempt", rows[i].attempts+1, "error", e)
-		default:
-			transient++
-			firstErr = cmp.Or(firstErr, e)
-		}
-	}
-	t.res.claimed, t.res.published, t.res.failed = len(rows), len(t.okIDs), transient+len(t.badIDs)
-	if transient > 0 {
-		t.res.err = fmt.Errorf("send: %d of %d records failed, will retry: %w", transient, len(rows), firstErr)
-	}
-	r.retried.Add(uint64(transient))
-	return t
-}
-
-// finishedBatch is a sent batch on its way to the finish statement.
-type finishedBatch struct {
-	tally
-	rows                 int
-	start, claimed, sent time.Time
-}
-
-// finish records a batch's outcome in one statement (delete the published
-// rows, count the failed ones' attempts) and updates the counters.
-func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
-	defer cancel()
-	var deleted, parked int
-	if err := r.cfg.Pool.QueryRow(fctx, finishSQL, b.okIDs, b.okEpochs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts).Scan(&deleted, &parked, nil); err != nil {
-		// The records went out but the rows stay: they will be sent again
-		// (same event ids). That is the at-least-once window.
-		return fmt.Errorf("record outcome of %d rows: %w", b.rows, err)
-	}
-	if deleted < len(b.okIDs) {
-		r.log.Info("lane changed hands during the batch; the new owner may send some rows again", "sent", len(b.okIDs), "deleted", deleted)
-	}
-	lat := time.Since(b.start)
-	r.log.Debug("batch", "rows", b.rows, "published", len(b.okIDs), "claim", b.claimed.Sub(b.start), "send", b.sent.Sub(b.claimed), "finish", time.Since(b.sent))
-	r.published.Add(uint64(len(b.okIDs)))
-	r.retried.Add(uint64(len(b.badIDs) - parked))
-	r.parked.Add(uint64(parked))
-	r.batches.Add(1)
-	r.latLast.Store(int64(lat))
-	r.latTotal.Add(int64(lat))
-	for {
-		m := r.latMax.Load()
-		if int64(lat) <= m || r.latMax.CompareAndSwap(m, int64(lat)) {
-			break
-		}
-	}
-	if parked > 0 {
-		r.log.Error("rows parked after repeated permanent failures", "rows", parked, "max_attempts", r.cfg.MaxAttempts)
-	}
-	return nil
-}
-
-// finishJob is a batch whose rows are being deleted in the background.
-type finishJob struct {
-	done chan struct{}
-}
-
-// waitFinish waits for the background delete, if any.
-func (r *Relay) waitFinish() {
-	if r.fin != nil {
-		<-r.fin.done
-		r.fin = nil
-	}
-}
-
-// claim reads the next batch from slots, in slot order, skipping in each
-func (r *Relay) claim(ctx context.Context, slots []int32) ([]row, error) {
-	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.id, r.cfg.BatchSize, r.cfg.Lanes, slots, r.claimPerSlot())
-	if err != nil {
-		return nil, err
-	}
-	out := make([]row, 0, 64)
-	for rows.Next() {
-		var x row
-		if err := rows.Scan(&x.id, &x.eventID, &x.slot, &x.topic, &x.key, &x.value, &x.headers, &x.createdAt, &x.attempts, &x.epoch); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		out = append(out, x)
-	}
-	return out, rows.Err()
-}
-
-func toMessage(x *row) *sarama.ProducerMessage {
-	m := &sarama.ProducerMessage{Topic: x.topic}
-	if x.key != nil {
-		m.Key = sarama.ByteEncoder(x.key)
-	}
-	if x.value != nil {
-		m.Value = sarama.ByteEncoder(x.value)
-	}
-	m.Headers = make([]sarama.RecordHeader, 0, len(x.headers)+2)
-	for _, h := range x.headers {
-		if h.Key == EventIDHeader || h.Key == CreatedAtHeader {
-			continue
-		}
-		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
-	}
-	m.Headers = append(m.Headers,
-		sarama.RecordHeader{Key: []byte(EventIDHeader), Value: []byte(x.eventID.String())},
-		sarama.RecordHeader{Key: []byte(CreatedAtHeader), Value: []byte(x.createdAt.UTC().Format(time.RFC3339Nano))},
-	)
-	return m
-}
-
-// permanent reports whether a send error will not go away by retrying: the
-// record or its topic is wrong. Everything else (broker down, leader
-// moving, timeouts) is transient and never parks a row.
-func permanent(err error) bool {
-	var cerr sarama.ConfigurationError
-	if errors.As(err, &cerr) { // e.g. larger than Producer.MaxMessageBytes
-		return true
-	}
-	for _, k := range []sarama.KError{
-		sarama.ErrMessageSizeTooLarge, sarama.ErrUnknownTopicOrPartition, sarama.ErrInvalidTopic,
-		sarama.ErrTopicAuthorizationFailed, sarama.ErrMessageSetSizeTooLarge, sarama.ErrInvalidRecord,
-		sarama.ErrPolicyViolation,
-	} {
-		if errors.Is(err, k) {
-			return true
-		}
-	}
-	return false
 }
 
 const backoffMin = 100 * time.Millisecond

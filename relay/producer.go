@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -43,8 +44,8 @@ type topicPartition struct {
 	partition int32
 }
 
-func newProducer(brokers []string, conf *sarama.Config) (*producer, error) {
-	c, err := sarama.NewClient(brokers, conf)
+func newProducer(ctx context.Context, brokers []string, conf *sarama.Config) (*producer, error) {
+	c, err := await(ctx, func() (sarama.Client, error) { return sarama.NewClient(brokers, conf) }, closeClient)
 	if err != nil {
 		return nil, err
 	}
@@ -52,6 +53,41 @@ func newProducer(brokers []string, conf *sarama.Config) (*producer, error) {
 		client: c, brokers: brokers, conf: conf, reqVersion: produceRequestVersion(conf.Version),
 		parts: map[string]sarama.Partitioner{}, seq: map[topicPartition]int32{}, stale: true,
 	}, nil
+}
+
+func closeClient(c sarama.Client) { _ = c.Close() }
+
+// await runs call, a sarama call that takes no context, and returns its
+// result, or ctx's error as soon as ctx ends: a broker that accepts
+// connections but never answers holds sarama for its Net timeouts (30 s
+// each, times its retries), and the relay must stop within StopTimeout
+// whatever the broker does. An abandoned call finishes in its goroutine
+// (sarama's timeouts bound it, closing the client ends it at once); drop,
+// if not nil, disposes of a result nobody waited for.
+func await[T any](ctx context.Context, call func() (T, error), drop func(T)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	got, abandoned := make(chan result), make(chan struct{})
+	go func() {
+		v, err := call()
+		select {
+		case got <- result{v, err}:
+		case <-abandoned:
+			if err == nil && drop != nil {
+				drop(v)
+			}
+		}
+	}()
+	select {
+	case r := <-got:
+		return r.v, r.err
+	case <-ctx.Done():
+		close(abandoned)
+		var zero T
+		return zero, ctx.Err()
+	}
 }
 
 // close closes the client; a request still waiting for its answer then fails.
@@ -80,17 +116,21 @@ func produceRequestVersion(v sarama.KafkaVersion) int16 {
 
 // renew gets a new producer id if the current one may have a gap in its
 // sequences.
-func (p *producer) renew() error {
+func (p *producer) renew(ctx context.Context) error {
 	if !p.stale {
 		return nil
 	}
-	resp, err := p.client.InitProducerID()
+	initID := func() (*sarama.InitProducerIDResponse, error) {
+		c := p.client
+		return await(ctx, c.InitProducerID, nil)
+	}
+	resp, err := initID()
 	if errors.Is(err, sarama.ErrOutOfBrokers) {
 		// Every broker the client knew failed (a broker restart, an outage):
 		// sarama's client does not try them again by itself here, so start
 		// a new client from the configured brokers.
-		if err = p.reconnect(); err == nil {
-			resp, err = p.client.InitProducerID()
+		if err = p.reconnect(ctx); err == nil {
+			resp, err = initID()
 		}
 	}
 	if err == nil && !errors.Is(resp.Err, sarama.ErrNoError) {
@@ -106,8 +146,8 @@ func (p *producer) renew() error {
 
 // reconnect replaces the client with a new one from the configured brokers.
 // Only called between rounds, when no request is in flight.
-func (p *producer) reconnect() error {
-	c, err := sarama.NewClient(p.brokers, p.conf)
+func (p *producer) reconnect(ctx context.Context) error {
+	c, err := await(ctx, func() (sarama.Client, error) { return sarama.NewClient(p.brokers, p.conf) }, closeClient)
 	if err != nil {
 		return err
 	}
@@ -117,14 +157,23 @@ func (p *producer) reconnect() error {
 	return nil
 }
 
+// partitions returns topic's partitions (from the client's metadata,
+// refreshed if the topic is not known yet).
+func (p *producer) partitions(ctx context.Context, topic string) ([]int32, error) {
+	c := p.client
+	return await(ctx, func() ([]int32, error) { return c.Partitions(topic) }, nil)
+}
+
+// refresh refreshes the metadata of topics (before a batch is sent again).
+func (p *producer) refresh(ctx context.Context, topics []string) {
+	c := p.client
+	_, _ = await(ctx, func() (struct{}, error) { return struct{}{}, c.RefreshMetadata(topics...) }, nil)
+}
+
 // partition picks m's partition with the configured partitioner, over all
-// of the topic's partitions (a key's partition must not depend on which
-// leaders are up).
-func (p *producer) partition(m *sarama.ProducerMessage) (int32, error) {
-	parts, err := p.client.Partitions(m.Topic)
-	if err != nil {
-		return -1, err
-	}
+// of the topic's partitions, parts (a key's partition must not depend on
+// which leaders are up).
+func (p *producer) partition(m *sarama.ProducerMessage, parts []int32) (int32, error) {
 	if len(parts) == 0 {
 		return -1, sarama.ErrLeaderNotAvailable
 	}
@@ -163,33 +212,47 @@ type chunkResult struct {
 // produce sends one request per leader broker, each holding at most one
 // chunk per partition, concurrently, and returns without waiting: every
 // chunk's result comes on out (buffered for all of them, so a caller that
-// stops waiting leaves nothing blocked).
+// stops waiting leaves nothing blocked). The record batches are built here;
+// finding the leaders (which may fetch metadata) and the requests run in
+// the background, so a hanging broker never holds the caller.
 func (p *producer) produce(chunks []*chunk, out chan<- chunkResult) {
-	byLeader := map[*sarama.Broker][]*chunk{}
-	for _, c := range chunks {
-		b, err := p.client.Leader(c.tp.topic, c.tp.partition)
-		if err != nil {
-			out <- chunkResult{c: c, err: err}
-			continue
-		}
-		byLeader[b] = append(byLeader[b], c)
+	batches := make([]*sarama.RecordBatch, len(chunks))
+	for i, c := range chunks {
+		batches[i] = p.recordBatch(c)
 	}
-	for b, cs := range byLeader {
-		req := &sarama.ProduceRequest{RequiredAcks: p.conf.Producer.RequiredAcks,
-			Timeout: int32(p.conf.Producer.Timeout / time.Millisecond), Version: p.reqVersion}
-		for _, c := range cs {
-			req.AddBatch(c.tp.topic, c.tp.partition, p.recordBatch(c))
+	client, acks, timeout, version := p.client, p.conf.Producer.RequiredAcks, int32(p.conf.Producer.Timeout/time.Millisecond), p.reqVersion
+	go func() {
+		type request struct {
+			req    *sarama.ProduceRequest
+			chunks []*chunk
 		}
-		go func() {
-			resp, err := b.Produce(req)
+		byLeader := map[*sarama.Broker]*request{}
+		for i, c := range chunks {
+			b, err := client.Leader(c.tp.topic, c.tp.partition)
 			if err != nil {
-				_ = b.Close() // the client reopens it on next use
+				out <- chunkResult{c: c, err: err}
+				continue
 			}
-			for _, c := range cs {
-				out <- blockResult(c, resp, err)
+			r := byLeader[b]
+			if r == nil {
+				r = &request{req: &sarama.ProduceRequest{RequiredAcks: acks, Timeout: timeout, Version: version}}
+				byLeader[b] = r
 			}
-		}()
-	}
+			r.req.AddBatch(c.tp.topic, c.tp.partition, batches[i])
+			r.chunks = append(r.chunks, c)
+		}
+		for b, r := range byLeader {
+			go func() {
+				resp, err := b.Produce(r.req)
+				if err != nil {
+					_ = b.Close() // the client reopens it on next use
+				}
+				for _, c := range r.chunks {
+					out <- blockResult(c, resp, err)
+				}
+			}()
+		}
+	}()
 }
 
 func blockResult(c *chunk, resp *sarama.ProduceResponse, err error) chunkResult {
@@ -218,30 +281,4 @@ func (p *producer) recordBatch(c *chunk) *sarama.RecordBatch {
 		ProducerID: p.pid, ProducerEpoch: p.epoch, FirstSequence: p.seq[c.tp],
 		Records: c.recs,
 	}
-}
-
-// retriable reports whether a chunk's error may go away by sending the same
-// batch again (after a metadata refresh): the leader moved or is missing,
-// the broker timed out, the connection broke.
-func retriable(r chunkResult) bool {
-	if r.net {
-		return true
-	}
-	for _, k := range []sarama.KError{
-		sarama.ErrLeaderNotAvailable, sarama.ErrNotLeaderForPartition, sarama.ErrRequestTimedOut,
-		sarama.ErrNotEnoughReplicas, sarama.ErrNotEnoughReplicasAfterAppend, sarama.ErrKafkaStorageError,
-		sarama.ErrUnknownTopicOrPartition, sarama.ErrBrokerNotAvailable, sarama.ErrNetworkException,
-		sarama.ErrOutOfOrderSequenceNumber, sarama.ErrUnknownProducerID, sarama.ErrInvalidProducerEpoch,
-	} {
-		if errors.Is(r.err, k) {
-			return true
-		}
-	}
-	return false
-}
-
-// sequenceBroken reports an error after which the producer id must change.
-func sequenceBroken(err error) bool {
-	return errors.Is(err, sarama.ErrOutOfOrderSequenceNumber) || errors.Is(err, sarama.ErrUnknownProducerID) ||
-		errors.Is(err, sarama.ErrInvalidProducerEpoch)
 }

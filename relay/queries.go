@@ -30,15 +30,23 @@ const createLanesSQL = `INSERT INTO pgbox_relay_lanes (lane, lanes) SELECT g, $1
 // in-flight batch can still finish and delete its rows (the epoch is
 // unchanged), so a rebalance does not normally cause duplicates.
 //
-// $1 instance, $2 lease TTL, $3 lane count, $4 release grace.
+// An instance that has not reached Kafka since it started (kafka_ready
+// false, $5) is registered (so status shows it running) but left out of the
+// ranking: it takes no lanes, and the others keep theirs. $6 says Kafka is
+// unreachable now: kafka_down_since keeps the start of the outage.
+//
+// $1 instance, $2 lease TTL, $3 lane count, $4 release grace, $5 Kafka
+// reached since start, $6 Kafka unreachable now.
 const heartbeatSQL = `WITH me AS (
-	INSERT INTO pgbox_relay_instances (instance, expires_at) VALUES ($1, now() + $2::interval)
-	ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at
-	RETURNING instance
+	INSERT INTO pgbox_relay_instances (instance, expires_at, kafka_ready, kafka_down_since)
+	VALUES ($1, now() + $2::interval, $5, CASE WHEN $6 THEN now() END)
+	ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, kafka_ready = $5,
+		kafka_down_since = CASE WHEN $6 THEN coalesce(pgbox_relay_instances.kafka_down_since, now()) END
+	RETURNING instance, kafka_ready
 ), live AS (
-	SELECT instance FROM pgbox_relay_instances WHERE expires_at > now() AND instance <> $1
+	SELECT instance FROM pgbox_relay_instances WHERE expires_at > now() AND instance <> $1 AND kafka_ready
 	UNION ALL
-	SELECT instance FROM me
+	SELECT instance FROM me WHERE kafka_ready
 ), ranked AS (
 	SELECT instance, (row_number() OVER (ORDER BY instance))::int - 1 AS rank, (count(*) OVER ())::int AS n FROM live
 ), target AS (
@@ -72,7 +80,8 @@ const releaseSQL = `WITH rel AS (
 DELETE FROM pgbox_relay_instances WHERE instance = $1`
 
 // claimSQL reads, for every slot in $4 that belongs to a lane this instance
-// owns right now, the slot's oldest unparked rows in id order: one index range scan per slot
+// owns right now, the slot's oldest unparked rows in id order that no parked
+// row holds back (heldBySQL): one index range scan per slot
 // (pgbox_outbox_claim_idx), so its cost does not grow with the table or with
 // other lanes' backlogs. $4 lists the slots in the order to visit them: all
 // of them, rotated each pass so a busy slot cannot starve the others, or
@@ -108,18 +117,30 @@ FROM (
 	ORDER BY g.ord
 ) s
 CROSS JOIN LATERAL (
-	SELECT id, event_id, slot, topic, key, value, headers, created_at, attempts
-	FROM pgbox_outbox
-	WHERE (slot, id) > (s.slot::smallint, 0) AND slot <= s.slot
-	  AND parked_at IS NULL
-	ORDER BY slot, id
+	SELECT c.id, c.event_id, c.slot, c.topic, c.key, c.value, c.headers, c.created_at, c.attempts
+	FROM pgbox_outbox c
+	WHERE (c.slot, c.id) > (s.slot::smallint, 0) AND c.slot <= s.slot
+	  AND c.parked_at IS NULL
+	  AND NOT EXISTS (` + heldBySQL + `)
+	ORDER BY c.slot, c.id
 	LIMIT $5
 ) o
 LIMIT $2`
 
+// heldBySQL finds a parked row that holds row c back: an earlier row of
+// c's topic and key (rows without a key hold nothing and are never held).
+// One probe of pgbox_outbox_parked_key_idx, which holds parked rows only.
+// "Same key" is the order domain of Kafka's per-key order: the topic and the
+// key bytes (send.go's keyOf).
+const heldBySQL = `SELECT 1 FROM pgbox_outbox p
+		WHERE p.parked_at IS NOT NULL AND p.key IS NOT NULL
+		  AND p.topic = c.topic AND sha256(p.key) = sha256(c.key) AND p.key = c.key AND p.id < c.id`
+
 // finishSQL records a batch's outcome in one round trip: published rows are
 // deleted; rows that failed permanently get attempts + 1 and their error, and
-// are parked at MaxAttempts. Both are fenced: they only touch rows whose lane
+// are parked at MaxAttempts, except rows whose topic does not exist ($7
+// true): they are parked once their failures began ($8, UnknownTopicWindow)
+// ago. Both are fenced: they only touch rows whose lane
 // still has the epoch the rows were claimed under, so an instance that lost
 // the lane meanwhile changes nothing.
 //
@@ -132,7 +153,8 @@ LIMIT $2`
 // same). Writers' transactions are not affected: an outbox row is as durable
 // as the business write it commits with.
 //
-// $1 published ids, $2 their epochs, $3 failed ids, $4 their epochs, $5 errors, $6 max attempts.
+// $1 published ids, $2 their epochs, $3 failed ids, $4 their epochs, $5 errors, $6 max attempts,
+// $7 failed for a missing topic, $8 unknown-topic window.
 const finishSQL = `WITH del AS (
 	DELETE FROM pgbox_outbox o
 	USING unnest($1::bigint[], $2::bigint[]) AS d(id, epoch), pgbox_relay_lanes l
@@ -140,9 +162,11 @@ const finishSQL = `WITH del AS (
 	RETURNING o.id
 ), failed AS (
 	UPDATE pgbox_outbox o
-	SET attempts = o.attempts + 1, last_error = f.err,
-	    parked_at = CASE WHEN o.attempts + 1 >= $6 THEN now() END
-	FROM unnest($3::bigint[], $4::bigint[], $5::text[]) AS f(id, epoch, err), pgbox_relay_lanes l
+	SET attempts = o.attempts + 1, last_error = f.err, failing_since = coalesce(o.failing_since, now()),
+	    parked_at = CASE
+	        WHEN f.waits THEN CASE WHEN coalesce(o.failing_since, now()) <= now() - $8::interval THEN now() END
+	        WHEN o.attempts + 1 >= $6 THEN now() END
+	FROM unnest($3::bigint[], $4::bigint[], $5::text[], $7::bool[]) AS f(id, epoch, err, waits), pgbox_relay_lanes l
 	WHERE o.id = f.id AND l.epoch = f.epoch AND l.lane = o.slot % l.lanes
 	RETURNING o.parked_at IS NOT NULL AS parked
 )

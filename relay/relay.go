@@ -38,8 +38,9 @@ type Relay struct {
 	log     *slog.Logger
 	running atomic.Bool
 	wake    chan struct{}
-	fin     *finishJob // background delete; owned by the worker goroutine
-	beats   int        // heartbeats; owned by the heartbeat goroutine
+	beat    chan struct{} // an early heartbeat (Kafka reached)
+	fin     *finishJob    // background delete; owned by the worker goroutine
+	beats   int           // heartbeats; owned by the heartbeat goroutine
 
 	// leaseUntil is when this instance's leases run out unless renewed: the
 	// start of the last successful heartbeat plus LeaseTTL, as a duration
@@ -55,6 +56,14 @@ type Relay struct {
 	dirtyMu  sync.Mutex
 	dirty    slotSet // slots notifications named since the last pass
 	dirtyAll bool    // a notification named no slots (or listening restarted)
+
+	// Kafka's state as the heartbeat records it: kafkaReady once the
+	// producer connected (only then does the instance take lanes),
+	// kafkaDownAt the start of the current outage (since t0; 0: none),
+	// kafkaAlerted once the outage was logged at ERROR.
+	kafkaReady   atomic.Bool
+	kafkaDownAt  atomic.Int64
+	kafkaAlerted atomic.Bool
 
 	published, retried, parked, batches atomic.Uint64
 	latLast, latMax, latTotal           atomic.Int64
@@ -101,7 +110,8 @@ func New(cfg Config) (*Relay, error) {
 	b := make([]byte, 4)
 	_, _ = crand.Read(b)
 	id := cfg.Instance + "#" + hex.EncodeToString(b)
-	return &Relay{cfg: cfg, id: id, log: cfg.Logger.With("instance", id), wake: make(chan struct{}, 1), t0: time.Now()}, nil
+	return &Relay{cfg: cfg, id: id, log: cfg.Logger.With("instance", id), wake: make(chan struct{}, 1),
+		beat: make(chan struct{}, 1), t0: time.Now()}, nil
 }
 
 // Instance returns the name this relay registers under in the lease tables:
@@ -144,24 +154,30 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	var prod *producer
-	err := retry(ctx, r, "connect to Kafka", func(ctx context.Context) error {
-		p, err := newProducer(r.cfg.Brokers, r.cfg.Kafka)
-		prod = p
-		return err
-	})
-	if err != nil { // only ctx ends the retries
-		return nil
-	}
-	r.log.InfoContext(ctx, "relay started", "lanes", r.cfg.Lanes, "brokers", r.cfg.Brokers)
 
+	// The instance registers (heartbeats) before Kafka answers, so status
+	// shows it running; it takes no lanes until it has reached Kafka.
+	r.kafkaReady.Store(false)
+	r.kafkaDown()
 	runCtx, cancel := context.WithCancelCause(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { r.heartbeatLoop(runCtx, cancel) })
-	if !r.cfg.NoListen {
-		wg.Go(func() { r.listenLoop(runCtx, cancel) })
+	var prod *producer
+	err := retry(runCtx, r, "connect to Kafka", func(ctx context.Context) error {
+		p, err := newProducer(ctx, r.cfg.Brokers, r.cfg.Kafka)
+		prod = p
+		return err
+	})
+	if err == nil { // else ctx ended the retries, or the heartbeat stopped Run
+		r.kafkaUp(runCtx)
+		r.kafkaReady.Store(true)
+		r.beatNow()
+		r.log.InfoContext(ctx, "relay started", "lanes", r.cfg.Lanes, "brokers", r.cfg.Brokers)
+		if !r.cfg.NoListen {
+			wg.Go(func() { r.listenLoop(runCtx, cancel) })
+		}
+		r.workLoop(runCtx, prod, cancel)
 	}
-	r.workLoop(runCtx, prod, cancel)
 	fatal := context.Cause(runCtx)
 	cancel(nil)
 	wg.Wait()
@@ -175,15 +191,53 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.log.WarnContext(stopCtx, "release lanes", "error", err)
 	}
 	r.lanes.Store(0)
-	// Close the producer in the background: records given up on at stop
-	// may still be retrying against an unreachable broker.
-	go prod.close()
+	if prod != nil {
+		// Close the producer in the background: records given up on at
+		// stop may still be retrying against an unreachable broker.
+		go prod.close()
+	}
 	if fatal != nil {
 		r.log.ErrorContext(stopCtx, "relay stopped: the database needs an operator", "fix", pgerr.Fix(fatal), "error", fatal)
 		return fatal
 	}
 	r.log.InfoContext(stopCtx, "relay stopped")
 	return nil
+}
+
+// kafkaDown records that Kafka is unreachable now (the outage starts at
+// the first such call).
+func (r *Relay) kafkaDown() {
+	r.kafkaDownAt.CompareAndSwap(0, int64(time.Since(r.t0)))
+}
+
+// alertOutage logs at ERROR, once per outage, when Kafka has been
+// unreachable for KafkaOutageAlert. The heartbeat calls it, so an outage is
+// reported on time even while a connection attempt hangs.
+func (r *Relay) alertOutage(ctx context.Context) {
+	at := r.kafkaDownAt.Load()
+	if at == 0 {
+		return
+	}
+	since := time.Since(r.t0) - time.Duration(at)
+	if since >= r.cfg.KafkaOutageAlert && !r.kafkaAlerted.Swap(true) {
+		r.log.ErrorContext(ctx, "Kafka unreachable", "for", since.Round(time.Second), "brokers", r.cfg.Brokers,
+			"alert_after", r.cfg.KafkaOutageAlert)
+	}
+}
+
+// kafkaUp records that Kafka answers.
+func (r *Relay) kafkaUp(ctx context.Context) {
+	if at := r.kafkaDownAt.Swap(0); at != 0 && r.kafkaAlerted.Swap(false) {
+		r.log.InfoContext(ctx, "Kafka reachable again", "after", (time.Since(r.t0) - time.Duration(at)).Round(time.Second))
+	}
+}
+
+// beatNow asks the heartbeat loop for a heartbeat at once.
+func (r *Relay) beatNow() {
+	select {
+	case r.beat <- struct{}{}:
+	default:
+	}
 }
 
 // stopOn ends Run with err when retrying cannot fix it, and reports whether
@@ -258,10 +312,12 @@ func (r *Relay) heartbeatLoop(ctx context.Context, stop context.CancelCauseFunc)
 		if err := r.heartbeat(ctx); err != nil && r.stopOn("heartbeat", err, stop) {
 			return
 		}
+		r.alertOutage(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-r.beat:
 		}
 	}
 }
@@ -272,7 +328,8 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 	defer cancel()
 	start := time.Now()
 	var held, released, live int
-	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.id, r.cfg.LeaseTTL, r.cfg.Lanes, r.cfg.HeartbeatInterval).Scan(&held, &released, &live)
+	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.id, r.cfg.LeaseTTL, r.cfg.Lanes, r.cfg.HeartbeatInterval,
+		r.kafkaReady.Load(), r.kafkaDownAt.Load() != 0).Scan(&held, &released, &live)
 	if err != nil {
 		if ctx.Err() == nil && !pgerr.NeedsOperator(err) {
 			r.log.WarnContext(ctx, "heartbeat failed", "error", err)

@@ -10,7 +10,11 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/pgbox/pgbox/internal/backoff"
+	"github.com/pgbox/pgbox/outbox"
 )
+
+// Step 2 of a pass: send the claimed rows to Kafka, in order per key, over
+// the producer (producer.go).
 
 // maxRoundBytes bounds the record bytes of one round of requests, well below
 // sarama.MaxRequestSize; partitions beyond it wait for the next round.
@@ -45,7 +49,7 @@ const recordBatchOverhead = 61
 // round's rows are left out and stopped is true. It also sends nothing more
 // once the leases the rows were claimed under may have run out.
 func (r *Relay) sendBatch(ctx context.Context, p *producer, rows []row, gen int64) (outcome map[int]error, stopped bool) {
-	s := r.planSend(p, rows)
+	s := r.planSend(ctx, p, rows)
 	for {
 		if ctx.Err() != nil {
 			return s.outcome, true
@@ -60,7 +64,7 @@ func (r *Relay) sendBatch(ctx context.Context, p *producer, rows []row, gen int6
 		if len(chunks) == 0 {
 			return s.outcome, false
 		}
-		if err := p.renew(); err != nil {
+		if err := p.renew(ctx); err != nil {
 			for _, c := range chunks {
 				s.fail(c, err)
 			}
@@ -77,7 +81,7 @@ func (r *Relay) sendBatch(ctx context.Context, p *producer, rows []row, gen int6
 			}
 		}
 		if retry := s.apply(results); len(retry) > 0 {
-			_ = p.client.RefreshMetadata(retry...)
+			p.refresh(ctx, retry)
 			if !backoff.Sleep(ctx, p.conf.Producer.Retry.Backoff) {
 				return s.outcome, true
 			}
@@ -85,33 +89,104 @@ func (r *Relay) sendBatch(ctx context.Context, p *producer, rows []row, gen int6
 	}
 }
 
-// roundTrip sends chunks and waits for every answer; once ctx is canceled it
-// waits at most StopTimeout more (ok is false if it gave up).
-func (r *Relay) roundTrip(ctx context.Context, p *producer, chunks []*chunk) (results []chunkResult, ok bool) {
-	out := make(chan chunkResult, len(chunks))
-	p.produce(chunks, out)
-	results = make([]chunkResult, 0, len(chunks))
-	done := ctx.Done()
-	var stopTimer <-chan time.Time
-	for len(results) < len(chunks) {
-		select {
-		case res := <-out:
-			results = append(results, res)
-		case <-done:
-			done = nil
-			t := time.NewTimer(r.cfg.StopTimeout)
-			defer t.Stop()
-			stopTimer = t.C
-		case <-stopTimer:
-			n := 0
-			for _, c := range chunks {
-				n += len(c.rows)
-			}
-			r.log.Warn("stop: gave up waiting for records in flight; their rows stay in the outbox", "rows", n)
-			return nil, false
-		}
+// planSend builds every row's record and partition queue. Rows that cannot
+// be sent (too large, topic unknown) fail here, and their keys' later rows
+// are held back.
+func (r *Relay) planSend(ctx context.Context, p *producer, rows []row) *sendState {
+	s := &sendState{p: p, rows: rows, recs: make([]*sarama.Record, len(rows)), sizes: make([]int, len(rows)),
+		outcome: make(map[int]error, len(rows)), queues: map[topicPartition]*partQueue{}, blocked: map[string]bool{}}
+	type topicParts struct {
+		parts []int32
+		err   error
 	}
-	return results, true
+	topics := map[string]topicParts{} // each topic's metadata, looked up once per pass
+	limit := p.conf.Producer.MaxMessageBytes
+	for i := range rows {
+		x := &rows[i]
+		if s.blocked[keyOf(x, i)] {
+			continue
+		}
+		m := toMessage(x)
+		size := m.ByteSize(2)
+		if size > limit { // sarama's own producer's check, in sarama's words
+			s.failRow(i, sarama.ConfigurationError(fmt.Sprintf(
+				"Attempt to produce message larger than configured Producer.MaxMessageBytes: %d > %d", size, limit)))
+			continue
+		}
+		tps, seen := topics[x.topic]
+		if !seen {
+			tps.parts, tps.err = p.partitions(ctx, x.topic)
+			topics[x.topic] = tps
+		}
+		part, err := int32(-1), tps.err
+		if err == nil {
+			part, err = p.partition(m, tps.parts)
+		}
+		if err != nil {
+			s.failRow(i, fmt.Errorf("topic %s: %w", x.topic, err))
+			continue
+		}
+		s.recs[i], s.sizes[i] = toRecord(m), size
+		tp := topicPartition{x.topic, part}
+		q := s.queues[tp]
+		if q == nil {
+			q = &partQueue{}
+			s.queues[tp] = q
+			s.order = append(s.order, tp)
+		}
+		q.rows = append(q.rows, i)
+	}
+	return s
+}
+
+func toMessage(x *row) *sarama.ProducerMessage {
+	m := &sarama.ProducerMessage{Topic: x.topic}
+	if x.key != nil {
+		m.Key = sarama.ByteEncoder(x.key)
+	}
+	if x.value != nil {
+		m.Value = sarama.ByteEncoder(x.value)
+	}
+	m.Headers = make([]sarama.RecordHeader, 0, len(x.headers)+2)
+	for _, h := range x.headers {
+		if outbox.Reserved(h.Key) { // outbox.Write refuses them; rows written otherwise get the relay's
+			continue
+		}
+		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
+	}
+	m.Headers = append(m.Headers,
+		sarama.RecordHeader{Key: []byte(EventIDHeader), Value: []byte(x.eventID.String())},
+		sarama.RecordHeader{Key: []byte(CreatedAtHeader), Value: []byte(x.createdAt.UTC().Format(time.RFC3339Nano))},
+	)
+	return m
+}
+
+func toRecord(m *sarama.ProducerMessage) *sarama.Record {
+	rec := &sarama.Record{Headers: make([]*sarama.RecordHeader, len(m.Headers))}
+	for i := range m.Headers {
+		rec.Headers[i] = &m.Headers[i]
+	}
+	if m.Key != nil {
+		rec.Key, _ = m.Key.Encode()
+	}
+	if m.Value != nil {
+		rec.Value, _ = m.Value.Encode()
+	}
+	return rec
+}
+
+// keyOf names a row's order domain: its topic and key (keyless rows have no
+// order to keep).
+func keyOf(x *row, i int) string {
+	if x.key == nil {
+		return "\x00nokey" + strconv.Itoa(i)
+	}
+	return x.topic + "\x00" + string(x.key)
+}
+
+func (s *sendState) failRow(i int, err error) {
+	s.outcome[i] = err
+	s.blocked[keyOf(&s.rows[i], i)] = true
 }
 
 // sendState is one sendBatch's bookkeeping.
@@ -133,67 +208,6 @@ type partQueue struct {
 	tries  int    // failed tries of head
 	single bool   // the broker rejected a batch: one row per batch from now on
 	done   bool   // a batch failed: the rest waits for the next pass
-}
-
-// keyOf names a row's order domain: its topic and key (keyless rows have no
-// order to keep).
-func keyOf(x *row, i int) string {
-	if x.key == nil {
-		return "\x00nokey" + strconv.Itoa(i)
-	}
-	return x.topic + "\x00" + string(x.key)
-}
-
-// planSend builds every row's record and partition queue. Rows that cannot
-// be sent (too large, topic unknown) fail here, and their keys' later rows
-// are held back.
-func (r *Relay) planSend(p *producer, rows []row) *sendState {
-	s := &sendState{p: p, rows: rows, recs: make([]*sarama.Record, len(rows)), sizes: make([]int, len(rows)),
-		outcome: make(map[int]error, len(rows)), queues: map[topicPartition]*partQueue{}, blocked: map[string]bool{}}
-	topicErr := map[string]error{}
-	limit := p.conf.Producer.MaxMessageBytes
-	for i := range rows {
-		x := &rows[i]
-		if s.blocked[keyOf(x, i)] {
-			continue
-		}
-		m := toMessage(x)
-		size := m.ByteSize(2)
-		if size > limit { // sarama's own producer's check, in sarama's words
-			s.failRow(i, sarama.ConfigurationError(fmt.Sprintf(
-				"Attempt to produce message larger than configured Producer.MaxMessageBytes: %d > %d", size, limit)))
-			continue
-		}
-		err, seen := topicErr[x.topic]
-		var part int32
-		if !seen {
-			part, err = p.partition(m)
-			if err != nil {
-				topicErr[x.topic] = err
-			}
-		} else if err == nil {
-			part, err = p.partition(m)
-		}
-		if err != nil {
-			s.failRow(i, fmt.Errorf("topic %s: %w", x.topic, err))
-			continue
-		}
-		s.recs[i], s.sizes[i] = toRecord(m), size
-		tp := topicPartition{x.topic, part}
-		q := s.queues[tp]
-		if q == nil {
-			q = &partQueue{}
-			s.queues[tp] = q
-			s.order = append(s.order, tp)
-		}
-		q.rows = append(q.rows, i)
-	}
-	return s
-}
-
-func (s *sendState) failRow(i int, err error) {
-	s.outcome[i] = err
-	s.blocked[keyOf(&s.rows[i], i)] = true
 }
 
 // nextChunks returns the next batch of every partition with rows left (the
@@ -247,6 +261,35 @@ func (s *sendState) cut(tp topicPartition, q *partQueue, limit int) *chunk {
 	return c
 }
 
+// roundTrip sends chunks and waits for every answer; once ctx is canceled it
+// waits at most StopTimeout more (ok is false if it gave up).
+func (r *Relay) roundTrip(ctx context.Context, p *producer, chunks []*chunk) (results []chunkResult, ok bool) {
+	out := make(chan chunkResult, len(chunks))
+	p.produce(chunks, out)
+	results = make([]chunkResult, 0, len(chunks))
+	done := ctx.Done()
+	var stopTimer <-chan time.Time
+	for len(results) < len(chunks) {
+		select {
+		case res := <-out:
+			results = append(results, res)
+		case <-done:
+			done = nil
+			t := time.NewTimer(r.cfg.StopTimeout)
+			defer t.Stop()
+			stopTimer = t.C
+		case <-stopTimer:
+			n := 0
+			for _, c := range chunks {
+				n += len(c.rows)
+			}
+			r.log.Warn("stop: gave up waiting for records in flight; their rows stay in the outbox", "rows", n)
+			return nil, false
+		}
+	}
+	return results, true
+}
+
 // apply records a round's answers and returns the topics of batches to
 // send again.
 func (s *sendState) apply(results []chunkResult) (retry []string) {
@@ -262,11 +305,11 @@ func (s *sendState) apply(results []chunkResult) (retry []string) {
 			q.head, q.tries = nil, 0
 		case retriable(res) && q.tries < s.p.conf.Producer.Retry.Max:
 			q.tries++
-			if sequenceBroken(res.err) {
+			if classify(res.err).newID {
 				s.p.stale = true
 			}
 			retry = append(retry, c.tp.topic)
-		case len(c.rows) > 1 && rejectsContent(res.err):
+		case len(c.rows) > 1 && classify(res.err).split:
 			// Nothing of it was written: send its rows one per batch to find
 			// the bad one(s).
 			q.rows = append(c.rows, q.rows...)
@@ -289,7 +332,7 @@ func (s *sendState) fail(c *chunk, err error) {
 	}
 	q := s.queues[c.tp]
 	q.head, q.tries = nil, 0
-	if !permanent(err) {
+	if classify(err).fate == fateTransient {
 		q.done = true
 	}
 	s.p.stale = true
@@ -307,32 +350,4 @@ func (s *sendState) pending() int {
 		}
 	}
 	return n
-}
-
-func toRecord(m *sarama.ProducerMessage) *sarama.Record {
-	rec := &sarama.Record{Headers: make([]*sarama.RecordHeader, len(m.Headers))}
-	for i := range m.Headers {
-		rec.Headers[i] = &m.Headers[i]
-	}
-	if m.Key != nil {
-		rec.Key, _ = m.Key.Encode()
-	}
-	if m.Value != nil {
-		rec.Value, _ = m.Value.Encode()
-	}
-	return rec
-}
-
-// rejectsContent reports a broker's rejection of what a batch holds (one of
-// its records, or its size), as opposed to its topic: sending the rows one
-// per batch then finds the bad one.
-func rejectsContent(err error) bool {
-	for _, k := range []sarama.KError{
-		sarama.ErrMessageSizeTooLarge, sarama.ErrMessageSetSizeTooLarge, sarama.ErrInvalidRecord, sarama.ErrPolicyViolation,
-	} {
-		if errors.Is(err, k) {
-			return true
-		}
-	}
-	return false
 }

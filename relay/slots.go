@@ -8,6 +8,12 @@ import (
 	"github.com/pgbox/pgbox/outbox"
 )
 
+// LaneOf returns the lane of an outbox slot (outbox.SlotOf) when the outbox
+// is split into lanes lanes: slot % lanes. A lane is owned by one relay
+// instance at a time. The relay's SQL (claimSQL, finishSQL) computes the
+// same; inspect reports lanes through this function.
+func LaneOf(slot, lanes int) int { return slot % lanes }
+
 // slotSet is a set of outbox slots.
 type slotSet [outbox.Slots / 64]uint64
 

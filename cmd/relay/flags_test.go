@@ -65,6 +65,8 @@ var flagChecks = map[string]flagCheck{
 	"lease-ttl":               {check: checkLeaseTTL, bad: "0s"},
 	"max-attempts":            {check: checkMaxAttempts, bad: "0"},
 	"max-backoff":             {check: checkMaxBackoff, bad: "0s"},
+	"unknown-topic-window":    {check: checkUnknownTopicWindow, bad: "-1s"},
+	"kafka-outage-alert":      {check: checkKafkaOutageAlert, bad: "0s"},
 	"no-listen":               {check: checkNoListen, bad: "maybe"},
 	"channel":                 {check: checkChannel, bad: strings.Repeat("c", 64)},
 	"partitioner":             {check: checkPartitioner, bad: "random"},
@@ -618,7 +620,7 @@ func parkedAttempts(t *testing.T, db *testdb.DB) int {
 }
 
 func checkMaxAttempts(t *testing.T, set setFn) {
-	db, p := idleRelay(t, set, "2", "PGBOX_MAX_BACKOFF=200ms")
+	db, p := idleRelay(t, set, "2", "PGBOX_MAX_BACKOFF=200ms", "PGBOX_UNKNOWN_TOPIC_WINDOW=0s")
 	writeRows(t, db, "no-such-topic", 0, 1)
 	waitFor(t, "parked", time.Minute, func() bool { return parkedAttempts(t, db) >= 0 })
 	require.Equal(t, 2, parkedAttempts(t, db))
@@ -628,9 +630,31 @@ func checkMaxAttempts(t *testing.T, set setFn) {
 func checkMaxBackoff(t *testing.T, set setFn) {
 	// 20 failed attempts: with a 200ms cap they take seconds; with the 10s
 	// default, minutes.
-	db, p := idleRelay(t, set, "200ms", "PGBOX_MAX_ATTEMPTS=20")
+	db, p := idleRelay(t, set, "200ms", "PGBOX_MAX_ATTEMPTS=20", "PGBOX_UNKNOWN_TOPIC_WINDOW=0s")
 	writeRows(t, db, "no-such-topic", 0, 1)
 	waitFor(t, "parked within 45s", 45*time.Second, func() bool { return parkedAttempts(t, db) == 20 })
+	require.Equal(t, 0, p.stop(t), p.output())
+}
+
+func checkUnknownTopicWindow(t *testing.T, set setFn) {
+	// A missing topic is retried for the window, not MaxAttempts times: with
+	// 1000 attempts allowed the row is parked within seconds of a 2s window
+	// (with the 5m default, not for minutes).
+	db, p := idleRelay(t, set, "2s", "PGBOX_MAX_ATTEMPTS=1000", "PGBOX_MAX_BACKOFF=200ms")
+	writeRows(t, db, "no-such-topic", 0, 1)
+	waitFor(t, "parked within 45s", 45*time.Second, func() bool { return parkedAttempts(t, db) >= 0 })
+	require.Less(t, parkedAttempts(t, db), 1000)
+	require.Equal(t, 0, p.stop(t), p.output())
+}
+
+func checkKafkaOutageAlert(t *testing.T, set setFn) {
+	// Kafka unreachable from the start: logged at ERROR after 1s (with the
+	// 1m default, not within the test's 30s).
+	db := testdb.New(t)
+	p, _ := startWith(t, set, "1s", append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS=127.0.0.1:1"))
+	waitFor(t, "the outage logged at ERROR", 30*time.Second, func() bool {
+		return strings.Contains(p.output(), `level=ERROR msg="Kafka unreachable"`)
+	})
 	require.Equal(t, 0, p.stop(t), p.output())
 }
 

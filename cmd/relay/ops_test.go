@@ -122,22 +122,24 @@ func TestOperatorCommandsWhileRunning(t *testing.T) {
 	exec(`CREATE TABLE effects (id bigserial PRIMARY KEY, value text NOT NULL)`)
 	c := kafkatest.New(t, kfake.SeedTopics(1, "orders", "orders.dlq"))
 	brokers := c.ListenAddrs()
-	p := startRelay(t, runEnv(db, c, "PGBOX_MAX_ATTEMPTS=2", "PGBOX_MAX_BACKOFF=300ms"), "run")
+	p := startRelay(t, runEnv(db, c, "PGBOX_MAX_ATTEMPTS=2", "PGBOX_MAX_BACKOFF=300ms", "PGBOX_UNKNOWN_TOPIC_WINDOW=0s"), "run")
 	t.Cleanup(func() { p.stop(t) })
 	env := []string{"DATABASE_URL=" + db.URL}
 	ops := func(args ...string) result { t.Helper(); return runRelay(t, time.Minute, env, args...) }
 
-	// Parked rows: a topic that does not exist yet, and one we give up on.
+	// Parked rows: a topic that does not exist yet (its first row is parked
+	// and holds the key's later four), and one we give up on.
 	writeKeyed(t, db, "late.v1", "acct-1", "v0", "v1", "v2", "v3", "v4")
 	writeKeyed(t, db, "junk.v1", "x", "junk")
-	waitFor(t, "rows parked", 60*time.Second, func() bool { return parkedCount(t, db, "late.v1") == 5 && parkedCount(t, db, "junk.v1") == 1 })
+	waitFor(t, "rows parked", 60*time.Second, func() bool { return parkedCount(t, db, "late.v1") == 1 && parkedCount(t, db, "junk.v1") == 1 })
 
 	r := ops("parked", "list", "--json", "--topic", "late.v1")
 	require.Equal(t, 0, r.code, r.stderr)
 	var parked []inspect.ParkedMessage
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &parked))
-	require.Len(t, parked, 5)
+	require.Len(t, parked, 1)
 	require.Contains(t, parked[0].LastError, "does not exist")
+	require.EqualValues(t, 4, parked[0].Held)
 
 	r = ops("parked", "discard", "--topic", "junk.v1")
 	require.Equal(t, 2, r.code, "discard without --yes deletes nothing and exits 2")
@@ -154,7 +156,8 @@ func TestOperatorCommandsWhileRunning(t *testing.T) {
 	kafkatest.CreateTopic(t, brokers, "late.v1", 3, nil)
 	r = ops("parked", "retry", "--topic", "late.v1", "--json")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.JSONEq(t, `{"retried": 5}`, r.stdout)
+	require.JSONEq(t, `{"retried": 1}`, r.stdout)
+	require.Len(t, eventIDs(t, c, "late.v1", 5), 5, "the retried row, then the four it held")
 	r = ops("parked", "retry", "--topic", "late.v1", "--json")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.JSONEq(t, `{"retried": 0}`, r.stdout, "twice = once")

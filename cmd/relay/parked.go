@@ -130,9 +130,9 @@ func writeParked(w io.Writer, rows []inspect.ParkedMessage) {
 		fmt.Fprintln(w, "no parked rows")
 		return
 	}
-	fmt.Fprintf(w, "%-10s %-30s %-8s %-20s %s\n", "ID", "TOPIC", "ATTEMPTS", "PARKED AT", "LAST ERROR")
+	fmt.Fprintf(w, "%-10s %-30s %-8s %-8s %-20s %s\n", "ID", "TOPIC", "ATTEMPTS", "HELD", "PARKED AT", "LAST ERROR")
 	for _, r := range rows {
-		fmt.Fprintf(w, "%-10d %-30s %-8d %-20s %s\n", r.ID, r.Topic, r.Attempts, r.ParkedAt.UTC().Format(time.DateTime), r.LastError)
+		fmt.Fprintf(w, "%-10d %-30s %-8d %-8d %-20s %s\n", r.ID, r.Topic, r.Attempts, r.Held, r.ParkedAt.UTC().Format(time.DateTime), r.LastError)
 	}
 }
 

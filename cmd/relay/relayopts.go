@@ -20,6 +20,8 @@ type relayOptions struct {
 	HeartbeatInterval time.Duration
 	LeaseTTL          time.Duration
 	MaxAttempts       int
+	UnknownTopicWait  time.Duration
+	KafkaOutageAlert  time.Duration
 	MaxBackoff        time.Duration
 	NoListen          bool
 	Channel           string
@@ -42,7 +44,11 @@ func (r *relayOptions) bind(s *settings) {
 	s.duration(&r.LeaseTTL, g, "lease-ttl", "PGBOX_LEASE_TTL", relay.LeaseTTLDefault, time.Millisecond,
 		"lane lease length; a dead instance's lanes move within lease-ttl + heartbeat-interval (at least 2 × heartbeat-interval)")
 	s.integer(&r.MaxAttempts, g, "max-attempts", "PGBOX_MAX_ATTEMPTS", relay.MaxAttemptsDefault, 1, 1000,
-		"permanent publish failures (unknown topic, too large) before a row is parked; broker outages never count")
+		"permanent publish failures (too large, rejected) before a row is parked; broker outages never count")
+	s.duration(&r.UnknownTopicWait, g, "unknown-topic-window", "PGBOX_UNKNOWN_TOPIC_WINDOW", relay.UnknownTopicWindowDefault, 0,
+		"how long a row whose topic does not exist is retried before it is parked (0: parked after max-attempts)")
+	s.duration(&r.KafkaOutageAlert, g, "kafka-outage-alert", "PGBOX_KAFKA_OUTAGE_ALERT", relay.KafkaOutageAlertDefault, time.Millisecond,
+		"how long Kafka may be unreachable before the relay logs it at ERROR (status shows it from the start)")
 	s.duration(&r.MaxBackoff, g, "max-backoff", "PGBOX_MAX_BACKOFF", relay.MaxBackoffDefault, time.Millisecond, "cap of the backoff after failed passes")
 	s.boolean(&r.NoListen, g, "no-listen", "PGBOX_NO_LISTEN", false, "poll only, no LISTEN (needed behind pgbouncer in transaction mode)")
 	s.str(&r.Channel, g, "channel", "PGBOX_CHANNEL", outbox.ChannelDefault, "LISTEN channel; must match the writers' outbox.Config.Channel")
@@ -94,24 +100,30 @@ func (a *app) relayConfig(pool *pgxpool.Pool) (relay.Config, error) {
 	if o.Relay.Partitioner == "fnv1a" {
 		part = sarama.NewHashPartitioner
 	}
+	unknownTopic := o.Relay.UnknownTopicWait
+	if unknownTopic == 0 { // an explicit 0s: park at max-attempts
+		unknownTopic = relay.NoUnknownTopicWindow
+	}
 	return relay.Config{
-		Pool:              pool,
-		Brokers:           o.Kafka.Brokers,
-		Kafka:             kc,
-		Partitioner:       part,
-		Lanes:             o.Relay.Lanes,
-		Instance:          o.Relay.Instance,
-		BatchSize:         o.Relay.BatchSize,
-		PollInterval:      o.Relay.PollInterval,
-		HeartbeatInterval: o.Relay.HeartbeatInterval,
-		LeaseTTL:          o.Relay.LeaseTTL,
-		MaxAttempts:       o.Relay.MaxAttempts,
-		MaxBackoff:        o.Relay.MaxBackoff,
-		MaxMessageBytes:   o.Relay.MaxMessageBytes,
-		NoListen:          o.Relay.NoListen,
-		Channel:           o.Relay.Channel,
-		StopTimeout:       stopTimeout(o.ShutdownTimeout),
-		Logger:            a.log.With("component", "relay"),
+		Pool:               pool,
+		Brokers:            o.Kafka.Brokers,
+		Kafka:              kc,
+		Partitioner:        part,
+		Lanes:              o.Relay.Lanes,
+		Instance:           o.Relay.Instance,
+		BatchSize:          o.Relay.BatchSize,
+		PollInterval:       o.Relay.PollInterval,
+		HeartbeatInterval:  o.Relay.HeartbeatInterval,
+		LeaseTTL:           o.Relay.LeaseTTL,
+		MaxAttempts:        o.Relay.MaxAttempts,
+		UnknownTopicWindow: unknownTopic,
+		KafkaOutageAlert:   o.Relay.KafkaOutageAlert,
+		MaxBackoff:         o.Relay.MaxBackoff,
+		MaxMessageBytes:    o.Relay.MaxMessageBytes,
+		NoListen:           o.Relay.NoListen,
+		Channel:            o.Relay.Channel,
+		StopTimeout:        stopTimeout(o.ShutdownTimeout),
+		Logger:             a.log.With("component", "relay"),
 	}, nil
 }
 

@@ -185,7 +185,7 @@ func TestRunPublishesServesMetricsAndStops(t *testing.T) {
 	c := kafkatest.New(t, kfake.SeedTopics(3, "payments"))
 	writeRows(t, db, "payments", 0, 50)
 
-	p := startRelay(t, runEnv(db, c, "PGBOX_LOG_FORMAT=text", "PGBOX_MAX_ATTEMPTS=2", "PGBOX_MAX_BACKOFF=300ms"), "run")
+	p := startRelay(t, runEnv(db, c, "PGBOX_LOG_FORMAT=text", "PGBOX_MAX_ATTEMPTS=2", "PGBOX_MAX_BACKOFF=300ms", "PGBOX_UNKNOWN_TOPIC_WINDOW=0s"), "run")
 	base := "http://" + p.httpAddr(t)
 
 	code, body := httpGet(t, base+"/healthz")

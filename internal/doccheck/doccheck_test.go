@@ -296,6 +296,8 @@ func TestLibraryDefaults(t *testing.T) {
 		"relay.LeaseTTLDefault":               relay.LeaseTTLDefault,
 		"relay.MaxAttemptsDefault":            relay.MaxAttemptsDefault,
 		"relay.MaxBackoffDefault":             relay.MaxBackoffDefault,
+		"relay.UnknownTopicWindowDefault":     relay.UnknownTopicWindowDefault,
+		"relay.KafkaOutageAlertDefault":       relay.KafkaOutageAlertDefault,
 		"relay.StopTimeoutDefault":            relay.StopTimeoutDefault,
 		"relay.MaxMessageBytesDefault":        relay.MaxMessageBytesDefault,
 		"outbox.MaxBytesDefault":              outbox.MaxBytesDefault,

@@ -107,7 +107,7 @@ func (c *claimRun[R]) writeDeadLetter(tx pgx.Tx, m inbox.Message, cause error, a
 
 func deadLetterRecord(m inbox.Message, consumer string, key *string, cause error, attempts int, dlq string) outbox.Message {
 	hs := make([]outbox.Header, 0, len(m.Headers)+9)
-	hs = append(hs, m.Headers...)
+	hs = append(hs, outbox.WithoutReserved(m.Headers)...) // the dead letter gets its own event id
 	hs = append(hs, dlqHeaders(m, consumer, key, cause, attempts)...)
 	return outbox.Message{Topic: dlq, Key: m.Key, Value: m.Value, Headers: hs}
 }
