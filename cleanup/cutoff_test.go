@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 )
 
@@ -35,7 +34,9 @@ func TestCutoffsWithoutLock(t *testing.T) {
 	require.Equal(t, 2*time.Hour+10*time.Minute, got[0].Window)
 	requireSameTime(t, now.Add(-got[0].Window), got[0].Cutoff)
 
-	require.True(t, got[1].Skipped)
+	require.False(t, got[1].Skipped, "the exact rule applies")
+	require.False(t, got[1].Timed)
+	require.Equal(t, map[int32]int64{0: 0}, got[1].LogStarts)
 	require.Equal(t, ReasonCompacted, got[1].Reason)
 
 	require.True(t, got[2].Skipped)
@@ -61,6 +62,10 @@ func TestCutoffsValidation(t *testing.T) {
 
 type nopDescriber struct{}
 
-func (nopDescriber) DescribeConfigs([]*sarama.ConfigResource, sarama.DescribeConfigsOptions) ([]*sarama.ConfigResourceResult, error) {
+func (nopDescriber) TopicConfigs(context.Context, []string, []string) (map[string]TopicConfig, error) {
+	return nil, nil
+}
+
+func (nopDescriber) LogStarts(context.Context, []string) (map[string]LogStarts, error) {
 	return nil, nil
 }

@@ -208,7 +208,7 @@ func (ib *Inbox) readOne(br pgx.BatchResults, m Message, o *oneOutcome) error {
 // inserted again.
 func (ib *Inbox) readStoredOne(ctx context.Context, tx pgx.Tx, key string, args []any, o *oneOutcome) error {
 	for attempt := 0; ; attempt++ {
-		err := tx.QueryRow(ctx, sqlTouchOne, ib.consumer, key, args[6]).Scan(&o.storedFP, &o.stored)
+		err := tx.QueryRow(ctx, sqlTouchOne, ib.consumer, key, args[6], args[2], args[3], args[4]).Scan(&o.storedFP, &o.stored)
 		if err == nil || !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
@@ -487,14 +487,17 @@ func (ib *Inbox) readConflicts(ctx context.Context, tx pgx.Tx, p *batchPlan) err
 		if attempt == maxVanished {
 			return fmt.Errorf("keys conflicted but their rows kept vanishing (%d attempts)", maxVanished)
 		}
-		var missing []string
+		var missing, missingTopic []string
 		var missingAt []pgtype.Timestamptz
+		var missingPart []int32
+		var missingOff []int64
 		for i, k := range p.keys {
 			if _, ok := p.rows[k]; !ok {
 				missing, missingAt = append(missing, k), append(missingAt, p.recordAts[i])
+				missingTopic, missingPart, missingOff = append(missingTopic, p.topics[i]), append(missingPart, p.partitions[i]), append(missingOff, p.offsets[i])
 			}
 		}
-		r, err := tx.Query(ctx, sqlTouchMany, ib.consumer, missing, missingAt)
+		r, err := tx.Query(ctx, sqlTouchMany, ib.consumer, missing, missingAt, missingTopic, missingPart, missingOff)
 		if err == nil {
 			err = p.scanStored(r)
 		}

@@ -137,8 +137,8 @@ func (s *Snapshot) ApplyCutoffs(reps []cleanup.TopicReport, source string) {
 
 // applyCutoff sets Window, Cutoff, Margin and Note from a topic's plan.
 func (in *InboxTopic) applyCutoff(tr cleanup.TopicReport, now time.Time) {
-	if tr.Skipped {
-		in.Note = "never pruned: " + string(tr.Reason)
+	if !tr.Timed { // exact rule only, or neither: the note says which, and why
+		in.Note = tr.Note()
 		return
 	}
 	in.Window = seconds(tr.Window)
@@ -147,7 +147,7 @@ func (in *InboxTopic) applyCutoff(tr cleanup.TopicReport, now time.Time) {
 	in.Margin = seconds(tr.Window - time.Duration(in.OldestAge*float64(time.Second)))
 	switch {
 	case tr.Forced:
-		in.Note = "forced window (" + string(tr.Reason) + ")"
+		in.Note = tr.Note()
 	case *in.Margin < 0:
 		in.Note = "overdue: older than the window (cleanup not running?)"
 	}

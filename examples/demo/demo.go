@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/cleanup/cleanupsarama"
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/dbconf"
@@ -296,7 +297,7 @@ func (d *demo) run(ctx context.Context) error {
 		return fmt.Errorf("kafka admin (%s): %w", d.a.opts.Kafka.Redacted(), err)
 	}
 	defer admin.Close()
-	cl, err := cleanup.New(cleanup.Config{Pool: d.pool, Admin: admin, Logger: d.log.With("component", "cleanup")})
+	cl, err := cleanup.New(cleanup.Config{Pool: d.pool, Admin: cleanupsarama.New(admin), Logger: d.log.With("component", "cleanup")})
 	if err != nil {
 		return err
 	}
@@ -714,9 +715,10 @@ func cleanupNote(cr cleanup.Report, topic string) string {
 	case !ok:
 		return "no inbox keys"
 	case tr.Skipped:
-		return fmt.Sprintf("%s keys kept: %s", topic, tr.Reason)
+		return fmt.Sprintf("%s keys kept: %s", topic, tr.Note())
 	}
-	return fmt.Sprintf("%s keys are kept for retention.ms + segment.ms + buffer = %s (oldest is %s old)", topic, durText(tr.Window), durText(tr.OldestAge))
+	return fmt.Sprintf("%s keys are kept until Kafka's log start passes their last copy (now %v), and at least the buffer (oldest is %s old)",
+		topic, tr.LogStarts, durText(tr.OldestAge))
 }
 
 // progress prints a live status line: rewritten in place on a terminal,
