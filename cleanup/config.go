@@ -80,7 +80,8 @@ type Config struct {
 	// cleanup.policy, and its partitions' log start offsets: one
 	// DescribeConfigs request, one Metadata request and one ListOffsets
 	// request per partition leader, for all topics, per pass. Wrap the
-	// Kafka client you have: cleanupsarama.New(admin).
+	// Kafka client you have: cleanupsarama.New(admin) for sarama,
+	// cleanupkgo.New(kadm.NewClient(cl)) for franz-go.
 	Admin Admin
 
 	// Buffer is how long a key is kept after its last-seen copy arrived,

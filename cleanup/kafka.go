@@ -15,7 +15,8 @@ import (
 
 // Admin is what the cleaner reads from Kafka: topic configs and log start
 // offsets, through a Kafka-client-neutral interface. Package cleanupsarama
-// implements it over a sarama ClusterAdmin.
+// implements it over a sarama ClusterAdmin, package cleanupkgo over
+// franz-go's kadm.Client: cleanup itself links neither client.
 type Admin = cleanupadmin.Admin
 
 // TopicConfig and LogStarts are an Admin's answers (see package

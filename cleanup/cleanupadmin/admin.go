@@ -2,7 +2,8 @@
 // package cleanup reads Kafka: each topic's retention settings and each
 // partition's log start offset. It imports no Kafka client, so a service
 // embeds cleanup with the client it already has: package cleanupsarama
-// implements Admin over sarama.
+// implements Admin over sarama, package cleanupkgo over franz-go's kadm. Both
+// pass one test body against the embedded broker (TestAdmins).
 //
 // The interface lives in a package of its own (not in cleanup) so that the
 // implementations beside it need not import cleanup, and cleanup's own tests

@@ -4,6 +4,9 @@
 //	admin, err := sarama.NewClusterAdmin(brokers, cfg)
 //	...
 //	c, err := cleanup.New(cleanup.Config{Pool: pool, Admin: cleanupsarama.New(admin)})
+//
+// A service on franz-go uses package cleanupkgo instead and never links
+// sarama.
 package cleanupsarama
 
 import (
