@@ -171,15 +171,7 @@ func (c Config) validate() error {
 	if c.Pool == nil {
 		errs = append(errs, errors.New("missing Pool (pass the *pgxpool.Pool of the database holding the pgbox tables)"))
 	}
-	if c.Admin == nil {
-		errs = append(errs, errors.New("missing Admin (wrap your Kafka admin client, e.g. cleanupsarama.New(admin) with admin from sarama.NewClusterAdmin(brokers, cfg))"))
-	}
-	if c.Buffer < 0 && c.Buffer != NoBuffer {
-		errs = append(errs, fmt.Errorf("Config.Buffer %v is negative (use a positive duration, cleanup.NoBuffer for a zero buffer, or zero for the default %v)", c.Buffer, BufferDefault))
-	}
-	if c.Window < 0 {
-		errs = append(errs, fmt.Errorf("Config.Window %v is negative (use a positive duration, or zero to never prune topics without a Kafka window)", c.Window))
-	}
+	errs = append(errs, c.CutoffsConfig().problems()...)
 	if c.BatchSize < 0 || c.BatchSize > BatchSizeMax {
 		errs = append(errs, fmt.Errorf("Config.BatchSize %d is out of range (use 1..%d, or zero for %d)", c.BatchSize, BatchSizeMax, BatchSizeDefault))
 	}
@@ -188,6 +180,52 @@ func (c Config) validate() error {
 	}
 	if c.Interval < 0 {
 		errs = append(errs, fmt.Errorf("Config.Interval %v is negative (use a positive duration, or zero for %v)", c.Interval, IntervalDefault))
+	}
+	if err := c.Tables.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// CutoffsConfig configures Cutoffs: the part of Config that decides a
+// topic's rules. Each field is the Config field of the same name, with the
+// same default.
+type CutoffsConfig struct {
+	// Admin reads Kafka (see Config.Admin). Required.
+	Admin Admin
+	// Buffer: see Config.Buffer. Defaults to BufferDefault (24h).
+	Buffer time.Duration
+	// Topics: see Config.Topics. Defaults to none.
+	Topics map[string]Topic
+	// Window: see Config.Window. Defaults to 0: no forced window.
+	Window time.Duration
+	// KafkaTimeout: see Config.KafkaTimeout. Defaults to
+	// KafkaTimeoutDefault (30s).
+	KafkaTimeout time.Duration
+}
+
+// CutoffsConfig returns the part of c that Cutoffs takes, so that status and
+// metrics compute the rules a cleaner configured with c applies.
+func (c Config) CutoffsConfig() CutoffsConfig {
+	return CutoffsConfig{Admin: c.Admin, Buffer: c.Buffer, Topics: c.Topics, Window: c.Window, KafkaTimeout: c.KafkaTimeout}
+}
+
+// config is the Config a Cleaner computing only cutoffs runs with.
+func (c CutoffsConfig) config() Config {
+	return Config{Admin: c.Admin, Buffer: c.Buffer, Topics: c.Topics, Window: c.Window, KafkaTimeout: c.KafkaTimeout}
+}
+
+// problems lists what is wrong with c, each naming the field and the fix.
+func (c CutoffsConfig) problems() []error {
+	var errs []error
+	if c.Admin == nil {
+		errs = append(errs, errors.New("missing Admin (wrap your Kafka admin client: cleanupsarama.New(admin) with admin from sarama.NewClusterAdmin(brokers, cfg), or cleanupkgo.New(kadm.NewClient(cl)))"))
+	}
+	if c.Buffer < 0 && c.Buffer != NoBuffer {
+		errs = append(errs, fmt.Errorf("Config.Buffer %v is negative (use a positive duration, cleanup.NoBuffer for a zero buffer, or zero for the default %v)", c.Buffer, BufferDefault))
+	}
+	if c.Window < 0 {
+		errs = append(errs, fmt.Errorf("Config.Window %v is negative (use a positive duration, or zero to never prune topics without a Kafka window)", c.Window))
 	}
 	if c.KafkaTimeout < 0 {
 		errs = append(errs, fmt.Errorf("Config.KafkaTimeout %v is negative (use a positive duration, or zero for %v)", c.KafkaTimeout, KafkaTimeoutDefault))
@@ -203,10 +241,7 @@ func (c Config) validate() error {
 			errs = append(errs, fmt.Errorf("Config.Topics[%q].Window %v is negative (use a positive duration, cleanup.NoWindow for no forced window, or zero for Config.Window)", name, t.Window))
 		}
 	}
-	if err := c.Tables.validate(); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return errs
 }
 
 func (c Config) topic(name string) (buffer, window time.Duration) {

@@ -94,7 +94,7 @@ func (s *Snapshot) readDead(ctx context.Context, tx pgx.Tx, opts Options) error 
 
 // addCutoffs reads each inbox topic's window from Kafka (cleanup.Cutoffs,
 // no cleanup lease) and compares it with the topic's oldest keys.
-func (s *Snapshot) addCutoffs(ctx context.Context, cfg cleanup.Config, log *slog.Logger) {
+func (s *Snapshot) addCutoffs(ctx context.Context, cfg cleanup.CutoffsConfig, log *slog.Logger) {
 	if len(s.Inbox) == 0 {
 		s.Cutoffs = "none needed: no keys"
 		return

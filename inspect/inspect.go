@@ -90,9 +90,10 @@ type Options struct {
 
 	// Cutoffs, when set, compares each inbox topic's oldest key with the
 	// topic's cleanup window: cleanup.Cutoffs reads the windows from Kafka
-	// with this config (Admin required; Pool unused). It never takes the
-	// cleanup lease. Defaults to nil: no comparison, Snapshot.Cutoffs says why.
-	Cutoffs *cleanup.Config
+	// with this config (a cleaner's own: Config.CutoffsConfig). It never
+	// takes the cleanup lease. Defaults to nil: no comparison,
+	// Snapshot.Cutoffs says why.
+	Cutoffs *cleanup.CutoffsConfig
 
 	// Logger receives a line when the cutoffs cannot be read. Defaults to
 	// slog.Default().

@@ -207,7 +207,7 @@ func TestReadCutoffs(t *testing.T) {
 	inboxKeys(t, db, "svc", "orders", 2, 3*time.Hour)
 	inboxKeys(t, db, "svc", "ledger", 2, time.Hour)
 
-	snap, err := inspect.Read(context.Background(), db.Pool, inspect.Options{Cutoffs: &cleanup.Config{Admin: cleanupsarama.New(admin), Buffer: time.Hour}})
+	snap, err := inspect.Read(context.Background(), db.Pool, inspect.Options{Cutoffs: &cleanup.CutoffsConfig{Admin: cleanupsarama.New(admin), Buffer: time.Hour}})
 	require.NoError(t, err)
 	require.Contains(t, snap.Cutoffs, "from Kafka topic configs")
 	require.Len(t, snap.Inbox, 2)
