@@ -62,9 +62,12 @@ const retryBackoffMin = time.Second
 func (c *Cleaner) Run(ctx context.Context) error {
 	b := backoff.Backoff{Base: retryBackoffMin, Limit: c.cfg.Interval}
 	for {
-		_, err := c.RunOnce(ctx)
+		rep, err := c.RunOnce(ctx)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if err != nil {
+			c.logFailed(ctx, rep, err)
 		}
 		wait := c.cfg.Interval
 		switch {
@@ -88,7 +91,8 @@ func (c *Cleaner) Run(ctx context.Context) error {
 // with Report.Locked set and a nil error.
 //
 // Kafka problems are not errors: the topics concerned are skipped and listed
-// with a Reason. A database error ends the pass with an error; what was deleted
+// with a Reason. A failed pass is returned, not logged (Run logs it), so a
+// caller that prints or logs the error does so once. A database error ends the pass with an error; what was deleted
 // before stays deleted (each batch is its own transaction) and is in the
 // Report. A database error retrying cannot fix (missing tables, a revoked
 // grant) wraps ErrNeedsOperator and names the fix. When ctx is cancelled the
@@ -516,20 +520,30 @@ func (c *Cleaner) record(ctx context.Context, rep Report, err error) {
 		s.Topics[t.Topic] = ts
 	}
 
-	attrs := []any{
-		"deleted", rep.Deleted, "topics", len(rep.Topics), "skipped", len(rep.Skipped()),
-		"batches", rep.Batches, "max_batch", rep.MaxBatch.String(), "duration", rep.Duration.String(), "dry_run", rep.DryRun,
-	}
 	switch {
 	case err == nil:
-		c.cfg.Logger.InfoContext(ctx, "cleanup pass done", attrs...)
+		c.cfg.Logger.InfoContext(ctx, "cleanup pass done", passAttrs(rep)...)
 	case errors.Is(err, context.Canceled):
-		c.cfg.Logger.InfoContext(ctx, "cleanup pass cancelled", attrs...)
-	case errors.Is(err, ErrNeedsOperator):
+		c.cfg.Logger.InfoContext(ctx, "cleanup pass cancelled", passAttrs(rep)...)
+	}
+}
+
+// logFailed logs a pass that failed (Run's passes; RunOnce returns the error
+// to its caller instead).
+func (c *Cleaner) logFailed(ctx context.Context, rep Report, err error) {
+	attrs := passAttrs(rep)
+	if errors.Is(err, ErrNeedsOperator) {
 		c.cfg.Logger.ErrorContext(ctx, "cleanup pass failed: the database needs an operator",
 			append(attrs, "fix", pgerr.Fix(err), "error", err)...)
-	default:
-		c.cfg.Logger.ErrorContext(ctx, "cleanup pass failed", append(attrs, "error", err)...)
+		return
+	}
+	c.cfg.Logger.ErrorContext(ctx, "cleanup pass failed", append(attrs, "error", err)...)
+}
+
+func passAttrs(rep Report) []any {
+	return []any{
+		"deleted", rep.Deleted, "topics", len(rep.Topics), "skipped", len(rep.Skipped()),
+		"batches", rep.Batches, "max_batch", rep.MaxBatch.String(), "duration", rep.Duration.String(), "dry_run", rep.DryRun,
 	}
 }
 

@@ -86,8 +86,16 @@ func cmdCleanup(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	rep, err := c.RunOnce(ctx)
+	if err != nil {
+		// No report: its first line reads as a pass that ran. What a failed
+		// pass deleted before the error stays deleted; say how much.
+		if rep.Deleted > 0 {
+			return fmt.Errorf("%w (the pass had deleted %d rows before it failed)", err, rep.Deleted)
+		}
+		return err
+	}
 	printCleanupReport(a.stdout, rep)
-	return err
+	return nil
 }
 
 // printCleanupReport prints the pass's totals, then one row per inbox topic
