@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testutil"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -303,4 +304,45 @@ func TestExactRuleKafkaUnreachable(t *testing.T) {
 	require.Equal(t, ReasonKafkaUnreachable, tr.Reason)
 	require.Contains(t, tr.Note(), "not pruned this pass: kafka_unreachable")
 	require.NotContains(t, tr.Note(), "never")
+}
+
+// TestExactRuleTopicRecreated: a topic deleted and recreated under the same
+// name restarts its offsets at 0. Its keys are judged against the new
+// incarnation's log start only (the pass reads Kafka after its clock, so no
+// key newer than the read is judged at all): old keys above it are kept
+// longer, never deleted early. The report names the incarnation (topic id).
+func TestExactRuleTopicRecreated(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	old := time.Now().Add(-30 * 24 * time.Hour)
+	b.topic(t, "t", nil)
+	b.produce(t, "t", 5, time.Now())
+	require.NoError(t, b.sadmin.DeleteRecords("t", map[int32]int64{0: 4}))
+	b.insertAt(t, "t", "young", 0, 4, time.Now()) // within the buffer: kept throughout
+	c := b.cleaner(t, Config{Buffer: time.Hour})
+	rep, err := c.RunOnce(ctx)
+	require.NoError(t, err)
+	first, _ := rep.Topic("t")
+	require.NotEmpty(t, first.TopicID)
+
+	b.insertAt(t, "t", "o1", 0, 1, old)
+	b.insertAt(t, "t", "o3", 0, 3, old)
+	require.NoError(t, b.sadmin.DeleteTopic("t"))
+	testutil.Eventually(t, 10*time.Second, "the topic recreated", func() bool {
+		return b.sadmin.CreateTopic("t", &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false) == nil
+	})
+	b.produce(t, "t", 2, time.Now())
+
+	rep, err = c.RunOnce(ctx)
+	require.NoError(t, err)
+	second, _ := rep.Topic("t")
+	require.NotEqual(t, first.TopicID, second.TopicID, "a new incarnation")
+	require.Equal(t, map[int32]int64{0: 0}, second.LogStarts)
+	require.Equal(t, []string{"o1", "o3", "young"}, b.keys(t, "t"), "nothing is behind the new log start")
+
+	require.NoError(t, b.sadmin.DeleteRecords("t", map[int32]int64{0: 2}))
+	_, err = c.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"o3", "young"}, b.keys(t, "t"))
 }
