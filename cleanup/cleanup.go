@@ -84,19 +84,21 @@ func (c *Cleaner) Run(ctx context.Context) error {
 	}
 }
 
-// RunOnce runs one pass: for every topic with keys in pgbox_inbox, it reads the
-// topic's retention from Kafka and deletes the keys Kafka can no longer
-// redeliver, in batches; then it prunes the other pgbox tables by their
-// configured retention. When another cleaner is running, it returns at once
-// with Report.Locked set and a nil error.
+// RunOnce runs one pass: for every topic with keys in pgbox_inbox, it reads
+// the partitions' log start offsets and the topic's retention from Kafka and
+// deletes the keys Kafka can no longer redeliver (the exact rule; the time
+// rule for keys of unknown position), in batches; then it prunes the other
+// pgbox tables by their configured retention. When another cleaner is
+// running, it returns at once with Report.Locked set and a nil error.
 //
 // Kafka problems are not errors: the topics concerned are skipped and listed
-// with a Reason. A failed pass is returned, not logged (Run logs it), so a
-// caller that prints or logs the error does so once. A database error ends the pass with an error; what was deleted
-// before stays deleted (each batch is its own transaction) and is in the
-// Report. A database error retrying cannot fix (missing tables, a revoked
-// grant) wraps ErrNeedsOperator and names the fix. When ctx is cancelled the
-// pass stops within one batch and returns ctx's error.
+// with a Reason. A database error ends the pass with an error; what was
+// deleted before stays deleted (each batch is its own transaction) and is in
+// the Report. A database error retrying cannot fix (missing tables, a revoked
+// grant) wraps ErrNeedsOperator and names the fix. A failed pass is returned,
+// not logged (Run logs it), so a caller that prints or logs the error does so
+// once. When ctx is cancelled the pass stops within one batch and returns
+// ctx's error.
 func (c *Cleaner) RunOnce(ctx context.Context) (Report, error) {
 	rep := Report{Start: time.Now(), DryRun: c.cfg.DryRun}
 	err := pgerr.WithFix(c.runOnce(ctx, &rep))
