@@ -113,7 +113,7 @@ func (s *Snapshot) addCutoffs(ctx context.Context, cfg cleanup.CutoffsConfig, lo
 		s.Cutoffs = "unknown: " + err.Error()
 		return
 	}
-	s.ApplyCutoffs(reps, "from Kafka topic configs (retention.ms + segment.ms + buffer)")
+	s.ApplyCutoffs(reps, "from Kafka topic configs and log start offsets (time window: retention.ms + segment.ms + buffer)")
 }
 
 // ApplyCutoffs compares each inbox entry's oldest key with its topic's window
