@@ -222,6 +222,9 @@ func TestExactRuleFollowsLastCopy(t *testing.T) {
 	process(ev("batched", 0, 7), ev("moved", 1, 0))
 	process(ev("single", 0, 1))
 	process(ev("batched", 0, 2), ev("other", 0, 4))
+	// Two copies within one batch: the later offset counts; copies on two
+	// partitions make the position unknown.
+	process(ev("inbatch", 0, 5), ev("split", 0, 6), ev("inbatch", 0, 8), ev("split", 1, 1))
 
 	keys := func() []string {
 		rows, err := b.db.Pool.Query(ctx, `SELECT key FROM pgbox_inbox ORDER BY key`)
@@ -243,6 +246,8 @@ func TestExactRuleFollowsLastCopy(t *testing.T) {
 	require.Equal(t, pos{6, true}, position("single"), "the duplicate moved the position forward; the rewind did not move it back")
 	require.Equal(t, pos{7, true}, position("batched"))
 	require.Equal(t, pos{3, false}, position("moved"), "copies on two partitions: position unknown")
+	require.Equal(t, pos{8, true}, position("inbatch"), "the batch's later copy counts")
+	require.Equal(t, pos{6, false}, position("split"))
 
 	// Everything older than the buffer: only Kafka's log start decides.
 	_, err = b.db.Pool.Exec(ctx, `UPDATE pgbox_inbox SET received_at = received_at - interval '2 days',
@@ -253,15 +258,20 @@ func TestExactRuleFollowsLastCopy(t *testing.T) {
 	require.NoError(t, b.sadmin.DeleteRecords("orders", map[int32]int64{0: 5}))
 	_, err = c.RunOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, []string{"batched", "moved", "single"}, keys(),
+	require.Equal(t, []string{"batched", "inbatch", "moved", "single", "split"}, keys(),
 		"the first copies are gone from Kafka, the resends are not: keys kept (\"other\", at offset 4, went)")
 
 	require.NoError(t, b.sadmin.DeleteRecords("orders", map[int32]int64{0: 8}))
 	rep, err := c.RunOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, []string{"moved"}, keys(), "position unknown: kept (no time rule on compact,delete)")
+	require.Equal(t, []string{"inbatch", "moved", "split"}, keys(), "position unknown: kept (no time rule on compact,delete)")
 	tr, _ := rep.Topic("orders")
 	require.Equal(t, int64(2), tr.ExactDeleted)
+
+	require.NoError(t, b.sadmin.DeleteRecords("orders", map[int32]int64{0: 9}))
+	_, err = c.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"moved", "split"}, keys())
 }
 
 // TestExactRuleKafkaUnreachable: without log start offsets nothing is

@@ -34,10 +34,12 @@ ON CONFLICT (consumer, key) DO NOTHING`
 	// fixed order will do, and "C" is the cheapest) so that two batches with
 	// overlapping keys lock them in the same order and cannot deadlock.
 	// RETURNING lists the new keys; the rest conflicted.
-	sqlInsertMany = `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at)
-SELECT $1, key, topic, partition, "offset", fingerprint, record_at
-FROM unnest($2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::timestamptz[])
-	AS u(key, topic, partition, "offset", fingerprint, record_at)
+	// $8 says per key whether its position is known (false: the batch saw
+	// it on two partitions; position_at NULL, see sqlTouchOne).
+	sqlInsertMany = `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at, position_at)
+SELECT $1, key, topic, partition, "offset", fingerprint, record_at, CASE WHEN known THEN now() END
+FROM unnest($2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::timestamptz[], $8::bool[])
+	AS u(key, topic, partition, "offset", fingerprint, record_at, known)
 ORDER BY key COLLATE "C"
 ON CONFLICT (consumer, key) DO NOTHING
 RETURNING key`
@@ -51,10 +53,10 @@ RETURNING key`
 	// a unique violation (23505), ProcessBatch rolls back to its savepoint and
 	// runs the batch through sqlInsertMany, which sorts it out. Same key order,
 	// so no deadlocks either.
-	sqlInsertManyNew = `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at)
-SELECT $1, key, topic, partition, "offset", fingerprint, record_at
-FROM unnest($2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::timestamptz[])
-	AS u(key, topic, partition, "offset", fingerprint, record_at)
+	sqlInsertManyNew = `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at, position_at)
+SELECT $1, key, topic, partition, "offset", fingerprint, record_at, CASE WHEN known THEN now() END
+FROM unnest($2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::timestamptz[], $8::bool[])
+	AS u(key, topic, partition, "offset", fingerprint, record_at, known)
 WHERE NOT EXISTS (SELECT FROM pgbox_inbox p WHERE p.consumer = $1 AND p.key = u.key)
 ORDER BY key COLLATE "C"
 RETURNING key`
