@@ -13,7 +13,9 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgbox/pgbox/cleanup/cleanupsarama"
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
@@ -29,7 +31,9 @@ const benchRowsEnv = "PGBOX_BENCH_CLEANUP_ROWS"
 // benchPhase is how long the cleaner runs, then rests, in turn.
 const benchPhase = time.Second
 
-// BenchmarkPrune loads N expired inbox keys plus N/2 live ones and runs 4
+// BenchmarkPrune loads N expired inbox keys plus N/2 live ones (positions
+// known, so the exact rule deletes them: Kafka's log start has passed every
+// expired key, as retention would have moved it) and runs 4
 // writers calling inbox.Process (each call in its own transaction) for the
 // whole of one cleanup pass that deletes the N expired keys. The pass is
 // interleaved with rests: it runs for benchPhase, is held between two
@@ -60,11 +64,12 @@ func BenchmarkPrune(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = admin.Close() })
-	kafkatest.CreateTopic(b, cluster.ListenAddrs(), "orders", 12,
+	kafkatest.CreateTopic(b, cluster.ListenAddrs(), "orders", benchPartitions,
 		map[string]*string{"retention.ms": ptr(ms(24 * time.Hour)), "segment.ms": ptr(ms(time.Hour))})
 	loadKeys(ctx, b, db.Pool, expired, expired/2)
+	dropExpired(ctx, b, cluster.ListenAddrs(), admin, expired)
 
-	cfg := Config{Pool: db.Pool, Admin: admin}
+	cfg := Config{Pool: db.Pool, Admin: cleanupsarama.New(admin)}
 	if v := os.Getenv("PGBOX_BENCH_CLEANUP_BATCH"); v != "" {
 		cfg.BatchSize, _ = strconv.Atoi(v)
 	}
@@ -116,27 +121,35 @@ func BenchmarkPrune(b *testing.B) {
 		expired, running.Round(time.Millisecond), resting.Round(time.Millisecond), c.cfg.BatchSize, c.cfg.Pause)
 }
 
+// benchPartitions is the partition count of the benchmark's topic.
+const benchPartitions = 12
+
 // loadKeys writes expired keys 3 to 5 days old and live ones spread over
-// the last day, both in insertion order as a consumer writes them.
+// the last day, both in insertion order as a consumer writes them, positions
+// known: key g sits on partition g % 12 at offset g / 12, expired keys below
+// offset expiredEnd(expired), live ones from it on.
 func loadKeys(ctx context.Context, b *testing.B, pool *pgxpool.Pool, expired, live int) {
 	t0 := time.Now()
-	load := func(from, to int, ageSQL string) {
-		q := fmt.Sprintf(`INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at, received_at)
-			SELECT 'payments-svc', 'orders/' || (g %% 12) || '/' || g, 'orders', g %% 12, g,
-			       sha256(g::text::bytea), %[1]s - interval '1 second', %[1]s
-			FROM generate_series($1::bigint, $2::bigint) g`, ageSQL)
+	load := func(from, to int, offsetSQL, ageSQL string) {
+		q := fmt.Sprintf(`INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at, received_at, position_at)
+			SELECT 'payments-svc', 'orders/' || (g %% %[3]d) || '/' || (%[1]s), 'orders', g %% %[3]d, %[1]s,
+			       sha256(g::text::bytea), %[2]s - interval '1 second', %[2]s, %[2]s
+			FROM generate_series($1::bigint, $2::bigint) g`, offsetSQL, ageSQL, benchPartitions)
 		if _, err := pool.Exec(ctx, q, from, to); err != nil {
 			b.Fatalf("load: %v", err)
 		}
 	}
+	end := expiredEnd(expired)
 	var wg sync.WaitGroup
 	const chunks = 4
 	for i := range chunks {
 		wg.Go(func() {
-			lo, hi := 1+i*expired/chunks, (i+1)*expired/chunks
-			load(lo, hi, fmt.Sprintf(`now() - interval '5 days' + g * interval '172800 seconds' / %d`, expired))
-			lo, hi = expired+1+i*live/chunks, expired+(i+1)*live/chunks
-			load(lo, hi, fmt.Sprintf(`now() - interval '1 day' + (g - %d) * interval '86400 seconds' / %d`, expired, max(live, 1)))
+			lo, hi := i*expired/chunks, (i+1)*expired/chunks-1
+			load(lo, hi, fmt.Sprintf("g / %d", benchPartitions),
+				fmt.Sprintf(`now() - interval '5 days' + g * interval '172800 seconds' / %d`, expired))
+			lo, hi = i*live/chunks, (i+1)*live/chunks-1
+			load(lo, hi, fmt.Sprintf("%d + g / %d", end, benchPartitions),
+				fmt.Sprintf(`now() - interval '1 day' + g * interval '86400 seconds' / %d`, max(live, 1)))
 		})
 	}
 	wg.Wait()
@@ -149,6 +162,53 @@ func loadKeys(ctx context.Context, b *testing.B, pool *pgxpool.Pool, expired, li
 		b.Logf("CHECKPOINT: %v", err)
 	}
 	b.Logf("loaded %d expired and %d live keys in %v", expired, live, time.Since(t0).Round(time.Millisecond))
+}
+
+// expiredEnd is the first offset past every expired key's, on every
+// partition.
+func expiredEnd(expired int) int64 { return int64((expired-1)/benchPartitions + 1) }
+
+// dropExpired makes Kafka hold no expired key's record any more, as
+// retention would: it fills every partition of "orders" up to expiredEnd
+// with small records (one batch per 10,000) and moves the log start there
+// with DeleteRecords. For the 10M-key run that is 10M records in the
+// embedded broker (a few hundred MB, under a minute).
+func dropExpired(ctx context.Context, b *testing.B, addrs []string, admin sarama.ClusterAdmin, expired int) {
+	t0 := time.Now()
+	end := expiredEnd(expired)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerBatchMaxBytes(1<<20), kgo.MaxBufferedRecords(100_000), kgo.ProducerLinger(5*time.Millisecond))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	var failed error
+	var mu sync.Mutex
+	for p := range int32(benchPartitions) {
+		for range end {
+			cl.Produce(ctx, &kgo.Record{Topic: "orders", Partition: p, Value: []byte("x")}, func(_ *kgo.Record, err error) {
+				if err != nil {
+					mu.Lock()
+					failed = err
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	if err := cl.Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if failed != nil {
+		b.Fatal(failed)
+	}
+	drop := map[int32]int64{}
+	for p := range int32(benchPartitions) {
+		drop[p] = end
+	}
+	if err := admin.DeleteRecords("orders", drop); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("Kafka dropped the expired keys' %d records in %v", end*benchPartitions, time.Since(t0).Round(time.Millisecond))
 }
 
 // phaseGate holds the cleaner between two batches every other benchPhase.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -61,9 +62,12 @@ const retryBackoffMin = time.Second
 func (c *Cleaner) Run(ctx context.Context) error {
 	b := backoff.Backoff{Base: retryBackoffMin, Limit: c.cfg.Interval}
 	for {
-		_, err := c.RunOnce(ctx)
+		rep, err := c.RunOnce(ctx)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if err != nil {
+			c.logFailed(ctx, rep, err)
 		}
 		wait := c.cfg.Interval
 		switch {
@@ -80,18 +84,21 @@ func (c *Cleaner) Run(ctx context.Context) error {
 	}
 }
 
-// RunOnce runs one pass: for every topic with keys in pgbox_inbox, it reads the
-// topic's retention from Kafka and deletes the keys Kafka can no longer
-// redeliver, in batches; then it prunes the other pgbox tables by their
-// configured retention. When another cleaner is running, it returns at once
-// with Report.Locked set and a nil error.
+// RunOnce runs one pass: for every topic with keys in pgbox_inbox, it reads
+// the partitions' log start offsets and the topic's retention from Kafka and
+// deletes the keys Kafka can no longer redeliver (the exact rule; the time
+// rule for keys of unknown position), in batches; then it prunes the other
+// pgbox tables by their configured retention. When another cleaner is
+// running, it returns at once with Report.Locked set and a nil error.
 //
 // Kafka problems are not errors: the topics concerned are skipped and listed
-// with a Reason. A database error ends the pass with an error; what was deleted
-// before stays deleted (each batch is its own transaction) and is in the
-// Report. A database error retrying cannot fix (missing tables, a revoked
-// grant) wraps ErrNeedsOperator and names the fix. When ctx is cancelled the
-// pass stops within one batch and returns ctx's error.
+// with a Reason. A database error ends the pass with an error; what was
+// deleted before stays deleted (each batch is its own transaction) and is in
+// the Report. A database error retrying cannot fix (missing tables, a revoked
+// grant) wraps ErrNeedsOperator and names the fix. A failed pass is returned,
+// not logged (Run logs it), so a caller that prints or logs the error does so
+// once. When ctx is cancelled the pass stops within one batch and returns
+// ctx's error.
 func (c *Cleaner) RunOnce(ctx context.Context) (Report, error) {
 	rep := Report{Start: time.Now(), DryRun: c.cfg.DryRun}
 	err := pgerr.WithFix(c.runOnce(ctx, &rep))
@@ -147,21 +154,18 @@ func (c *Cleaner) runOnce(ctx context.Context, rep *Report) error {
 		}
 		topics = slices.Compact(slices.Sorted(slices.Values(append(topics, dead...))))
 	}
+	// rep.Now was read before Kafka is: every key the exact rule may delete
+	// is older than rep.Now − buffer, so it was written before the log start
+	// offsets were read, and a topic deleted and recreated meanwhile can only
+	// make them smaller (keys kept longer), never judge a newer key.
 	kafka := describeTopics(ctx, c.cfg.Admin, c.cfg.KafkaTimeout, topics)
+	positions := readLogStarts(ctx, c.cfg.Admin, c.cfg.KafkaTimeout, topics)
 	if err := rep.lease.renew(ctx); err != nil { // Kafka may have taken a while
 		return err
 	}
 	for _, name := range topics {
-		tr := c.plan(name, kafka[name], rep.Now)
-		if tr.Skipped {
-			// Infinite and compacted topics are skipped by design; the other
-			// reasons want an operator's look.
-			level := slog.LevelWarn
-			if tr.Reason == ReasonInfiniteRetention || tr.Reason == ReasonCompacted || tr.Reason == ReasonEmptyPolicy {
-				level = slog.LevelInfo
-			}
-			c.cfg.Logger.Log(ctx, level, "cleanup skipped topic", "topic", name, "reason", string(tr.Reason), "error", tr.Err)
-		}
+		tr := c.plan(name, kafka[name], positions[name], rep.Now)
+		c.logPlan(ctx, tr)
 		err := c.pruneTopic(ctx, conn, rep, &tr)
 		rep.Topics = append(rep.Topics, tr)
 		if err != nil {
@@ -169,7 +173,8 @@ func (c *Cleaner) runOnce(ctx context.Context, rep *Report) error {
 		}
 		if !tr.Skipped {
 			c.cfg.Logger.DebugContext(ctx, "cleanup pruned topic", "topic", name, "deleted", tr.Deleted,
-				"would_delete", tr.WouldDelete, "window", tr.Window.String(), "forced", tr.Forced,
+				"exact_deleted", tr.ExactDeleted, "time_deleted", tr.TimeDeleted, "would_delete", tr.WouldDelete,
+				"window", tr.Window.String(), "forced", tr.Forced,
 				"oldest_age", tr.OldestAge.String(), "margin", tr.Margin.String())
 		}
 	}
@@ -247,14 +252,39 @@ func listTopics(ctx context.Context, conn *pgxpool.Conn, query string) ([]string
 	return topics, nil
 }
 
-// plan turns what Kafka said about a topic into its window and cutoff.
-func (c *Cleaner) plan(name string, k kafkaTopic, now time.Time) TopicReport {
+// logPlan logs a topic neither rule can prune, or one whose exact rule
+// could not run: at INFO when its config keeps the records forever, at WARN
+// when an operator should look (Kafka unreachable, a topic not found).
+func (c *Cleaner) logPlan(ctx context.Context, tr TopicReport) {
+	switch {
+	case tr.Skipped:
+		level := slog.LevelWarn
+		if !tr.Reason.Transient() {
+			level = slog.LevelInfo
+		}
+		c.cfg.Logger.Log(ctx, level, "cleanup skipped topic", "topic", tr.Topic, "reason", string(tr.Reason), "error", tr.Err)
+	case tr.OffsetsErr != nil:
+		c.cfg.Logger.WarnContext(ctx, "cleanup: no log start offsets, keys of known position kept", "topic", tr.Topic, "error", tr.OffsetsErr)
+	case !tr.Timed:
+		c.cfg.Logger.InfoContext(ctx, "cleanup: no time window, exact rule only", "topic", tr.Topic, "reason", string(tr.Reason))
+	}
+}
+
+// plan turns what Kafka said about a topic into the rules that apply: the
+// exact rule where Kafka gave log start offsets, the time rule with its
+// window and cutoff where the config (or a forced window) gives one.
+func (c *Cleaner) plan(name string, k kafkaTopic, pos topicPositions, now time.Time) TopicReport {
 	buffer, forced := c.cfg.topic(name)
 	tr := TopicReport{
 		Topic:         name,
 		RetentionMs:   k.retentionMs,
 		SegmentMs:     k.segmentMs,
 		CleanupPolicy: k.policy,
+		TopicID:       pos.id,
+		LogStarts:     pos.starts,
+		OffsetsErr:    pos.err,
+		Exact:         len(pos.starts) > 0,
+		ExactCutoff:   now.Add(-buffer),
 		Reason:        k.reason,
 		Err:           k.err,
 	}
@@ -262,8 +292,8 @@ func (c *Cleaner) plan(name string, k kafkaTopic, now time.Time) TopicReport {
 		w, ok := addNoOverflow(k.retention, k.segment, buffer)
 		if !ok {
 			// A window past what a Duration holds: pgbox cannot compute a
-			// cutoff, so the keys are kept (Kafka keeps the records for
-			// centuries anyway).
+			// cutoff, so the time rule keeps the keys (Kafka keeps the
+			// records for centuries anyway).
 			tr.Reason = ReasonConfigUnreadable
 			tr.Err = fmt.Errorf("topic %q: retention.ms %d + segment.ms %d + buffer %v overflows the cutoff arithmetic", name, k.retentionMs, k.segmentMs, buffer)
 		} else {
@@ -278,9 +308,10 @@ func (c *Cleaner) plan(name string, k kafkaTopic, now time.Time) TopicReport {
 	case forced > 0:
 		tr.Window, tr.Forced = forced, true
 	default:
-		tr.Skipped = true
+		tr.Skipped = !tr.Exact
 		return tr
 	}
+	tr.Timed = true
 	tr.Cutoff = now.Add(-tr.Window)
 	return tr
 }
@@ -298,44 +329,18 @@ func addNoOverflow(ds ...time.Duration) (time.Duration, bool) {
 }
 
 func (c *Cleaner) pruneTopic(ctx context.Context, conn *pgxpool.Conn, rep *Report, tr *TopicReport) error {
-	if !tr.Skipped {
-		if c.cfg.DryRun {
-			if err := conn.QueryRow(ctx, sqlCountInboxExpired, tr.Topic, tr.Cutoff).Scan(&tr.WouldDelete); err != nil {
-				return fmt.Errorf("count expired keys of topic %q: %w", tr.Topic, err)
-			}
-		} else {
-			lower := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
-			for {
-				var found, gone int64
-				var newest pgtype.Timestamptz
-				err := c.batch(ctx, rep, func() error {
-					del := func(q string) error {
-						return deleteTx(ctx, conn, func(tx pgx.Tx) error {
-							return tx.QueryRow(ctx, q, tr.Topic, lower, tr.Cutoff, c.cfg.BatchSize).Scan(&found, &newest, &gone)
-						})
-					}
-					err := del(sqlDeleteInboxBatch)
-					if pgerr.IsLockTimeout(err) {
-						c.cfg.Logger.InfoContext(ctx, "cleanup: a key is locked by a writer, retrying the batch without it", "topic", tr.Topic)
-						err = del(sqlDeleteInboxBatchSkipLocked)
-					}
-					return err
-				})
-				if err != nil {
-					return fmt.Errorf("delete expired keys of topic %q: %w", tr.Topic, err)
-				}
-				tr.Deleted += gone
-				rep.Deleted += gone
-				if found < int64(c.cfg.BatchSize) {
-					break
-				}
-				lower = newest
-				if err := c.pause(ctx); err != nil {
-					return err
-				}
-			}
+	if tr.Exact {
+		if err := c.pruneExact(ctx, conn, rep, tr); err != nil {
+			return fmt.Errorf("delete keys of topic %q past its log start offsets: %w", tr.Topic, err)
 		}
 	}
+	if tr.Timed {
+		if err := c.pruneTimed(ctx, conn, rep, tr); err != nil {
+			return fmt.Errorf("delete keys of topic %q past the time cutoff: %w", tr.Topic, err)
+		}
+	}
+	tr.Deleted = tr.ExactDeleted + tr.TimeDeleted
+	tr.WouldDelete = tr.ExactWouldDelete + tr.TimeWouldDelete
 
 	var oldest pgtype.Timestamptz
 	err := conn.QueryRow(ctx, sqlOldestInbox, tr.Topic).Scan(&oldest)
@@ -343,7 +348,7 @@ func (c *Cleaner) pruneTopic(ctx context.Context, conn *pgxpool.Conn, rep *Repor
 	case err == nil:
 		tr.Oldest = oldest.Time
 		tr.OldestAge = rep.Now.Sub(oldest.Time)
-		if !tr.Skipped {
+		if tr.Timed {
 			tr.Margin = tr.Window - tr.OldestAge
 		}
 	case errors.Is(err, errNoRows):
@@ -351,6 +356,92 @@ func (c *Cleaner) pruneTopic(ctx context.Context, conn *pgxpool.Conn, rep *Repor
 		return fmt.Errorf("read oldest key of topic %q: %w", tr.Topic, err)
 	}
 	return nil
+}
+
+// pruneExact applies the exact rule, partition by partition, along
+// pgbox_inbox_position_idx: only the keys behind the log start are read.
+func (c *Cleaner) pruneExact(ctx context.Context, conn *pgxpool.Conn, rep *Report, tr *TopicReport) error {
+	for _, p := range slices.Sorted(maps.Keys(tr.LogStarts)) {
+		start := tr.LogStarts[p]
+		if start <= 0 {
+			continue // nothing is behind it (a compact-only or young topic)
+		}
+		if c.cfg.DryRun {
+			var n int64
+			if err := conn.QueryRow(ctx, sqlCountInboxExact, tr.Topic, p, start, tr.ExactCutoff).Scan(&n); err != nil {
+				return fmt.Errorf("partition %d: %w", p, err)
+			}
+			tr.ExactWouldDelete += n
+			continue
+		}
+		args := []any{tr.Topic, p, int64(math.MinInt64), start, tr.ExactCutoff, c.cfg.BatchSize}
+		gone, err := deleteLoop[pgtype.Int8](ctx, c, conn, rep, tr.Topic, sqlDeleteInboxExact, sqlDeleteInboxExactSkipLocked, args, 2)
+		tr.ExactDeleted += gone
+		if err != nil {
+			return fmt.Errorf("partition %d: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// pruneTimed applies the time rule, oldest first along
+// pgbox_inbox_topic_age_idx: to the keys of unknown position, or to every
+// key under a forced window.
+func (c *Cleaner) pruneTimed(ctx context.Context, conn *pgxpool.Conn, rep *Report, tr *TopicReport) error {
+	all := tr.Forced
+	if c.cfg.DryRun {
+		// Keys the exact rule would take are not counted twice.
+		parts := slices.Sorted(maps.Keys(tr.LogStarts))
+		starts := make([]int64, len(parts))
+		for i, p := range parts {
+			starts[i] = tr.LogStarts[p]
+		}
+		return conn.QueryRow(ctx, sqlCountInboxTimed, tr.Topic, tr.Cutoff, all, parts, starts, tr.ExactCutoff).Scan(&tr.TimeWouldDelete)
+	}
+	lower := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	args := []any{tr.Topic, lower, tr.Cutoff, c.cfg.BatchSize, all}
+	gone, err := deleteLoop[pgtype.Timestamptz](ctx, c, conn, rep, tr.Topic, sqlDeleteInboxBatch, sqlDeleteInboxBatchSkipLocked, args, 1)
+	tr.TimeDeleted += gone
+	return err
+}
+
+// deleteLoop runs delete batches of q until one finds fewer than BatchSize
+// rows. q returns how many rows its batch selected, the batch's last value
+// of the keyset it walks (of type T), and how many rows it deleted; that
+// value becomes args[next], the next batch's lower bound, so the dead index
+// entries of earlier batches are not scanned again. A batch that meets a
+// row locked by a writer is retried with qSkipLocked.
+func deleteLoop[T any](ctx context.Context, c *Cleaner, conn *pgxpool.Conn, rep *Report, topic, q, qSkipLocked string, args []any, next int) (int64, error) {
+	var total int64
+	for {
+		var found, gone int64
+		var last T
+		err := c.batch(ctx, rep, func() error {
+			del := func(q string) error {
+				return deleteTx(ctx, conn, func(tx pgx.Tx) error {
+					return tx.QueryRow(ctx, q, args...).Scan(&found, &last, &gone)
+				})
+			}
+			err := del(q)
+			if pgerr.IsLockTimeout(err) {
+				c.cfg.Logger.InfoContext(ctx, "cleanup: a key is locked by a writer, retrying the batch without it", "topic", topic)
+				err = del(qSkipLocked)
+			}
+			return err
+		})
+		if err != nil {
+			return total, err
+		}
+		total += gone
+		rep.Deleted += gone
+		if found < int64(c.cfg.BatchSize) {
+			return total, nil
+		}
+		args[next] = last
+		if err := c.pause(ctx); err != nil {
+			return total, err
+		}
+	}
 }
 
 // deleteTx runs f in a transaction that commits without waiting for its WAL
@@ -420,7 +511,9 @@ func (c *Cleaner) record(ctx context.Context, rep Report, err error) {
 	for _, t := range rep.Topics {
 		ts := s.Topics[t.Topic]
 		ts.Deleted += t.Deleted
-		ts.Reason = ""
+		ts.ExactDeleted += t.ExactDeleted
+		ts.TimeDeleted += t.TimeDeleted
+		ts.Reason, ts.Skipped, ts.Last = "", t.Skipped, t
 		if t.Skipped {
 			s.TopicsSkipped++
 			ts.Reason = t.Reason
@@ -429,20 +522,30 @@ func (c *Cleaner) record(ctx context.Context, rep Report, err error) {
 		s.Topics[t.Topic] = ts
 	}
 
-	attrs := []any{
-		"deleted", rep.Deleted, "topics", len(rep.Topics), "skipped", len(rep.Skipped()),
-		"batches", rep.Batches, "max_batch", rep.MaxBatch.String(), "duration", rep.Duration.String(), "dry_run", rep.DryRun,
-	}
 	switch {
 	case err == nil:
-		c.cfg.Logger.InfoContext(ctx, "cleanup pass done", attrs...)
+		c.cfg.Logger.InfoContext(ctx, "cleanup pass done", passAttrs(rep)...)
 	case errors.Is(err, context.Canceled):
-		c.cfg.Logger.InfoContext(ctx, "cleanup pass cancelled", attrs...)
-	case errors.Is(err, ErrNeedsOperator):
+		c.cfg.Logger.InfoContext(ctx, "cleanup pass cancelled", passAttrs(rep)...)
+	}
+}
+
+// logFailed logs a pass that failed (Run's passes; RunOnce returns the error
+// to its caller instead).
+func (c *Cleaner) logFailed(ctx context.Context, rep Report, err error) {
+	attrs := passAttrs(rep)
+	if errors.Is(err, ErrNeedsOperator) {
 		c.cfg.Logger.ErrorContext(ctx, "cleanup pass failed: the database needs an operator",
 			append(attrs, "fix", pgerr.Fix(err), "error", err)...)
-	default:
-		c.cfg.Logger.ErrorContext(ctx, "cleanup pass failed", append(attrs, "error", err)...)
+		return
+	}
+	c.cfg.Logger.ErrorContext(ctx, "cleanup pass failed", append(attrs, "error", err)...)
+}
+
+func passAttrs(rep Report) []any {
+	return []any{
+		"deleted", rep.Deleted, "topics", len(rep.Topics), "skipped", len(rep.Skipped()),
+		"batches", rep.Batches, "max_batch", rep.MaxBatch.String(), "duration", rep.Duration.String(), "dry_run", rep.DryRun,
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -30,7 +29,7 @@ const (
 	BatchSizeMax = 100_000
 	// IntervalDefault is how often Run runs a pass.
 	IntervalDefault = time.Hour
-	// KafkaTimeoutDefault bounds the DescribeConfigs call of one pass.
+	// KafkaTimeoutDefault bounds each Kafka read of one pass.
 	KafkaTimeoutDefault = 30 * time.Second
 )
 
@@ -38,8 +37,9 @@ const (
 // the default.
 const (
 	// NoBuffer, as Config.Buffer or Topic.Buffer, asks for a zero buffer:
-	// keys are deleted as soon as they are older than retention.ms +
-	// segment.ms.
+	// keys are deleted as soon as Kafka's log start offset has passed their
+	// last-seen copy (exact rule) or they are older than retention.ms +
+	// segment.ms (time rule).
 	NoBuffer time.Duration = -1
 	// NoWindow, as Topic.Window, turns Config.Window off for one topic: it is
 	// never pruned when Kafka gives no window.
@@ -49,12 +49,6 @@ const (
 	NoPause time.Duration = -1
 )
 
-// ConfigDescriber is the part of sarama.ClusterAdmin the cleaner uses: a
-// sarama.ClusterAdmin satisfies it.
-type ConfigDescriber interface {
-	DescribeConfigs(resources []*sarama.ConfigResource, options sarama.DescribeConfigsOptions) ([]*sarama.ConfigResourceResult, error)
-}
-
 // Topic overrides the cleaner's settings for one source topic.
 type Topic struct {
 	// Buffer replaces Config.Buffer for this topic. Defaults to Config.Buffer.
@@ -62,15 +56,16 @@ type Topic struct {
 	Buffer time.Duration
 
 	// Window forces a fixed retention window for this topic's inbox keys, for
-	// topics whose Kafka config gives none: retention.ms = -1, a
-	// cleanup.policy without delete or with a token pgbox does not know, a
-	// topic Kafka does not know, or Kafka unreachable or its config
-	// unreadable. Keys are then deleted once older than Window (no
-	// buffer is added: Window is the operator's whole promise). When Kafka does
-	// give a finite window, the longer of the two is used, so Window never
-	// shortens what Kafka may redeliver. Defaults to Config.Window. Set
-	// NoWindow to force no window for this topic; other negative values are
-	// rejected.
+	// topics whose Kafka config gives no time window: retention.ms = -1, a
+	// cleanup.policy without delete, with compact (compact,delete) or with a
+	// token pgbox does not know, a topic Kafka does not know, or Kafka
+	// unreachable or its config unreadable. All its keys, whatever their
+	// position, are then deleted once older than Window (no buffer is added:
+	// Window is the operator's whole promise), besides what the exact rule
+	// deletes. When Kafka does give a time window (cleanup.policy delete), the
+	// longer of the two is the time rule's window, so Window never shortens
+	// what Kafka may redeliver. Defaults to Config.Window. Set NoWindow to
+	// force no window for this topic; other negative values are rejected.
 	Window time.Duration
 }
 
@@ -82,12 +77,18 @@ type Config struct {
 	Pool *pgxpool.Pool
 
 	// Admin reads each inbox topic's retention.ms, segment.ms and
-	// cleanup.policy. A sarama.ClusterAdmin; all topics are described in one
-	// DescribeConfigs request per pass.
-	Admin ConfigDescriber
+	// cleanup.policy, and its partitions' log start offsets: one
+	// DescribeConfigs request, one Metadata request and one ListOffsets
+	// request per partition leader, for all topics, per pass. Wrap the
+	// Kafka client you have: cleanupsarama.New(admin) for sarama,
+	// cleanupkgo.New(kadm.NewClient(cl)) for franz-go.
+	Admin Admin
 
-	// Buffer is added to every topic's retention.ms + segment.ms: it covers the
-	// broker's retention check interval, clock skew and consumers that lag.
+	// Buffer is how long a key is kept after its last-seen copy arrived,
+	// whatever Kafka says: it covers copies still to come (a relay's resend
+	// after its crash window, consumers that lag). The time rule adds it to
+	// retention.ms + segment.ms, where it also covers the broker's retention
+	// check interval and clock skew.
 	// Defaults to BufferDefault (24h). Set NoBuffer for a zero buffer; other
 	// negative values are rejected.
 	Buffer time.Duration
@@ -113,8 +114,9 @@ type Config struct {
 	// IntervalDefault (1h).
 	Interval time.Duration
 
-	// KafkaTimeout bounds the DescribeConfigs call of one pass; when it runs
-	// out, every topic is skipped as Kafka unreachable. Defaults to
+	// KafkaTimeout bounds each Kafka read of one pass (configs, log start
+	// offsets); when it runs out, nothing is deleted by the rule that needed
+	// the answer, and the report says Kafka was unreachable. Defaults to
 	// KafkaTimeoutDefault (30s).
 	KafkaTimeout time.Duration
 
@@ -169,15 +171,7 @@ func (c Config) validate() error {
 	if c.Pool == nil {
 		errs = append(errs, errors.New("missing Pool (pass the *pgxpool.Pool of the database holding the pgbox tables)"))
 	}
-	if c.Admin == nil {
-		errs = append(errs, errors.New("missing Admin (pass a sarama.ClusterAdmin, e.g. from sarama.NewClusterAdmin(brokers, cfg))"))
-	}
-	if c.Buffer < 0 && c.Buffer != NoBuffer {
-		errs = append(errs, fmt.Errorf("Config.Buffer %v is negative (use a positive duration, cleanup.NoBuffer for a zero buffer, or zero for the default %v)", c.Buffer, BufferDefault))
-	}
-	if c.Window < 0 {
-		errs = append(errs, fmt.Errorf("Config.Window %v is negative (use a positive duration, or zero to never prune topics without a Kafka window)", c.Window))
-	}
+	errs = append(errs, c.CutoffsConfig().problems()...)
 	if c.BatchSize < 0 || c.BatchSize > BatchSizeMax {
 		errs = append(errs, fmt.Errorf("Config.BatchSize %d is out of range (use 1..%d, or zero for %d)", c.BatchSize, BatchSizeMax, BatchSizeDefault))
 	}
@@ -186,6 +180,52 @@ func (c Config) validate() error {
 	}
 	if c.Interval < 0 {
 		errs = append(errs, fmt.Errorf("Config.Interval %v is negative (use a positive duration, or zero for %v)", c.Interval, IntervalDefault))
+	}
+	if err := c.Tables.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// CutoffsConfig configures Cutoffs: the part of Config that decides a
+// topic's rules. Each field is the Config field of the same name, with the
+// same default.
+type CutoffsConfig struct {
+	// Admin reads Kafka (see Config.Admin). Required.
+	Admin Admin
+	// Buffer: see Config.Buffer. Defaults to BufferDefault (24h).
+	Buffer time.Duration
+	// Topics: see Config.Topics. Defaults to none.
+	Topics map[string]Topic
+	// Window: see Config.Window. Defaults to 0: no forced window.
+	Window time.Duration
+	// KafkaTimeout: see Config.KafkaTimeout. Defaults to
+	// KafkaTimeoutDefault (30s).
+	KafkaTimeout time.Duration
+}
+
+// CutoffsConfig returns the part of c that Cutoffs takes, so that status and
+// metrics compute the rules a cleaner configured with c applies.
+func (c Config) CutoffsConfig() CutoffsConfig {
+	return CutoffsConfig{Admin: c.Admin, Buffer: c.Buffer, Topics: c.Topics, Window: c.Window, KafkaTimeout: c.KafkaTimeout}
+}
+
+// config is the Config a Cleaner computing only cutoffs runs with.
+func (c CutoffsConfig) config() Config {
+	return Config{Admin: c.Admin, Buffer: c.Buffer, Topics: c.Topics, Window: c.Window, KafkaTimeout: c.KafkaTimeout}
+}
+
+// problems lists what is wrong with c, each naming the field and the fix.
+func (c CutoffsConfig) problems() []error {
+	var errs []error
+	if c.Admin == nil {
+		errs = append(errs, errors.New("missing Admin (wrap your Kafka admin client: cleanupsarama.New(admin) with admin from sarama.NewClusterAdmin(brokers, cfg), or cleanupkgo.New(kadm.NewClient(cl)))"))
+	}
+	if c.Buffer < 0 && c.Buffer != NoBuffer {
+		errs = append(errs, fmt.Errorf("Config.Buffer %v is negative (use a positive duration, cleanup.NoBuffer for a zero buffer, or zero for the default %v)", c.Buffer, BufferDefault))
+	}
+	if c.Window < 0 {
+		errs = append(errs, fmt.Errorf("Config.Window %v is negative (use a positive duration, or zero to never prune topics without a Kafka window)", c.Window))
 	}
 	if c.KafkaTimeout < 0 {
 		errs = append(errs, fmt.Errorf("Config.KafkaTimeout %v is negative (use a positive duration, or zero for %v)", c.KafkaTimeout, KafkaTimeoutDefault))
@@ -201,10 +241,7 @@ func (c Config) validate() error {
 			errs = append(errs, fmt.Errorf("Config.Topics[%q].Window %v is negative (use a positive duration, cleanup.NoWindow for no forced window, or zero for Config.Window)", name, t.Window))
 		}
 	}
-	if err := c.Tables.validate(); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return errs
 }
 
 func (c Config) topic(name string) (buffer, window time.Duration) {

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 )
 
@@ -25,7 +24,7 @@ func TestCutoffsWithoutLock(t *testing.T) {
 	now := fixedNow()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	got, err := Cutoffs(ctx, Config{Admin: b.admin, Buffer: time.Hour, Topics: map[string]Topic{"c-forced": {Window: 3 * time.Hour}}},
+	got, err := Cutoffs(ctx, CutoffsConfig{Admin: b.admin, Buffer: time.Hour, Topics: map[string]Topic{"c-forced": {Window: 3 * time.Hour}}},
 		[]string{"c-finite", "c-compact", "c-missing", "c-forced"}, now)
 	require.NoError(t, err)
 	require.Len(t, got, 4)
@@ -35,7 +34,9 @@ func TestCutoffsWithoutLock(t *testing.T) {
 	require.Equal(t, 2*time.Hour+10*time.Minute, got[0].Window)
 	requireSameTime(t, now.Add(-got[0].Window), got[0].Cutoff)
 
-	require.True(t, got[1].Skipped)
+	require.False(t, got[1].Skipped, "the exact rule applies")
+	require.False(t, got[1].Timed)
+	require.Equal(t, map[int32]int64{0: 0}, got[1].LogStarts)
 	require.Equal(t, ReasonCompacted, got[1].Reason)
 
 	require.True(t, got[2].Skipped)
@@ -46,21 +47,31 @@ func TestCutoffsWithoutLock(t *testing.T) {
 	require.Equal(t, 3*time.Hour, got[3].Window)
 }
 
-// TestCutoffsValidation: Admin is required, Pool is not, bad settings are
-// named.
+// TestCutoffsValidation: Admin is required, bad settings are named, and a
+// cleaner's own settings give the same rules.
 func TestCutoffsValidation(t *testing.T) {
 	t.Parallel()
-	_, err := Cutoffs(context.Background(), Config{}, []string{"x"}, time.Now())
+	_, err := Cutoffs(context.Background(), CutoffsConfig{}, []string{"x"}, time.Now())
 	require.ErrorContains(t, err, "missing Admin")
-	_, err = Cutoffs(context.Background(), Config{Admin: nopDescriber{}, Buffer: -time.Second}, []string{"x"}, time.Now())
+	_, err = Cutoffs(context.Background(), CutoffsConfig{Admin: nopDescriber{}, Buffer: -time.Second}, []string{"x"}, time.Now())
 	require.ErrorContains(t, err, "Buffer")
-	got, err := Cutoffs(context.Background(), Config{Admin: nopDescriber{}}, nil, time.Now())
+	_, err = Cutoffs(context.Background(), CutoffsConfig{Admin: nopDescriber{}, Topics: map[string]Topic{"t": {Window: -2}}}, []string{"x"}, time.Now())
+	require.ErrorContains(t, err, `Topics["t"].Window`)
+	full := Config{Admin: nopDescriber{}, Buffer: time.Minute, Window: time.Hour, KafkaTimeout: time.Second,
+		Topics: map[string]Topic{"t": {Buffer: NoBuffer}}, BatchSize: 10}
+	require.Equal(t, CutoffsConfig{Admin: nopDescriber{}, Buffer: time.Minute, Window: time.Hour, KafkaTimeout: time.Second,
+		Topics: map[string]Topic{"t": {Buffer: NoBuffer}}}, full.CutoffsConfig())
+	got, err := Cutoffs(context.Background(), CutoffsConfig{Admin: nopDescriber{}}, nil, time.Now())
 	require.NoError(t, err)
 	require.Empty(t, got)
 }
 
 type nopDescriber struct{}
 
-func (nopDescriber) DescribeConfigs([]*sarama.ConfigResource, sarama.DescribeConfigsOptions) ([]*sarama.ConfigResourceResult, error) {
+func (nopDescriber) TopicConfigs(context.Context, []string, []string) (map[string]TopicConfig, error) {
+	return nil, nil
+}
+
+func (nopDescriber) LogStarts(context.Context, []string) (map[string]LogStarts, error) {
 	return nil, nil
 }

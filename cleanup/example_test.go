@@ -11,12 +11,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/cleanup/cleanupsarama"
 	"github.com/pgbox/pgbox/internal/testdb"
 )
 
-// One pass over an inbox with a key past its topic's window and one within.
-// Kafka keeps "payments" records for a day, in segments of an hour; with a
-// day of buffer, keys are kept 49 hours.
+// One pass over an inbox holding the keys of three "payments" records. Kafka
+// has dropped the first two (retention, compaction or DeleteRecords alike:
+// the partition's log start offset is now 2), so their keys go; the third
+// can still be redelivered, so its key stays, however old it is.
 func Example() {
 	ctx := context.Background()
 	pool, done := exampleSchema(ctx) // a migrated schema of DATABASE_URL
@@ -29,27 +31,45 @@ func Example() {
 	defer kafka.Close()
 	kcfg := sarama.NewConfig()
 	kcfg.Version = sarama.V3_6_0_0
-	admin, err := sarama.NewClusterAdmin(kafka.ListenAddrs(), kcfg)
+	kcfg.Producer.Return.Successes = true
+	client, err := sarama.NewClient(kafka.ListenAddrs(), kcfg)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer admin.Close()
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer admin.Close() // closes client too
 	day, hour := "86400000", "3600000"
 	err = admin.CreateTopic("payments", &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1,
 		ConfigEntries: map[string]*string{"retention.ms": &day, "segment.ms": &hour}}, false)
 	if err != nil {
 		log.Fatal(err)
 	}
+	producer, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for range 3 {
+		if _, _, err := producer.SendMessage(&sarama.ProducerMessage{Topic: "payments", Value: sarama.StringEncoder("paid")}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	_ = producer.Close()
+	if err := admin.DeleteRecords("payments", map[int32]int64{0: 2}); err != nil {
+		log.Fatal(err)
+	}
 
-	// What inbox.Process leaves behind: one key received 3 days ago, one 2 days ago.
-	_, err = pool.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at) VALUES
-		('payments-svc', 'payments-0-1', 'payments', 0, 1, now() - interval '3 days'),
-		('payments-svc', 'payments-0-2', 'payments', 0, 2, now() - interval '2 days')`)
+	// What inbox.Process leaves behind: the three records' keys, two days old.
+	_, err = pool.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at, position_at)
+		SELECT 'payments-svc', 'payments-0-' || o, 'payments', 0, o, now() - interval '2 days', now() - interval '2 days'
+		FROM generate_series(0, 2) o`)
 	if err != nil {
 		log.Fatal(err)
 	}
 
-	c, err := cleanup.New(cleanup.Config{Pool: pool, Admin: admin, Buffer: 24 * time.Hour})
+	c, err := cleanup.New(cleanup.Config{Pool: pool, Admin: cleanupsarama.New(admin), Buffer: 24 * time.Hour})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -58,11 +78,11 @@ func Example() {
 		log.Fatal(err)
 	}
 	for _, t := range report.Topics {
-		fmt.Printf("%s: retention.ms=%d segment.ms=%d, keys kept %v, deleted %d, oldest left %v old\n",
-			t.Topic, t.RetentionMs, t.SegmentMs, t.Window, t.Deleted, t.OldestAge.Round(time.Hour))
+		fmt.Printf("%s: log start offsets %v; exact rule deleted %d, time rule deleted %d; oldest left %v old\n",
+			t.Topic, t.LogStarts, t.ExactDeleted, t.TimeDeleted, t.OldestAge.Round(time.Hour))
 	}
 	// Output:
-	// payments: retention.ms=86400000 segment.ms=3600000, keys kept 49h0m0s, deleted 1, oldest left 48h0m0s old
+	// payments: log start offsets map[0:2]; exact rule deleted 2, time rule deleted 0; oldest left 48h0m0s old
 }
 
 // exampleSchema creates a schema in DATABASE_URL, migrates it and returns a

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/pgbox/pgbox/cleanup/cleanupsarama"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 )
@@ -17,7 +18,8 @@ import (
 type testBundle struct {
 	db      *testdb.DB
 	cluster *kfake.Cluster
-	admin   sarama.ClusterAdmin
+	sadmin  sarama.ClusterAdmin // the client
+	admin   Admin               // the cleaner's view of it
 }
 
 // setup gives a migrated schema, a broker and an admin client for it.
@@ -31,7 +33,7 @@ func setup(t *testing.T) *testBundle {
 	admin, err := sarama.NewClusterAdmin(cluster.ListenAddrs(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = admin.Close() })
-	return &testBundle{db: db, cluster: cluster, admin: admin}
+	return &testBundle{db: db, cluster: cluster, sadmin: admin, admin: cleanupsarama.New(admin)}
 }
 
 func (b *testBundle) topic(t *testing.T, name string, configs map[string]string) {
@@ -56,21 +58,33 @@ func (b *testBundle) cleaner(t *testing.T, cfg Config) *Cleaner {
 	return c
 }
 
-// insertKey inserts one inbox row as the inbox would, with chosen times.
+// insertKey inserts one inbox row with chosen times and an unknown position
+// (as written before migration 00070): the time rule decides it.
 func (b *testBundle) insertKey(t *testing.T, topic, key string, received time.Time, record *time.Time) {
 	t.Helper()
 	_, err := b.db.Pool.Exec(context.Background(),
-		`INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at, received_at)
-		 VALUES ('svc', $2 || '/' || $1, $2, 0, 0, $3, $4)`, key, topic, record, received)
+		`INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at, received_at, position_at)
+		 VALUES ('svc', $2 || '/' || $1, $2, 0, 0, $3, $4, NULL)`, key, topic, record, received)
 	require.NoError(t, err)
 }
 
-// bulkKeys inserts n keys of topic received at received.
+// insertAt inserts one inbox row whose last-seen copy is at (topic,
+// partition, offset), position known as the inbox records it, received at
+// received: the exact rule decides it.
+func (b *testBundle) insertAt(t *testing.T, topic, key string, partition int32, offset int64, received time.Time) {
+	t.Helper()
+	_, err := b.db.Pool.Exec(context.Background(),
+		`INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at, position_at)
+		 VALUES ('svc', $2 || '/' || $1, $2, $3, $4, $5, $5)`, key, topic, partition, offset, received)
+	require.NoError(t, err)
+}
+
+// bulkKeys inserts n keys of topic received at received, positions unknown.
 func (b *testBundle) bulkKeys(t *testing.T, topic string, n int, received time.Time) {
 	t.Helper()
 	_, err := b.db.Pool.Exec(context.Background(),
-		`INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at)
-		 SELECT 'svc', $1 || '-' || $3::timestamptz::text || '-' || g, $1, 0, g, $3::timestamptz FROM generate_series(1, $2) g`, topic, n, received)
+		`INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at, position_at)
+		 SELECT 'svc', $1 || '-' || $3::timestamptz::text || '-' || g, $1, 0, g, $3::timestamptz, NULL FROM generate_series(1, $2) g`, topic, n, received)
 	require.NoError(t, err)
 }
 

@@ -4,14 +4,30 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/IBM/sarama"
+	"github.com/pgbox/pgbox/cleanup/cleanupadmin"
 )
 
-// Reason says why a topic's keys were not pruned.
+// Admin is what the cleaner reads from Kafka: topic configs and log start
+// offsets, through a Kafka-client-neutral interface. Package cleanupsarama
+// implements it over a sarama ClusterAdmin, package cleanupkgo over
+// franz-go's kadm.Client: cleanup itself links neither client.
+type Admin = cleanupadmin.Admin
+
+// TopicConfig and LogStarts are an Admin's answers (see package
+// cleanupadmin).
+type (
+	TopicConfig = cleanupadmin.TopicConfig
+	LogStarts   = cleanupadmin.LogStarts
+)
+
+// Reason says why Kafka's config gives a topic no time window (see
+// TopicReport.Reason): why its keys of unknown position are kept.
 type Reason string
 
 // Reasons a topic is skipped. Each is also the value logged under "reason".
@@ -20,9 +36,15 @@ const (
 	// its records forever, so a key can be redelivered at any time.
 	ReasonInfiniteRetention Reason = "infinite_retention"
 	// ReasonCompacted: cleanup.policy is compact without delete; the latest
-	// record of every Kafka key is kept forever. (compact,delete is pruned by
-	// time: Kafka deletes its old segments as for delete.)
+	// record of every Kafka key is kept forever.
 	ReasonCompacted Reason = "compacted"
+	// ReasonCompactDelete: cleanup.policy is compact,delete. Kafka's log
+	// cleaner rewrites cleaned segments in groups of up to segment.bytes
+	// whatever their time span, and retention deletes a segment by its
+	// newest record, so a record can outlive retention.ms + segment.ms by as
+	// much as a group spans: the time rule is unsafe. Keys whose position is
+	// known are pruned by the exact rule; the others are kept.
+	ReasonCompactDelete Reason = "compact_delete"
 	// ReasonEmptyPolicy: cleanup.policy is empty; newer Kafka releases accept
 	// it and then delete nothing by time.
 	ReasonEmptyPolicy Reason = "empty_cleanup_policy"
@@ -34,7 +56,7 @@ const (
 	ReasonPolicyMissing Reason = "cleanup_policy_missing"
 	// ReasonTopicNotFound: Kafka does not know the topic (deleted, or a typo).
 	ReasonTopicNotFound Reason = "topic_not_found"
-	// ReasonKafkaUnreachable: the DescribeConfigs request failed or timed out.
+	// ReasonKafkaUnreachable: the request failed or timed out.
 	ReasonKafkaUnreachable Reason = "kafka_unreachable"
 	// ReasonConfigUnreadable: Kafka answered, but not with a usable
 	// retention.ms, segment.ms and cleanup.policy for the topic (an error
@@ -55,81 +77,96 @@ type kafkaTopic struct {
 var configNames = []string{"retention.ms", "segment.ms", "cleanup.policy"}
 
 // describeTopics reads retention.ms, segment.ms and cleanup.policy of every
-// topic in one DescribeConfigs call (sarama sends all topic resources in one
-// request to one broker). It never fails as a whole: every topic gets either
-// its window or a reason.
-func describeTopics(ctx context.Context, admin ConfigDescriber, timeout time.Duration, topics []string) map[string]kafkaTopic {
+// topic through admin, within timeout. It never fails as a whole: every topic
+// gets either its time window or a reason.
+func describeTopics(ctx context.Context, admin Admin, timeout time.Duration, topics []string) map[string]kafkaTopic {
 	out := make(map[string]kafkaTopic, len(topics))
 	if len(topics) == 0 {
 		return out
 	}
-	res := make([]*sarama.ConfigResource, len(topics))
-	for i, t := range topics {
-		res[i] = &sarama.ConfigResource{Type: sarama.TopicResource, Name: t, ConfigNames: configNames}
-	}
-
-	// sarama's admin calls take no context: run the call aside so that a
-	// cancelled ctx or a hung broker does not hold the pass. The goroutine ends
-	// when sarama's own network timeouts fire.
-	type answer struct {
-		results []*sarama.ConfigResourceResult
-		err     error
-	}
-	ch := make(chan answer, 1)
-	go func() {
-		r, err := admin.DescribeConfigs(res, sarama.DescribeConfigsOptions{})
-		ch <- answer{r, err}
-	}()
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	var a answer
-	select {
-	case a = <-ch:
-	case <-timer.C:
-		a.err = fmt.Errorf("no answer within %v", timeout)
-	case <-ctx.Done():
-		a.err = ctx.Err()
-	}
-	if a.err != nil {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	answer, err := admin.TopicConfigs(ctx, topics, configNames)
+	if err != nil {
+		err = unreachable(ctx, timeout, err)
 		for _, t := range topics {
-			out[t] = kafkaTopic{reason: ReasonKafkaUnreachable, err: fmt.Errorf("describe configs: %w", a.err)}
+			out[t] = kafkaTopic{reason: ReasonKafkaUnreachable, err: err}
 		}
 		return out
 	}
-
-	byName := make(map[string]*sarama.ConfigResourceResult, len(a.results))
-	for _, r := range a.results {
-		if r != nil && r.Type == sarama.TopicResource {
-			byName[r.Name] = r
-		}
-	}
 	for _, t := range topics {
-		out[t] = parseTopic(t, byName[t])
+		r, ok := answer[t]
+		out[t] = parseTopic(t, r, ok)
 	}
 	return out
 }
 
-func parseTopic(name string, r *sarama.ConfigResourceResult) kafkaTopic {
-	if r == nil {
+// unreachable names a Kafka call that ran out of time as such.
+func unreachable(ctx context.Context, timeout time.Duration, err error) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("no answer within %v: %w", timeout, err)
+	}
+	return err
+}
+
+// topicPositions is what Kafka says about one topic's partitions: the log
+// start offset of each, for the exact rule.
+type topicPositions struct {
+	id     string
+	starts map[int32]int64 // partitions Kafka gave a log start offset for
+	err    error           // why the exact rule cannot run for (some of) the topic
+}
+
+// readLogStarts reads every topic's log start offsets through admin, within
+// timeout. It never fails as a whole: a topic Kafka gave no offsets for has
+// no starts and an err.
+func readLogStarts(ctx context.Context, admin Admin, timeout time.Duration, topics []string) map[string]topicPositions {
+	out := make(map[string]topicPositions, len(topics))
+	if len(topics) == 0 {
+		return out
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	answer, err := admin.LogStarts(ctx, topics)
+	if err != nil {
+		err = fmt.Errorf("%s: %w", ReasonKafkaUnreachable, unreachable(ctx, timeout, err))
+		for _, t := range topics {
+			out[t] = topicPositions{err: err}
+		}
+		return out
+	}
+	for _, t := range topics {
+		ls, ok := answer[t]
+		tp := topicPositions{id: ls.ID, starts: ls.Offsets}
+		switch {
+		case !ok:
+			tp.err = errors.New("topic missing from the ListOffsets answer")
+		case ls.NotFound:
+			tp.err = fmt.Errorf("%s: Kafka does not know the topic", ReasonTopicNotFound)
+		case ls.Err != nil:
+			tp.err = fmt.Errorf("list offsets: %w", ls.Err)
+		case len(ls.Failed) > 0:
+			var errs []error
+			for _, p := range slices.Sorted(maps.Keys(ls.Failed)) {
+				errs = append(errs, fmt.Errorf("partition %d: %w", p, ls.Failed[p]))
+			}
+			tp.err = fmt.Errorf("no log start offset for %d partitions (their keys are kept): %w", len(ls.Failed), errors.Join(errs...))
+		}
+		out[t] = tp
+	}
+	return out
+}
+
+func parseTopic(name string, r TopicConfig, answered bool) kafkaTopic {
+	switch {
+	case !answered:
 		return kafkaTopic{reason: ReasonConfigUnreadable, err: errors.New("topic missing from the DescribeConfigs response")}
+	case r.NotFound:
+		return kafkaTopic{reason: ReasonTopicNotFound, err: fmt.Errorf("topic %q: Kafka does not know it", name)}
+	case r.Err != nil:
+		return kafkaTopic{reason: ReasonConfigUnreadable, err: r.Err}
 	}
-	if r.ErrorCode != sarama.ErrNoError {
-		err := error(r.ErrorCode)
-		if r.ErrorMsg != "" {
-			err = fmt.Errorf("%w: %s", r.ErrorCode, r.ErrorMsg)
-		}
-		if r.ErrorCode == sarama.ErrUnknownTopicOrPartition {
-			return kafkaTopic{reason: ReasonTopicNotFound, err: err}
-		}
-		return kafkaTopic{reason: ReasonConfigUnreadable, err: err}
-	}
-	vals := make(map[string]string, 3)
-	for _, e := range r.Configs {
-		if e.Sensitive {
-			continue
-		}
-		vals[e.Name] = e.Value
-	}
+	vals := r.Values
 	var k kafkaTopic
 	keep := func(reason Reason, format string, args ...any) kafkaTopic {
 		k.reason, k.err = reason, fmt.Errorf("topic %q: "+format, append([]any{name}, args...)...)
@@ -179,18 +216,22 @@ func policyKeeps(policy string) (Reason, string) {
 	if strings.TrimSpace(policy) == "" {
 		return ReasonEmptyPolicy, "is empty: Kafka deletes nothing by time"
 	}
-	hasDelete := false
+	hasDelete, hasCompact := false, false
 	for tok := range strings.SplitSeq(policy, ",") {
 		switch strings.TrimSpace(tok) {
 		case "delete":
 			hasDelete = true
 		case "compact":
+			hasCompact = true
 		default:
 			return ReasonUnknownPolicy, fmt.Sprintf("holds %q, which pgbox does not recognise (known: delete, compact)", strings.TrimSpace(tok))
 		}
 	}
 	if !hasDelete {
 		return ReasonCompacted, "has no delete: Kafka keeps the latest record of each key forever"
+	}
+	if hasCompact {
+		return ReasonCompactDelete, "compacts: the log cleaner merges segments without regard to their time span, so a record can outlive retention.ms + segment.ms; only the exact rule (log start offset) prunes it"
 	}
 	return "", ""
 }

@@ -2,40 +2,45 @@ package cleanup
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 )
 
 // configResult is what a broker answers for one topic: only the names in cfg
 // (a nil value leaves the name out of the answer).
-func configResult(topic string, cfg map[string]*string) *sarama.ConfigResourceResult {
-	r := &sarama.ConfigResourceResult{Type: sarama.TopicResource, Name: topic}
+func configResult(cfg map[string]*string) TopicConfig {
+	r := TopicConfig{Values: map[string]string{}}
 	for k, v := range cfg {
 		if v != nil {
-			r.Configs = append(r.Configs, sarama.ConfigEntry{Name: k, Value: *v})
+			r.Values[k] = *v
 		}
 	}
 	return r
 }
 
-// stubAdmin is cleanup's one-method Admin answering fixed configs, for values
-// no broker would hand out.
+// stubAdmin is an Admin answering fixed configs, for values no broker would
+// hand out, and no log start offsets.
 type stubAdmin map[string]map[string]*string
 
-func (s stubAdmin) DescribeConfigs(res []*sarama.ConfigResource, _ sarama.DescribeConfigsOptions) ([]*sarama.ConfigResourceResult, error) {
-	var out []*sarama.ConfigResourceResult
-	for _, r := range res {
-		out = append(out, configResult(r.Name, s[r.Name]))
+func (s stubAdmin) TopicConfigs(_ context.Context, topics, _ []string) (map[string]TopicConfig, error) {
+	out := map[string]TopicConfig{}
+	for _, t := range topics {
+		out[t] = configResult(s[t])
 	}
 	return out, nil
 }
 
+func (s stubAdmin) LogStarts(context.Context, []string) (map[string]LogStarts, error) {
+	return nil, errors.New("stub: no offsets")
+}
+
 // cleanup.policy is read as Kafka reads it (a comma-separated list, spaces
-// trimmed), and a topic is pruned only when every token is known and delete is
-// among them. Every value pgbox cannot interpret keeps the keys.
+// trimmed), and a topic has a time window only when every token is known,
+// delete is among them and compact is not. Every value pgbox cannot interpret
+// keeps the keys of unknown position.
 func TestParseTopicPolicyAndValues(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -45,8 +50,9 @@ func TestParseTopicPolicyAndValues(t *testing.T) {
 		errHas           []string
 	}{
 		{name: "delete", policy: ptr("delete")},
-		{name: "compact,delete", policy: ptr("compact,delete")},
-		{name: "spaces", policy: ptr(" delete , compact ")},
+		{name: "compact,delete", policy: ptr("compact,delete"), reason: ReasonCompactDelete, errHas: []string{"segments"}},
+		{name: "spaces", policy: ptr(" delete , compact "), reason: ReasonCompactDelete},
+		{name: "delete-twice", policy: ptr("delete, delete")},
 		{name: "upper", policy: ptr("Delete"), reason: ReasonUnknownPolicy, errHas: []string{`"Delete"`}},
 		{name: "compact", policy: ptr("compact"), reason: ReasonCompacted},
 		{name: "empty", policy: ptr(""), reason: ReasonEmptyPolicy},
@@ -70,9 +76,9 @@ func TestParseTopicPolicyAndValues(t *testing.T) {
 			if seg == nil {
 				seg = ptr("60000")
 			}
-			k := parseTopic("topic-"+tc.name, configResult("topic-"+tc.name, map[string]*string{
+			k := parseTopic("topic-"+tc.name, configResult(map[string]*string{
 				"cleanup.policy": tc.policy, "retention.ms": ret, "segment.ms": seg,
-			}))
+			}), true)
 			require.Equal(t, tc.reason, k.reason, "%v", k.err)
 			if tc.reason == "" {
 				require.NoError(t, k.err)
@@ -94,28 +100,31 @@ func TestPlanWindowOverflowKeeps(t *testing.T) {
 	t.Parallel()
 	huge := ptr("9000000000000") // ~285 years: fits a Duration alone
 	c := &Cleaner{cfg: Config{Buffer: 24 * time.Hour}.withDefaults()}
-	k := parseTopic("forever-ish", configResult("forever-ish", map[string]*string{
+	k := parseTopic("forever-ish", configResult(map[string]*string{
 		"cleanup.policy": ptr("delete"), "retention.ms": huge, "segment.ms": huge,
-	}))
+	}), true)
 	require.Equal(t, Reason(""), k.reason, "%v", k.err)
-	tr := c.plan("forever-ish", k, fixedNow())
+	tr := c.plan("forever-ish", k, topicPositions{}, fixedNow())
 	require.True(t, tr.Skipped)
 	require.Equal(t, ReasonConfigUnreadable, tr.Reason)
 	require.ErrorContains(t, tr.Err, "forever-ish")
 }
 
-// Keys of topics Kafka keeps forever (compact only, an empty policy, a policy
-// pgbox does not know) survive a pass however old they are; compact,delete is
-// pruned by time. Real topics on the embedded broker.
+// Keys of unknown position of topics without a time window (compact only,
+// compact,delete, an empty policy, a policy pgbox does not know) survive a
+// pass however old they are; so do keys of known position on those topics
+// while Kafka's log start has not moved. Real topics on the embedded broker.
+// (TestExactRuleEveryPolicy moves the log start.)
 func TestKeepForeverPoliciesSurviveCleanup(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	now := fixedNow()
 	short := map[string]string{"retention.ms": ms(time.Hour), "segment.ms": ms(time.Minute)}
 	kept := map[string]Reason{
-		"compact-only": ReasonCompacted,
-		"empty-policy": ReasonEmptyPolicy,
-		"tiered":       ReasonUnknownPolicy,
+		"compact-only":   ReasonCompacted,
+		"empty-policy":   ReasonEmptyPolicy,
+		"tiered":         ReasonUnknownPolicy,
+		"compact-delete": ReasonCompactDelete,
 	}
 	policies := map[string]string{"compact-only": "compact", "empty-policy": "", "tiered": "delete,tiered", "compact-delete": "compact,delete"}
 	for topic, p := range policies {
@@ -126,19 +135,19 @@ func TestKeepForeverPoliciesSurviveCleanup(t *testing.T) {
 		b.topic(t, topic, cfg)
 		// Far older than retention.ms + segment.ms + buffer.
 		b.insertKey(t, topic, "ancient", now.Add(-365*24*time.Hour), nil)
+		b.insertAt(t, topic, "known", 0, 0, now.Add(-365*24*time.Hour))
 	}
 	rep, err := b.cleaner(t, Config{Now: func() time.Time { return now }, Buffer: time.Minute}).RunOnce(context.Background())
 	require.NoError(t, err)
 	for topic, reason := range kept {
 		tr, ok := rep.Topic(topic)
 		require.True(t, ok, topic)
-		require.True(t, tr.Skipped, topic)
+		require.False(t, tr.Timed, topic)
+		require.True(t, tr.Exact, topic)
+		require.Equal(t, map[int32]int64{0: 0}, tr.LogStarts, topic)
 		require.Equal(t, reason, tr.Reason, "%s: %v", topic, tr.Err)
-		require.Equal(t, []string{"ancient"}, b.keys(t, topic), topic)
+		require.Equal(t, []string{"ancient", "known"}, b.keys(t, topic), topic)
 	}
-	tr, _ := rep.Topic("compact-delete")
-	require.False(t, tr.Skipped, "%v", tr.Err)
-	require.Empty(t, b.keys(t, "compact-delete"))
 
 	// A value the broker would never hand out, through the one-method Admin.
 	b.insertKey(t, "odd", "ancient", now.Add(-365*24*time.Hour), nil)
@@ -147,7 +156,7 @@ func TestKeepForeverPoliciesSurviveCleanup(t *testing.T) {
 	}})
 	rep, err = c.RunOnce(context.Background())
 	require.NoError(t, err)
-	tr, _ = rep.Topic("odd")
+	tr, _ := rep.Topic("odd")
 	require.Equal(t, ReasonConfigUnreadable, tr.Reason)
 	require.Equal(t, []string{"ancient"}, b.keys(t, "odd"))
 }

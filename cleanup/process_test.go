@@ -31,8 +31,10 @@ func TestProcessDuringCleanup(t *testing.T) {
 	key, err := ib.Key(inbox.Message{Topic: "orders", Partition: 0, Offset: 7})
 	require.NoError(t, err)
 	require.Equal(t, "orders/0/7", key, "the bulk load below writes ByOffset keys")
-	b.exec(t, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at)
-		SELECT 'payments-svc', 'orders/0/' || g, 'orders', 0, g, now() - interval '100 hours'
+	// Positions unknown (as written before migration 00070): the time rule
+	// decides them, and a duplicate's update must still save them.
+	b.exec(t, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at, position_at)
+		SELECT 'payments-svc', 'orders/0/' || g, 'orders', 0, g, now() - interval '100 hours', NULL
 		FROM generate_series(1, $1) g`, expired)
 	b.exec(t, `ANALYZE pgbox_inbox`)
 
@@ -94,8 +96,8 @@ func TestProcessDuringCleanup(t *testing.T) {
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 { // expire the same keys again
 			b.exec(t, `DELETE FROM pgbox_inbox WHERE partition = 0`)
-			b.exec(t, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at)
-				SELECT 'payments-svc', 'orders/0/' || g, 'orders', 0, g, now() - interval '100 hours'
+			b.exec(t, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at, position_at)
+				SELECT 'payments-svc', 'orders/0/' || g, 'orders', 0, g, now() - interval '100 hours', NULL
 				FROM generate_series(1, $1) g`, expired)
 		}
 		closed := make(chan struct{})

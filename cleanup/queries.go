@@ -50,20 +50,72 @@ SELECT topic FROM t WHERE topic IS NOT NULL`
 // pgbox_consumer_dead_topic_age_idx.
 var sqlDeadTopics = strings.ReplaceAll(sqlTopics, "pgbox_inbox", "pgbox_consumer_dead")
 
-// sqlDeleteInboxBatch deletes one batch of a topic's expired keys, oldest
-// first, walking pgbox_inbox_topic_age_idx from $2 (the previous batch's
-// newest age, so the dead index entries of earlier batches are not scanned
-// again) to the cutoff $3 (exclusive), and deleting the rows found by ctid.
-// The DELETE re-checks the predicate next to the ctid, so a ctid can never
-// name another row. It returns how many rows the batch selected, the newest
-// age among them, and how many it deleted.
+// A key's position is its last-seen copy's (topic, partition, offset). It is
+// known when position_at, stamped by the inbox whenever it records the
+// position, is at least received_at, stamped whenever a copy arrives: a key
+// written before migration 00070 (position_at NULL), by a pgbox whose
+// duplicate update does not move the position (received_at moved,
+// position_at not), or whose copies came on two partitions (position_at set
+// NULL) has an unknown position.
+const (
+	posKnown   = `position_at >= received_at`
+	posUnknown = `(position_at IS NULL OR position_at < received_at)`
+)
+
+// sqlDeleteInboxExact deletes one batch of the keys of one partition that
+// the exact rule lets go: position known, offset below the log start $4,
+// age before $5 (now − buffer). It walks pgbox_inbox_position_idx from offset
+// $3 (the previous batch's highest), so it reads only the keys behind the log
+// start, and deletes the rows found by ctid with the predicate re-checked (a
+// duplicate that moved a key's position meanwhile keeps it). It returns how
+// many rows the batch selected, the highest offset among them, and how many
+// it deleted. Locking as for sqlDeleteInboxBatch.
+var (
+	sqlDeleteInboxExact           = inboxExactBatch("")
+	sqlDeleteInboxExactSkipLocked = inboxExactBatch("FOR UPDATE SKIP LOCKED")
+)
+
+const predExact = `topic = $1 AND partition = $2 AND "offset" < $4
+      AND ` + posKnown + ` AND GREATEST(received_at, record_at) < $5`
+
+func inboxExactBatch(locking string) string {
+	return `
+WITH batch AS MATERIALIZED (
+    SELECT ctid, "offset" FROM pgbox_inbox
+    WHERE "offset" >= $3 AND ` + predExact + `
+    ORDER BY "offset"
+    LIMIT $6
+    ` + locking + `
+), gone AS (
+    DELETE FROM pgbox_inbox
+    WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch)) AND ` + predExact + `
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM batch), (SELECT max("offset") FROM batch), (SELECT count(*) FROM gone)`
+}
+
+// sqlCountInboxExact counts what sqlDeleteInboxExact would delete (dry
+// runs): $1 topic, $2 partition, $3 log start, $4 now − buffer.
+const sqlCountInboxExact = `
+SELECT count(*) FROM pgbox_inbox
+WHERE topic = $1 AND partition = $2 AND "offset" < $3
+  AND ` + posKnown + ` AND GREATEST(received_at, record_at) < $4`
+
+// sqlDeleteInboxBatch deletes one batch of a topic's keys past the time
+// rule's cutoff, oldest first, walking pgbox_inbox_topic_age_idx from $2
+// (the previous batch's newest age, so the dead index entries of earlier
+// batches are not scanned again) to the cutoff $3 (exclusive), and deleting
+// the rows found by ctid: the keys of unknown position, or every key when $5
+// (a forced window). The DELETE re-checks the predicate next to the ctid, so
+// a ctid can never name another row. It returns how many rows the batch
+// selected, the newest age among them, and how many it deleted.
 //
-// The inbox never locks a committed key, so this runs with a short
+// The inbox never locks a committed key for long, so this runs with a short
 // lock_timeout and no row locking of its own; should a row be locked all the
-// same (an application's own UPDATE), the batch is retried with
-// sqlDeleteInboxBatchSkipLocked, which leaves locked rows for the next pass:
-// the cleaner never waits on a writer for long, and a writer waits at most
-// for one batch.
+// same (a duplicate delivery's update, an application's own UPDATE), the
+// batch is retried with sqlDeleteInboxBatchSkipLocked, which leaves locked
+// rows for the next pass: the cleaner never waits on a writer for long, and
+// a writer waits at most for one batch.
 var sqlDeleteInboxBatch = inboxDeleteBatch("")
 
 // sqlDeleteInboxBatchSkipLocked is sqlDeleteInboxBatch skipping locked rows.
@@ -76,6 +128,7 @@ WITH batch AS MATERIALIZED (
     WHERE topic = $1
       AND GREATEST(received_at, record_at) >= $2
       AND GREATEST(received_at, record_at) < $3
+      AND ($5 OR ` + posUnknown + `)
     ORDER BY GREATEST(received_at, record_at)
     LIMIT $4
     ` + locking + `
@@ -84,15 +137,21 @@ WITH batch AS MATERIALIZED (
     WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch))
       AND topic = $1
       AND GREATEST(received_at, record_at) < $3
+      AND ($5 OR ` + posUnknown + `)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM batch), (SELECT max(age) FROM batch), (SELECT count(*) FROM gone)`
 }
 
-// sqlCountInboxExpired counts a topic's keys past the cutoff (dry runs).
-const sqlCountInboxExpired = `
-SELECT count(*) FROM pgbox_inbox
-WHERE topic = $1 AND GREATEST(received_at, record_at) < $2`
+// sqlCountInboxTimed counts what the time rule would delete (dry runs): $1
+// topic, $2 cutoff, $3 every key (a forced window), leaving out the keys the
+// exact rule takes first ($4 partitions, $5 their log starts, $6 now − buffer).
+const sqlCountInboxTimed = `
+SELECT count(*) FROM pgbox_inbox i
+WHERE topic = $1 AND GREATEST(received_at, record_at) < $2
+  AND ($3 OR ` + posUnknown + `)
+  AND NOT COALESCE(` + posKnown + ` AND GREATEST(received_at, record_at) < $6 AND "offset" < COALESCE(
+      (SELECT u.start FROM unnest($4::int4[], $5::int8[]) AS u(partition, start) WHERE u.partition = i.partition), -1), false)`
 
 // sqlOldestInbox is the age of a topic's oldest key, from the index.
 const sqlOldestInbox = `

@@ -37,7 +37,7 @@ func TestDescribeTopicsRoundTrip(t *testing.T) {
 	require.Equal(t, 10*time.Minute, got["orders"].segment)
 	require.Equal(t, "delete", got["orders"].policy)
 
-	require.Equal(t, Reason(""), got["ledger"].reason, "compact,delete is pruned by time: %v", got["ledger"].err)
+	require.Equal(t, ReasonCompactDelete, got["ledger"].reason, "compact,delete has no time window: %v", got["ledger"].err)
 	require.Equal(t, "compact,delete", got["ledger"].policy)
 	require.Equal(t, ReasonInfiniteRetention, got["audit"].reason)
 	require.Equal(t, Reason(""), got["plain"].reason)
@@ -89,8 +89,7 @@ func TestRetentionPerTopic(t *testing.T) {
 		"long":           7*24*time.Hour + 24*time.Hour + 24*time.Hour,
 		"own-buffer":     2*time.Hour + time.Minute + 5*time.Minute,
 		"forced":         48 * time.Hour,
-		"forced-shorter": time.Hour + time.Hour + 24*time.Hour,      // Kafka's window is longer than the forced 1h
-		"compact-delete": time.Hour + 7*24*time.Hour + 24*time.Hour, // kfake's default segment.ms is 7 days
+		"forced-shorter": time.Hour + time.Hour + 24*time.Hour, // Kafka's window is longer than the forced 1h
 	}
 	for topic, w := range windows {
 		cutoff := now.Add(-w)
@@ -102,10 +101,14 @@ func TestRetentionPerTopic(t *testing.T) {
 			b.insertKey(t, topic, r.key, cutoff.Add(r.received), rec)
 		}
 	}
+	// No time window: keys of unknown position are kept, however old.
+	// compact,delete has none either: the time rule is unsafe under
+	// compaction (see TestExactRuleCompactDelete).
 	skipped := map[string]Reason{
-		"compacted": ReasonCompacted,
-		"infinite":  ReasonInfiniteRetention,
-		"missing":   ReasonTopicNotFound,
+		"compacted":      ReasonCompacted,
+		"compact-delete": ReasonCompactDelete,
+		"infinite":       ReasonInfiniteRetention,
+		"missing":        ReasonTopicNotFound,
 	}
 	for topic := range skipped {
 		b.insertKey(t, topic, "ancient", now.Add(-365*24*time.Hour), nil)
@@ -160,20 +163,23 @@ func TestRetentionPerTopic(t *testing.T) {
 		require.Equal(t, []string{"ancient"}, b.keys(t, topic), "topic %s must not be pruned", topic)
 		tr, ok := rep.Topic(topic)
 		require.True(t, ok, topic)
-		require.True(t, tr.Skipped, topic)
+		require.False(t, tr.Timed, topic)
+		require.Equal(t, topic == "missing", tr.Skipped, "%s: skipped only where the exact rule cannot run either", topic)
 		require.Equal(t, reason, tr.Reason, topic)
 		require.Error(t, tr.Err, topic)
 		require.Zero(t, tr.Deleted, topic)
 		require.Equal(t, 365*24*time.Hour, tr.OldestAge, topic)
 	}
-	require.Len(t, rep.Skipped(), len(skipped))
+	require.Len(t, rep.Skipped(), 1)
 	require.Equal(t, int64(3*len(windows)), rep.Deleted)
 
 	st := c.Stats()
 	require.Equal(t, int64(1), st.Passes)
 	require.Equal(t, rep.Deleted, st.Deleted)
-	require.Equal(t, int64(len(skipped)), st.TopicsSkipped)
-	require.Equal(t, ReasonCompacted, st.Topics["compacted"].Reason)
+	require.Equal(t, int64(1), st.TopicsSkipped)
+	require.Equal(t, ReasonTopicNotFound, st.Topics["missing"].Reason)
+	require.True(t, st.Topics["missing"].Skipped)
+	require.Equal(t, int64(3), st.Topics["short"].TimeDeleted)
 	require.Equal(t, int64(3), st.Topics["short"].Deleted)
 
 	// A second pass finds nothing more to delete.
@@ -291,7 +297,8 @@ func TestConfigUnreadable(t *testing.T) {
 	require.NoError(t, err)
 	for _, tp := range []string{"denied", "garbled"} {
 		tr, _ := rep.Topic(tp)
-		require.True(t, tr.Skipped, tp)
+		require.False(t, tr.Timed, tp)
+		require.True(t, tr.Exact, "the exact rule needs no config: %s", tp)
 		require.Equal(t, ReasonConfigUnreadable, tr.Reason, tp)
 		require.Len(t, b.keys(t, tp), 3, tp)
 	}
@@ -353,11 +360,17 @@ func TestListTopicsUsesLooseIndexScan(t *testing.T) {
 	require.Equal(t, []string{"a", "b", "c"}, topics)
 
 	plan := explain(t, b, `EXPLAIN (ANALYZE, BUFFERS) `+sqlTopics)
-	require.Contains(t, plan, "pgbox_inbox_topic_age_idx")
+	require.Regexp(t, "pgbox_inbox_topic_age_idx|pgbox_inbox_position_idx", plan, "either index leads with topic")
 	require.NotContains(t, plan, "Seq Scan")
 
-	plan = explain(t, b, `EXPLAIN `+sqlDeleteInboxBatch, "a", time.Time{}, time.Now(), 10000)
+	plan = explain(t, b, `EXPLAIN `+sqlDeleteInboxBatch, "a", time.Time{}, time.Now(), 10000, false)
 	require.Contains(t, plan, "pgbox_inbox_topic_age_idx")
+	require.Contains(t, plan, "Tid")
+	require.NotContains(t, plan, "Seq Scan")
+
+	// The exact rule reads one partition's keys behind its log start.
+	plan = explain(t, b, `EXPLAIN `+sqlDeleteInboxExact, "a", int32(0), int64(0), int64(100), time.Now(), 10000)
+	require.Contains(t, plan, "pgbox_inbox_position_idx")
 	require.Contains(t, plan, "Tid")
 	require.NotContains(t, plan, "Seq Scan")
 }
@@ -439,10 +452,10 @@ func TestLogs(t *testing.T) {
 	_, err := b.cleaner(t, Config{Logger: logger}).RunOnce(context.Background())
 	require.NoError(t, err)
 	out := buf.String()
-	require.Contains(t, out, `"level":"INFO","msg":"cleanup skipped topic","topic":"compacted","reason":"compacted"`)
+	require.Contains(t, out, `"level":"INFO","msg":"cleanup: no time window, exact rule only","topic":"compacted","reason":"compacted"`)
 	require.Contains(t, out, `"level":"WARN","msg":"cleanup skipped topic","topic":"missing","reason":"topic_not_found"`)
-	require.Contains(t, out, `"msg":"cleanup pass done","deleted":0,"topics":2,"skipped":2,"batches":`)
-	require.NotContains(t, out, `"msg":"cleanup pruned topic"`, "not for skipped topics")
+	require.Contains(t, out, `"msg":"cleanup pass done","deleted":0,"topics":2,"skipped":1,"batches":`)
+	require.NotContains(t, out, `"msg":"cleanup pruned topic","topic":"missing"`, "not for skipped topics")
 
 	buf.Reset()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -103,11 +103,12 @@ func (c *Cleaner) pruneTables(ctx context.Context, conn *pgxpool.Conn, rep *Repo
 
 	if cfg.DeadLetters != Forever {
 		// Per source topic: the earlier of the configured cutoff and the
-		// topic's inbox cutoff; topics the pass skipped keep their rows.
+		// topic's time-rule cutoff; topics without a time window (skipped,
+		// or pruned by the exact rule alone) keep their rows.
 		tr := TableReport{Name: "pgbox_consumer_dead", Keep: cfg.DeadLetters, Cutoff: rep.Now.Add(-cfg.DeadLetters)}
 		var err error
 		for _, t := range rep.Topics {
-			if t.Skipped {
+			if !t.Timed {
 				continue
 			}
 			cutoff := tr.Cutoff

@@ -18,7 +18,7 @@ func TestZeroValueConvention(t *testing.T) {
 		t.Helper()
 		cfg.Pool, cfg.Admin = nil, stubAdmin{}
 		c := &Cleaner{cfg: cfg.withDefaults()}
-		return c.plan(topic, k, now)
+		return c.plan(topic, k, topicPositions{}, now)
 	}
 	require.Equal(t, time.Hour+10*time.Minute+BufferDefault, window(Config{}, "t").Window, "zero is the default")
 	require.Equal(t, time.Hour+10*time.Minute, window(Config{Buffer: NoBuffer}, "t").Window, "NoBuffer is a zero buffer")
@@ -28,8 +28,8 @@ func TestZeroValueConvention(t *testing.T) {
 	// NoWindow turns a Config.Window off for one topic.
 	inf := kafkaTopic{reason: ReasonInfiniteRetention}
 	c := &Cleaner{cfg: Config{Window: time.Hour, Topics: map[string]Topic{"keep": {Window: NoWindow}}}.withDefaults()}
-	require.True(t, c.plan("keep", inf, now).Skipped)
-	require.Equal(t, time.Hour, c.plan("forced", inf, now).Window)
+	require.True(t, c.plan("keep", inf, topicPositions{}, now).Skipped)
+	require.Equal(t, time.Hour, c.plan("forced", inf, topicPositions{}, now).Window)
 
 	// Pause: zero is PauseDefault, NoPause is no pause.
 	require.Equal(t, PauseDefault, Config{}.withDefaults().Pause)

@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/cleanup/cleanupsarama"
 	"github.com/pgbox/pgbox/console"
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
@@ -226,7 +227,7 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = admin.Close() })
 	cfg := console.Config{DB: db.Pool, Auth: testAuth(t), Published: func() uint64 { return r.Stats().Published },
-		Inspect: inspect.Config{Lanes: 4, Cutoffs: &cleanup.Config{Admin: admin}}}
+		Inspect: inspect.Config{Lanes: 4, Cutoffs: &cleanup.CutoffsConfig{Admin: cleanupsarama.New(admin)}}}
 	h, err := console.New(cfg)
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)

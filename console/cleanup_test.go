@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/cleanup/cleanupsarama"
 	"github.com/pgbox/pgbox/console"
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/kafkatest"
@@ -33,12 +34,12 @@ func TestCleanupPageAndRiskWarnings(t *testing.T) {
 	t.Cleanup(func() { _ = admin.Close() })
 
 	db := testdb.New(t)
-	cl, err := cleanup.New(cleanup.Config{Pool: db.Pool, Admin: admin, DryRun: true, Buffer: cleanup.NoBuffer})
+	cl, err := cleanup.New(cleanup.Config{Pool: db.Pool, Admin: cleanupsarama.New(admin), DryRun: true, Buffer: cleanup.NoBuffer})
 	require.NoError(t, err)
 	_, err = cl.RunOnce(context.Background())
 	require.NoError(t, err)
 	h, err := console.New(console.Config{DB: db.Pool, Auth: testAuth(t), Cleaner: cl, CleanupInterval: time.Hour,
-		Inspect: inspect.Config{Cutoffs: &cleanup.Config{Admin: admin, Buffer: 30 * time.Minute}}})
+		Inspect: inspect.Config{Cutoffs: &cleanup.CutoffsConfig{Admin: cleanupsarama.New(admin), Buffer: 30 * time.Minute}}})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -216,7 +217,7 @@ func (ib *Inbox) readOne(br pgx.BatchResults, m Message, o *oneOutcome) error {
 // inserted again.
 func (ib *Inbox) readStoredOne(ctx context.Context, tx querier, key string, args []any, o *oneOutcome) error {
 	for attempt := 0; ; attempt++ {
-		err := tx.QueryRow(ctx, sqlTouchOne, ib.consumer, key, args[6]).Scan(&o.storedFP, &o.stored)
+		err := tx.QueryRow(ctx, sqlTouchOne, ib.consumer, key, args[6], args[2], args[3], args[4]).Scan(&o.storedFP, &o.stored)
 		if err == nil || !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
@@ -341,6 +342,7 @@ type batchPlan struct {
 	offsets    []int64
 	colFPs     [][]byte
 	recordAts  []pgtype.Timestamptz
+	known      []bool // false: copies on two partitions within the batch (position unknown)
 	// rows holds each distinct key's outcome: inserted now, or the stored
 	// fingerprint and result.
 	rows map[string]storedRow
@@ -364,7 +366,8 @@ func (ib *Inbox) planBatch(ms []Message) (*batchPlan, error) {
 		results: make([]Result, n), fps: make([][]byte, n), first: make(map[string]int, n),
 		keys: make([]string, 0, n), topics: make([]string, 0, n), partitions: make([]int32, 0, n),
 		offsets: make([]int64, 0, n), colFPs: make([][]byte, 0, n), recordAts: make([]pgtype.Timestamptz, 0, n),
-		rows: make(map[string]storedRow, n),
+		known: make([]bool, 0, n),
+		rows:  make(map[string]storedRow, n),
 	}
 	for i, m := range ms {
 		key, err := ib.key.key(m)
@@ -380,6 +383,7 @@ func (ib *Inbox) planBatch(ms []Message) (*batchPlan, error) {
 				return nil, ib.msgErr(i, m, key, fmt.Errorf("%w (message %d of the batch has this key)", ErrFingerprintMismatch, j))
 			}
 			p.results[i].Duplicate = true
+			p.laterCopy(slices.Index(p.keys, key), m)
 			continue
 		}
 		p.first[key] = i
@@ -389,6 +393,7 @@ func (ib *Inbox) planBatch(ms []Message) (*batchPlan, error) {
 		p.offsets = append(p.offsets, m.Offset)
 		p.colFPs = append(p.colFPs, p.fps[i])
 		p.recordAts = append(p.recordAts, recordAt(m.Timestamp))
+		p.known = append(p.known, true)
 	}
 	if ib.watermark {
 		w, err := ib.planWatermark(ms)
@@ -398,6 +403,31 @@ func (ib *Inbox) planBatch(ms []Message) (*batchPlan, error) {
 		p.wm = w
 	}
 	return p, nil
+}
+
+// laterCopy records a later copy of key k within the batch as the
+// duplicate-update statement records one across batches (sqlTouchMany):
+// on the same partition it moves the key's position to the later offset and
+// its record time forward; on another partition or topic it makes the
+// position unknown, for cleanup.
+func (p *batchPlan) laterCopy(k int, m Message) {
+	if p.topics[k] != m.Topic || p.partitions[k] != m.Partition {
+		p.known[k] = false
+		return
+	}
+	p.offsets[k] = max(p.offsets[k], m.Offset)
+	if at := recordAt(m.Timestamp); at.Valid && (!p.recordAts[k].Valid || at.Time.After(p.recordAts[k].Time)) {
+		p.recordAts[k] = at
+	}
+}
+
+// touchTopic is the topic sqlTouchMany compares with the stored row's: ""
+// (no topic) when the batch itself saw the key on two partitions.
+func (p *batchPlan) touchTopic(k int) string {
+	if !p.known[k] {
+		return ""
+	}
+	return p.topics[k]
 }
 
 // reset forgets what a failed dedup step read.
@@ -451,7 +481,7 @@ func (ib *Inbox) dedupBatch(ctx context.Context, tx querier, p *batchPlan, inser
 		p.wm.queue(b, ib.consumer)
 	}
 	if ib.keyed {
-		b.Queue(insert, ib.consumer, p.keys, p.topics, p.partitions, p.offsets, p.colFPs, p.recordAts)
+		b.Queue(insert, ib.consumer, p.keys, p.topics, p.partitions, p.offsets, p.colFPs, p.recordAts, p.known)
 	}
 	if ib.lockTimeout != "" {
 		b.Queue(sqlRestoreLockTimeout)
@@ -514,14 +544,17 @@ func (ib *Inbox) readConflicts(ctx context.Context, tx querier, p *batchPlan) er
 		if attempt == maxVanished {
 			return fmt.Errorf("keys conflicted but their rows kept vanishing (%d attempts)", maxVanished)
 		}
-		var missing []string
+		var missing, missingTopic []string
 		var missingAt []pgtype.Timestamptz
+		var missingPart []int32
+		var missingOff []int64
 		for i, k := range p.keys {
 			if _, ok := p.rows[k]; !ok {
 				missing, missingAt = append(missing, k), append(missingAt, p.recordAts[i])
+				missingTopic, missingPart, missingOff = append(missingTopic, p.touchTopic(i)), append(missingPart, p.partitions[i]), append(missingOff, p.offsets[i])
 			}
 		}
-		r, err := tx.Query(ctx, sqlTouchMany, ib.consumer, missing, missingAt)
+		r, err := tx.Query(ctx, sqlTouchMany, ib.consumer, missing, missingAt, missingTopic, missingPart, missingOff)
 		if err == nil {
 			err = p.scanStored(r)
 		}
@@ -536,13 +569,15 @@ func (ib *Inbox) readConflicts(ctx context.Context, tx querier, p *batchPlan) er
 		var mo []int64
 		var mf [][]byte
 		var mr []pgtype.Timestamptz
+		var mn []bool
 		for i, k := range p.keys {
 			if _, ok := p.rows[k]; !ok {
 				mk, mt, mp, mo, mf, mr = append(mk, k), append(mt, p.topics[i]), append(mp, p.partitions[i]),
 					append(mo, p.offsets[i]), append(mf, p.colFPs[i]), append(mr, p.recordAts[i])
+				mn = append(mn, p.known[i])
 			}
 		}
-		if r, err = tx.Query(ctx, sqlInsertMany, ib.consumer, mk, mt, mp, mo, mf, mr); err == nil {
+		if r, err = tx.Query(ctx, sqlInsertMany, ib.consumer, mk, mt, mp, mo, mf, mr, mn); err == nil {
 			err = p.scanInserted(r)
 		}
 		if err != nil {

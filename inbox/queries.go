@@ -28,40 +28,21 @@ const (
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (consumer, key) DO NOTHING`
 
-	// On conflict: the stored row, read by a new statement, whose snapshot
-	// includes a row committed by a transaction the insert waited for. A
-	// duplicate delivery also moves the key's times forward: the duplicate
-	// is a later copy of the record (a relay re-send after its crash window),
-	// still in Kafka after the first copy's retention ran out, so cleanup
-	// must keep the key as long as this copy can come back ($3 is its record
-	// timestamp; GREATEST ignores NULLs).
-	sqlTouchOne = `UPDATE pgbox_inbox SET received_at = now(), record_at = GREATEST(record_at, $3)
-WHERE consumer = $1 AND key = $2 RETURNING fingerprint, result`
-
 	sqlSetResult = `UPDATE pgbox_inbox SET result = $3 WHERE consumer = $1 AND key = $2`
 
 	// The batch dedup step. Rows are inserted in key order (bytewise: any
 	// fixed order will do, and "C" is the cheapest) so that two batches with
 	// overlapping keys lock them in the same order and cannot deadlock.
 	// RETURNING lists the new keys; the rest conflicted.
-	sqlInsertMany = `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at)
-SELECT $1, key, topic, partition, "offset", fingerprint, record_at
-FROM unnest($2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::timestamptz[])
-	AS u(key, topic, partition, "offset", fingerprint, record_at)
+	// $8 says per key whether its position is known (false: the batch saw
+	// it on two partitions; position_at NULL, see sqlTouchOne).
+	sqlInsertMany = `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at, position_at)
+SELECT $1, key, topic, partition, "offset", fingerprint, record_at, CASE WHEN known THEN now() END
+FROM unnest($2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::timestamptz[], $8::bool[])
+	AS u(key, topic, partition, "offset", fingerprint, record_at, known)
 ORDER BY key COLLATE "C"
 ON CONFLICT (consumer, key) DO NOTHING
 RETURNING key`
-
-	// sqlTouchMany is sqlTouchOne for a batch's conflicting keys: rows are
-	// locked in key order (as the insert takes them) so that concurrent
-	// batches with overlapping duplicates cannot deadlock.
-	sqlTouchMany = `WITH locked AS (
-	SELECT p.key, u.record_at FROM pgbox_inbox p
-	JOIN unnest($2::text[], $3::timestamptz[]) AS u(key, record_at) ON p.key = u.key
-	WHERE p.consumer = $1 ORDER BY p.key COLLATE "C" FOR UPDATE OF p)
-UPDATE pgbox_inbox p SET received_at = now(), record_at = GREATEST(p.record_at, l.record_at)
-FROM locked l WHERE p.consumer = $1 AND p.key = l.key
-RETURNING p.key, p.fingerprint, p.result`
 
 	// The batch dedup step's first try, cheaper per row than sqlInsertMany:
 	// an index probe drops the keys already committed and the rest are
@@ -72,10 +53,10 @@ RETURNING p.key, p.fingerprint, p.result`
 	// a unique violation (23505), ProcessBatch rolls back to its savepoint and
 	// runs the batch through sqlInsertMany, which sorts it out. Same key order,
 	// so no deadlocks either.
-	sqlInsertManyNew = `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at)
-SELECT $1, key, topic, partition, "offset", fingerprint, record_at
-FROM unnest($2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::timestamptz[])
-	AS u(key, topic, partition, "offset", fingerprint, record_at)
+	sqlInsertManyNew = `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at, position_at)
+SELECT $1, key, topic, partition, "offset", fingerprint, record_at, CASE WHEN known THEN now() END
+FROM unnest($2::text[], $3::text[], $4::int4[], $5::int8[], $6::bytea[], $7::timestamptz[], $8::bool[])
+	AS u(key, topic, partition, "offset", fingerprint, record_at, known)
 WHERE NOT EXISTS (SELECT FROM pgbox_inbox p WHERE p.consumer = $1 AND p.key = u.key)
 ORDER BY key COLLATE "C"
 RETURNING key`
@@ -115,3 +96,45 @@ FROM unnest($2::text[], $3::int4[], $4::text[], $5::int8[]) AS u(topic, partitio
 ORDER BY topic COLLATE "C", partition` + sqlWatermarkConflict + `
 RETURNING topic, partition, previous_offset`
 )
+
+var (
+	// On conflict: the stored row, read by a new statement, whose snapshot
+	// includes a row committed by a transaction the insert waited for. A
+	// duplicate delivery also moves the key's times forward: the duplicate
+	// is a later copy of the record (a relay re-send after its crash window),
+	// still in Kafka after the first copy's retention ran out, so cleanup
+	// must keep the key as long as this copy can come back ($3 is its record
+	// timestamp; GREATEST ignores NULLs). It moves the key's last-seen
+	// position too, for cleanup's exact rule (log start offset past the
+	// position): to this copy's offset on the same partition ($4, $5, $6),
+	// never backwards (a rewind redelivering an older copy); a copy on
+	// another partition or topic, or a position already unknown, makes the
+	// position unknown (position_at NULL: cleanup's time rule then decides).
+	sqlTouchOne = `UPDATE pgbox_inbox SET received_at = now(), record_at = GREATEST(record_at, $3),
+	` + sqlTouchPosition("", "$4", "$5", "$6") + `
+WHERE consumer = $1 AND key = $2 RETURNING fingerprint, result`
+
+	// sqlTouchMany is sqlTouchOne for a batch's conflicting keys: rows are
+	// locked in key order (as the insert takes them) so that concurrent
+	// batches with overlapping duplicates cannot deadlock.
+	sqlTouchMany = `WITH locked AS (
+	SELECT p.key, u.record_at, u.topic, u.partition, u."offset" FROM pgbox_inbox p
+	JOIN unnest($2::text[], $3::timestamptz[], $4::text[], $5::int4[], $6::int8[])
+		AS u(key, record_at, topic, partition, "offset") ON p.key = u.key
+	WHERE p.consumer = $1 ORDER BY p.key COLLATE "C" FOR UPDATE OF p)
+UPDATE pgbox_inbox p SET received_at = now(), record_at = GREATEST(p.record_at, l.record_at),
+	` + sqlTouchPosition("p.", "l.topic", "l.partition", `l."offset"`) + `
+FROM locked l WHERE p.consumer = $1 AND p.key = l.key
+RETURNING p.key, p.fingerprint, p.result`
+)
+
+// sqlTouchPosition is the SET list that moves a key's last-seen position to
+// a duplicate copy's (see sqlTouchOne). SET expressions read the row as it
+// was, so position_at >= received_at is the old row's "position known".
+// row qualifies the stored row's columns ("p." where the UPDATE has a FROM).
+func sqlTouchPosition(row, topic, partition, offset string) string {
+	same := row + `topic = ` + topic + ` AND ` + row + `partition = ` + partition +
+		` AND ` + row + `position_at >= ` + row + `received_at`
+	return `"offset" = CASE WHEN ` + same + ` THEN GREATEST(` + row + `"offset", ` + offset + `) ELSE ` + row + `"offset" END,
+	position_at = CASE WHEN ` + same + ` THEN now() END`
+}

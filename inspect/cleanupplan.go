@@ -11,7 +11,7 @@ import (
 // snap: Kafka's retention.ms, segment.ms and cleanup.policy, the window and
 // cutoff a pass would use now, or the reason the topic is never pruned
 // (cleanup.Cutoffs with cfg; no table read, no lease taken).
-func CleanupPlan(ctx context.Context, snap *Snapshot, cfg cleanup.Config) ([]cleanup.TopicReport, error) {
+func CleanupPlan(ctx context.Context, snap *Snapshot, cfg cleanup.CutoffsConfig) ([]cleanup.TopicReport, error) {
 	var topics []string
 	for _, in := range snap.Inbox {
 		if !slices.Contains(topics, in.Topic) {

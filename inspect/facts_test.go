@@ -10,7 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/relay"
+	"github.com/pgbox/pgbox/relay/lane"
 )
 
 // inspect reports lanes and slots with the facts of their owners (the
@@ -20,6 +22,9 @@ import (
 func TestInspectUsesTheRelaysFacts(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, relay.LanesDefault, inspect.LanesDefault)
+	for slot := range outbox.Slots {
+		require.Equal(t, relay.LaneOf(slot, 7), lane.Of(slot, 7))
+	}
 	copies := map[string]*regexp.Regexp{
 		"the slot count (outbox.Slots)":         regexp.MustCompile(`\b(256|255)\b`),
 		"the lane formula (relay.LaneOf)":       regexp.MustCompile(`(?i)slot\w*\s*%|%\s*(\$\d|\w*lane)`),

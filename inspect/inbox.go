@@ -92,7 +92,7 @@ func (s *Snapshot) readDead(ctx context.Context, tx pgx.Tx, cfg Config) error {
 
 // addCutoffs reads each inbox topic's window from Kafka (cleanup.Cutoffs,
 // no cleanup lease) and compares it with the topic's oldest keys.
-func (s *Snapshot) addCutoffs(ctx context.Context, cfg cleanup.Config, log *slog.Logger) {
+func (s *Snapshot) addCutoffs(ctx context.Context, cfg cleanup.CutoffsConfig, log *slog.Logger) {
 	if len(s.Inbox) == 0 {
 		s.Cutoffs = "none needed: no keys"
 		return
@@ -111,7 +111,7 @@ func (s *Snapshot) addCutoffs(ctx context.Context, cfg cleanup.Config, log *slog
 		s.Cutoffs = "unknown: " + err.Error()
 		return
 	}
-	s.ApplyCutoffs(reps, "from Kafka topic configs (retention.ms + segment.ms + buffer)")
+	s.ApplyCutoffs(reps, "from Kafka topic configs and log start offsets (time window: retention.ms + segment.ms + buffer)")
 }
 
 // ApplyCutoffs compares each inbox entry's oldest key with its topic's window
@@ -135,8 +135,8 @@ func (s *Snapshot) ApplyCutoffs(reps []cleanup.TopicReport, source string) {
 
 // applyCutoff sets Window, Cutoff, Margin and Note from a topic's plan.
 func (in *InboxTopic) applyCutoff(tr cleanup.TopicReport, now time.Time) {
-	if tr.Skipped {
-		in.Note = "never pruned: " + string(tr.Reason)
+	if !tr.Timed { // exact rule only, or neither: the note says which, and why
+		in.Note = tr.Note()
 		return
 	}
 	in.Window = seconds(tr.Window)
@@ -145,7 +145,7 @@ func (in *InboxTopic) applyCutoff(tr cleanup.TopicReport, now time.Time) {
 	in.Margin = seconds(tr.Window - time.Duration(in.OldestAge*float64(time.Second)))
 	switch {
 	case tr.Forced:
-		in.Note = "forced window (" + string(tr.Reason) + ")"
+		in.Note = tr.Note()
 	case *in.Margin < 0:
 		in.Note = "overdue: older than the window (cleanup not running?)"
 	}

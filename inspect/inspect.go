@@ -57,13 +57,13 @@ import (
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/internal/pgerr"
 	"github.com/pgbox/pgbox/outbox"
-	"github.com/pgbox/pgbox/relay"
+	"github.com/pgbox/pgbox/relay/lane"
 )
 
 // Defaults for Config fields left zero.
 const (
-	// LanesDefault is the relay's default lane count: relay.LanesDefault.
-	LanesDefault = relay.LanesDefault
+	// LanesDefault is the relay's default lane count: lane.Default.
+	LanesDefault = lane.Default
 	// ExactLimitDefault is how many rows a count reads before it becomes an estimate.
 	ExactLimitDefault = 1000
 	// StatementTimeoutDefault bounds every query of a snapshot.
@@ -99,9 +99,10 @@ type Config struct {
 
 	// Cutoffs, when set, compares each inbox topic's oldest key with the
 	// topic's cleanup window: cleanup.Cutoffs reads the windows from Kafka
-	// with this config (Admin required; Pool unused). It never takes the
-	// cleanup lease. Defaults to nil: no comparison, Snapshot.Cutoffs says why.
-	Cutoffs *cleanup.Config
+	// with this config (a cleaner's own: Config.CutoffsConfig). It never
+	// takes the cleanup lease. Defaults to nil: no comparison,
+	// Snapshot.Cutoffs says why.
+	Cutoffs *cleanup.CutoffsConfig
 
 	// Logger receives a line when the cutoffs cannot be read. Defaults to
 	// slog.Default().

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/cleanup/cleanupsarama"
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
@@ -217,14 +218,14 @@ func TestReadCutoffs(t *testing.T) {
 	inboxKeys(t, db, "svc", "orders", 2, 3*time.Hour)
 	inboxKeys(t, db, "svc", "ledger", 2, time.Hour)
 
-	snap, err := inspect.Read(context.Background(), db.Pool, inspect.Config{Cutoffs: &cleanup.Config{Admin: admin, Buffer: time.Hour}})
+	snap, err := inspect.Read(context.Background(), db.Pool, inspect.Config{Cutoffs: &cleanup.CutoffsConfig{Admin: cleanupsarama.New(admin), Buffer: time.Hour}})
 	require.NoError(t, err)
 	require.Contains(t, snap.Cutoffs, "from Kafka topic configs")
 	require.Len(t, snap.Inbox, 2)
 	ledger, orders := snap.Inbox[0], snap.Inbox[1]
 	require.Equal(t, "ledger", ledger.Topic)
 	require.Nil(t, ledger.Window)
-	require.Equal(t, "never pruned: compacted", ledger.Note)
+	require.Equal(t, "exact rule only; never pruned by time: compacted", ledger.Note)
 	require.Equal(t, "orders", orders.Topic)
 	require.InDelta(t, (2*time.Hour + 10*time.Minute).Seconds(), *orders.Window, 0.001)
 	require.InDelta(t, -(50 * time.Minute).Seconds(), *orders.Margin, 5)

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgbox/pgbox/outbox"
-	"github.com/pgbox/pgbox/relay"
+	"github.com/pgbox/pgbox/relay/lane"
 )
 
 // readBacklog counts unparked rows exactly up to the limit, by topic and
@@ -68,7 +68,7 @@ func byLane(bySlot []TopicBacklog, lanes int) []TopicBacklog {
 	}
 	sums := map[key]int64{}
 	for _, b := range bySlot {
-		sums[key{b.Topic, relay.LaneOf(b.Lane, lanes)}] += b.Unpublished
+		sums[key{b.Topic, lane.Of(b.Lane, lanes)}] += b.Unpublished
 	}
 	out := make([]TopicBacklog, 0, len(sums))
 	for k, n := range sums {
@@ -95,7 +95,7 @@ func (s *Snapshot) readLaneAges(ctx context.Context, tx pgx.Tx, _ Config) error 
 			rows.Close()
 			return fmt.Errorf("inspect: read pgbox_outbox oldest rows: %w", err)
 		}
-		if lane := relay.LaneOf(slot, s.LaneCount); at != nil && (oldest[lane] == nil || at.Before(*oldest[lane])) {
+		if lane := lane.Of(slot, s.LaneCount); at != nil && (oldest[lane] == nil || at.Before(*oldest[lane])) {
 			oldest[lane] = at
 		}
 	}

@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/cleanup/cleanupsarama"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 )
 
@@ -91,9 +93,18 @@ func checkCleanup(t *testing.T, c *chain, total int) {
 	admin, err := sarama.NewClusterAdmin(c.addrs, kafkatest.Config())
 	require.NoError(t, err)
 	defer admin.Close()
-	// The topics keep records a minute (retention.ms and segment.ms), plus
-	// the 24h default buffer: a clock a day ahead makes every key expired.
-	cl, err := cleanup.New(cleanup.Config{Pool: newPool(t, c.url, 2), Admin: admin, BatchSize: 100,
+	// The topics keep records a minute (retention.ms and segment.ms): Kafka
+	// drops them all (DeleteRecords stands in for the retention check), and
+	// with the 24h default buffer a clock a day ahead makes every key expired.
+	ends, err := admin.ListOffsets(map[string]map[int32]int64{ordersTopic: {0: -1, 1: -1, 2: -1, 3: -1}}, nil)
+	require.NoError(t, err)
+	drop := map[int32]int64{}
+	for p, r := range ends[ordersTopic] {
+		require.True(t, r.Err == nil || errors.Is(r.Err, sarama.ErrNoError), "list offsets: %v", r.Err)
+		drop[p] = r.Offset
+	}
+	require.NoError(t, admin.DeleteRecords(ordersTopic, drop))
+	cl, err := cleanup.New(cleanup.Config{Pool: newPool(t, c.url, 2), Admin: cleanupsarama.New(admin), BatchSize: 100,
 		Now: func() time.Time { return time.Now().Add(25 * time.Hour) }})
 	require.NoError(t, err)
 	var deleted int64

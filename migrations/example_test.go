@@ -110,7 +110,7 @@ func ExampleDown() {
 	}
 	fmt.Println("next:", plan.Source, "loses nothing:", len(plan.Losses) == 0)
 	// Output:
-	// refused: 00002_outbox.sql would drop 1 outbox row (pgbox_outbox)
-	// rolled back 00002_outbox.sql confirmed
-	// next: 00001_inbox.sql loses nothing: true
+	// refused: 00080_relay_parking_kafka.sql would drop stored data of 1 outbox row (columns of pgbox_outbox)
+	// rolled back 00080_relay_parking_kafka.sql confirmed
+	// next: 00070_inbox_position.sql loses nothing: true
 }

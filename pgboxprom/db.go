@@ -47,11 +47,8 @@ func (c *Collector) collectDB(ch chan<- prometheus.Metric) {
 // cleanerCutoffs turns a cleaner's last view of each topic into plans.
 func cleanerCutoffs(s cleanup.Stats) []cleanup.TopicReport {
 	out := make([]cleanup.TopicReport, 0, len(s.Topics))
-	for topic, ts := range s.Topics {
-		out = append(out, cleanup.TopicReport{
-			Topic: topic, Reason: ts.Reason, Window: ts.Window,
-			Skipped: ts.Window == 0, Forced: ts.Reason != "" && ts.Window > 0,
-		})
+	for _, ts := range s.Topics {
+		out = append(out, ts.Last)
 	}
 	return out
 }

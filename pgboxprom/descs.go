@@ -31,7 +31,7 @@ var (
 	dCleanPasses  = desc("pgbox_cleanup_passes_total", "Cleanup passes that ran.")
 	dCleanLocked  = desc("pgbox_cleanup_passes_locked_total", "Cleanup passes skipped because another cleaner held the cleanup lease (pgbox_cleanup_lease).")
 	dCleanErrors  = desc("pgbox_cleanup_pass_errors_total", "Cleanup passes that ended with an error.")
-	dCleanSkipped = desc("pgbox_cleanup_topics_skipped_total", "Topic-passes that pruned nothing (infinite retention, compacted, Kafka unreachable...).")
+	dCleanSkipped = desc("pgbox_cleanup_topics_skipped_total", "Topic-passes where neither cleanup rule could run (Kafka unreachable, topic unknown to Kafka...).")
 	dCleanLast    = desc("pgbox_cleanup_last_pass_timestamp_seconds", "Start of the last cleanup pass that ran (Unix time).")
 	dCleanMargin  = desc("pgbox_inbox_retention_margin_seconds", "Window minus the oldest key's age after the last pass, by topic; negative means overdue keys.", "topic")
 

@@ -13,11 +13,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/outbox"
+	"github.com/pgbox/pgbox/relay/lane"
 )
 
 // Defaults of Config.
 const (
-	LanesDefault             = 16
+	LanesDefault             = lane.Default
 	BatchSizeDefault         = 2000
 	PollIntervalDefault      = time.Second
 	BusyPollIntervalDefault  = 2 * time.Millisecond

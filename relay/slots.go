@@ -6,13 +6,14 @@ import (
 	"strings"
 
 	"github.com/pgbox/pgbox/outbox"
+	"github.com/pgbox/pgbox/relay/lane"
 )
 
 // LaneOf returns the lane of an outbox slot (outbox.SlotOf) when the outbox
-// is split into lanes lanes: slot % lanes. A lane is owned by one relay
-// instance at a time. The relay's SQL (claimSQL, finishSQL) computes the
-// same; inspect reports lanes through this function.
-func LaneOf(slot, lanes int) int { return slot % lanes }
+// is split into lanes lanes: slot % lanes ([lane.Of]). A lane is owned by one
+// relay instance at a time. The relay's SQL (claimSQL, finishSQL) computes
+// the same; inspect reports lanes through [lane.Of].
+func LaneOf(slot, lanes int) int { return lane.Of(slot, lanes) }
 
 // slotSet is a set of outbox slots.
 type slotSet [outbox.Slots / 64]uint64

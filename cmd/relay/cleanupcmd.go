@@ -5,17 +5,23 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/cleanup/cleanupsarama"
 	"github.com/pgbox/pgbox/internal/durtext"
 )
 
-// cleanupConfig maps the cleanup settings onto cleanup.Config.
-func (a *app) cleanupConfig(pool *pgxpool.Pool, admin cleanup.ConfigDescriber, dryRun bool) cleanup.Config {
+// cleanupConfig maps the cleanup settings onto cleanup.Config; the cleaner
+// reads Kafka through admin (the binary's sarama client).
+func (a *app) cleanupConfig(pool *pgxpool.Pool, admin cleanupsarama.ClusterAdmin, dryRun bool) cleanup.Config {
 	o := a.opts
 	buffer := o.CleanupBuffer
 	if buffer == 0 { // an explicit 0s: zero means zero
@@ -27,7 +33,7 @@ func (a *app) cleanupConfig(pool *pgxpool.Pool, admin cleanup.ConfigDescriber, d
 	}
 	return cleanup.Config{
 		Pool:         pool,
-		Admin:        admin,
+		Admin:        cleanupsarama.New(admin),
 		Buffer:       buffer,
 		Window:       o.CleanupWindow,
 		BatchSize:    o.CleanupBatchSize,
@@ -38,6 +44,24 @@ func (a *app) cleanupConfig(pool *pgxpool.Pool, admin cleanup.ConfigDescriber, d
 		Tables:       cleanup.Tables{Parked: o.KeepParked, DeadLetters: o.KeepDeadLetters, Attempts: o.KeepAttempts},
 		Logger:       a.log.With("component", "cleanup"),
 	}
+}
+
+// DescribeTopics and ListOffsets (with DescribeConfigs) make lazyKafka a
+// cleanupsarama.ClusterAdmin: it connects on first use.
+func (l *lazyKafka) DescribeTopics(topics []string) ([]*sarama.TopicMetadata, error) {
+	_, a, err := l.connect()
+	if err != nil {
+		return nil, err
+	}
+	return a.DescribeTopics(topics)
+}
+
+func (l *lazyKafka) ListOffsets(partitions map[string]map[int32]int64, opts *sarama.ListOffsetsOptions) (map[string]map[int32]*sarama.OffsetResult, error) {
+	_, a, err := l.connect()
+	if err != nil {
+		return nil, err
+	}
+	return a.ListOffsets(partitions, opts)
 }
 
 func cmdCleanup(ctx context.Context, a *app, args []string) error {
@@ -62,8 +86,16 @@ func cmdCleanup(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	rep, err := c.RunOnce(ctx)
+	if err != nil {
+		// No report: its first line reads as a pass that ran. What a failed
+		// pass deleted before the error stays deleted; say how much.
+		if rep.Deleted > 0 {
+			return fmt.Errorf("%w (the pass had deleted %d rows before it failed)", err, rep.Deleted)
+		}
+		return err
+	}
 	printCleanupReport(a.stdout, rep)
-	return err
+	return nil
 }
 
 // printCleanupReport prints the pass's totals, then one row per inbox topic
@@ -98,12 +130,15 @@ func printCleanupReport(w io.Writer, rep cleanup.Report) {
 	}
 	if len(rep.Topics) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "\nINBOX TOPIC\tRETENTION\tSEGMENT\tPOLICY\tWINDOW\t%s\tOLDEST KEY AGE\tMARGIN\tNOTE\n", what)
+		fmt.Fprintf(tw, "\nINBOX TOPIC\tRETENTION\tSEGMENT\tPOLICY\tTIME WINDOW\t%s\tBY EXACT RULE\tBY TIME RULE\tLOG START\tOLDEST KEY AGE\tMARGIN\tNOTE\n", what)
+		var exact, timed int64
 		for _, t := range rep.Topics {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.Topic, msText(t.RetentionMs), msText(t.SegmentMs), cmp.Or(t.CleanupPolicy, "-"),
-				durtext.Short(t.Window), count(t.Deleted, t.WouldDelete), durtext.Short(t.OldestAge), durtext.Short(t.Margin), topicNote(t))
+			e, tm := count(t.ExactDeleted, t.ExactWouldDelete), count(t.TimeDeleted, t.TimeWouldDelete)
+			exact, timed = exact+e, timed+tm
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", t.Topic, msText(t.RetentionMs), msText(t.SegmentMs), cmp.Or(t.CleanupPolicy, "-"),
+				durtext.Short(t.Window), e+tm, e, tm, logStartText(t.LogStarts), durtext.Short(t.OldestAge), durtext.Short(t.Margin), t.Note())
 		}
-		fmt.Fprintf(tw, "TOTAL\t\t\t\t\t%d\t\t\t\n", keys)
+		fmt.Fprintf(tw, "TOTAL\t\t\t\t\t%d\t%d\t%d\t\t\t\t\n", keys, exact, timed)
 		_ = tw.Flush()
 	}
 	if len(rep.Tables) > 0 {
@@ -117,18 +152,20 @@ func printCleanupReport(w io.Writer, rep cleanup.Report) {
 	}
 }
 
-func topicNote(t cleanup.TopicReport) string {
-	note := ""
-	switch {
-	case t.Skipped:
-		note = "skipped: " + string(t.Reason)
-	case t.Forced:
-		note = "forced window (" + string(t.Reason) + ")"
+// logStartText prints the log start offsets the exact rule used, by
+// partition ("0:120,1:98"), or "-" when Kafka gave none.
+func logStartText(starts map[int32]int64) string {
+	if len(starts) == 0 {
+		return "-"
 	}
-	if t.Err != nil {
-		note += ": " + t.Err.Error()
+	var b strings.Builder
+	for i, p := range slices.Sorted(maps.Keys(starts)) {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%d:%d", p, starts[p])
 	}
-	return note
+	return b.String()
 }
 
 func msText(ms int64) string {

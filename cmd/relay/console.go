@@ -117,7 +117,7 @@ func (a *app) serveConsole(ctx context.Context, pool *pgxpool.Pool, lk *lazyKafk
 	cfg := console.Config{DB: pool, Auth: auth, HidePayloads: o.HidePayloads, Logger: a.log.With("component", "console"),
 		Inspect:   inspect.Config{Lanes: a.opts.Relay.Lanes},
 		Published: func() uint64 { return r.Stats().Published }, CleanupInterval: a.opts.CleanupInterval}
-	cc := a.cleanupConfig(nil, lk, false)
+	cc := a.cleanupConfig(nil, lk, false).CutoffsConfig()
 	cfg.Inspect.Cutoffs = &cc
 	if cl != nil {
 		cfg.Cleaner = cl

@@ -81,7 +81,7 @@ func (l *lazyKafka) connect() (sarama.Client, sarama.ClusterAdmin, error) {
 	return l.client, l.admin, nil
 }
 
-// DescribeConfigs makes lazyKafka a cleanup.ConfigDescriber.
+// DescribeConfigs makes lazyKafka a cleanupsarama.ClusterAdmin (see cleanupcmd.go).
 func (l *lazyKafka) DescribeConfigs(res []*sarama.ConfigResource, opts sarama.DescribeConfigsOptions) ([]*sarama.ConfigResourceResult, error) {
 	_, a, err := l.connect()
 	if err != nil {

@@ -37,7 +37,7 @@ func cmdStatus(ctx context.Context, a *app, args []string) error {
 		}
 		lk := &lazyKafka{brokers: a.opts.Kafka.Brokers, cfg: kcfg}
 		defer lk.Close()
-		cc := a.cleanupConfig(nil, lk, true)
+		cc := a.cleanupConfig(nil, lk, true).CutoffsConfig()
 		opts.Cutoffs = &cc
 	}
 	snap, err := inspect.Read(ctx, pool, opts)

@@ -89,8 +89,9 @@ func TestStatusWithoutSchemaSaysMigrate(t *testing.T) {
 func seedInbox(t *testing.T, db *testdb.DB, consumer, topic string, ages ...time.Duration) {
 	t.Helper()
 	for i, age := range ages {
-		_, err := db.Pool.Exec(context.Background(), `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at)
-			VALUES ($1, $2, $3, 0, $4, now() - $5::interval)`, consumer, topic+"-"+age.String()+"-"+strconv.Itoa(i), topic, i, age.String())
+		// Positions unknown (as before migration 00070): the time rule decides.
+		_, err := db.Pool.Exec(context.Background(), `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at, position_at)
+			VALUES ($1, $2, $3, 0, $4, now() - $5::interval, NULL)`, consumer, topic+"-"+age.String()+"-"+strconv.Itoa(i), topic, i, age.String())
 		require.NoError(t, err)
 	}
 }
@@ -138,7 +139,7 @@ func TestCleanupAndStatusCommands(t *testing.T) {
 
 	r = runRelay(t, time.Minute, env, "status")
 	require.Equal(t, 0, r.code, r.stderr)
-	for _, want := range []string{"OUTBOX: 3 unpublished, 0 parked", "payments", "INBOX", "orders", "2h10m", "never pruned: " + string(cleanup.ReasonInfiniteRetention)} {
+	for _, want := range []string{"OUTBOX: 3 unpublished, 0 parked", "payments", "INBOX", "orders", "2h10m", "never pruned by time: " + string(cleanup.ReasonInfiniteRetention)} {
 		require.Contains(t, r.stdout, want)
 	}
 
@@ -151,7 +152,7 @@ func TestCleanupAndStatusCommands(t *testing.T) {
 	r = runRelay(t, time.Minute, env, "cleanup")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stdout, "2 rows deleted")
-	require.Contains(t, r.stdout, "skipped: "+string(cleanup.ReasonInfiniteRetention))
+	require.Contains(t, r.stdout, "never pruned by time: "+string(cleanup.ReasonInfiniteRetention))
 	require.Equal(t, 2, inboxKeys(t, db), "the 1h-old orders key and the ledger key stay")
 
 	// Kafka unreachable: nothing is deleted, the reason is printed, exit 0.

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/cleanup/cleanupsarama"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -63,7 +64,7 @@ func cleanupOnce(ctx context.Context, pool *pgxpool.Pool, brokers []string, kcfg
 		return cleanup.Report{}, fmt.Errorf("kafka admin (%s): %w", kdesc, err)
 	}
 	defer admin.Close()
-	cl, err := cleanup.New(cleanup.Config{Pool: pool, Admin: admin, Logger: log.With("component", "cleanup")})
+	cl, err := cleanup.New(cleanup.Config{Pool: pool, Admin: cleanupsarama.New(admin), Logger: log.With("component", "cleanup")})
 	if err != nil {
 		return cleanup.Report{}, err
 	}

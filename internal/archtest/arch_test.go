@@ -126,7 +126,7 @@ func TestInspectImportsPgxAndCleanupOnly(t *testing.T) {
 			continue
 		}
 		if strings.HasPrefix(i, module+"/") {
-			require.Contains(t, []string{module + "/cleanup", module + "/outbox", module + "/inbox", module + "/relay"}, i, "inspect imports %s", i)
+			require.Contains(t, []string{module + "/cleanup", module + "/outbox", module + "/inbox", module + "/relay/lane"}, i, "inspect imports %s", i)
 		} else if strings.Contains(i, ".") {
 			require.True(t, strings.HasPrefix(i, "github.com/jackc/pgx/v5"), "inspect imports %s", i)
 		}
@@ -168,5 +168,30 @@ func TestConsumerAdaptersLinkOnlyTheirClient(t *testing.T) {
 				require.False(t, isClient(d, b), "%s links %s", pkg, d)
 			}
 		}
+	}
+}
+
+// TestCleanupLinksNoKafkaClient: the cleaner reads Kafka through
+// cleanupadmin's client-neutral interface, so a service embeds cleanup (and
+// inspect, which reads its cutoffs) with either client and links only the
+// one it chose: cleanupsarama links sarama, cleanupkgo franz-go, neither the
+// other. pgboxprom reaches cleanup without its sarama implementation.
+func TestCleanupLinksNoKafkaClient(t *testing.T) {
+	t.Parallel()
+	const franz = "github.com/twmb/franz-go/"
+	for _, lib := range []string{"cleanup", "cleanup/cleanupadmin", "inspect"} {
+		for _, d := range deps(t, module+"/"+lib) {
+			require.False(t, d == sarama || strings.HasPrefix(d, sarama+"/"), "%s links %s: the cleaner's Kafka client belongs in cleanup/cleanupsarama", lib, d)
+			require.False(t, strings.HasPrefix(d, franz), "%s links %s: the cleaner's Kafka client belongs in cleanup/cleanupkgo", lib, d)
+		}
+	}
+	for _, d := range deps(t, module+"/cleanup/cleanupkgo") {
+		require.False(t, d == sarama || strings.HasPrefix(d, sarama+"/"), "cleanup/cleanupkgo links %s", d)
+	}
+	for _, d := range deps(t, module+"/cleanup/cleanupsarama") {
+		require.False(t, strings.HasPrefix(d, franz), "cleanup/cleanupsarama links %s", d)
+	}
+	for _, d := range deps(t, module+"/pgboxprom") {
+		require.NotEqual(t, module+"/cleanup/cleanupsarama", d, "pgboxprom links sarama through cleanup")
 	}
 }

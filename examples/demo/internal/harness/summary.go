@@ -96,9 +96,10 @@ func cleanupNote(cr cleanup.Report, topic string) string {
 	case !ok:
 		return "no inbox keys"
 	case tr.Skipped:
-		return fmt.Sprintf("%s keys kept: %s", topic, tr.Reason)
+		return fmt.Sprintf("%s keys kept: %s", topic, tr.Note())
 	}
-	return fmt.Sprintf("%s keys are kept for retention.ms + segment.ms + buffer = %s (oldest is %s old)", topic, durtext.Short(tr.Window), durtext.Short(tr.OldestAge))
+	return fmt.Sprintf("%s keys are kept until Kafka's log start passes their last copy (now %v), and at least the buffer (oldest is %s old)",
+		topic, tr.LogStarts, durtext.Short(tr.OldestAge))
 }
 
 // Progress prints a live status line: rewritten in place on a terminal,
