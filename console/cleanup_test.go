@@ -57,7 +57,7 @@ func TestCleanupPageAndRiskWarnings(t *testing.T) {
 	require.Contains(t, page, "1 ran, 0 skipped")
 	require.Contains(t, page, cl.Stats().LastPass.Add(time.Hour).UTC().Format("2006-01-02 15:04:05Z"), "the next pass")
 	over := vera.get(t, "/")
-	require.Contains(t, over, "topic ledger.v1: 1 keys kept forever")
+	require.Contains(t, over, "topic ledger.v1: 1 keys kept until Kafka&#39;s log start passes them (infinite_retention)")
 	require.Contains(t, over, "topic orders.v1: the oldest inbox key is")
 	require.NotContains(t, over, "topic payments.v1:")
 }

@@ -82,9 +82,14 @@ func warnings(s *inspect.Snapshot, cl CleanerStats) []string {
 				in.Consumer, in.Topic, ageText(-*in.Margin)))
 		case in.Margin != nil && in.Window != nil && *in.Margin < *in.Window/10:
 			out = append(out, fmt.Sprintf("Consumer %s, topic %s: the oldest inbox key is within %s of its cleanup cutoff.", in.Consumer, in.Topic, ageText(*in.Margin)))
-		case strings.HasPrefix(in.Note, "never pruned"):
-			out = append(out, fmt.Sprintf("Consumer %s, topic %s: %s keys kept forever (%s); the inbox grows without bound unless a window is forced.",
-				in.Consumer, in.Topic, countText(in.Keys, in.Estimated), strings.TrimPrefix(in.Note, "never pruned: ")))
+		case strings.Contains(in.Note, "never pruned"):
+			// No time window: only Kafka moving the partition's log start
+			// (DeleteRecords, retention.bytes) lets a key go, and a topic
+			// kept forever never moves it by itself.
+			_, why, _ := strings.Cut(in.Note, "never pruned")
+			why = strings.TrimPrefix(strings.TrimPrefix(why, " by time"), ": ")
+			out = append(out, fmt.Sprintf("Consumer %s, topic %s: %s keys kept until Kafka's log start passes them (%s); the inbox grows without bound unless a window is forced.",
+				in.Consumer, in.Topic, countText(in.Keys, in.Estimated), why))
 		}
 	}
 	if cl != nil {
