@@ -34,12 +34,22 @@ func TestWatchAndSleep(t *testing.T) {
 	}
 	waitFor(t, "the idle relay's sleeping flag", sleeping)
 
-	// Wake it: it is busy (watching) for two seconds from here.
+	// Wake it: it is busy (watching) for two seconds from here, then may
+	// sleep again; a loaded machine can take that long to read the topic,
+	// so the flag is watched from before the write.
+	cleared := watchCleared(ctx, t, b)
 	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
 		return notifying.Write(ctx, tx, msg(b.topic, "k0", "wake"))
 	}))
 	readTopic(t, b, b.topic, 1)
-	waitFor(t, "the flag cleared", func() bool { return !sleeping() })
+	waitFor(t, "the flag cleared", func() bool {
+		select {
+		case <-cleared:
+			return true
+		default:
+			return false
+		}
+	})
 
 	// A late commit with a lower id.
 	late, err := b.db.Pool.Begin(ctx)
@@ -63,4 +73,25 @@ func TestWatchAndSleep(t *testing.T) {
 	}))
 	readTopic(t, b, b.topic, 4)
 	waitFor(t, "published counted", func() bool { return a.r.Stats().Published == 4 })
+}
+
+// watchCleared polls the relay instance's sleeping flag until it reads false
+// (or the test ends) and then closes the channel it returns.
+func watchCleared(ctx context.Context, t *testing.T, b *testBundle) <-chan struct{} {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	cleared := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			var s bool
+			if err := b.db.Pool.QueryRow(ctx, `SELECT sleeping FROM pgbox_relay_instances`).Scan(&s); err == nil && !s {
+				close(cleared)
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	return cleared
 }
