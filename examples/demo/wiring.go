@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -19,7 +20,7 @@ import (
 
 // consumerSettings are the consumer adapter's settings.
 func consumerSettings(log *slog.Logger) inboxsarama.Config {
-	return inboxsarama.Config{BatchSize: 16, Logger: log.With("component", "consumer")}
+	return inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 16, Logger: log.With("component", "consumer")}}
 }
 
 // consume runs one member of the service's consumer group until ctx ends.

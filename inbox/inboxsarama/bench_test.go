@@ -119,7 +119,7 @@ func (env *consumerBench) pgbox(batch int, watermark bool) makeHandler {
 			ev, _ := m.Header(eventHeader)
 			_, err := tx.Exec(ctx, benchInsert, string(ev), m.Topic, m.Partition, m.Offset)
 			return err
-		}, inboxsarama.Config{BatchSize: batch})
+		}, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch}})
 	}
 }
 

@@ -91,12 +91,12 @@ func TestConsumerChainAcrossServices(t *testing.T) {
 	}
 	// Service B: payments → effects, deduped on the relay's event id.
 	ibB := newTestInbox(t, "svc-b", inbox.ByHeader(relay.EventIDHeader))
-	hB := mustHandler(t, dbB.Pool, ibB, effect, inboxsarama.Config{BatchSize: 20})
+	hB := mustHandler(t, dbB.Pool, ibB, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 20}})
 
 	rng := rand.New(rand.NewPCG(3, 4))
 	msgs, unique := sends("orders", "order", 1200, rng)
 	newA := func() (*inboxsarama.Handler, *member) {
-		h := mustHandler(t, dbA.Pool, ibA, handlerA, inboxsarama.Config{BatchSize: 10})
+		h := mustHandler(t, dbA.Pool, ibA, handlerA, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 10}})
 		return h, startMember(t, addrs, "svc-a", []string{"orders"}, h)
 	}
 	channel := "pgbox_" + dbA.Schema

@@ -24,7 +24,7 @@ func TestConsumerDatabaseConnectionsKilled(t *testing.T) {
 	app := "pgbox-cg-kill-" + b.db.Schema
 	pool := poolWithAppName(t, b.db, app, 8)
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	opts := inboxsarama.Config{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond}
+	opts := inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond}}
 	h1 := mustHandler(t, pool, ib, effect, opts)
 	opts.BatchSize = 25
 	h2 := mustHandler(t, pool, ib, effect, opts)

@@ -29,7 +29,7 @@ func TestConsumerSessionEndFinishesInFlight(t *testing.T) {
 		return effect(ctx, tx, m)
 	}
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{DrainTimeout: 30 * time.Second})
+	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{DrainTimeout: 30 * time.Second}})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 	<-started
 	m.cancel() // the session ends while offset 2's transaction is open
@@ -66,7 +66,7 @@ func TestConsumerSessionEndRollsBackAfterDrainTimeout(t *testing.T) {
 		return nil
 	}
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{DrainTimeout: 100 * time.Millisecond})
+	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{DrainTimeout: 100 * time.Millisecond}})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 	<-started
 	m.stop()

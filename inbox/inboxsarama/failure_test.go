@@ -87,7 +87,7 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 			return effect(ctx, tx, m)
 		}
 	}
-	opts := inboxsarama.Config{MaxAttempts: 3, RetryBackoff: 20 * time.Millisecond, DrainTimeout: 50 * time.Millisecond}
+	opts := inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{MaxAttempts: 3, RetryBackoff: 20 * time.Millisecond, DrainTimeout: 50 * time.Millisecond}}
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
 	h1 := mustHandler(t, b.db.Pool, ib, failing(1), opts)
@@ -190,9 +190,7 @@ func TestConsumerPermanentErrorInBatch(t *testing.T) {
 		return effect(ctx, tx, m)
 	}
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{
-		BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 5, DeadLetterTopic: "svc.dead",
-	})
+	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 5, DeadLetterTopic: "svc.dead"}})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 	testutil.Eventually(t, 30*time.Second, "all other effects", func() bool { n, _ := b.effects(t); return n == 29 })
 	testutil.Eventually(t, 10*time.Second, "offset committed", func() bool { return b.committedOffset(t, "svc", b.topic, 0) == 30 })
@@ -232,10 +230,7 @@ func TestConsumerMaxAttemptsInBatch(t *testing.T) {
 		}
 		return effect(ctx, tx, m)
 	}
-	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), fn, inboxsarama.Config{
-		BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond,
-		DeadLetterTopic: "svc.dead",
-	})
+	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), fn, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond, DeadLetterTopic: "svc.dead"}})
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 	testutil.Eventually(t, 30*time.Second, "all other effects", func() bool { n, _ := b.effects(t); return n == 19 })
 	testutil.Eventually(t, 10*time.Second, "offset committed", func() bool { return b.committedOffset(t, "svc", b.topic, 0) == 20 })

@@ -227,7 +227,7 @@ func TestConsumerProcessesAndMarks(t *testing.T) {
 			require.NoError(t, err)
 			defer client.Close()
 			ib := newTestInbox(t, "svc", inbox.ByOffset())
-			h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{BatchSize: batch, Client: client})
+			h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch}, Client: client})
 			m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 			testutil.Eventually(t, 30*time.Second, "all effects", func() bool { n, _ := b.effects(t); return n >= len(evs) })
 			m.stop()
@@ -311,9 +311,9 @@ func TestNewHandlerValidates(t *testing.T) {
 		{"nil pool", nil, ib, effect, inboxsarama.Config{}, "nil pool"},
 		{"nil inbox", db.Pool, nil, effect, inboxsarama.Config{}, "nil *inbox.Inbox"},
 		{"nil handler", db.Pool, ib, nil, inboxsarama.Config{}, "nil HandlerFunc"},
-		{"negative batch", db.Pool, ib, effect, inboxsarama.Config{BatchSize: -1}, "BatchSize is negative"},
-		{"negative attempts", db.Pool, ib, effect, inboxsarama.Config{MaxAttempts: -2}, "MaxAttempts is negative"},
-		{"bad dlq topic", db.Pool, ib, effect, inboxsarama.Config{DeadLetterTopic: "dead letters"}, `DeadLetterTopic "dead letters"`},
+		{"negative batch", db.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: -1}}, "BatchSize is negative"},
+		{"negative attempts", db.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{MaxAttempts: -2}}, "MaxAttempts is negative"},
+		{"bad dlq topic", db.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{DeadLetterTopic: "dead letters"}}, `DeadLetterTopic "dead letters"`},
 	} {
 		_, err := inboxsarama.NewHandler(tc.pool, tc.ib, tc.fn, tc.opts)
 		require.ErrorContains(t, err, tc.want, tc.name)

@@ -102,7 +102,7 @@ func TestConsumerMigrationsNotRun(t *testing.T) {
 
 	var logs syncBuffer
 	h := mustHandler(t, db.Pool, newTestInbox(t, "svc", inbox.ByOffset()), effect,
-		inboxsarama.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))}})
 	start := time.Now()
 	err = consumeUntilError(t, b.addrs, "svc", b.topic, h, 60*time.Second)
 	requireOperatorError(t, err, "42P01", "relay migrate up")
@@ -128,7 +128,7 @@ func TestConsumerGrantsRevoked(t *testing.T) {
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
 			h := mustHandler(t, pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), effect,
-				inboxsarama.Config{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+				inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch, RetryBackoff: 10 * time.Millisecond}})
 
 			first := events("a", 50)
 			b.produceEvents(t, first...)
@@ -179,8 +179,7 @@ func TestConsumerBusinessTableMissing(t *testing.T) {
 
 			var logs syncBuffer
 			h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), effect,
-				inboxsarama.Config{BatchSize: batch, MaxAttempts: 1, RetryBackoff: 10 * time.Millisecond,
-					Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+				inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch, MaxAttempts: 1, RetryBackoff: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}})
 			err = consumeUntilError(t, b.addrs, "svc", b.topic, h, 60*time.Second)
 			requireOperatorError(t, err, "42P01", "apply the service's migrations")
 			require.True(t, errors.Is(err, inbox.ErrNeedsOperator))

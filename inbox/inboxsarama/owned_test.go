@@ -58,7 +58,7 @@ func TestConsumerHandlerErrorRollsBackWholeTx(t *testing.T) {
 				cfg := inbox.Config{Consumer: "svc", Dedup: mode}
 				ib, err := inbox.New(cfg)
 				require.NoError(t, err)
-				h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+				h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch, RetryBackoff: 10 * time.Millisecond}})
 				m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
 				testutil.Eventually(t, 60*time.Second, "every message processed", func() bool {
 					_, distinct := b.effects(t)

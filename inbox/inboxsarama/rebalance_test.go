@@ -51,7 +51,7 @@ func TestConsumerRebalancesWithResends(t *testing.T) {
 	join := func() *member {
 		// Alternate batch sizes, so both paths meet in one group.
 		batch := []int{50, 1, 20}[batchN.Add(1)%3]
-		h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+		h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch, RetryBackoff: 10 * time.Millisecond}})
 		handlers = append(handlers, h)
 		return startMember(t, b.addrs, "svc", []string{b.topic}, h)
 	}
@@ -105,7 +105,7 @@ func TestConsumerCooperativeRebalance(t *testing.T) {
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
 	var handlers []*inboxsarama.Handler
 	join := func(batch int) *member {
-		h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+		h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch, RetryBackoff: 10 * time.Millisecond}})
 		handlers = append(handlers, h)
 		// Each member gets its own config and strategy, as separate
 		// processes do: sarama's sticky strategies keep state in the

@@ -63,7 +63,7 @@ func TestConsumerWatermarkRebalances(t *testing.T) {
 			// crashed after its transactions): whoever takes their
 			// partitions over reads everything they processed again.
 			join := func(batch int, commits bool) *member {
-				h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+				h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch, RetryBackoff: 10 * time.Millisecond}})
 				handlers = append(handlers, h)
 				cfg := cgConfig()
 				cfg.Consumer.Offsets.AutoCommit.Enable = commits
@@ -74,7 +74,7 @@ func TestConsumerWatermarkRebalances(t *testing.T) {
 			// too, concurrently: each record is delivered twice at about the
 			// same time, the race of a partition handed over while its old
 			// owner's transaction is in flight.
-			twin := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{BatchSize: 10})
+			twin := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 10}})
 			handlers = append(handlers, twin)
 			tm := startMember(t, b.addrs, "svc-twin", []string{b.topic}, twin)
 			a := join(50, false)
@@ -181,7 +181,7 @@ func TestConsumerWatermarkOffsetResets(t *testing.T) {
 	b := cgSetup(t, 1)
 	ib := newWatermarkInbox(t, "svc")
 	var logs syncBuffer
-	opts := inboxsarama.Config{BatchSize: 10, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	opts := inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 10, Logger: slog.New(slog.NewTextHandler(&logs, nil))}}
 	b.produceEvents(t, events("a", 100)...)
 	h := mustHandler(t, b.db.Pool, ib, effect, opts)
 	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)

@@ -161,7 +161,7 @@ func (env *benchEnv) start(tb testing.TB, client, kind, group string, batch int)
 		if kind == "pgbox" {
 			ib, err := inbox.New(inbox.Config{Consumer: group, Key: inbox.ByHeader(eventHeader)})
 			require.NoError(tb, err)
-			h, err = inboxsarama.NewHandler(env.pool, ib, benchEffect, inboxsarama.Config{BatchSize: batch})
+			h, err = inboxsarama.NewHandler(env.pool, ib, benchEffect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch}})
 			require.NoError(tb, err)
 		}
 		cfg := saramaConfig()
@@ -180,7 +180,7 @@ func (env *benchEnv) start(tb testing.TB, client, kind, group string, batch int)
 	case kind == "pgbox":
 		ib, err := inbox.New(inbox.Config{Consumer: group, Key: inbox.ByHeader(eventHeader)})
 		require.NoError(tb, err)
-		c, err := inboxfranz.NewConsumer(env.pool, ib, benchEffect, inboxfranz.Config{BatchSize: batch},
+		c, err := inboxfranz.NewConsumer(env.pool, ib, benchEffect, inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch}},
 			franzOpts(env.b.addrs, group, env.b.topic, kgo.CooperativeStickyBalancer())...)
 		require.NoError(tb, err)
 		wg.Go(func() {

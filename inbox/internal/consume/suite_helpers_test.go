@@ -103,8 +103,7 @@ func (m *member) report(err error) {
 
 func startSarama(t testing.TB, b *bundle, s settings) *member {
 	t.Helper()
-	cfg := inboxsarama.Config{BatchSize: s.batch, MaxAttempts: s.maxAttempts, RetryBackoff: s.retryBackoff,
-		DrainTimeout: s.drainTimeout, CommitOffsets: s.commitOffsets, Logger: s.logger}
+	cfg := inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: s.batch, MaxAttempts: s.maxAttempts, RetryBackoff: s.retryBackoff, DrainTimeout: s.drainTimeout, Logger: s.logger}, CommitOffsets: s.commitOffsets}
 	if s.topicIDs {
 		client, err := sarama.NewClient(b.addrs, saramaConfig())
 		require.NoError(t, err)
@@ -161,9 +160,7 @@ func franzGroupOpts(addrs []string, group, topic string, balancer kgo.GroupBalan
 func startFranz(balancer kgo.GroupBalancer) func(t testing.TB, b *bundle, s settings) *member {
 	return func(t testing.TB, b *bundle, s settings) *member {
 		t.Helper()
-		cfg := inboxfranz.Config{BatchSize: s.batch, MaxAttempts: s.maxAttempts, RetryBackoff: s.retryBackoff,
-			DrainTimeout: s.drainTimeout, CommitOffsets: s.commitOffsets, TopicIDs: s.topicIDs,
-			CommitInterval: 100 * time.Millisecond, Logger: s.logger}
+		cfg := inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: s.batch, MaxAttempts: s.maxAttempts, RetryBackoff: s.retryBackoff, DrainTimeout: s.drainTimeout, Logger: s.logger}, CommitOffsets: s.commitOffsets, TopicIDs: s.topicIDs, CommitInterval: 100 * time.Millisecond}
 		var mu sync.Mutex
 		var total inbox.ConsumerStats // of the consumers that ended
 		var cur *inboxfranz.Consumer

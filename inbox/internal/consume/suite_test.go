@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
-	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/testutil"
 )
 
@@ -126,13 +125,13 @@ func TestSuitePoisonMessage(t *testing.T) {
 		require.Equal(t, "payload of "+poison, string(dl[0].Value))
 		h := dl[0].Headers
 		require.Equal(t, poison, h[eventHeader], "the original headers come along")
-		require.Contains(t, h[inboxsarama.HeaderDLQError], "account closed")
-		require.Equal(t, "3", h[inboxsarama.HeaderDLQAttempts])
-		require.Equal(t, "events", h[inboxsarama.HeaderDLQSourceTopic])
-		require.Equal(t, "0", h[inboxsarama.HeaderDLQSourcePart])
-		require.Equal(t, "4", h[inboxsarama.HeaderDLQSourceOffset])
-		require.Equal(t, "svc", h[inboxsarama.HeaderDLQConsumer])
-		require.Equal(t, poison, h[inboxsarama.HeaderDLQKey])
+		require.Contains(t, h[inbox.HeaderDLQError], "account closed")
+		require.Equal(t, "3", h[inbox.HeaderDLQAttempts])
+		require.Equal(t, "events", h[inbox.HeaderDLQSourceTopic])
+		require.Equal(t, "0", h[inbox.HeaderDLQSourcePart])
+		require.Equal(t, "4", h[inbox.HeaderDLQSourceOffset])
+		require.Equal(t, "svc", h[inbox.HeaderDLQConsumer])
+		require.Equal(t, poison, h[inbox.HeaderDLQKey])
 		require.Zero(t, b.count(t, `SELECT count(*) FROM pgbox_consumer_attempts`))
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM pgbox_consumer_dead`))
 	})
@@ -161,8 +160,8 @@ func TestSuitePermanent(t *testing.T) {
 		require.EqualValues(t, 1, m.stats().Failures)
 		dl := b.outboxDLQ(t, "events.dlq")
 		require.Len(t, dl, 1)
-		require.Equal(t, "1", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
-		require.Equal(t, "17", dl[0].Headers[inboxsarama.HeaderDLQSourceOffset])
+		require.Equal(t, "1", dl[0].Headers[inbox.HeaderDLQAttempts])
+		require.Equal(t, "17", dl[0].Headers[inbox.HeaderDLQSourceOffset])
 	})
 }
 
