@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/pgbox/pgbox/inspect"
@@ -153,36 +152,25 @@ func (h *Handler) deadSelect(ctx context.Context, q deadQuery) ([]int64, error) 
 // deadReplay replays the dead letters the form selects (again: those
 // replayed before too), bounded and confirmed as parkedAct.
 func (h *Handler) deadReplay(w http.ResponseWriter, r *http.Request, who Identity, name string) {
-	ctx, cancel := h.ctx(r)
-	defer cancel()
 	q := deadQueryOf(r.PostForm)
 	again := r.PostForm.Get("again") != ""
 	if again {
 		name = "dead.replay_again"
 	}
-	back := h.cfg.Prefix + "/dead?" + q.values().Encode()
-	ids, err := h.deadSelect(ctx, q)
-	if err != nil {
-		h.failErr(w, r, err)
-		return
-	}
-	if why := h.bounds(len(ids), r.PostForm.Get("expect")); why != "" {
-		id := h.refused(ctx, who, name, q.String(), why)
-		http.Redirect(w, r, back+"&done="+strconv.FormatInt(id, 10), http.StatusSeeOther)
-		return
-	}
-	a, err := h.startAudit(ctx, who, name, q.String())
-	if err != nil {
-		h.failErr(w, r, err)
-		return
-	}
-	res, err := inspect.ReplayDead(ctx, h.cfg.DB, ids, inspect.ReplayConfig{Again: again})
-	var n int64
-	for _, rp := range res {
-		if !rp.Skipped {
-			n++
-		}
-	}
-	a.finish(ctx, ids, n, err)
-	http.Redirect(w, r, back+"&done="+strconv.FormatInt(a.id, 10), http.StatusSeeOther)
+	h.actOn(w, r, who, rowAction{
+		name:   name,
+		filter: q.String(),
+		back:   h.cfg.Prefix + "/dead?" + q.values().Encode(),
+		pick:   func(ctx context.Context) ([]int64, error) { return h.deadSelect(ctx, q) },
+		do: func(ctx context.Context, ids []int64) (int64, error) {
+			res, err := inspect.ReplayDead(ctx, h.cfg.DB, ids, inspect.ReplayConfig{Again: again})
+			var n int64
+			for _, rp := range res {
+				if !rp.Skipped {
+					n++
+				}
+			}
+			return n, err
+		},
+	})
 }
