@@ -349,7 +349,7 @@ func checkDBMaxConns(t *testing.T, set setFn) {
 	a, e := with(set, "2", runEnv(db, c, "PGBOX_LANES=16", "PGBOX_BATCH_SIZE=5"), "run")
 	e = append(e, "DATABASE_URL="+db.URL+"&application_name="+app)
 	p := startRelay(t, e, a...)
-	p.httpAddr(t)
+	p.HTTPAddr(t)
 	most := 0
 	waitFor(t, "outbox drained", 90*time.Second, func() bool {
 		var n int
@@ -359,7 +359,7 @@ func checkDBMaxConns(t *testing.T, set setFn) {
 	})
 	require.Positive(t, most, "the DSN's application_name is kept")
 	require.LessOrEqual(t, most, 3, "2 pooled connections + the LISTEN connection")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 // --- Kafka ---
@@ -470,7 +470,7 @@ func startWith(t *testing.T, set setFn, v string, env []string) (*proc, string) 
 	t.Helper()
 	a, e := with(set, v, env, "run")
 	p := startRelay(t, e, a...)
-	return p, "http://" + p.httpAddr(t)
+	return p, "http://" + p.HTTPAddr(t)
 }
 
 func waitReady(t *testing.T, base string) {
@@ -485,7 +485,7 @@ func checkLanes(t *testing.T, set setFn) {
 	_, body := httpGet(t, base+"/readyz")
 	require.Contains(t, body, "holding 3 of 3")
 	require.Len(t, lanes(t, db), 3)
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkInstance(t *testing.T, set setFn) {
@@ -495,7 +495,7 @@ func checkInstance(t *testing.T, set setFn) {
 	for _, l := range lanes(t, db) {
 		require.True(t, strings.HasPrefix(l.owner, "relay-eu-1#"), "owner %q", l.owner)
 	}
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func metricValue(t *testing.T, base, name string) float64 {
@@ -519,7 +519,7 @@ func checkBatchSize(t *testing.T, set setFn) {
 	waitFor(t, "drained", time.Minute, func() bool { return outboxCount(t, db) == 0 })
 	waitFor(t, "published metric", 30*time.Second, func() bool { return metricValue(t, base, "pgbox_relay_published_total") == 40 })
 	require.GreaterOrEqual(t, metricValue(t, base, "pgbox_relay_batches_total"), 4.0, "40 rows in batches of at most 10")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 // notifyRow commits one row whose writer notifies channel.
@@ -558,24 +558,24 @@ func checkPollInterval(t *testing.T, set setFn) {
 	db, p := idleRelay(t, set, "1h", "PGBOX_NO_LISTEN=true")
 	writeRows(t, db, "payments", 0, 1)
 	requireStaysFor(t, db, 3*time.Second)
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 
 	db, p = idleRelay(t, set, "200ms", "PGBOX_NO_LISTEN=true")
 	writeRows(t, db, "payments", 0, 1)
 	waitFor(t, "published by polling", 30*time.Second, func() bool { return outboxCount(t, db) == 0 })
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkNoListen(t *testing.T, set setFn) {
 	db, p := idleRelay(t, set, "true", "PGBOX_POLL_INTERVAL=1h")
 	notifyRow(t, db, outbox.ChannelDefault)
 	requireStaysFor(t, db, 3*time.Second)
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 
 	db, p = idleRelay(t, set, "false", "PGBOX_POLL_INTERVAL=1h")
 	notifyRow(t, db, outbox.ChannelDefault)
 	waitFor(t, "published on NOTIFY", 30*time.Second, func() bool { return outboxCount(t, db) == 0 })
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkChannel(t *testing.T, set setFn) {
@@ -584,7 +584,7 @@ func checkChannel(t *testing.T, set setFn) {
 	requireStaysFor(t, db, 3*time.Second)
 	notifyRow(t, db, "ledger_outbox")
 	waitFor(t, "published on NOTIFY ledger_outbox", 30*time.Second, func() bool { return outboxCount(t, db) == 0 })
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkHeartbeat(t *testing.T, set setFn) {
@@ -597,7 +597,7 @@ func checkHeartbeat(t *testing.T, set setFn) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	require.GreaterOrEqual(t, len(seen), 4, "a heartbeat every 300ms for 3s (the default is 2s)")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkLeaseTTL(t *testing.T, set setFn) {
@@ -605,7 +605,7 @@ func checkLeaseTTL(t *testing.T, set setFn) {
 	for _, l := range lanes(t, db) {
 		require.Greater(t, time.Until(l.expires), 50*time.Minute, "lanes are leased for --lease-ttl")
 	}
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func parkedAttempts(t *testing.T, db *testdb.DB) int {
@@ -624,7 +624,7 @@ func checkMaxAttempts(t *testing.T, set setFn) {
 	writeRows(t, db, "no-such-topic", 0, 1)
 	waitFor(t, "parked", time.Minute, func() bool { return parkedAttempts(t, db) >= 0 })
 	require.Equal(t, 2, parkedAttempts(t, db))
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkMaxBackoff(t *testing.T, set setFn) {
@@ -633,7 +633,7 @@ func checkMaxBackoff(t *testing.T, set setFn) {
 	db, p := idleRelay(t, set, "200ms", "PGBOX_MAX_ATTEMPTS=20", "PGBOX_UNKNOWN_TOPIC_WINDOW=0s")
 	writeRows(t, db, "no-such-topic", 0, 1)
 	waitFor(t, "parked within 45s", 45*time.Second, func() bool { return parkedAttempts(t, db) == 20 })
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkUnknownTopicWindow(t *testing.T, set setFn) {
@@ -644,7 +644,7 @@ func checkUnknownTopicWindow(t *testing.T, set setFn) {
 	writeRows(t, db, "no-such-topic", 0, 1)
 	waitFor(t, "parked within 45s", 45*time.Second, func() bool { return parkedAttempts(t, db) >= 0 })
 	require.Less(t, parkedAttempts(t, db), 1000)
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkKafkaOutageAlert(t *testing.T, set setFn) {
@@ -653,9 +653,9 @@ func checkKafkaOutageAlert(t *testing.T, set setFn) {
 	db := testdb.New(t)
 	p, _ := startWith(t, set, "1s", append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS=127.0.0.1:1"))
 	waitFor(t, "the outage logged at ERROR", 30*time.Second, func() bool {
-		return strings.Contains(p.output(), `level=ERROR msg="Kafka unreachable"`)
+		return strings.Contains(p.Output(), `level=ERROR msg="Kafka unreachable"`)
 	})
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkPartitioner(t *testing.T, set setFn) {
@@ -665,7 +665,7 @@ func checkPartitioner(t *testing.T, set setFn) {
 		writeRows(t, db, "payments", 0, 7) // keys k0..k6
 		a, e := with(set, name, runEnv(db, c), "run")
 		p := startRelay(t, e, a...)
-		p.httpAddr(t)
+		p.HTTPAddr(t)
 		recs := kafkatest.ReadAll(t, c.ListenAddrs(), "payments", 7, time.Minute)
 		pt := part("payments")
 		for _, r := range recs {
@@ -673,7 +673,7 @@ func checkPartitioner(t *testing.T, set setFn) {
 			require.NoError(t, err)
 			require.Equal(t, want, r.Partition, "%s: key %s", name, r.Key)
 		}
-		require.Equal(t, 0, p.stop(t), p.output())
+		require.Equal(t, 0, p.stop(t), p.Output())
 	}
 }
 
@@ -686,7 +686,7 @@ func checkMaxMessageBytes(t *testing.T, set setFn) {
 	waitFor(t, "the 3000-byte row parked", time.Minute, func() bool { return parkedAttempts(t, db) >= 0 })
 	writeRows(t, db, "payments", 0, 1)
 	waitFor(t, "the small row published", time.Minute, func() bool { return outboxCount(t, db) == 1 })
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 // --- Cleanup ---
@@ -695,12 +695,12 @@ func checkCleanupInterval(t *testing.T, set setFn) {
 	db, c := testdb.New(t), kafkatest.New(t)
 	p, base := startWith(t, set, "300ms", runEnv(db, c))
 	waitFor(t, "several cleanup passes", time.Minute, func() bool { return metricValue(t, base, "pgbox_cleanup_passes_total") >= 3 })
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 
 	p, base = startWith(t, set, "0s", runEnv(db, c))
 	waitReady(t, base)
 	require.Equal(t, -1.0, metricValue(t, base, "pgbox_cleanup_passes_total"), "0 disables cleanup in this process")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func cleanupEnv(db *testdb.DB, c *kfake.Cluster) []string {
@@ -813,13 +813,13 @@ func checkHTTPAddr(t *testing.T, set setFn) {
 	require.Equal(t, "http://"+addr, base)
 	code, _ := httpGet(t, base+"/healthz")
 	require.Equal(t, 200, code)
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 
 	a, e := with(set, "", runEnv(db, c), "run")
 	p = startRelay(t, e, a...)
-	waitFor(t, "relay running", time.Minute, func() bool { return strings.Contains(p.output(), "relay running") })
-	require.NotContains(t, p.output(), "http listening", "empty: no HTTP server")
-	require.Equal(t, 0, p.stop(t), p.output())
+	waitFor(t, "relay running", time.Minute, func() bool { return strings.Contains(p.Output(), "relay running") })
+	require.NotContains(t, p.Output(), "http listening", "empty: no HTTP server")
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkJSON(t *testing.T, set setFn) {
@@ -856,7 +856,7 @@ func checkLogLevel(t *testing.T, set setFn) {
 func checkShutdownTimeout(t *testing.T, set setFn) {
 	db, c := testdb.New(t), kafkatest.New(t)
 	p, _ := startWith(t, set, "7s", runEnv(db, c))
-	require.Equal(t, 0, p.stop(t), p.output())
-	require.Contains(t, p.output(), "shutdown_timeout=7s", "the effective setting is logged at start")
-	require.Contains(t, p.output(), `msg="shutting down" deadline=7s`)
+	require.Equal(t, 0, p.stop(t), p.Output())
+	require.Contains(t, p.Output(), "shutdown_timeout=7s", "the effective setting is logged at start")
+	require.Contains(t, p.Output(), `msg="shutting down" deadline=7s`)
 }

@@ -51,14 +51,14 @@ func TestRunSIGTERMWhileBrokerHangs(t *testing.T) {
 	env := append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS="+ln.Addr().String(),
 		"PGBOX_KAFKA_TIMEOUT=10s", "PGBOX_SHUTDOWN_TIMEOUT="+shutdown.String())
 	p := startRelay(t, env, "run")
-	p.httpAddr(t)
+	p.HTTPAddr(t)
 	waitFor(t, "connections to the hanging broker", 30*time.Second, func() bool { return accepted() > 0 })
 
 	sent := time.Now()
 	code := p.signal(t, syscall.SIGTERM)
 	took := time.Since(sent)
-	require.Equal(t, 0, code, p.output())
-	require.Less(t, took, shutdown, p.output())
+	require.Equal(t, 0, code, p.Output())
+	require.Less(t, took, shutdown, p.Output())
 	t.Logf("exited %s after SIGTERM", took)
 }
 
@@ -69,7 +69,7 @@ func TestStatusShowsRelayWithoutKafka(t *testing.T) {
 	db := testdb.New(t)
 	env := append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS=127.0.0.1:1") // nothing listens on port 1
 	p := startRelay(t, env, "run")
-	p.httpAddr(t)
+	p.HTTPAddr(t)
 	var out string
 	waitFor(t, "status shows the instance", 30*time.Second, func() bool {
 		r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + db.URL}, "status")
@@ -77,5 +77,5 @@ func TestStatusShowsRelayWithoutKafka(t *testing.T) {
 		return r.code == 0 && strings.Contains(out, "running, Kafka unreachable since")
 	})
 	require.NotContains(t, out, "none running")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
