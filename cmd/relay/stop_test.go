@@ -1,9 +1,7 @@
 package main
 
 import (
-	"net"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,35 +18,12 @@ import (
 // and exit 1, when Kubernetes SIGKILLs a pod with the default grace period).
 func TestRunSIGTERMWhileBrokerHangs(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	accepted := func() int { mu.Lock(); defer mu.Unlock(); return len(conns) }
+	addr, accepted := kafkatest.HangingBroker(t)
 
 	db := testdb.New(t)
 	writeRows(t, db, "payments", 0, 5)
 	const shutdown = 10 * time.Second
-	env := append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS="+ln.Addr().String(),
+	env := append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS="+addr,
 		"PGBOX_KAFKA_TIMEOUT=10s", "PGBOX_SHUTDOWN_TIMEOUT="+shutdown.String())
 	p := startRelay(t, env, "run")
 	p.HTTPAddr(t)
