@@ -83,10 +83,10 @@ func startChild(t *testing.T, b *cgBundle, group string, crashAt int64) *child {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestConsumerChildProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(),
 		childEnv+"=1",
-		"PGBOX_CG_DB="+b.db.URL,
-		"PGBOX_CG_BROKERS="+strings.Join(b.addrs, ","),
+		"PGBOX_CG_DB="+b.DB.URL,
+		"PGBOX_CG_BROKERS="+strings.Join(b.Addrs, ","),
 		"PGBOX_CG_GROUP="+group,
-		"PGBOX_CG_TOPIC="+b.topic,
+		"PGBOX_CG_TOPIC="+b.Topic,
 		"PGBOX_CG_CRASH_AT="+strconv.FormatInt(crashAt, 10),
 	)
 	out, err := cmd.StdoutPipe()
@@ -142,16 +142,16 @@ func TestConsumerKilledAfterCommitBeforeOffset(t *testing.T) {
 	t.Parallel()
 	b := cgSetup(t, 1)
 	const n, crashAt = 20, 12
-	b.produceEvents(t, events("e", n)...)
+	b.ProduceEvents(t, events("e", n)...)
 
 	c1 := startChild(t, b, "svc", crashAt)
 	c1.waitLine(t, 60*time.Second, func(s string) bool { return s == "crash-point" })
 	c1.kill()
 
 	// The window is real: the effect of offset 12 committed, its offset did not.
-	rows, _ := b.effects(t)
+	rows, _ := b.Effects(t)
 	require.Equal(t, crashAt+1, rows)
-	require.EqualValues(t, crashAt, b.committedOffset(t, "svc", b.topic, 0))
+	require.EqualValues(t, crashAt, b.Committed(t, "svc", 0))
 
 	c2 := startChild(t, b, "svc", -1)
 	line := c2.waitLine(t, 60*time.Second, func(s string) bool {
@@ -160,8 +160,8 @@ func TestConsumerKilledAfterCommitBeforeOffset(t *testing.T) {
 	c2.kill()
 	require.Contains(t, line, "duplicates=1", "the redelivered message was a duplicate")
 	require.Contains(t, line, fmt.Sprintf("processed=%d", n-crashAt-1))
-	rows, distinct := b.effects(t)
+	rows, distinct := b.Effects(t)
 	require.Equal(t, n, rows)
 	require.Equal(t, n, distinct)
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE "offset" = $1`, crashAt))
+	require.Equal(t, 1, b.Count(t, `SELECT count(*) FROM effects WHERE "offset" = $1`, crashAt))
 }
