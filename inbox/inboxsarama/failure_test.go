@@ -133,45 +133,6 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	require.NotEmpty(t, hs[relay.EventIDHeader])
 }
 
-// inboxsarama.Permanent skips the retries; a batch with a poison message falls back
-// to one-by-one processing, so only the poison message is dead-lettered.
-func TestConsumerPermanentErrorInBatch(t *testing.T) {
-	t.Parallel()
-	b := cgSetup(t, 1)
-	evs := events("e", 30)
-	poison := evs[17]
-	b.ProduceEvents(t, evs...)
-
-	var calls atomic.Int64
-	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-		if ev, _ := m.Header(eventHeader); string(ev) == poison {
-			calls.Add(1)
-			return inboxsarama.Permanent(errors.New("malformed amount"))
-		}
-		return effect(ctx, tx, m)
-	}
-	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	h := mustHandler(t, b.DB.Pool, ib, fn, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 5, DeadLetterTopic: "svc.dead"}})
-	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
-	testutil.Eventually(t, 30*time.Second, "all other effects", func() bool { n, _ := b.Effects(t); return n == 29 })
-	testutil.Eventually(t, 10*time.Second, "offset committed", func() bool { return b.Committed(t, "svc", 0) == 30 })
-	m.stop()
-
-	rows, distinct := b.Effects(t)
-	require.Equal(t, 29, rows)
-	require.Equal(t, 29, distinct)
-	st := h.Stats()
-	require.EqualValues(t, 1, st.DeadLettered)
-	require.GreaterOrEqual(t, st.BatchFallbacks, uint64(1))
-	// Once, in the batch: no retries, and no second run after the fallback.
-	require.EqualValues(t, 1, calls.Load())
-	dl := b.OutboxDLQ(t, "svc.dead")
-	require.Len(t, dl, 1)
-	require.Equal(t, "1", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
-	require.Equal(t, "17", dl[0].Headers[inboxsarama.HeaderDLQSourceOffset])
-	require.Contains(t, dl[0].Headers[inboxsarama.HeaderDLQError], "malformed amount")
-}
-
 // MaxAttempts counts every run of the handler, the one inside a batch too:
 // a batch with a failing message falls back to one by one, and the failing
 // message's handler runs exactly MaxAttempts times in all (it used to run

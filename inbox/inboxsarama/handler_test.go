@@ -103,46 +103,6 @@ func poolWithAppName(t testing.TB, db *testdb.DB, app string, maxConns int32) *p
 
 // --- tests ---
 
-// The basics, at batch 1 and batch 25: every message's effect commits once,
-// the offsets are committed after, and the topic id from metadata is part of
-// the ByOffset keys.
-func TestConsumerProcessesAndMarks(t *testing.T) {
-	t.Parallel()
-	for _, batch := range []int{1, 25} {
-		t.Run(fmt.Sprintf("batch%d", batch), func(t *testing.T) {
-			t.Parallel()
-			b := cgSetup(t, 2)
-			evs := events("e", 60)
-			b.ProduceEvents(t, evs...)
-
-			client, err := sarama.NewClient(b.Addrs, cgConfig())
-			require.NoError(t, err)
-			defer client.Close()
-			ib := newTestInbox(t, "svc", inbox.ByOffset())
-			h := mustHandler(t, b.DB.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch}, Client: client})
-			m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
-			testutil.Eventually(t, 30*time.Second, "all effects", func() bool { n, _ := b.Effects(t); return n >= len(evs) })
-			m.stop()
-
-			rows, distinct := b.Effects(t)
-			require.Equal(t, len(evs), rows)
-			require.Equal(t, len(evs), distinct)
-			st := h.Stats()
-			require.EqualValues(t, len(evs), st.Processed)
-			require.Zero(t, st.DeadLettered)
-			// Offsets committed after the effects: both partitions at their end.
-			end := b.Count(t, `SELECT count(*) FROM effects WHERE partition = 0`)
-			require.EqualValues(t, end, b.Committed(t, "svc", 0))
-
-			// kfake reports topic ids: keys are topic@id/partition/offset.
-			var key string
-			require.NoError(t, b.DB.Pool.QueryRow(context.Background(),
-				`SELECT key FROM pgbox_inbox WHERE partition = 0 AND "offset" = 0`).Scan(&key))
-			require.Regexp(t, `^events@[A-Za-z0-9_-]{22}/0/0$`, key)
-		})
-	}
-}
-
 // A topic deleted and recreated under the same name restarts its offsets at
 // 0; with topic ids in the keys its messages are new, not duplicates.
 func TestConsumerTopicRecreatedIsNotDuplicate(t *testing.T) {

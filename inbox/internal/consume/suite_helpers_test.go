@@ -38,17 +38,19 @@ var (
 // settings are what a test asks of an adapter; each maps them onto its
 // own Config.
 type settings struct {
-	pool          *pgxpool.Pool
-	ib            *inbox.Inbox
-	fn            inbox.HandlerFunc
-	group         string
-	batch         int
-	maxAttempts   int
-	retryBackoff  time.Duration
-	drainTimeout  time.Duration
-	topicIDs      bool
-	commitOffsets bool
-	logger        *slog.Logger
+	pool            *pgxpool.Pool
+	ib              *inbox.Inbox
+	fn              inbox.HandlerFunc
+	group           string
+	batch           int
+	batchWait       time.Duration
+	maxAttempts     int
+	retryBackoff    time.Duration
+	drainTimeout    time.Duration
+	deadLetterTopic string
+	topicIDs        bool
+	commitOffsets   bool
+	logger          *slog.Logger
 }
 
 // member is one running group member of some adapter.
@@ -105,7 +107,7 @@ func (m *member) report(err error) {
 
 func startSarama(t testing.TB, b *bundle, s settings) *member {
 	t.Helper()
-	cfg := inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: s.batch, MaxAttempts: s.maxAttempts, RetryBackoff: s.retryBackoff, DrainTimeout: s.drainTimeout, Logger: s.logger}, CommitOffsets: s.commitOffsets}
+	cfg := inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: s.batch, BatchWait: s.batchWait, MaxAttempts: s.maxAttempts, RetryBackoff: s.retryBackoff, DrainTimeout: s.drainTimeout, DeadLetterTopic: s.deadLetterTopic, Logger: s.logger}, CommitOffsets: s.commitOffsets}
 	if s.topicIDs {
 		client, err := sarama.NewClient(b.Addrs, consumetest.GroupConfig())
 		require.NoError(t, err)
@@ -150,7 +152,7 @@ func franzGroupOpts(addrs []string, group, topic string, balancer kgo.GroupBalan
 func startFranz(balancer kgo.GroupBalancer) func(t testing.TB, b *bundle, s settings) *member {
 	return func(t testing.TB, b *bundle, s settings) *member {
 		t.Helper()
-		cfg := inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: s.batch, MaxAttempts: s.maxAttempts, RetryBackoff: s.retryBackoff, DrainTimeout: s.drainTimeout, Logger: s.logger}, CommitOffsets: s.commitOffsets, TopicIDs: s.topicIDs, CommitInterval: 100 * time.Millisecond}
+		cfg := inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: s.batch, BatchWait: s.batchWait, MaxAttempts: s.maxAttempts, RetryBackoff: s.retryBackoff, DrainTimeout: s.drainTimeout, DeadLetterTopic: s.deadLetterTopic, Logger: s.logger}, CommitOffsets: s.commitOffsets, TopicIDs: s.topicIDs, CommitInterval: 100 * time.Millisecond}
 		var mu sync.Mutex
 		var total inbox.ConsumerStats // of the consumers that ended
 		var cur *inboxfranz.Consumer

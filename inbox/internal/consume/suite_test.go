@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,6 +48,7 @@ func TestSuiteProcessesAndCommits(t *testing.T) {
 			m.stop()
 			requireExactlyOnce(t, b, 60, 2)
 			require.EqualValues(t, 60, m.stats().Processed)
+			require.Zero(t, m.stats().DeadLettered)
 			var key string
 			require.NoError(t, b.DB.Pool.QueryRow(context.Background(),
 				`SELECT key FROM pgbox_inbox WHERE partition = 0 AND "offset" = 0`).Scan(&key))
@@ -137,31 +139,43 @@ func TestSuitePoisonMessage(t *testing.T) {
 	})
 }
 
-// A Permanent error skips the retries, inside a batch too.
+// A Permanent error skips the retries, inside a batch too: the batch falls
+// back to one by one, the failing message's handler runs once in all (no
+// retry, no second run after the fallback), and only it is dead-lettered,
+// to the configured dead-letter topic.
 func TestSuitePermanent(t *testing.T) {
 	t.Parallel()
 	forEach(t, false, func(t *testing.T, a adapter) {
 		b := setup(t, 1)
 		evs := events("e", 30)
+		var calls atomic.Int64
 		fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 			if ev, _ := m.Header(eventHeader); string(ev) == evs[17] {
+				calls.Add(1)
 				return inbox.Permanent(errors.New("malformed amount"))
 			}
 			return effect(ctx, tx, m)
 		}
 		b.ProduceEvents(t, evs...)
 		s := settingsOf(b, newInbox(t, inbox.ByHeader(eventHeader)), fn)
-		s.batch = 10
+		s.batch, s.batchWait, s.maxAttempts, s.deadLetterTopic = 10, 200*time.Millisecond, 5, "svc.dead"
 		m := a.start(t, b, s)
 		testutil.Eventually(t, 30*time.Second, "past the bad message", func() bool { return b.Committed(t, "svc", 0) == 30 })
 		m.stop()
-		rows, _ := b.Effects(t)
+		rows, distinct := b.Effects(t)
 		require.Equal(t, 29, rows)
-		require.EqualValues(t, 1, m.stats().Failures)
-		dl := b.OutboxDLQ(t, "events.dlq")
+		require.Equal(t, 29, distinct)
+		st := m.stats()
+		require.EqualValues(t, 1, st.Failures)
+		require.EqualValues(t, 1, st.DeadLettered)
+		require.GreaterOrEqual(t, st.BatchFallbacks, uint64(1))
+		require.EqualValues(t, 1, calls.Load())
+		require.Empty(t, b.OutboxDLQ(t, "events.dlq"))
+		dl := b.OutboxDLQ(t, "svc.dead")
 		require.Len(t, dl, 1)
 		require.Equal(t, "1", dl[0].Headers[inbox.HeaderDLQAttempts])
 		require.Equal(t, "17", dl[0].Headers[inbox.HeaderDLQSourceOffset])
+		require.Contains(t, dl[0].Headers[inbox.HeaderDLQError], "malformed amount")
 	})
 }
 
