@@ -30,9 +30,17 @@ func (q parkedQuery) String() string {
 	return fmt.Sprintf("topic=%q key=%q error=%q ids=%q", q.Topic, q.Key, q.Error, q.IDs)
 }
 
-func (q parkedQuery) values() url.Values {
+// fields are the filter's form fields, by name.
+func (q parkedQuery) fields() map[string]string {
+	return map[string]string{"topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs}
+}
+
+func (q parkedQuery) values() url.Values { return nonEmpty(q.fields()) }
+
+// nonEmpty is the query string of a filter's fields that are set.
+func nonEmpty(fields map[string]string) url.Values {
 	v := url.Values{}
-	for k, s := range map[string]string{"topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs} {
+	for k, s := range fields {
 		if s != "" {
 			v.Set(k, s)
 		}
@@ -127,22 +135,28 @@ type confirmData struct {
 
 func (h *Handler) parkedConfirm(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	ctx, cancel := h.ctx(r)
-	defer cancel()
 	q := parkedQueryOf(r.URL.Query())
 	verb := r.URL.Query().Get("action")
 	if verb != "retry" && verb != "discard" {
 		h.fail(w, r, http.StatusBadRequest, "action must be retry or discard")
 		return
 	}
-	ids, err := h.parkedSelect(ctx, q)
+	h.confirm(w, r, start, confirmData{Action: "/parked/" + verb, Verb: verb, What: "parked rows matching " + q.String(), Fields: q.fields()},
+		func(ctx context.Context) ([]int64, error) { return h.parkedSelect(ctx, q) })
+}
+
+// confirm renders d, the confirmation page of an action, with the number of
+// rows pick selects and whether that is more than MaxActionRows.
+func (h *Handler) confirm(w http.ResponseWriter, r *http.Request, start time.Time, d confirmData, pick func(context.Context) ([]int64, error)) {
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	ids, err := pick(ctx)
 	if err != nil {
 		h.failErr(w, r, err)
 		return
 	}
-	d := confirmData{Action: "/parked/" + verb, Verb: verb, What: "parked rows matching " + q.String(), Count: len(ids), Max: h.cfg.MaxActionRows,
-		Too: len(ids) > h.cfg.MaxActionRows, Fields: map[string]string{"topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs}}
-	h.render(w, r, "confirm", "Confirm "+verb, d, start)
+	d.Count, d.Max, d.Too = len(ids), h.cfg.MaxActionRows, len(ids) > h.cfg.MaxActionRows
+	h.render(w, r, "confirm", "Confirm "+d.Verb, d, start)
 }
 
 // parkedSelect lists the ids q selects, at most MaxActionRows+1 (one more
