@@ -90,9 +90,9 @@ func checkConsoleAddr(t *testing.T, set setFn) {
 	// Not loopback and no authentication: refused before anything starts.
 	db := testdb.New(t)
 	r := runWith(t, set, "0.0.0.0:0", []string{"DATABASE_URL=" + db.URL, "KAFKA_BROKERS=127.0.0.1:1"}, "run")
-	require.Equal(t, 2, r.code, r.stderr)
-	require.Contains(t, r.stderr, "PGBOX_CONSOLE_ADDR (--console-addr)")
-	require.Contains(t, r.stderr, "no authentication")
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "PGBOX_CONSOLE_ADDR (--console-addr)")
+	require.Contains(t, r.Stderr, "no authentication")
 }
 
 func checkConsoleUsers(t *testing.T, set setFn) {

@@ -38,7 +38,7 @@ var listenRE = regexp.MustCompile(`msg="http listening" addr=(\S+)`)
 func startRelay(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(relayBin, args...)
-	cmd.Env = append(cleanEnv(), env...)
+	cmd.Env = append(testutil.CleanEnv(), env...)
 	cmd.Stdout = io.Discard
 	return &proc{testutil.StartProc(t, cmd, listenRE)}
 }
@@ -160,9 +160,9 @@ func TestRunPublishesServesMetricsAndStops(t *testing.T) {
 	}
 	// status sees this instance holding every lane.
 	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + db.URL}, "status", "--json")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var st inspect.Snapshot
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st))
 	require.Len(t, st.Instances, 1)
 	require.True(t, st.Instances[0].Live)
 	require.Len(t, st.Lanes, 4)
@@ -287,7 +287,7 @@ func TestRunLaneCountMismatchExits(t *testing.T) {
 	waitFor(t, "first instance ready", 30*time.Second, func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
 
 	r := runRelay(t, time.Minute, runEnv(db, c, "PGBOX_LANES=8"), "run")
-	require.Equal(t, 1, r.code, r.stderr)
-	require.Contains(t, r.stderr, "lane count")
+	require.Equal(t, 1, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "lane count")
 	require.Equal(t, 0, a.stop(t), a.Output())
 }

@@ -48,8 +48,8 @@ func TestStatusShowsRelayWithoutKafka(t *testing.T) {
 	var out string
 	waitFor(t, "status shows the instance", 30*time.Second, func() bool {
 		r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + db.URL}, "status")
-		out = r.stdout
-		return r.code == 0 && strings.Contains(out, "running, Kafka unreachable since")
+		out = r.Stdout
+		return r.Code == 0 && strings.Contains(out, "running, Kafka unreachable since")
 	})
 	require.NotContains(t, out, "none running")
 	require.Equal(t, 0, p.stop(t), p.Output())

@@ -2,6 +2,9 @@ package testutil
 
 import (
 	"bufio"
+	"bytes"
+	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -95,4 +98,51 @@ func (p *Proc) HTTPAddr(t testing.TB) string {
 		t.Fatalf("%s did not start listening\n%s", name, p.Output())
 	}
 	return ""
+}
+
+// Result is one finished run of a binary.
+type Result struct {
+	Code           int
+	Stdout, Stderr string
+}
+
+// CleanEnv is the test process's environment without any setting pgbox's
+// binaries read (DATABASE_URL, KAFKA_BROKERS, PGBOX_*), so only what a test
+// passes reaches them.
+func CleanEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if k == "DATABASE_URL" || k == "KAFKA_BROKERS" || strings.HasPrefix(k, "PGBOX_") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// RunToEnd runs bin with args in CleanEnv plus env ("K=V") to its end, and
+// returns its exit code and output. It fails the test if bin cannot start or
+// has not finished within timeout.
+func RunToEnd(t testing.TB, timeout time.Duration, bin string, env []string, args ...string) Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(CleanEnv(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			t.Fatalf("run %s %v: %v", filepath.Base(bin), args, err)
+		}
+		code = ee.ExitCode()
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("%s %v did not finish within %v\nstdout:\n%s\nstderr:\n%s", filepath.Base(bin), args, timeout, &stdout, &stderr)
+	}
+	return Result{Code: code, Stdout: stdout.String(), Stderr: stderr.String()}
 }
