@@ -69,7 +69,7 @@ type Stats = inbox.ConsumerStats
 //
 // The settings both adapters share (BatchSize, BatchWait, MaxAttempts,
 // RetryBackoff, MaxRetryBackoff, DeadLetterTopic, DrainTimeout, Logger) are
-// inbox.ConsumerConfig's, documented there; their defaults are this
+// [inbox.ConsumerConfig]'s, documented there; their defaults are this
 // package's XxxDefault constants, the same as inboxsarama's.
 type Config struct {
 	inbox.ConsumerConfig

@@ -58,7 +58,7 @@ const (
 //
 // The settings both adapters share (BatchSize, BatchWait, MaxAttempts,
 // RetryBackoff, MaxRetryBackoff, DeadLetterTopic, DrainTimeout, Logger) are
-// inbox.ConsumerConfig's, documented there; their defaults are this
+// [inbox.ConsumerConfig]'s, documented there; their defaults are this
 // package's XxxDefault constants.
 type Config struct {
 	inbox.ConsumerConfig
