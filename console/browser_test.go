@@ -148,7 +148,7 @@ func startPayments(t *testing.T, db *testdb.DB, addrs []string) *payments {
 		_, err := tx.Exec(ctx, `INSERT INTO charges (event, inbox_offset) VALUES ($1, $2)`, string(ev), m.Offset)
 		return err
 	}
-	p.h, err = inboxsarama.NewHandler(db.Pool, ib, fn, inboxsarama.Config{RetryBackoff: 20 * time.Millisecond, DrainTimeout: 50 * time.Millisecond})
+	p.h, err = inboxsarama.NewHandler(db.Pool, ib, fn, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{RetryBackoff: 20 * time.Millisecond, DrainTimeout: 50 * time.Millisecond}})
 	require.NoError(t, err)
 	cfg := kafkatest.Config()
 	cfg.Consumer.Group.Session.Timeout = 2 * time.Second

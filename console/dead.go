@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/pgbox/pgbox/inspect"
@@ -31,15 +30,12 @@ func (q deadQuery) String() string {
 	return fmt.Sprintf("consumer=%q topic=%q key=%q error=%q ids=%q", q.Consumer, q.Topic, q.Key, q.Error, q.IDs)
 }
 
-func (q deadQuery) values() url.Values {
-	v := url.Values{}
-	for k, s := range map[string]string{"consumer": q.Consumer, "topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs} {
-		if s != "" {
-			v.Set(k, s)
-		}
-	}
-	return v
+// fields are the filter's form fields, by name.
+func (q deadQuery) fields() map[string]string {
+	return map[string]string{"consumer": q.Consumer, "topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs}
 }
+
+func (q deadQuery) values() url.Values { return nonEmpty(q.fields()) }
 
 func (h *Handler) deadFilter(ctx context.Context, q deadQuery, limit int) (f inspect.DeadFilter, none bool, err error) {
 	ids, err := parseIDs(q.IDs)
@@ -116,22 +112,16 @@ func (h *Handler) deadRow(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) deadConfirm(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	ctx, cancel := h.ctx(r)
-	defer cancel()
 	q := deadQueryOf(r.URL.Query())
 	again := r.URL.Query().Get("again")
-	ids, err := h.deadSelect(ctx, q)
-	if err != nil {
-		h.failErr(w, r, err)
-		return
-	}
 	verb := "replay"
 	if again != "" {
 		verb = "replay again"
 	}
-	d := confirmData{Action: "/dead/replay", Verb: verb, What: "dead letters matching " + q.String(), Count: len(ids), Max: h.cfg.MaxActionRows,
-		Too: len(ids) > h.cfg.MaxActionRows, Fields: map[string]string{"consumer": q.Consumer, "topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs, "again": again}}
-	h.render(w, r, "confirm", "Confirm "+verb, d, start)
+	fields := q.fields()
+	fields["again"] = again
+	h.confirm(w, r, start, confirmData{Action: "/dead/replay", Verb: verb, What: "dead letters matching " + q.String(), Fields: fields},
+		func(ctx context.Context) ([]int64, error) { return h.deadSelect(ctx, q) })
 }
 
 func (h *Handler) deadSelect(ctx context.Context, q deadQuery) ([]int64, error) {
@@ -153,36 +143,25 @@ func (h *Handler) deadSelect(ctx context.Context, q deadQuery) ([]int64, error) 
 // deadReplay replays the dead letters the form selects (again: those
 // replayed before too), bounded and confirmed as parkedAct.
 func (h *Handler) deadReplay(w http.ResponseWriter, r *http.Request, who Identity, name string) {
-	ctx, cancel := h.ctx(r)
-	defer cancel()
 	q := deadQueryOf(r.PostForm)
 	again := r.PostForm.Get("again") != ""
 	if again {
 		name = "dead.replay_again"
 	}
-	back := h.cfg.Prefix + "/dead?" + q.values().Encode()
-	ids, err := h.deadSelect(ctx, q)
-	if err != nil {
-		h.failErr(w, r, err)
-		return
-	}
-	if why := h.bounds(len(ids), r.PostForm.Get("expect")); why != "" {
-		id := h.refused(ctx, who, name, q.String(), why)
-		http.Redirect(w, r, back+"&done="+strconv.FormatInt(id, 10), http.StatusSeeOther)
-		return
-	}
-	a, err := h.startAudit(ctx, who, name, q.String())
-	if err != nil {
-		h.failErr(w, r, err)
-		return
-	}
-	res, err := inspect.ReplayDead(ctx, h.cfg.DB, ids, inspect.ReplayConfig{Again: again})
-	var n int64
-	for _, rp := range res {
-		if !rp.Skipped {
-			n++
-		}
-	}
-	a.finish(ctx, ids, n, err)
-	http.Redirect(w, r, back+"&done="+strconv.FormatInt(a.id, 10), http.StatusSeeOther)
+	h.actOn(w, r, who, rowAction{
+		name:   name,
+		filter: q.String(),
+		back:   h.cfg.Prefix + "/dead?" + q.values().Encode(),
+		pick:   func(ctx context.Context) ([]int64, error) { return h.deadSelect(ctx, q) },
+		do: func(ctx context.Context, ids []int64) (int64, error) {
+			res, err := inspect.ReplayDead(ctx, h.cfg.DB, ids, inspect.ReplayConfig{Again: again})
+			var n int64
+			for _, rp := range res {
+				if !rp.Skipped {
+					n++
+				}
+			}
+			return n, err
+		},
+	})
 }

@@ -30,9 +30,17 @@ func (q parkedQuery) String() string {
 	return fmt.Sprintf("topic=%q key=%q error=%q ids=%q", q.Topic, q.Key, q.Error, q.IDs)
 }
 
-func (q parkedQuery) values() url.Values {
+// fields are the filter's form fields, by name.
+func (q parkedQuery) fields() map[string]string {
+	return map[string]string{"topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs}
+}
+
+func (q parkedQuery) values() url.Values { return nonEmpty(q.fields()) }
+
+// nonEmpty is the query string of a filter's fields that are set.
+func nonEmpty(fields map[string]string) url.Values {
 	v := url.Values{}
-	for k, s := range map[string]string{"topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs} {
+	for k, s := range fields {
 		if s != "" {
 			v.Set(k, s)
 		}
@@ -127,22 +135,28 @@ type confirmData struct {
 
 func (h *Handler) parkedConfirm(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	ctx, cancel := h.ctx(r)
-	defer cancel()
 	q := parkedQueryOf(r.URL.Query())
 	verb := r.URL.Query().Get("action")
 	if verb != "retry" && verb != "discard" {
 		h.fail(w, r, http.StatusBadRequest, "action must be retry or discard")
 		return
 	}
-	ids, err := h.parkedSelect(ctx, q)
+	h.confirm(w, r, start, confirmData{Action: "/parked/" + verb, Verb: verb, What: "parked rows matching " + q.String(), Fields: q.fields()},
+		func(ctx context.Context) ([]int64, error) { return h.parkedSelect(ctx, q) })
+}
+
+// confirm renders d, the confirmation page of an action, with the number of
+// rows pick selects and whether that is more than MaxActionRows.
+func (h *Handler) confirm(w http.ResponseWriter, r *http.Request, start time.Time, d confirmData, pick func(context.Context) ([]int64, error)) {
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	ids, err := pick(ctx)
 	if err != nil {
 		h.failErr(w, r, err)
 		return
 	}
-	d := confirmData{Action: "/parked/" + verb, Verb: verb, What: "parked rows matching " + q.String(), Count: len(ids), Max: h.cfg.MaxActionRows,
-		Too: len(ids) > h.cfg.MaxActionRows, Fields: map[string]string{"topic": q.Topic, "key": q.Key, "error": q.Error, "ids": q.IDs}}
-	h.render(w, r, "confirm", "Confirm "+verb, d, start)
+	d.Count, d.Max, d.Too = len(ids), h.cfg.MaxActionRows, len(ids) > h.cfg.MaxActionRows
+	h.render(w, r, "confirm", "Confirm "+d.Verb, d, start)
 }
 
 // parkedSelect lists the ids q selects, at most MaxActionRows+1 (one more
@@ -167,33 +181,55 @@ func (h *Handler) parkedSelect(ctx context.Context, q parkedQuery) ([]int64, err
 // they are as many as the operator confirmed (expect) and at most
 // MaxActionRows. It acts on those ids only.
 func (h *Handler) parkedAct(w http.ResponseWriter, r *http.Request, who Identity, name string) {
+	q := parkedQueryOf(r.PostForm)
+	h.actOn(w, r, who, rowAction{
+		name:   name,
+		filter: q.String(),
+		back:   h.cfg.Prefix + "/parked?" + q.values().Encode(),
+		pick:   func(ctx context.Context) ([]int64, error) { return h.parkedSelect(ctx, q) },
+		do: func(ctx context.Context, ids []int64) (int64, error) {
+			if name == "parked.retry" {
+				return inspect.RetryParked(ctx, h.cfg.DB, inspect.ParkedFilter{IDs: ids})
+			}
+			return inspect.DiscardParked(ctx, h.cfg.DB, inspect.ParkedFilter{IDs: ids})
+		},
+	})
+}
+
+// rowAction is a confirmed action on the rows a form's filter selects.
+type rowAction struct {
+	name   string // the audit's action name
+	filter string // the filter, as the audit records it
+	back   string // the list page to return to
+	pick   func(ctx context.Context) ([]int64, error)
+	do     func(ctx context.Context, ids []int64) (int64, error) // rows it changed
+}
+
+// actOn runs a: it picks the ids, refuses (audited) unless they are as many
+// as the operator confirmed (expect) and at most MaxActionRows, else audits
+// the action, runs it on those ids only and records the outcome. Either way
+// it redirects back to the list with the audit row's id.
+func (h *Handler) actOn(w http.ResponseWriter, r *http.Request, who Identity, a rowAction) {
 	ctx, cancel := h.ctx(r)
 	defer cancel()
-	q := parkedQueryOf(r.PostForm)
-	back := h.cfg.Prefix + "/parked?" + q.values().Encode()
-	ids, err := h.parkedSelect(ctx, q)
+	ids, err := a.pick(ctx)
 	if err != nil {
 		h.failErr(w, r, err)
 		return
 	}
 	if why := h.bounds(len(ids), r.PostForm.Get("expect")); why != "" {
-		id := h.refused(ctx, who, name, q.String(), why)
-		http.Redirect(w, r, back+"&done="+strconv.FormatInt(id, 10), http.StatusSeeOther)
+		id := h.refused(ctx, who, a.name, a.filter, why)
+		http.Redirect(w, r, a.back+"&done="+strconv.FormatInt(id, 10), http.StatusSeeOther)
 		return
 	}
-	a, err := h.startAudit(ctx, who, name, q.String())
+	au, err := h.startAudit(ctx, who, a.name, a.filter)
 	if err != nil {
 		h.failErr(w, r, err)
 		return
 	}
-	var n int64
-	if name == "parked.retry" {
-		n, err = inspect.RetryParked(ctx, h.cfg.DB, inspect.ParkedFilter{IDs: ids})
-	} else {
-		n, err = inspect.DiscardParked(ctx, h.cfg.DB, inspect.ParkedFilter{IDs: ids})
-	}
-	a.finish(ctx, ids, n, err)
-	http.Redirect(w, r, back+"&done="+strconv.FormatInt(a.id, 10), http.StatusSeeOther)
+	n, err := a.do(ctx, ids)
+	au.finish(ctx, ids, n, err)
+	http.Redirect(w, r, a.back+"&done="+strconv.FormatInt(au.id, 10), http.StatusSeeOther)
 }
 
 // bounds checks an action's row count against the confirmed count and

@@ -1,13 +1,11 @@
 package deploy
 
 import (
-	"bufio"
 	"context"
 	"net/http"
 	"os/exec"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -77,19 +75,19 @@ func TestManifestsRunAgainstTheBinary(t *testing.T) {
 
 	relay := &pod.Spec.Containers[0]
 	p := start(t, relay, podEnv(t, relay, db.URL, brokers))
-	base := "http://" + p.httpAddr(t)
+	base := "http://" + p.HTTPAddr(t)
 	for _, pr := range []*probe{relay.LivenessProbe, relay.ReadinessProbe} {
 		testutil.Eventually(t, 30*time.Second, pr.HTTPGet.Path+" answers 200", func() bool {
 			return get(t, base+pr.HTTPGet.Path) == http.StatusOK
 		})
 	}
 	grace := time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
-	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, p.Cmd.Process.Signal(syscall.SIGTERM))
 	select {
-	case <-p.done:
-		require.NoError(t, p.err, "relay run after SIGTERM:\n%s", p.output())
+	case <-p.Done():
+		require.NoError(t, p.Err(), "relay run after SIGTERM:\n%s", p.Output())
 	case <-time.After(grace):
-		t.Fatalf("relay run outlived the pod's grace period %v after SIGTERM:\n%s", grace, p.output())
+		t.Fatalf("relay run outlived the pod's grace period %v after SIGTERM:\n%s", grace, p.Output())
 	}
 
 	cj := &m.cronJobs[0].Spec.JobTemplate.Spec.Template.Spec.Containers[0]
@@ -110,66 +108,9 @@ func get(t *testing.T, url string) int {
 	return resp.StatusCode
 }
 
-// proc is a running relay.
-type proc struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	logs strings.Builder
-	addr chan string
-	done chan struct{}
-	err  error
-}
-
-func start(t *testing.T, c *container, env []string) *proc {
+func start(t *testing.T, c *container, env []string) *testutil.Proc {
 	t.Helper()
 	cmd := exec.Command(relayBin, c.Args...)
 	cmd.Env = env
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	cmd.Stdout = cmd.Stderr
-	require.NoError(t, cmd.Start())
-	p := &proc{cmd: cmd, addr: make(chan string, 1), done: make(chan struct{})}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.logs.WriteString(line + "\n")
-			p.mu.Unlock()
-			if m := listenRE.FindStringSubmatch(line); m != nil {
-				p.addr <- m[1]
-			}
-		}
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	return p
-}
-
-func (p *proc) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.logs.String()
-}
-
-func (p *proc) httpAddr(t *testing.T) string {
-	t.Helper()
-	select {
-	case a := <-p.addr:
-		return a
-	case <-p.done:
-		t.Fatalf("relay exited before listening: %v\n%s", p.err, p.output())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("relay did not start listening\n%s", p.output())
-	}
-	return ""
+	return testutil.StartProc(t, cmd, listenRE)
 }

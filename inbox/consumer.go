@@ -1,6 +1,10 @@
 package inbox
 
-import "errors"
+import (
+	"errors"
+	"log/slog"
+	"time"
+)
 
 // ErrPermanent is what errors.Is finds in an error made with Permanent.
 var ErrPermanent = errors.New("permanent error")
@@ -23,6 +27,20 @@ func (e *permanentError) Error() string        { return e.err.Error() }
 func (e *permanentError) Unwrap() error        { return e.err }
 func (e *permanentError) Is(target error) bool { return target == ErrPermanent }
 
+// Headers the consumer adapters (inbox/inboxsarama, inbox/inboxfranz) add to
+// a dead-letter record, after the original record's own.
+const (
+	HeaderDLQError          = "pgbox.dlq.error"            // the last error's text (at most 4 KiB)
+	HeaderDLQAttempts       = "pgbox.dlq.attempts"         // attempts made, decimal
+	HeaderDLQSourceTopic    = "pgbox.dlq.source-topic"     // the topic consumed
+	HeaderDLQSourceTopicID  = "pgbox.dlq.source-topic-id"  // its id, when known
+	HeaderDLQSourcePart     = "pgbox.dlq.source-partition" // its partition, decimal
+	HeaderDLQSourceOffset   = "pgbox.dlq.source-offset"    // its offset, decimal
+	HeaderDLQConsumer       = "pgbox.dlq.consumer"         // Inbox.Consumer()
+	HeaderDLQKey            = "pgbox.dlq.key"              // the inbox key, when the record had one
+	HeaderDLQContentDropped = "pgbox.dlq.dropped"          // why the value and original headers were left out
+)
+
 // ConsumerStats counts what a consumer adapter (inboxsarama.Handler,
 // inboxfranz.Consumer) did since it was made. Processed and Duplicates count
 // committed transactions only.
@@ -36,4 +54,69 @@ type ConsumerStats struct {
 	DeadLettered    uint64 // messages dead-lettered
 	BatchFallbacks  uint64 // batches retried message by message after a failure
 	Gaps            uint64 // watermark modes: committed messages that came after offsets never processed (logged)
+}
+
+// ConsumerConfig holds the settings both consumer adapters share; each
+// adapter's Config (inboxsarama.Config, inboxfranz.Config) embeds it:
+//
+//	inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 100}, Client: client}
+//
+// The members of a group moving from one Kafka client to the other can be
+// given the same value. The zero value is usable; the defaults and the NoXxx
+// sentinels named below are each adapter's constants, with the same values
+// in both.
+type ConsumerConfig struct {
+	// BatchSize is the most messages of one partition processed in one
+	// transaction. Above 1, messages go through ProcessBatch (one round trip
+	// for all their keys); a batch whose handler fails is retried message by
+	// message, so one poison message cannot hold back the others. Defaults to
+	// the adapter's BatchSizeDefault (1: Process, one transaction per message).
+	BatchSize int
+
+	// BatchWait is how long a batch waits to fill up after its first message
+	// arrived; messages already buffered never wait. NoBatchWait means no
+	// wait. Defaults to the adapter's BatchWaitDefault (10ms).
+	BatchWait time.Duration
+
+	// MaxAttempts is how many times the handler runs for one message before
+	// the message is dead-lettered. Attempts are counted in PostgreSQL
+	// (pgbox_consumer_attempts), so they survive restarts and rebalances,
+	// and a member of the same group on the other adapter sees them too; a
+	// run inside a batch counts like any other. 1 means no retries.
+	// Database errors (retryable ones, and those that need an operator) are
+	// never the message's fault and do not count. Defaults to the adapter's
+	// MaxAttemptsDefault (25: about three minutes of retries, enough to ride
+	// out a downstream restart; a poison message holds its partition that
+	// long, unless the handler returns Permanent).
+	MaxAttempts int
+
+	// RetryBackoff is the wait before the second attempt; it doubles per
+	// attempt (with ±20% jitter) up to MaxRetryBackoff. The same schedule
+	// paces retries after transient database errors. NoRetryBackoff retries
+	// at once. Defaults to the adapter's RetryBackoffDefault (100ms).
+	RetryBackoff time.Duration
+
+	// MaxRetryBackoff caps the wait between attempts. Defaults to the
+	// adapter's MaxRetryBackoffDefault (10s).
+	MaxRetryBackoff time.Duration
+
+	// DeadLetterTopic is the topic dead-letter records are written to
+	// (through the outbox, for the relay to publish). Defaults to the source
+	// topic's name with the adapter's DeadLetterSuffixDefault (".dlq")
+	// appended.
+	DeadLetterTopic string
+
+	// DrainTimeout is how long a transaction already running when its
+	// partition is taken away (a rebalance, or the consumer's ctx cancelled)
+	// may run on to commit; past it, its context is cancelled and it rolls
+	// back. No new transaction starts after that. NoDrainTimeout rolls it
+	// back at once. Defaults to the adapter's DrainTimeoutDefault (5s); keep
+	// it well below the group's rebalance timeout (sarama's
+	// Consumer.Group.Rebalance.Timeout, franz-go's kgo.RebalanceTimeout).
+	DrainTimeout time.Duration
+
+	// Logger receives retries (warn), dead letters, database errors, errors
+	// that need an operator and inboxfranz's offset commit failures (error).
+	// Defaults to slog.Default() when nil.
+	Logger *slog.Logger
 }

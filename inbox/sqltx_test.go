@@ -40,35 +40,19 @@ func TestProcessSQLRefusesUnusableTx(t *testing.T) {
 		require.ErrorContains(t, err, want, name)
 	}
 
-	for _, acceptAny := range []bool{false, true} {
-		d := &testdb.NotPgx{AcceptAny: acceptAny}
-		tx, err := d.Open(t).BeginTx(ctx, nil)
-		require.NoError(t, err)
-		if acceptAny {
-			check("driver taking any argument", tx, "its driver ran the statement without handing it to pgx")
+	for _, u := range testdb.UnusableTxs(t, b.db) {
+		check(u.Name, u.Tx, u.Want)
+		switch {
+		case u.Driver == nil:
+		case u.Driver.AcceptAny:
 			// It ran only the harmless probe, which reads and writes nothing.
-			require.Equal(t, []string{"BEGIN", "SELECT $1::text WHERE false", "SELECT $1::text WHERE false"}, d.Sent())
-		} else {
-			check("strict driver", tx, "is not on pgx's database/sql driver")
-			require.Equal(t, []string{"BEGIN"}, d.Sent(), "nothing sent")
+			require.Equal(t, []string{"BEGIN", "SELECT $1::text WHERE false", "SELECT $1::text WHERE false"}, u.Driver.Sent())
+		default:
+			require.Equal(t, []string{"BEGIN"}, u.Driver.Sent(), "nothing sent")
 		}
-		require.NoError(t, tx.Rollback())
 	}
 
-	db := b.sqlDB(t)
-	done, err := db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	require.NoError(t, done.Commit())
-	check("committed", done, "already committed or rolled back")
-
-	left, err := db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	_, err = left.ExecContext(ctx, `COMMIT`)
-	require.NoError(t, err)
-	check("left its transaction block", left, "not in a transaction block")
-	require.NoError(t, left.Rollback())
-
-	_, err = ib.ProcessSQL(ctx, nil, m, handler)
+	_, err := ib.ProcessSQL(ctx, nil, m, handler)
 	require.ErrorContains(t, err, "needs a non-nil tx and handler")
 	require.Zero(t, b.inboxRows(t))
 	require.Zero(t, b.payments(t))

@@ -296,7 +296,7 @@ func (c *chain) startConsumer(ctx context.Context, group string, batch int) *inb
 	t := c.t
 	ib, err := inbox.New(inbox.Config{Consumer: "payments", Key: inbox.ByHeader(relay.EventIDHeader)})
 	require.NoError(t, err)
-	h, err := inboxsarama.NewHandler(newPool(t, c.url, 4), ib, pay, inboxsarama.Config{BatchSize: batch})
+	h, err := inboxsarama.NewHandler(newPool(t, c.url, 4), ib, pay, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch}})
 	require.NoError(t, err)
 	cfg := kafkatest.Config()
 	cfg.Consumer.Group.Session.Timeout = 2 * time.Second

@@ -29,34 +29,16 @@ func TestWriteSQLRefusesUnusableTx(t *testing.T) {
 		require.ErrorContains(t, err, want, name)
 	}
 
-	for _, acceptAny := range []bool{false, true} {
-		d := &testdb.NotPgx{AcceptAny: acceptAny}
-		tx, err := d.Open(t).BeginTx(ctx, nil)
-		require.NoError(t, err)
-		if acceptAny {
-			check("driver taking any argument", tx, "its driver ran the statement without handing it to pgx")
-			require.Equal(t, []string{"BEGIN", "SELECT $1::text WHERE false"}, d.Sent(), "only the harmless probe")
-		} else {
-			check("strict driver", tx, "is not on pgx's database/sql driver")
-			require.Equal(t, []string{"BEGIN"}, d.Sent(), "nothing sent")
+	for _, u := range testdb.UnusableTxs(t, db) {
+		check(u.Name, u.Tx, u.Want)
+		switch {
+		case u.Driver == nil:
+		case u.Driver.AcceptAny:
+			require.Equal(t, []string{"BEGIN", "SELECT $1::text WHERE false"}, u.Driver.Sent(), "only the harmless probe")
+		default:
+			require.Equal(t, []string{"BEGIN"}, u.Driver.Sent(), "nothing sent")
 		}
-		require.NoError(t, tx.Rollback())
 	}
-
-	sdb, err := sql.Open("pgx", db.URL)
-	require.NoError(t, err)
-	defer sdb.Close()
-	done, err := sdb.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	require.NoError(t, done.Commit())
-	check("committed", done, "already committed or rolled back")
-
-	left, err := sdb.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	_, err = left.ExecContext(ctx, `COMMIT`)
-	require.NoError(t, err)
-	check("left its transaction block", left, "not in a transaction block")
-	require.NoError(t, left.Rollback())
 
 	require.Empty(t, readRows(t, db), "nothing written")
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testutil"
 )
 
@@ -39,7 +40,7 @@ func TestRelayWithoutKafkaIsRegisteredAndReported(t *testing.T) {
 	a := start(t, b.config("a"))
 	waitFor(t, "a holds every lane", func() bool { return a.r.Stats().Lanes == 8 })
 
-	addr, _ := hangingBroker(t)
+	addr, _ := kafkatest.HangingBroker(t)
 	var logs lockedBuffer
 	cfg := b.config("b")
 	cfg.Brokers = []string{addr}

@@ -2,8 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,40 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testutil"
 	"github.com/pgbox/pgbox/relay"
 )
-
-// hangingBroker listens on 127.0.0.1, accepts connections and never answers
-// (the broker). It returns its address and the number of
-// connections accepted so far.
-func hangingBroker(t *testing.T) (string, func() int) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	return ln.Addr().String(), func() int { mu.Lock(); defer mu.Unlock(); return len(conns) }
-}
 
 // runAndCancel runs r, calls until (which returns once r is stuck on the
 // broker), cancels Run's context and returns how long Run took to return
@@ -73,7 +41,7 @@ func runAndCancel(t *testing.T, r *relay.Relay, until func()) time.Duration {
 func TestRunStopsWhileBrokerHangsAtStart(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	addr, accepted := hangingBroker(t)
+	addr, accepted := kafkatest.HangingBroker(t)
 	cfg := b.config("a")
 	cfg.Brokers = []string{addr}
 	cfg.Kafka = nil // the library's defaults

@@ -22,11 +22,11 @@ func TestCleanupUnmigratedSaysMigrate(t *testing.T) {
 	env := []string{"DATABASE_URL=" + db.URL, "KAFKA_BROKERS=" + strings.Join(c.ListenAddrs(), ",")}
 	for _, args := range [][]string{{"cleanup", "--dry-run"}, {"cleanup"}} {
 		r := runRelay(t, time.Minute, env, args...)
-		require.Equal(t, 1, r.code, "%v: %s", args, r.stderr)
-		require.Empty(t, r.stdout, "%v: no report of a pass that did not run", args)
-		require.Contains(t, r.stderr, "relay migrate up", args)
-		require.Equal(t, 1, strings.Count(r.stderr, "relay migrate up"), "%v: one error: %s", args, r.stderr)
-		require.NotContains(t, r.stderr, "dry run at", args)
+		require.Equal(t, 1, r.Code, "%v: %s", args, r.Stderr)
+		require.Empty(t, r.Stdout, "%v: no report of a pass that did not run", args)
+		require.Contains(t, r.Stderr, "relay migrate up", args)
+		require.Equal(t, 1, strings.Count(r.Stderr, "relay migrate up"), "%v: one error: %s", args, r.Stderr)
+		require.NotContains(t, r.Stderr, "dry run at", args)
 	}
 }
 
@@ -41,13 +41,13 @@ func TestKafkaOutageIsNotNeverPruned(t *testing.T) {
 	env := []string{"DATABASE_URL=" + db.URL, "KAFKA_BROKERS=127.0.0.1:1", "PGBOX_KAFKA_TIMEOUT=500ms"}
 
 	r := runRelay(t, time.Minute, env, "cleanup")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "not pruned this pass: "+string(cleanup.ReasonKafkaUnreachable), r.stdout)
-	require.NotContains(t, r.stdout, "never pruned", r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "not pruned this pass: "+string(cleanup.ReasonKafkaUnreachable), r.Stdout)
+	require.NotContains(t, r.Stdout, "never pruned", r.Stdout)
 	require.Equal(t, 1, inboxKeys(t, db))
 
 	r = runRelay(t, time.Minute, env, "status")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "not pruned this pass: "+string(cleanup.ReasonKafkaUnreachable), r.stdout)
-	require.NotContains(t, r.stdout, "never pruned", r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "not pruned this pass: "+string(cleanup.ReasonKafkaUnreachable), r.Stdout)
+	require.NotContains(t, r.Stdout, "never pruned", r.Stdout)
 }

@@ -55,11 +55,11 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			r := runRelay(t, time.Minute, tc.env, tc.args...)
-			require.Equal(t, 2, r.code, "stderr: %s", r.stderr)
+			require.Equal(t, 2, r.Code, "stderr: %s", r.Stderr)
 			for _, w := range tc.want {
-				require.Contains(t, r.stderr, w)
+				require.Contains(t, r.Stderr, w)
 			}
-			require.NotContains(t, r.stderr+r.stdout, "hunter2", "a password reached the output")
+			require.NotContains(t, r.Stderr+r.Stdout, "hunter2", "a password reached the output")
 		})
 	}
 }
@@ -70,19 +70,19 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		"PGBOX_KAFKA_SASL_MECHANISM=PLAIN", "PGBOX_KAFKA_SASL_USER=u", "PGBOX_KAFKA_SASL_PASSWORD=sw0rdfish"}
 	// A bad value in a secret setting: the message names it, not its value.
 	r := runRelay(t, time.Minute, env, "cleanup", "--kafka-sasl-password=", "--kafka-sasl-mechanism=SCRAM-SHA-1")
-	require.Equal(t, 2, r.code)
-	require.Contains(t, r.stderr, "--kafka-sasl-mechanism")
+	require.Equal(t, 2, r.Code)
+	require.Contains(t, r.Stderr, "--kafka-sasl-mechanism")
 
 	// Unreachable database: the error is printed with the DSN redacted.
 	r = runRelay(t, time.Minute, env, "cleanup", "--log-format=json")
-	require.Equal(t, 1, r.code, r.stderr)
-	out := r.stdout + r.stderr
+	require.Equal(t, 1, r.Code, r.Stderr)
+	out := r.Stdout + r.Stderr
 	require.NotContains(t, out, "hunter2")
 	require.NotContains(t, out, "sw0rdfish")
 	require.Contains(t, out, "alice:xxxxx@")
 	// --log-format=json: the log lines are JSON objects with snake_case keys.
 	var logLines int
-	for _, line := range strings.Split(r.stderr, "\n") {
+	for _, line := range strings.Split(r.Stderr, "\n") {
 		if strings.HasPrefix(line, "{") {
 			var m map[string]any
 			require.NoError(t, json.Unmarshal([]byte(line), &m), line)
@@ -97,14 +97,14 @@ func TestSecretsNeverPrinted(t *testing.T) {
 func TestHelpListsEverySetting(t *testing.T) {
 	t.Parallel()
 	r := runRelay(t, time.Minute, nil, "--help")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	opts := &options{}
 	set := newSettings()
 	opts.bind(set, allGroups...)
 	require.Greater(t, len(set.list), 30)
 	for _, st := range set.list {
 		line := ""
-		for _, l := range strings.Split(r.stdout, "\n") {
+		for _, l := range strings.Split(r.Stdout, "\n") {
 			if strings.HasPrefix(strings.TrimSpace(l), "--"+st.name+" ") {
 				line = l
 			}
@@ -114,10 +114,10 @@ func TestHelpListsEverySetting(t *testing.T) {
 		require.Contains(t, line, "default ")
 	}
 	for _, c := range commands {
-		require.Contains(t, r.stdout, c.synopsis)
+		require.Contains(t, r.Stdout, c.synopsis)
 		sub := runRelay(t, time.Minute, nil, c.name, "--help")
-		require.Equal(t, 0, sub.code, sub.stderr)
-		require.Contains(t, sub.stdout, "Usage: relay "+c.synopsis)
+		require.Equal(t, 0, sub.Code, sub.Stderr)
+		require.Contains(t, sub.Stdout, "Usage: relay "+c.synopsis)
 	}
 }
 
@@ -126,10 +126,10 @@ func TestHelpListsEverySetting(t *testing.T) {
 func TestHelpSummariesAreSentences(t *testing.T) {
 	t.Parallel()
 	r := runRelay(t, time.Minute, nil, "--help")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	for _, c := range commands {
 		line := ""
-		for _, l := range strings.Split(r.stdout, "\n") {
+		for _, l := range strings.Split(r.Stdout, "\n") {
 			if strings.HasPrefix(l, "  "+c.synopsis+" ") {
 				line = strings.TrimSpace(strings.TrimPrefix(l, "  "+c.synopsis))
 			}
@@ -158,9 +158,9 @@ func TestFlagBeatsEnv(t *testing.T) {
 func TestVersion(t *testing.T) {
 	t.Parallel()
 	r := runRelay(t, time.Minute, nil, "version")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "relay ")
-	require.Contains(t, r.stdout, "schema "+schemaVersion())
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "relay ")
+	require.Contains(t, r.Stdout, "schema "+schemaVersion())
 	require.NotEqual(t, "none", schemaVersion())
 }
 

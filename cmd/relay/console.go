@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
-	"net/http"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -130,21 +128,7 @@ func (a *app) serveConsole(ctx context.Context, pool *pgxpool.Pool, lk *lazyKafk
 	if err != nil {
 		return nil, usageError("PGBOX_CONSOLE_ADDR (--console-addr) %q: %v", o.Addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	ch := make(chan error, 1)
-	go func() {
-		err := srv.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) {
-			err = nil
-		}
-		ch <- err
-	}()
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
+	ch := serve(ctx, ln, h)
 	a.log.Info("console listening", "addr", ln.Addr().String(), "users", len(auth.Users), "token", auth.Tokens != nil,
 		"proxy_header", auth.ProxyHeader, "hide_payloads", o.HidePayloads)
 	return ch, nil

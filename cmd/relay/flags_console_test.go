@@ -49,7 +49,7 @@ func startConsole(t *testing.T, set setFn, v string, env []string) (*proc, strin
 	p := startRelay(t, e, a...)
 	var addr string
 	waitFor(t, "console listening", time.Minute, func() bool {
-		m := consoleListenRE.FindStringSubmatch(p.output())
+		m := consoleListenRE.FindStringSubmatch(p.Output())
 		if m != nil {
 			addr = m[1]
 		}
@@ -85,14 +85,14 @@ func checkConsoleAddr(t *testing.T, set setFn) {
 	require.Equal(t, 200, code, body)
 	require.Contains(t, body, "unpublished outbox rows")
 	require.Contains(t, body, "anonymous")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 
 	// Not loopback and no authentication: refused before anything starts.
 	db := testdb.New(t)
 	r := runWith(t, set, "0.0.0.0:0", []string{"DATABASE_URL=" + db.URL, "KAFKA_BROKERS=127.0.0.1:1"}, "run")
-	require.Equal(t, 2, r.code, r.stderr)
-	require.Contains(t, r.stderr, "PGBOX_CONSOLE_ADDR (--console-addr)")
-	require.Contains(t, r.stderr, "no authentication")
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "PGBOX_CONSOLE_ADDR (--console-addr)")
+	require.Contains(t, r.Stderr, "no authentication")
 }
 
 func checkConsoleUsers(t *testing.T, set setFn) {
@@ -104,8 +104,8 @@ func checkConsoleUsers(t *testing.T, set setFn) {
 	code, body := consoleGet(t, base+"/", map[string]string{"basic": "vera:" + consolePass})
 	require.Equal(t, 200, code, body)
 	require.Contains(t, body, `vera · <span class="role role-viewer">viewer`)
-	require.NotContains(t, p.output(), "$2a$", "the hashes are never logged")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.NotContains(t, p.Output(), "$2a$", "the hashes are never logged")
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkConsoleToken(t *testing.T, set setFn) {
@@ -116,8 +116,8 @@ func checkConsoleToken(t *testing.T, set setFn) {
 	code, body := consoleGet(t, base+"/", map[string]string{"Authorization": "Bearer " + tok})
 	require.Equal(t, 200, code, body)
 	require.Contains(t, body, "token · ")
-	require.NotContains(t, p.output(), tok, "the token is never logged")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.NotContains(t, p.Output(), tok, "the token is never logged")
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkConsoleOperators(t *testing.T, set setFn) {
@@ -126,7 +126,7 @@ func checkConsoleOperators(t *testing.T, set setFn) {
 	require.Contains(t, body, `otto · <span class="role role-operator">operator`)
 	_, body = consoleGet(t, base+"/", map[string]string{"basic": "vera:" + consolePass})
 	require.Contains(t, body, `vera · <span class="role role-viewer">viewer`)
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkConsoleProxyHeader(t *testing.T, set setFn) {
@@ -136,7 +136,7 @@ func checkConsoleProxyHeader(t *testing.T, set setFn) {
 	code, body := consoleGet(t, base+"/", map[string]string{"X-Auth-User": "olga"})
 	require.Equal(t, 200, code, body)
 	require.Contains(t, body, "olga · ")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkConsoleHidePayloads(t *testing.T, set setFn) {
@@ -148,5 +148,5 @@ func checkConsoleHidePayloads(t *testing.T, set setFn) {
 	require.NotContains(t, body, "4111111111111111")
 	require.NotContains(t, body, "card-key")
 	require.Contains(t, body, "payload display is off")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }

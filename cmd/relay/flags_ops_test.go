@@ -58,9 +58,9 @@ func dead(t *testing.T, db *testdb.DB, consumer, topic string) int64 {
 func listed(t *testing.T, set setFn, v string, db *testdb.DB, what, field string) []string {
 	t.Helper()
 	r := runWith(t, set, v, []string{"DATABASE_URL=" + db.URL}, what, "list", "--json")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var rows []map[string]any
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rows), r.stdout)
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &rows), r.Stdout)
 	var out []string
 	for _, row := range rows {
 		out = append(out, row[field].(string))
@@ -120,11 +120,11 @@ func checkOpsYes(t *testing.T, set setFn) {
 	park(t, db, "junk", time.Hour, "e")
 	env := []string{"DATABASE_URL=" + db.URL}
 	r := runWith(t, set, "false", env, "parked", "discard")
-	require.Equal(t, 2, r.code, "without confirmation discard deletes nothing: %s", r.stderr)
+	require.Equal(t, 2, r.Code, "without confirmation discard deletes nothing: %s", r.Stderr)
 	require.Len(t, listed(t, set, "false", db, "parked", "topic"), 1)
 	r = runWith(t, set, "true", env, "parked", "discard")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "discarded 1 parked row(s)")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "discarded 1 parked row(s)")
 }
 
 func checkOpsConsumer(t *testing.T, set setFn) {
@@ -138,7 +138,7 @@ func checkOpsToTopic(t *testing.T, set setFn) {
 	db := testdb.New(t)
 	id := dead(t, db, "svc", "orders")
 	r := runWith(t, set, "orders.retry", []string{"DATABASE_URL=" + db.URL}, "dead", "replay", strconv.FormatInt(id, 10))
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Equal(t, []string{"orders.retry"}, outboxTopics(t, db))
 }
 
@@ -148,10 +148,10 @@ func checkOpsAgain(t *testing.T, set setFn) {
 	env := []string{"DATABASE_URL=" + db.URL}
 	for _, v := range []string{"false", "false"} {
 		r := runWith(t, set, v, env, "dead", "replay", strconv.FormatInt(id, 10))
-		require.Equal(t, 0, r.code, r.stderr)
+		require.Equal(t, 0, r.Code, r.Stderr)
 	}
 	require.Len(t, outboxTopics(t, db), 1, "a replayed dead letter is not replayed again")
 	r := runWith(t, set, "true", env, "dead", "replay", strconv.FormatInt(id, 10))
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Len(t, outboxTopics(t, db), 2, "--again replays it once more")
 }

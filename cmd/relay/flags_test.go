@@ -164,12 +164,12 @@ func TestFlagBadValues(t *testing.T) {
 				"env":  func() result { return runRelay(t, time.Minute, append(base[:2:2], st.env+"="+bad), cmd) },
 			} {
 				r := run()
-				require.Equal(t, 2, r.code, "%s %s=%q: %s", via, st.name, bad, r.stderr)
-				lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
-				require.Len(t, lines, 1, "%s: one error line: %s", via, r.stderr)
-				require.Contains(t, r.stderr, "--"+st.name, via)
-				require.Contains(t, r.stderr, st.env, via)
-				require.Regexp(t, `must|needs|cannot|be `, r.stderr, "%s: says what is accepted", via)
+				require.Equal(t, 2, r.Code, "%s %s=%q: %s", via, st.name, bad, r.Stderr)
+				lines := strings.Split(strings.TrimSpace(r.Stderr), "\n")
+				require.Len(t, lines, 1, "%s: one error line: %s", via, r.Stderr)
+				require.Contains(t, r.Stderr, "--"+st.name, via)
+				require.Contains(t, r.Stderr, st.env, via)
+				require.Regexp(t, `must|needs|cannot|be `, r.Stderr, "%s: says what is accepted", via)
 			}
 		})
 	}
@@ -181,24 +181,24 @@ func TestRuntimeErrorPrintedOnce(t *testing.T) {
 	t.Parallel()
 	unreachable := []string{"DATABASE_URL=postgres://u@127.0.0.1:1/db"}
 	r := runRelay(t, time.Minute, unreachable, "migrate", "status")
-	require.Equal(t, 1, r.code, r.stderr)
-	require.Len(t, strings.Split(strings.TrimSpace(r.stderr), "\n"), 1, r.stderr)
-	require.Contains(t, r.stderr, "relay migrate: database")
-	require.Empty(t, r.stdout)
+	require.Equal(t, 1, r.Code, r.Stderr)
+	require.Len(t, strings.Split(strings.TrimSpace(r.Stderr), "\n"), 1, r.Stderr)
+	require.Contains(t, r.Stderr, "relay migrate: database")
+	require.Empty(t, r.Stdout)
 
 	r = runRelay(t, time.Minute, unreachable, "migrate", "status", "--log-format=json")
-	require.Equal(t, 1, r.code, r.stderr)
-	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
-	require.Len(t, lines, 1, r.stderr)
+	require.Equal(t, 1, r.Code, r.Stderr)
+	lines := strings.Split(strings.TrimSpace(r.Stderr), "\n")
+	require.Len(t, lines, 1, r.Stderr)
 	var rec map[string]any
 	require.NoError(t, json.Unmarshal([]byte(lines[0]), &rec), lines[0])
 	require.Equal(t, "ERROR", rec["level"])
 
 	db := testdb.Empty(t) // migrations not run
 	r = runRelay(t, time.Minute, []string{"DATABASE_URL=" + db.URL}, "status")
-	require.Equal(t, 1, r.code, r.stderr)
-	require.Len(t, strings.Split(strings.TrimSpace(r.stderr), "\n"), 1, r.stderr)
-	require.Contains(t, r.stderr, "migrate up")
+	require.Equal(t, 1, r.Code, r.Stderr)
+	require.Len(t, strings.Split(strings.TrimSpace(r.Stderr), "\n"), 1, r.Stderr)
+	require.Contains(t, r.Stderr, "migrate up")
 }
 
 func TestUsageMistakesOneLine(t *testing.T) {
@@ -206,8 +206,8 @@ func TestUsageMistakesOneLine(t *testing.T) {
 	db := []string{"DATABASE_URL=postgres://u@127.0.0.1:1/db"}
 	for _, args := range [][]string{{"frobnicate"}, {"status", "--no-such-flag"}, {"migrate"}, {"migrate", "sideways"}, {"status", "extra"}} {
 		r := runRelay(t, time.Minute, db, args...)
-		require.Equal(t, 2, r.code, "%v: %s", args, r.stderr)
-		require.Len(t, strings.Split(strings.TrimSpace(r.stderr), "\n"), 1, "%v: %s", args, r.stderr)
+		require.Equal(t, 2, r.Code, "%v: %s", args, r.Stderr)
+		require.Len(t, strings.Split(strings.TrimSpace(r.Stderr), "\n"), 1, "%v: %s", args, r.Stderr)
 	}
 }
 
@@ -247,15 +247,15 @@ func createOrders(t *testing.T, c *kfake.Cluster) {
 // requireReached: the cleanup report shows what Kafka said of "orders".
 func requireReached(t *testing.T, r result) {
 	t.Helper()
-	require.Equal(t, 0, r.code, r.stderr)
-	row := reportRow(t, r.stdout, "orders")
-	require.Equal(t, []string{"orders", "1h", "10m", "delete"}, row[:4], r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	row := reportRow(t, r.Stdout, "orders")
+	require.Equal(t, []string{"orders", "1h", "10m", "delete"}, row[:4], r.Stdout)
 }
 
 func requireUnreached(t *testing.T, r result) {
 	t.Helper()
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "not pruned this pass: "+string(cleanup.ReasonKafkaUnreachable), r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "not pruned this pass: "+string(cleanup.ReasonKafkaUnreachable), r.Stdout)
 }
 
 // probe is a listener that records the first bytes a Kafka client sends
@@ -320,7 +320,7 @@ func probeCleanup(t *testing.T, set setFn, v string, env ...string) *probe {
 	db := testdb.New(t)
 	seedInbox(t, db, "svc", "orders", time.Hour)
 	r := runWith(t, set, v, append([]string{"DATABASE_URL=" + db.URL, "KAFKA_BROKERS=" + p.addr, "PGBOX_KAFKA_TIMEOUT=2s"}, env...), "cleanup", "--dry-run")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	return p
 }
 
@@ -329,15 +329,15 @@ func probeCleanup(t *testing.T, set setFn, v string, env ...string) *probe {
 func checkDatabaseURL(t *testing.T, set setFn) {
 	db := testdb.New(t)
 	r := runWith(t, set, db.URL, nil, "migrate", "status")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "00001_inbox.sql")
-	require.NotContains(t, r.stdout, "pending", "the test schema is migrated: the URL was used")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "00001_inbox.sql")
+	require.NotContains(t, r.Stdout, "pending", "the test schema is migrated: the URL was used")
 }
 
 func checkSchema(t *testing.T, set setFn) {
 	db := testdb.Empty(t)
 	r := runWith(t, set, db.Schema, []string{"DATABASE_URL=" + testdb.ServerURL(t)}, "migrate", "up")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	require.True(t, tableExists(t, db, "pgbox_outbox"), "tables are created in --schema")
 }
 
@@ -349,7 +349,7 @@ func checkDBMaxConns(t *testing.T, set setFn) {
 	a, e := with(set, "2", runEnv(db, c, "PGBOX_LANES=16", "PGBOX_BATCH_SIZE=5"), "run")
 	e = append(e, "DATABASE_URL="+db.URL+"&application_name="+app)
 	p := startRelay(t, e, a...)
-	p.httpAddr(t)
+	p.HTTPAddr(t)
 	most := 0
 	waitFor(t, "outbox drained", 90*time.Second, func() bool {
 		var n int
@@ -359,7 +359,7 @@ func checkDBMaxConns(t *testing.T, set setFn) {
 	})
 	require.Positive(t, most, "the DSN's application_name is kept")
 	require.LessOrEqual(t, most, 3, "2 pooled connections + the LISTEN connection")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 // --- Kafka ---
@@ -403,11 +403,11 @@ func checkSASL(which string) func(t *testing.T, set setFn) {
 		wrong := map[string]string{"mechanism": "SCRAM-SHA-512", "user": "mallory", "password": "wr0ng"}[which]
 		r := runWith(t, set, wrong, env, "cleanup", "--dry-run")
 		requireUnreached(t, r)
-		require.NotContains(t, r.stdout+r.stderr, pass)
+		require.NotContains(t, r.Stdout+r.Stderr, pass)
 		r = runWith(t, set, right, env, "cleanup", "--dry-run")
-		require.Equal(t, 0, r.code, r.stderr)
-		row := reportRow(t, r.stdout, "orders")
-		require.NotContains(t, strings.Join(row, " "), "unreachable", r.stdout)
+		require.Equal(t, 0, r.Code, r.Stderr)
+		row := reportRow(t, r.Stdout, "orders")
+		require.NotContains(t, strings.Join(row, " "), "unreachable", r.Stdout)
 	}
 }
 
@@ -430,8 +430,8 @@ func checkTLSFile(which string) func(t *testing.T, set setFn) {
 			}
 		}
 		r := runWith(t, set, files[which], env, "cleanup", "--dry-run")
-		require.Equal(t, 0, r.code, r.stderr)
-		require.NotContains(t, r.stdout, "unreachable", "TLS with %s from the setting connects: %s", which, r.stdout)
+		require.Equal(t, 0, r.Code, r.Stderr)
+		require.NotContains(t, r.Stdout, "unreachable", "TLS with %s from the setting connects: %s", which, r.Stdout)
 	}
 }
 
@@ -443,8 +443,8 @@ func checkTLSSkipVerify(t *testing.T, set setFn) {
 	env := []string{"DATABASE_URL=" + db.URL, kafkaEnv(c), "PGBOX_KAFKA_TLS=true"}
 	requireUnreached(t, runWith(t, set, "false", env, "cleanup", "--dry-run"))
 	r := runWith(t, set, "true", env, "cleanup", "--dry-run")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.NotContains(t, r.stdout, "unreachable", r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.NotContains(t, r.Stdout, "unreachable", r.Stdout)
 }
 
 // --- Relay ---
@@ -470,7 +470,7 @@ func startWith(t *testing.T, set setFn, v string, env []string) (*proc, string) 
 	t.Helper()
 	a, e := with(set, v, env, "run")
 	p := startRelay(t, e, a...)
-	return p, "http://" + p.httpAddr(t)
+	return p, "http://" + p.HTTPAddr(t)
 }
 
 func waitReady(t *testing.T, base string) {
@@ -485,7 +485,7 @@ func checkLanes(t *testing.T, set setFn) {
 	_, body := httpGet(t, base+"/readyz")
 	require.Contains(t, body, "holding 3 of 3")
 	require.Len(t, lanes(t, db), 3)
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkInstance(t *testing.T, set setFn) {
@@ -495,7 +495,7 @@ func checkInstance(t *testing.T, set setFn) {
 	for _, l := range lanes(t, db) {
 		require.True(t, strings.HasPrefix(l.owner, "relay-eu-1#"), "owner %q", l.owner)
 	}
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func metricValue(t *testing.T, base, name string) float64 {
@@ -519,7 +519,7 @@ func checkBatchSize(t *testing.T, set setFn) {
 	waitFor(t, "drained", time.Minute, func() bool { return outboxCount(t, db) == 0 })
 	waitFor(t, "published metric", 30*time.Second, func() bool { return metricValue(t, base, "pgbox_relay_published_total") == 40 })
 	require.GreaterOrEqual(t, metricValue(t, base, "pgbox_relay_batches_total"), 4.0, "40 rows in batches of at most 10")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 // notifyRow commits one row whose writer notifies channel.
@@ -558,24 +558,24 @@ func checkPollInterval(t *testing.T, set setFn) {
 	db, p := idleRelay(t, set, "1h", "PGBOX_NO_LISTEN=true")
 	writeRows(t, db, "payments", 0, 1)
 	requireStaysFor(t, db, 3*time.Second)
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 
 	db, p = idleRelay(t, set, "200ms", "PGBOX_NO_LISTEN=true")
 	writeRows(t, db, "payments", 0, 1)
 	waitFor(t, "published by polling", 30*time.Second, func() bool { return outboxCount(t, db) == 0 })
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkNoListen(t *testing.T, set setFn) {
 	db, p := idleRelay(t, set, "true", "PGBOX_POLL_INTERVAL=1h")
 	notifyRow(t, db, outbox.ChannelDefault)
 	requireStaysFor(t, db, 3*time.Second)
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 
 	db, p = idleRelay(t, set, "false", "PGBOX_POLL_INTERVAL=1h")
 	notifyRow(t, db, outbox.ChannelDefault)
 	waitFor(t, "published on NOTIFY", 30*time.Second, func() bool { return outboxCount(t, db) == 0 })
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkChannel(t *testing.T, set setFn) {
@@ -584,7 +584,7 @@ func checkChannel(t *testing.T, set setFn) {
 	requireStaysFor(t, db, 3*time.Second)
 	notifyRow(t, db, "ledger_outbox")
 	waitFor(t, "published on NOTIFY ledger_outbox", 30*time.Second, func() bool { return outboxCount(t, db) == 0 })
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkHeartbeat(t *testing.T, set setFn) {
@@ -597,7 +597,7 @@ func checkHeartbeat(t *testing.T, set setFn) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	require.GreaterOrEqual(t, len(seen), 4, "a heartbeat every 300ms for 3s (the default is 2s)")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkLeaseTTL(t *testing.T, set setFn) {
@@ -605,7 +605,7 @@ func checkLeaseTTL(t *testing.T, set setFn) {
 	for _, l := range lanes(t, db) {
 		require.Greater(t, time.Until(l.expires), 50*time.Minute, "lanes are leased for --lease-ttl")
 	}
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func parkedAttempts(t *testing.T, db *testdb.DB) int {
@@ -624,7 +624,7 @@ func checkMaxAttempts(t *testing.T, set setFn) {
 	writeRows(t, db, "no-such-topic", 0, 1)
 	waitFor(t, "parked", time.Minute, func() bool { return parkedAttempts(t, db) >= 0 })
 	require.Equal(t, 2, parkedAttempts(t, db))
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkMaxBackoff(t *testing.T, set setFn) {
@@ -633,7 +633,7 @@ func checkMaxBackoff(t *testing.T, set setFn) {
 	db, p := idleRelay(t, set, "200ms", "PGBOX_MAX_ATTEMPTS=20", "PGBOX_UNKNOWN_TOPIC_WINDOW=0s")
 	writeRows(t, db, "no-such-topic", 0, 1)
 	waitFor(t, "parked within 45s", 45*time.Second, func() bool { return parkedAttempts(t, db) == 20 })
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkUnknownTopicWindow(t *testing.T, set setFn) {
@@ -644,7 +644,7 @@ func checkUnknownTopicWindow(t *testing.T, set setFn) {
 	writeRows(t, db, "no-such-topic", 0, 1)
 	waitFor(t, "parked within 45s", 45*time.Second, func() bool { return parkedAttempts(t, db) >= 0 })
 	require.Less(t, parkedAttempts(t, db), 1000)
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkKafkaOutageAlert(t *testing.T, set setFn) {
@@ -653,9 +653,9 @@ func checkKafkaOutageAlert(t *testing.T, set setFn) {
 	db := testdb.New(t)
 	p, _ := startWith(t, set, "1s", append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS=127.0.0.1:1"))
 	waitFor(t, "the outage logged at ERROR", 30*time.Second, func() bool {
-		return strings.Contains(p.output(), `level=ERROR msg="Kafka unreachable"`)
+		return strings.Contains(p.Output(), `level=ERROR msg="Kafka unreachable"`)
 	})
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkPartitioner(t *testing.T, set setFn) {
@@ -665,7 +665,7 @@ func checkPartitioner(t *testing.T, set setFn) {
 		writeRows(t, db, "payments", 0, 7) // keys k0..k6
 		a, e := with(set, name, runEnv(db, c), "run")
 		p := startRelay(t, e, a...)
-		p.httpAddr(t)
+		p.HTTPAddr(t)
 		recs := kafkatest.ReadAll(t, c.ListenAddrs(), "payments", 7, time.Minute)
 		pt := part("payments")
 		for _, r := range recs {
@@ -673,7 +673,7 @@ func checkPartitioner(t *testing.T, set setFn) {
 			require.NoError(t, err)
 			require.Equal(t, want, r.Partition, "%s: key %s", name, r.Key)
 		}
-		require.Equal(t, 0, p.stop(t), p.output())
+		require.Equal(t, 0, p.stop(t), p.Output())
 	}
 }
 
@@ -686,7 +686,7 @@ func checkMaxMessageBytes(t *testing.T, set setFn) {
 	waitFor(t, "the 3000-byte row parked", time.Minute, func() bool { return parkedAttempts(t, db) >= 0 })
 	writeRows(t, db, "payments", 0, 1)
 	waitFor(t, "the small row published", time.Minute, func() bool { return outboxCount(t, db) == 1 })
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 // --- Cleanup ---
@@ -695,12 +695,12 @@ func checkCleanupInterval(t *testing.T, set setFn) {
 	db, c := testdb.New(t), kafkatest.New(t)
 	p, base := startWith(t, set, "300ms", runEnv(db, c))
 	waitFor(t, "several cleanup passes", time.Minute, func() bool { return metricValue(t, base, "pgbox_cleanup_passes_total") >= 3 })
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 
 	p, base = startWith(t, set, "0s", runEnv(db, c))
 	waitReady(t, base)
 	require.Equal(t, -1.0, metricValue(t, base, "pgbox_cleanup_passes_total"), "0 disables cleanup in this process")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func cleanupEnv(db *testdb.DB, c *kfake.Cluster) []string {
@@ -711,8 +711,8 @@ func checkCleanupBuffer(t *testing.T, set setFn) {
 	db, c := ordersFixture(t)
 	createOrders(t, c)
 	r := runWith(t, set, "30m", cleanupEnv(db, c), "cleanup", "--dry-run")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Equal(t, "1h40m", reportRow(t, r.stdout, "orders")[4], r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Equal(t, "1h40m", reportRow(t, r.Stdout, "orders")[4], r.Stdout)
 }
 
 func checkCleanupWindow(t *testing.T, set setFn) {
@@ -720,10 +720,10 @@ func checkCleanupWindow(t *testing.T, set setFn) {
 	compact := "compact"
 	kafkatest.CreateTopic(t, c.ListenAddrs(), "orders", 1, map[string]*string{"cleanup.policy": &compact})
 	r := runWith(t, set, "90m", cleanupEnv(db, c), "cleanup", "--dry-run")
-	require.Equal(t, 0, r.code, r.stderr)
-	row := reportRow(t, r.stdout, "orders")
-	require.Equal(t, []string{"1h30m", "1"}, row[4:6], r.stdout)
-	require.Contains(t, r.stdout, "forced window")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	row := reportRow(t, r.Stdout, "orders")
+	require.Equal(t, []string{"1h30m", "1"}, row[4:6], r.Stdout)
+	require.Contains(t, r.Stdout, "forced window")
 }
 
 func passLine(t *testing.T, out string) (took time.Duration, batches int) {
@@ -742,10 +742,10 @@ func checkCleanupBatchSize(t *testing.T, set setFn) {
 	createOrders(t, c)
 	seedInbox(t, db, "svc", "orders", 5*time.Hour, 6*time.Hour, 7*time.Hour, 8*time.Hour)
 	r := runWith(t, set, "2", append(cleanupEnv(db, c), "PGBOX_CLEANUP_BUFFER=1m"), "cleanup")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "5 rows deleted")
-	_, batches := passLine(t, r.stdout)
-	require.GreaterOrEqual(t, batches, 3, "5 keys, at most 2 per batch: %s", r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "5 rows deleted")
+	_, batches := passLine(t, r.Stdout)
+	require.GreaterOrEqual(t, batches, 3, "5 keys, at most 2 per batch: %s", r.Stdout)
 }
 
 func checkCleanupPause(t *testing.T, set setFn) {
@@ -753,10 +753,10 @@ func checkCleanupPause(t *testing.T, set setFn) {
 	createOrders(t, c)
 	seedInbox(t, db, "svc", "orders", 5*time.Hour, 6*time.Hour)
 	r := runWith(t, set, "1s", append(cleanupEnv(db, c), "PGBOX_CLEANUP_BUFFER=1m", "PGBOX_CLEANUP_BATCH_SIZE=1"), "cleanup")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "3 rows deleted")
-	took, _ := passLine(t, r.stdout)
-	require.GreaterOrEqual(t, took, 2*time.Second, "3 batches of one key, 1s pause between them: %s", r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "3 rows deleted")
+	took, _ := passLine(t, r.Stdout)
+	require.GreaterOrEqual(t, took, 2*time.Second, "3 batches of one key, 1s pause between them: %s", r.Stdout)
 }
 
 func checkKeep(name, table string) func(t *testing.T, set setFn) {
@@ -764,19 +764,19 @@ func checkKeep(name, table string) func(t *testing.T, set setFn) {
 		db, c := ordersFixture(t)
 		createOrders(t, c)
 		r := runWith(t, set, "50h", cleanupEnv(db, c), "cleanup", "--dry-run")
-		require.Equal(t, 0, r.code, r.stderr)
+		require.Equal(t, 0, r.Code, r.Stderr)
 		var row []string
-		for _, line := range strings.Split(r.stdout, "\n") {
+		for _, line := range strings.Split(r.Stdout, "\n") {
 			if strings.HasPrefix(line, table+" ") {
 				row = strings.Fields(strings.TrimPrefix(line, table))
 			}
 		}
-		require.NotNil(t, row, "no %s row: %s", table, r.stdout)
-		require.Equal(t, "2d2h", row[0], "--%s 50h: %s", name, r.stdout)
+		require.NotNil(t, row, "no %s row: %s", table, r.Stdout)
+		require.Equal(t, "2d2h", row[0], "--%s 50h: %s", name, r.Stdout)
 		if name == "keep-parked" {
 			r = runWith(t, set, "forever", cleanupEnv(db, c), "cleanup", "--dry-run")
-			require.Equal(t, 0, r.code, r.stderr)
-			require.NotContains(t, r.stdout, table, "forever: parked rows are not pruned")
+			require.Equal(t, 0, r.Code, r.Stderr)
+			require.NotContains(t, r.Stdout, table, "forever: parked rows are not pruned")
 		}
 	}
 }
@@ -786,12 +786,12 @@ func checkDryRun(t *testing.T, set setFn) {
 	createOrders(t, c)
 	env := append(cleanupEnv(db, c), "PGBOX_CLEANUP_BUFFER=1m")
 	r := runWith(t, set, "true", env, "cleanup")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "would delete 1 rows (1 inbox keys, 0 other rows)", "the dry run prints its totals")
-	require.Regexp(t, `(?m)^TOTAL\s+1\s+0\s+1\s*$`, r.stdout, "total, by exact rule, by time rule")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "would delete 1 rows (1 inbox keys, 0 other rows)", "the dry run prints its totals")
+	require.Regexp(t, `(?m)^TOTAL\s+1\s+0\s+1\s*$`, r.Stdout, "total, by exact rule, by time rule")
 	require.Equal(t, 2, inboxKeys(t, db))
 	r = runWith(t, set, "false", env, "cleanup")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Equal(t, 1, inboxKeys(t, db))
 }
 
@@ -813,28 +813,28 @@ func checkHTTPAddr(t *testing.T, set setFn) {
 	require.Equal(t, "http://"+addr, base)
 	code, _ := httpGet(t, base+"/healthz")
 	require.Equal(t, 200, code)
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 
 	a, e := with(set, "", runEnv(db, c), "run")
 	p = startRelay(t, e, a...)
-	waitFor(t, "relay running", time.Minute, func() bool { return strings.Contains(p.output(), "relay running") })
-	require.NotContains(t, p.output(), "http listening", "empty: no HTTP server")
-	require.Equal(t, 0, p.stop(t), p.output())
+	waitFor(t, "relay running", time.Minute, func() bool { return strings.Contains(p.Output(), "relay running") })
+	require.NotContains(t, p.Output(), "http listening", "empty: no HTTP server")
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
 func checkJSON(t *testing.T, set setFn) {
 	db := testdb.New(t)
 	r := runWith(t, set, "true", []string{"DATABASE_URL=" + db.URL}, "status")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var m map[string]any
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &m), r.stdout)
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &m), r.Stdout)
 }
 
 func checkLogFormat(t *testing.T, set setFn) {
 	db := testdb.New(t)
 	r := runWith(t, set, "json", []string{"DATABASE_URL=" + db.URL, "PGBOX_LOG_LEVEL=debug"}, "migrate", "status")
-	require.Equal(t, 0, r.code, r.stderr)
-	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	lines := strings.Split(strings.TrimSpace(r.Stderr), "\n")
 	require.NotEmpty(t, lines[0])
 	for _, l := range lines {
 		var m map[string]any
@@ -846,17 +846,17 @@ func checkLogLevel(t *testing.T, set setFn) {
 	db := testdb.New(t)
 	env := []string{"DATABASE_URL=" + db.URL}
 	r := runWith(t, set, "debug", env, "migrate", "status")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stderr, "level=DEBUG")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "level=DEBUG")
 	r = runWith(t, set, "info", env, "migrate", "status")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.NotContains(t, r.stderr, "level=DEBUG")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.NotContains(t, r.Stderr, "level=DEBUG")
 }
 
 func checkShutdownTimeout(t *testing.T, set setFn) {
 	db, c := testdb.New(t), kafkatest.New(t)
 	p, _ := startWith(t, set, "7s", runEnv(db, c))
-	require.Equal(t, 0, p.stop(t), p.output())
-	require.Contains(t, p.output(), "shutdown_timeout=7s", "the effective setting is logged at start")
-	require.Contains(t, p.output(), `msg="shutting down" deadline=7s`)
+	require.Equal(t, 0, p.stop(t), p.Output())
+	require.Contains(t, p.Output(), "shutdown_timeout=7s", "the effective setting is logged at start")
+	require.Contains(t, p.Output(), `msg="shutting down" deadline=7s`)
 }

@@ -191,7 +191,16 @@ func serveHTTP(ctx context.Context, addr string, m *metrics, ready *readiness, l
 	if err != nil {
 		return "", nil, usageError("PGBOX_HTTP_ADDR (--http-addr) %q: %v", addr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	ch := serve(ctx, ln, mux)
+	log.Info("http listening", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
+	return ln.Addr().String(), ch, nil
+}
+
+// serve serves h on ln until ctx ends, then shuts the server down (requests
+// in flight get 2s to finish). The channel receives Serve's error: nil once
+// the server was shut down.
+func serve(ctx context.Context, ln net.Listener, h http.Handler) <-chan error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	ch := make(chan error, 1)
 	go func() {
 		err := srv.Serve(ln)
@@ -206,6 +215,5 @@ func serveHTTP(ctx context.Context, addr string, m *metrics, ready *readiness, l
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	log.Info("http listening", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
-	return ln.Addr().String(), ch, nil
+	return ch
 }

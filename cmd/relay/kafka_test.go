@@ -194,7 +194,7 @@ func TestRunRefusedLoginLogsNoSecret(t *testing.T) {
 				env = append(env, "PGBOX_KAFKA_TLS_CA="+k.TLSCA, "PGBOX_KAFKA_TLS_CERT="+k.TLSCert, "PGBOX_KAFKA_TLS_KEY="+k.TLSKey)
 			}
 			p := startRelay(t, env, "run")
-			base := "http://" + p.httpAddr(t)
+			base := "http://" + p.HTTPAddr(t)
 			// /readyz answers within 3s; a slow machine may answer "deadline
 			// exceeded" before the broker's refusal is in: ask again.
 			var ready readyReport
@@ -208,10 +208,10 @@ func TestRunRefusedLoginLogsNoSecret(t *testing.T) {
 			})
 			require.Contains(t, ready.Kafka, "check the SASL mechanism, user and password")
 			waitFor(t, "the relay to log a failed connection", time.Minute, func() bool {
-				return strings.Contains(p.output(), "connect to Kafka failed")
+				return strings.Contains(p.Output(), "connect to Kafka failed")
 			})
-			require.Equal(t, 0, p.stop(t), p.output())
-			out := p.output() + body
+			require.Equal(t, 0, p.stop(t), p.Output())
+			out := p.Output() + body
 			require.Contains(t, out, "kafka_sasl_password=(redacted)")
 			require.NotContains(t, out, right)
 			require.NotContains(t, out, wrong)

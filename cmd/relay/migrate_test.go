@@ -55,31 +55,31 @@ func TestMigrateDownRefuses(t *testing.T) {
 	env := []string{"DATABASE_URL=" + db.URL}
 
 	r := runRelay(t, time.Minute, env, "migrate", "down", "--yes")
-	require.Equal(t, 2, r.code, r.stderr)
-	require.Contains(t, r.stderr, "relay-7")
-	require.Contains(t, r.stderr, "--force")
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "relay-7")
+	require.Contains(t, r.Stderr, "--force")
 	require.True(t, tableExists(t, db, "pgbox_relay_instances"), "nothing rolled back")
 
 	r = runRelay(t, time.Minute, env, "migrate", "down", "--force")
-	require.Equal(t, 2, r.code, "the step drops the relay's registrations: %s", r.stderr)
-	require.Contains(t, r.stderr, "1 relay instance (pgbox_relay_instances)")
-	require.Contains(t, r.stderr, "--yes")
+	require.Equal(t, 2, r.Code, "the step drops the relay's registrations: %s", r.Stderr)
+	require.Contains(t, r.Stderr, "1 relay instance (pgbox_relay_instances)")
+	require.Contains(t, r.Stderr, "--yes")
 	require.True(t, tableExists(t, db, "pgbox_relay_instances"))
 
 	r = runRelay(t, time.Minute, env, "migrate", "down", "--force", "--yes")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "rolled back 00003_relay.sql")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "rolled back 00003_relay.sql")
 	require.False(t, tableExists(t, db, "pgbox_relay_instances"))
 
 	// The outbox holds 3 unpublished rows: one line says so and exits 2.
 	r = runRelay(t, time.Minute, env, "migrate", "down")
-	require.Equal(t, 2, r.code, r.stderr)
-	require.Contains(t, r.stderr, "rolling back 00002_outbox.sql would drop 3 outbox rows (pgbox_outbox): add --yes to confirm")
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "rolling back 00002_outbox.sql would drop 3 outbox rows (pgbox_outbox): add --yes to confirm")
 	require.Equal(t, 3, outboxCount(t, db))
 
 	r = runRelay(t, time.Minute, env, "migrate", "down", "--yes")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "dropped 3 outbox rows")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "dropped 3 outbox rows")
 	require.False(t, tableExists(t, db, "pgbox_outbox"))
 	require.True(t, tableExists(t, db, "pgbox_inbox"), "one step per run")
 }
@@ -90,8 +90,8 @@ func TestMigrateMissingSchema(t *testing.T) {
 	env := []string{"DATABASE_URL=" + testdb.ServerURL(t), "PGBOX_SCHEMA=pgbox_no_such_schema"}
 	for _, action := range []string{"status", "up", "down"} {
 		r := runRelay(t, time.Minute, env, "migrate", action)
-		require.Equal(t, 1, r.code, r.stderr)
-		require.Contains(t, r.stderr, `schema "pgbox_no_such_schema" (PGBOX_SCHEMA, --schema) does not exist`, action)
+		require.Equal(t, 1, r.Code, r.Stderr)
+		require.Contains(t, r.Stderr, `schema "pgbox_no_such_schema" (PGBOX_SCHEMA, --schema) does not exist`, action)
 	}
 }
 
@@ -100,10 +100,10 @@ func checkMigrateForce(t *testing.T, set setFn) {
 	registerRelay(t, db, "relay-live")
 	env := []string{"DATABASE_URL=" + db.URL}
 	r := runWith(t, set, "false", env, "migrate", "down", "--yes")
-	require.Equal(t, 2, r.code, "a live relay refuses the step: %s", r.stderr)
+	require.Equal(t, 2, r.Code, "a live relay refuses the step: %s", r.Stderr)
 	r = runWith(t, set, "true", env, "migrate", "down", "--yes")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "rolled back "+newestMigration(t))
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "rolled back "+newestMigration(t))
 }
 
 // newestMigration is the file name of the newest migration: the step

@@ -67,7 +67,7 @@ func startConsumer(t *testing.T, db *testdb.DB, brokers []string, fixed *atomic.
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO effects (value) VALUES ($1)`, string(m.Value))
 		return err
-	}, inboxsarama.Config{MaxAttempts: 2, RetryBackoff: inboxsarama.NoRetryBackoff})
+	}, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{MaxAttempts: 2, RetryBackoff: inboxsarama.NoRetryBackoff}})
 	require.NoError(t, err)
 	group, err := sarama.NewConsumerGroup(brokers, "payments-svc", kafkatest.Config())
 	require.NoError(t, err)
@@ -134,33 +134,33 @@ func TestOperatorCommandsWhileRunning(t *testing.T) {
 	waitFor(t, "rows parked", 60*time.Second, func() bool { return parkedCount(t, db, "late.v1") == 1 && parkedCount(t, db, "junk.v1") == 1 })
 
 	r := ops("parked", "list", "--json", "--topic", "late.v1")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var parked []inspect.ParkedMessage
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &parked))
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &parked))
 	require.Len(t, parked, 1)
 	require.Contains(t, parked[0].LastError, "does not exist")
 	require.EqualValues(t, 4, parked[0].Held)
 
 	r = ops("parked", "discard", "--topic", "junk.v1")
-	require.Equal(t, 2, r.code, "discard without --yes deletes nothing and exits 2")
-	require.Contains(t, r.stdout, "would discard 1 parked row(s)")
-	require.Equal(t, 1, strings.Count(r.stderr, "--yes"), r.stderr)
+	require.Equal(t, 2, r.Code, "discard without --yes deletes nothing and exits 2")
+	require.Contains(t, r.Stdout, "would discard 1 parked row(s)")
+	require.Equal(t, 1, strings.Count(r.Stderr, "--yes"), r.Stderr)
 	require.Equal(t, 1, parkedCount(t, db, "junk.v1"))
 	r = ops("parked", "discard", "--topic", "junk.v1", "--yes")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Equal(t, "discarded 1 parked row(s)\n", r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Equal(t, "discarded 1 parked row(s)\n", r.Stdout)
 	r = ops("parked", "discard", "--topic", "junk.v1", "--yes", "--json")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.JSONEq(t, `{"discarded": 0}`, r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.JSONEq(t, `{"discarded": 0}`, r.Stdout)
 
 	kafkatest.CreateTopic(t, brokers, "late.v1", 3, nil)
 	r = ops("parked", "retry", "--topic", "late.v1", "--json")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.JSONEq(t, `{"retried": 1}`, r.stdout)
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.JSONEq(t, `{"retried": 1}`, r.Stdout)
 	require.Len(t, eventIDs(t, c, "late.v1", 5), 5, "the retried row, then the four it held")
 	r = ops("parked", "retry", "--topic", "late.v1", "--json")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.JSONEq(t, `{"retried": 0}`, r.stdout, "twice = once")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.JSONEq(t, `{"retried": 0}`, r.Stdout, "twice = once")
 	recs := kafkatest.ReadAll(t, brokers, "late.v1", 5, 60*time.Second)
 	var got []string
 	for _, m := range recs {
@@ -178,9 +178,9 @@ func TestOperatorCommandsWhileRunning(t *testing.T) {
 		return cons.h.Stats().DeadLettered == 1 && e["a"] == 1 && e["b"] == 1
 	})
 	r = ops("dead", "list", "--json", "--consumer", "payments-svc", "--topic", "orders")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var dead []inspect.DeadLetter
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &dead))
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &dead))
 	require.Len(t, dead, 1)
 	require.True(t, dead[0].Replayable)
 	require.Contains(t, dead[0].Error, `cannot pay "poison"`)
@@ -188,25 +188,25 @@ func TestOperatorCommandsWhileRunning(t *testing.T) {
 
 	fixed.Store(true)
 	r = ops("dead", "replay", id)
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "replayed to orders")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "replayed to orders")
 	waitFor(t, "replay processed", 60*time.Second, func() bool { return effects(t, db)["poison"] == 1 })
 
 	r = ops("dead", "replay", id, "--json")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, `"skipped": true`, "a second replay is a no-op")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, `"skipped": true`, "a second replay is a no-op")
 
 	// Bad input: exit 2 for usage, 1 for an unknown id; the error printed once.
 	r = ops("dead", "replay", "999999")
-	require.Equal(t, 1, r.code)
-	require.Equal(t, 1, strings.Count(r.stderr, "999999"), r.stderr)
-	require.Contains(t, r.stderr, "no such dead letter")
+	require.Equal(t, 1, r.Code)
+	require.Equal(t, 1, strings.Count(r.Stderr, "999999"), r.Stderr)
+	require.Contains(t, r.Stderr, "no such dead letter")
 	r = ops("dead", "replay", "abc")
-	require.Equal(t, 2, r.code)
-	require.Contains(t, r.stderr, `"abc"`)
+	require.Equal(t, 2, r.Code)
+	require.Contains(t, r.Stderr, `"abc"`)
 	r = ops("dead", "list", "--older-than", "banana")
-	require.Equal(t, 2, r.code)
-	require.Contains(t, r.stderr, "--older-than")
+	require.Equal(t, 2, r.Code)
+	require.Contains(t, r.Stderr, "--older-than")
 
 	// Rewind the group over everything: the original poison (its key was
 	// recorded when dead-lettered) and the replay (its own key) are duplicates.

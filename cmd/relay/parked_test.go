@@ -43,17 +43,17 @@ func TestParkedUnknownIDFails(t *testing.T) {
 		{"parked", "discard", "--yes", missing},
 	} {
 		r := runRelay(t, time.Minute, env, args...)
-		require.Equal(t, 1, r.code, "%v: %s", args, r.stdout)
-		require.Contains(t, r.stderr, "no such parked row "+missing, args)
+		require.Equal(t, 1, r.Code, "%v: %s", args, r.Stdout)
+		require.Contains(t, r.Stderr, "no such parked row "+missing, args)
 		require.Equal(t, ids, parkedIDList(t, db), "%v changed nothing", args)
 	}
 	r := runRelay(t, time.Minute, env, "dead", "replay", missing)
-	require.Equal(t, 1, r.code, r.stdout)
-	require.Contains(t, r.stderr, "no such dead letter")
+	require.Equal(t, 1, r.Code, r.Stdout)
+	require.Contains(t, r.Stderr, "no such dead letter")
 
 	r = runRelay(t, time.Minute, env, "parked", "retry", strconv.FormatInt(ids[0], 10))
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "retried 1 parked row(s)")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "retried 1 parked row(s)")
 	require.Empty(t, parkedIDList(t, db))
 }
 
@@ -67,13 +67,13 @@ func TestDiscardPreviewRespectsLimit(t *testing.T) {
 	}
 	env := []string{"DATABASE_URL=" + db.URL}
 	r := runRelay(t, time.Minute, env, "parked", "discard", "--limit=2")
-	require.Equal(t, 2, r.code, r.stderr)
-	require.Contains(t, r.stdout, "would discard 3 parked row(s) (2 shown: --limit)")
-	require.Contains(t, r.stderr, "add --yes to delete the 3 row(s) selected (2 shown: --limit)")
-	require.NotContains(t, r.stderr, "3 row(s) shown")
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "would discard 3 parked row(s) (2 shown: --limit)")
+	require.Contains(t, r.Stderr, "add --yes to delete the 3 row(s) selected (2 shown: --limit)")
+	require.NotContains(t, r.Stderr, "3 row(s) shown")
 
 	r = runRelay(t, time.Minute, env, "parked", "discard")
-	require.Equal(t, 2, r.code, r.stderr)
-	require.Contains(t, r.stdout, "would discard 3 parked row(s)\n")
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "would discard 3 parked row(s)\n")
 	require.Len(t, parkedIDList(t, db), 3)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -31,71 +29,18 @@ import (
 )
 
 // proc is a running `relay run` whose stderr is watched.
-type proc struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	logs strings.Builder
-	addr chan string
-	done chan struct{}
-	err  error
-}
+type proc struct{ *testutil.Proc }
 
 var listenRE = regexp.MustCompile(`msg="http listening" addr=(\S+)`)
 
 // startRelay starts the binary with args; the HTTP server listens on a free
-// loopback port, returned by proc.httpAddr.
+// loopback port, returned by proc.HTTPAddr.
 func startRelay(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(relayBin, args...)
-	cmd.Env = append(cleanEnv(), env...)
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
+	cmd.Env = append(testutil.CleanEnv(), env...)
 	cmd.Stdout = io.Discard
-	require.NoError(t, cmd.Start())
-	p := &proc{cmd: cmd, addr: make(chan string, 1), done: make(chan struct{})}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.logs.WriteString(line + "\n")
-			p.mu.Unlock()
-			if m := listenRE.FindStringSubmatch(line); m != nil {
-				p.addr <- m[1]
-			}
-		}
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	return p
-}
-
-func (p *proc) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.logs.String()
-}
-
-func (p *proc) httpAddr(t *testing.T) string {
-	t.Helper()
-	select {
-	case a := <-p.addr:
-		return a
-	case <-p.done:
-		t.Fatalf("relay exited before listening: %v\n%s", p.err, p.output())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("relay did not start listening\n%s", p.output())
-	}
-	return ""
+	return &proc{testutil.StartProc(t, cmd, listenRE)}
 }
 
 // stop sends SIGTERM and returns the exit code.
@@ -107,13 +52,13 @@ func (p *proc) stop(t *testing.T) int {
 // signal sends sig and returns the exit code.
 func (p *proc) signal(t *testing.T, sig os.Signal) int {
 	t.Helper()
-	require.NoError(t, p.cmd.Process.Signal(sig))
+	require.NoError(t, p.Cmd.Process.Signal(sig))
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("relay did not exit after SIGTERM\n%s", p.output())
+		t.Fatalf("relay did not exit after SIGTERM\n%s", p.Output())
 	}
-	return p.cmd.ProcessState.ExitCode()
+	return p.Cmd.ProcessState.ExitCode()
 }
 
 func httpGet(t *testing.T, url string) (int, string) {
@@ -186,7 +131,7 @@ func TestRunPublishesServesMetricsAndStops(t *testing.T) {
 	writeRows(t, db, "payments", 0, 50)
 
 	p := startRelay(t, runEnv(db, c, "PGBOX_LOG_FORMAT=text", "PGBOX_MAX_ATTEMPTS=2", "PGBOX_MAX_BACKOFF=300ms", "PGBOX_UNKNOWN_TOPIC_WINDOW=0s"), "run")
-	base := "http://" + p.httpAddr(t)
+	base := "http://" + p.HTTPAddr(t)
 
 	code, body := httpGet(t, base+"/healthz")
 	require.Equal(t, 200, code)
@@ -215,9 +160,9 @@ func TestRunPublishesServesMetricsAndStops(t *testing.T) {
 	}
 	// status sees this instance holding every lane.
 	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + db.URL}, "status", "--json")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var st inspect.Snapshot
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st))
 	require.Len(t, st.Instances, 1)
 	require.True(t, st.Instances[0].Live)
 	require.Len(t, st.Lanes, 4)
@@ -233,8 +178,8 @@ func TestRunPublishesServesMetricsAndStops(t *testing.T) {
 		return strings.Contains(m, `pgbox_outbox_parked_rows{topic="no-such-topic"} 1`) && strings.Contains(m, "pgbox_relay_parked_total 1")
 	})
 
-	require.Equal(t, 0, p.stop(t), p.output())
-	require.Contains(t, p.output(), "relay stopped")
+	require.Equal(t, 0, p.stop(t), p.Output())
+	require.Contains(t, p.Output(), "relay stopped")
 }
 
 func TestRunNotReadyWithoutKafka(t *testing.T) {
@@ -248,16 +193,16 @@ func TestRunNotReadyWithoutKafka(t *testing.T) {
 	env := append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS=127.0.0.1:1", // nothing listens on port 1
 		"DATABASE_URL="+u.String(), "PGBOX_KAFKA_SASL_MECHANISM=PLAIN", "PGBOX_KAFKA_SASL_USER=u", "PGBOX_KAFKA_SASL_PASSWORD=sasl-s3cret")
 	p := startRelay(t, env, "run")
-	base := "http://" + p.httpAddr(t)
+	base := "http://" + p.HTTPAddr(t)
 	code, _ := httpGet(t, base+"/healthz")
 	require.Equal(t, 200, code, "the process is up")
 	code, body := httpGet(t, base+"/readyz")
 	require.Equal(t, 503, code, body)
 	require.Contains(t, body, `"kafka":"unreachable`)
-	require.Equal(t, 0, p.signal(t, os.Interrupt), "SIGINT stops it cleanly too: %s", p.output())
-	require.Contains(t, p.output(), ":xxxxx@", "the startup line shows the DSN, redacted")
-	require.Contains(t, p.output(), `kafka_sasl_password=(redacted)`)
-	require.NotContains(t, p.output(), "s3cret")
+	require.Equal(t, 0, p.signal(t, os.Interrupt), "SIGINT stops it cleanly too: %s", p.Output())
+	require.Contains(t, p.Output(), ":xxxxx@", "the startup line shows the DSN, redacted")
+	require.Contains(t, p.Output(), `kafka_sasl_password=(redacted)`)
+	require.NotContains(t, p.Output(), "s3cret")
 }
 
 // TestRunSIGTERMUnderLoad stops the relay while writers keep committing rows:
@@ -309,12 +254,12 @@ func TestRunSIGTERMUnderLoad(t *testing.T) {
 	// publishes.
 	for run := range 3 {
 		p := startRelay(t, env, "run")
-		p.httpAddr(t)
+		p.HTTPAddr(t)
 		floor := published()
 		waitFor(t, "the relay publishing", 90*time.Second, func() bool { return published() > floor+100 })
 		code := p.stop(t)
-		require.Equal(t, 0, code, "run %d: SIGTERM under load must exit cleanly within the deadline\n%s", run, p.output())
-		require.Contains(t, p.output(), "shutting down")
+		require.Equal(t, 0, code, "run %d: SIGTERM under load must exit cleanly within the deadline\n%s", run, p.Output())
+		require.Contains(t, p.Output(), "shutting down")
 	}
 	close(stopWriting)
 	require.NoError(t, <-writerErr)
@@ -323,11 +268,11 @@ func TestRunSIGTERMUnderLoad(t *testing.T) {
 
 	// Restart: everything written reaches Kafka, each row at least once.
 	p2 := startRelay(t, env, "run")
-	p2.httpAddr(t)
+	p2.HTTPAddr(t)
 	waitFor(t, "outbox drained after restart", 120*time.Second, func() bool { return outboxCount(t, db) == 0 })
 	ids := eventIDs(t, c, "load", total)
 	require.Len(t, ids, total, "every committed row reached Kafka")
-	require.Equal(t, 0, p2.stop(t), p2.output())
+	require.Equal(t, 0, p2.stop(t), p2.Output())
 }
 
 // TestRunLaneCountMismatchExits: a second instance started with another
@@ -338,11 +283,11 @@ func TestRunLaneCountMismatchExits(t *testing.T) {
 	db := testdb.New(t)
 	c := kafkatest.New(t, kfake.SeedTopics(1, "payments"))
 	a := startRelay(t, runEnv(db, c), "run")
-	base := "http://" + a.httpAddr(t)
+	base := "http://" + a.HTTPAddr(t)
 	waitFor(t, "first instance ready", 30*time.Second, func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
 
 	r := runRelay(t, time.Minute, runEnv(db, c, "PGBOX_LANES=8"), "run")
-	require.Equal(t, 1, r.code, r.stderr)
-	require.Contains(t, r.stderr, "lane count")
-	require.Equal(t, 0, a.stop(t), a.output())
+	require.Equal(t, 1, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "lane count")
+	require.Equal(t, 0, a.stop(t), a.Output())
 }

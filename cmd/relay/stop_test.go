@@ -1,9 +1,7 @@
 package main
 
 import (
-	"net"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,45 +18,22 @@ import (
 // and exit 1, when Kubernetes SIGKILLs a pod with the default grace period).
 func TestRunSIGTERMWhileBrokerHangs(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-	})
-	accepted := func() int { mu.Lock(); defer mu.Unlock(); return len(conns) }
+	addr, accepted := kafkatest.HangingBroker(t)
 
 	db := testdb.New(t)
 	writeRows(t, db, "payments", 0, 5)
 	const shutdown = 10 * time.Second
-	env := append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS="+ln.Addr().String(),
+	env := append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS="+addr,
 		"PGBOX_KAFKA_TIMEOUT=10s", "PGBOX_SHUTDOWN_TIMEOUT="+shutdown.String())
 	p := startRelay(t, env, "run")
-	p.httpAddr(t)
+	p.HTTPAddr(t)
 	waitFor(t, "connections to the hanging broker", 30*time.Second, func() bool { return accepted() > 0 })
 
 	sent := time.Now()
 	code := p.signal(t, syscall.SIGTERM)
 	took := time.Since(sent)
-	require.Equal(t, 0, code, p.output())
-	require.Less(t, took, shutdown, p.output())
+	require.Equal(t, 0, code, p.Output())
+	require.Less(t, took, shutdown, p.Output())
 	t.Logf("exited %s after SIGTERM", took)
 }
 
@@ -69,13 +44,13 @@ func TestStatusShowsRelayWithoutKafka(t *testing.T) {
 	db := testdb.New(t)
 	env := append(runEnv(db, kafkatest.New(t)), "KAFKA_BROKERS=127.0.0.1:1") // nothing listens on port 1
 	p := startRelay(t, env, "run")
-	p.httpAddr(t)
+	p.HTTPAddr(t)
 	var out string
 	waitFor(t, "status shows the instance", 30*time.Second, func() bool {
 		r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + db.URL}, "status")
-		out = r.stdout
-		return r.code == 0 && strings.Contains(out, "running, Kafka unreachable since")
+		out = r.Stdout
+		return r.Code == 0 && strings.Contains(out, "running, Kafka unreachable since")
 	})
 	require.NotContains(t, out, "none running")
-	require.Equal(t, 0, p.stop(t), p.output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }

@@ -32,48 +32,48 @@ func TestMigrateUpStatusDown(t *testing.T) {
 	env := []string{"DATABASE_URL=" + testdb.ServerURL(t), "PGBOX_SCHEMA=" + db.Schema}
 
 	r := runRelay(t, time.Minute, env, "migrate", "status")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "pending")
-	require.NotContains(t, r.stdout, "applied")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "pending")
+	require.NotContains(t, r.Stdout, "applied")
 	require.False(t, tableExists(t, db, "pgbox_migrations"), "status on an unmigrated database creates nothing")
 
 	r = runRelay(t, time.Minute, env, "migrate", "up")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "version "+schemaVersion())
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "version "+schemaVersion())
 	for _, tbl := range []string{"pgbox_inbox", "pgbox_outbox", "pgbox_relay_lanes"} {
 		require.True(t, tableExists(t, db, tbl), tbl)
 	}
 
 	r = runRelay(t, time.Minute, env, "migrate", "status")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.NotContains(t, r.stdout, "pending")
-	require.Contains(t, r.stdout, "00001_inbox.sql")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.NotContains(t, r.Stdout, "pending")
+	require.Contains(t, r.Stdout, "00001_inbox.sql")
 
 	r = runRelay(t, time.Minute, env, "migrate", "up")
-	require.Equal(t, 0, r.code, "up twice is a no-op: %s", r.stderr)
+	require.Equal(t, 0, r.Code, "up twice is a no-op: %s", r.Stderr)
 
 	// down rolls back one version per run.
 	r = runRelay(t, time.Minute, env, "migrate", "down")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "rolled back "+newestMigration(t))
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "rolled back "+newestMigration(t))
 	require.True(t, tableExists(t, db, "pgbox_inbox"))
 	r = runRelay(t, time.Minute, env, "migrate", "status")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	v := migrationVersions(t)
-	require.Regexp(t, fmt.Sprintf(`(?m)^%d\s+pending`, v[len(v)-1]), r.stdout)
-	require.Regexp(t, fmt.Sprintf(`(?m)^%d\s+applied`, v[len(v)-2]), r.stdout)
+	require.Regexp(t, fmt.Sprintf(`(?m)^%d\s+pending`, v[len(v)-1]), r.Stdout)
+	require.Regexp(t, fmt.Sprintf(`(?m)^%d\s+applied`, v[len(v)-2]), r.Stdout)
 
 	for tableExists(t, db, "pgbox_inbox") {
 		r = runRelay(t, time.Minute, env, "migrate", "down")
-		require.Equal(t, 0, r.code, r.stderr)
+		require.Equal(t, 0, r.Code, r.Stderr)
 	}
 	require.False(t, tableExists(t, db, "pgbox_outbox"))
 	r = runRelay(t, time.Minute, env, "migrate", "down")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "nothing to roll back")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "nothing to roll back")
 
 	r = runRelay(t, time.Minute, env, "migrate", "up")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	require.True(t, tableExists(t, db, "pgbox_outbox"))
 }
 
@@ -81,8 +81,8 @@ func TestStatusWithoutSchemaSaysMigrate(t *testing.T) {
 	t.Parallel()
 	db := testdb.Empty(t)
 	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + db.URL}, "status")
-	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stderr, "relay migrate up")
+	require.Equal(t, 1, r.Code)
+	require.Contains(t, r.Stderr, "relay migrate up")
 }
 
 // seedInbox adds keys for topic "orders" received age ago.
@@ -120,9 +120,9 @@ func TestCleanupAndStatusCommands(t *testing.T) {
 
 	// status: the overdue keys show a negative margin against the cutoff.
 	r := runRelay(t, time.Minute, env, "status", "--json")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	var st inspect.Snapshot
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
+	require.NoError(t, json.Unmarshal([]byte(r.Stdout), &st), r.Stdout)
 	require.EqualValues(t, 3, st.Outbox.Unpublished)
 	require.NotNil(t, st.Outbox.OldestAge)
 	require.Len(t, st.Inbox, 2)
@@ -138,28 +138,28 @@ func TestCleanupAndStatusCommands(t *testing.T) {
 	require.Contains(t, byTopic["ledger"].Note, string(cleanup.ReasonInfiniteRetention))
 
 	r = runRelay(t, time.Minute, env, "status")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	for _, want := range []string{"OUTBOX: 3 unpublished, 0 parked", "payments", "INBOX", "orders", "2h10m", "never pruned by time: " + string(cleanup.ReasonInfiniteRetention)} {
-		require.Contains(t, r.stdout, want)
+		require.Contains(t, r.Stdout, want)
 	}
 
 	// A dry run counts and deletes nothing.
 	r = runRelay(t, time.Minute, env, "cleanup", "--dry-run")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "WOULD DELETE (DRY RUN)")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "WOULD DELETE (DRY RUN)")
 	require.Equal(t, 4, inboxKeys(t, db))
 
 	r = runRelay(t, time.Minute, env, "cleanup")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, "2 rows deleted")
-	require.Contains(t, r.stdout, "never pruned by time: "+string(cleanup.ReasonInfiniteRetention))
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, "2 rows deleted")
+	require.Contains(t, r.Stdout, "never pruned by time: "+string(cleanup.ReasonInfiniteRetention))
 	require.Equal(t, 2, inboxKeys(t, db), "the 1h-old orders key and the ledger key stay")
 
 	// Kafka unreachable: nothing is deleted, the reason is printed, exit 0.
 	seedInbox(t, db, "payments-svc", "orders", 10*time.Hour)
 	down := []string{"DATABASE_URL=" + db.URL, "KAFKA_BROKERS=127.0.0.1:1", "PGBOX_KAFKA_TIMEOUT=500ms"}
 	r = runRelay(t, time.Minute, down, "cleanup")
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Contains(t, r.stdout, string(cleanup.ReasonKafkaUnreachable))
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, string(cleanup.ReasonKafkaUnreachable))
 	require.Equal(t, 3, inboxKeys(t, db))
 }

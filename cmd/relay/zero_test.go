@@ -31,13 +31,13 @@ func TestCleanupBufferZeroMeansZero(t *testing.T) {
 		"env":  {append(append([]string{}, base...), "PGBOX_CLEANUP_BUFFER=0s"), []string{"cleanup", "--dry-run"}},
 	} {
 		r := runRelay(t, time.Minute, run.env, run.args...)
-		require.Equal(t, 0, r.code, "%s: %s", name, r.stderr)
-		row := reportRow(t, r.stdout, "orders")
-		require.Equal(t, []string{"orders", "1h", "10m", "delete", "1h10m", "1"}, row[:6], "%s: %s", name, r.stdout)
+		require.Equal(t, 0, r.Code, "%s: %s", name, r.Stderr)
+		row := reportRow(t, r.Stdout, "orders")
+		require.Equal(t, []string{"orders", "1h", "10m", "delete", "1h10m", "1"}, row[:6], "%s: %s", name, r.Stdout)
 	}
 	require.Equal(t, 2, inboxKeys(t, db), "dry runs delete nothing")
 	r := runRelay(t, time.Minute, base, "cleanup", "--cleanup-buffer=0s")
-	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Equal(t, 1, inboxKeys(t, db))
 }
 
@@ -70,11 +70,11 @@ func TestRejectedZeroExitsTwo(t *testing.T) {
 		{[]string{"run", "--kafka-max-message-bytes=0"}, nil, []string{"--kafka-max-message-bytes", "from 1024"}},
 	} {
 		r := runRelay(t, time.Minute, append(append([]string{}, env...), tc.env...), tc.args...)
-		require.Equal(t, 2, r.code, "%v %v: %s", tc.args, tc.env, r.stderr)
-		lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
-		require.Len(t, lines, 1, "one error line: %s", r.stderr)
+		require.Equal(t, 2, r.Code, "%v %v: %s", tc.args, tc.env, r.Stderr)
+		lines := strings.Split(strings.TrimSpace(r.Stderr), "\n")
+		require.Len(t, lines, 1, "one error line: %s", r.Stderr)
 		for _, w := range tc.want {
-			require.Contains(t, r.stderr, w)
+			require.Contains(t, r.Stderr, w)
 		}
 	}
 }

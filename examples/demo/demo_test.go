@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -25,40 +22,13 @@ var demoBin string
 
 func TestMain(m *testing.M) { testutil.MainWithBinary(m, "demo", &demoBin) }
 
-type result struct {
-	code           int
-	stdout, stderr string
-}
+type result = testutil.Result
 
 // runDemo runs the demo binary with args and only the environment given
-// (plus the test process's, minus every setting the demo reads).
+// (see testutil.CleanEnv).
 func runDemo(t *testing.T, timeout time.Duration, env []string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, demoBin, args...)
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if k != "DATABASE_URL" && k != "KAFKA_BROKERS" && !strings.HasPrefix(k, "PGBOX_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, env...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	if err != nil {
-		ee, ok := err.(*exec.ExitError)
-		if !ok {
-			t.Fatalf("run demo %v: %v", args, err)
-		}
-		code = ee.ExitCode()
-	}
-	if ctx.Err() != nil {
-		t.Fatalf("demo %v did not finish within %v\nstdout:\n%s\nstderr:\n%s", args, timeout, &stdout, &stderr)
-	}
-	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+	return testutil.RunToEnd(t, timeout, demoBin, env, args...)
 }
 
 // demoSchema names a schema for one demo run and drops it when the test ends.
@@ -92,7 +62,7 @@ func TestDemoShort(t *testing.T) {
 	env := []string{"DATABASE_URL=" + testdb.ServerURL(t)}
 	r := runDemo(t, 3*time.Minute, env, "--orders=300", "--replay=40", "--rate=0", "--partitions=3",
 		"--demo-schema="+schema, "--duration=150s")
-	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	require.Equal(t, 0, r.Code, "stdout:\n%s\nstderr:\n%s", r.Stdout, r.Stderr)
 	for _, want := range []string{
 		`orders sent \(unique\)\s+300\s`,
 		`replayed from an earlier offset\s+40\s`,
@@ -102,15 +72,15 @@ func TestDemoShort(t *testing.T) {
 		`cleanup \(one pass\)\s+0 deleted`,
 		`(?m)^PASS`,
 	} {
-		require.Regexp(t, want, r.stdout)
+		require.Regexp(t, want, r.Stdout)
 	}
-	require.Contains(t, r.stderr, "orders sent 300/300", "the progress line ends with the final counts")
+	require.Contains(t, r.Stderr, "orders sent 300/300", "the progress line ends with the final counts")
 
 	// Re-running works: the schema is reset at start.
 	r = runDemo(t, 3*time.Minute, env, "--orders=50", "--replay=5", "--rate=0", "--partitions=2", "--consumers=1",
 		"--demo-schema="+schema, "--duration=150s", "--keep-schema=false")
-	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
-	require.Contains(t, r.stdout, "PASS")
+	require.Equal(t, 0, r.Code, "stdout:\n%s\nstderr:\n%s", r.Stdout, r.Stderr)
+	require.Contains(t, r.Stdout, "PASS")
 }
 
 // TestDemoCheckFails: with offset keys the inbox cannot see that a resend is
@@ -122,11 +92,11 @@ func TestDemoCheckFails(t *testing.T) {
 	env := []string{"DATABASE_URL=" + testdb.ServerURL(t)}
 	r := runDemo(t, 3*time.Minute, env, "--orders=100", "--replay=20", "--duplicate-percent=20", "--rate=0",
 		"--partitions=2", "--dedup-key=offset", "--demo-schema="+schema, "--duration=150s", "--keep-schema=false")
-	require.Equal(t, 1, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
-	require.Contains(t, r.stdout, "FAILED: DIFFERS FROM unique orders")
-	require.Regexp(t, `payments published\s+100\s+FAILED: 100 of 100 orders paid, [1-9]\d* paid more than once`, r.stdout)
-	require.Regexp(t, `(?m)^FAIL$`, r.stdout)
-	require.Contains(t, r.stderr, "demo check failed")
+	require.Equal(t, 1, r.Code, "stdout:\n%s\nstderr:\n%s", r.Stdout, r.Stderr)
+	require.Contains(t, r.Stdout, "FAILED: DIFFERS FROM unique orders")
+	require.Regexp(t, `payments published\s+100\s+FAILED: 100 of 100 orders paid, [1-9]\d* paid more than once`, r.Stdout)
+	require.Regexp(t, `(?m)^FAIL$`, r.Stdout)
+	require.Contains(t, r.Stderr, "demo check failed")
 }
 
 // TestDemoExternalBrokerWithSASL points the demo at a broker of its own
@@ -141,10 +111,10 @@ func TestDemoExternalBrokerWithSASL(t *testing.T) {
 		"PGBOX_KAFKA_SASL_MECHANISM=SCRAM-SHA-512", "PGBOX_KAFKA_SASL_USER=demo", "PGBOX_KAFKA_SASL_PASSWORD=p4ss"}
 	r := runDemo(t, 3*time.Minute, env, "--orders=60", "--replay=6", "--rate=0", "--partitions=2",
 		"--demo-schema="+schema, "--duration=150s", "--keep-schema=false")
-	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
-	require.Contains(t, r.stderr, "Kafka at "+c.ListenAddrs()[0])
-	require.Regexp(t, `(?m)^PASS`, r.stdout)
-	require.NotContains(t, r.stdout+r.stderr, "p4ss")
+	require.Equal(t, 0, r.Code, "stdout:\n%s\nstderr:\n%s", r.Stdout, r.Stderr)
+	require.Contains(t, r.Stderr, "Kafka at "+c.ListenAddrs()[0])
+	require.Regexp(t, `(?m)^PASS`, r.Stdout)
+	require.NotContains(t, r.Stdout+r.Stderr, "p4ss")
 }
 
 // TestDemoExternalBrokerWithMutualTLS: the same against a broker that
@@ -158,8 +128,8 @@ func TestDemoExternalBrokerWithMutualTLS(t *testing.T) {
 		"PGBOX_KAFKA_TLS_CA=" + pki.CAFile, "PGBOX_KAFKA_TLS_CERT=" + pki.CertFile, "PGBOX_KAFKA_TLS_KEY=" + pki.KeyFile}
 	r := runDemo(t, 3*time.Minute, env, "--orders=60", "--replay=6", "--rate=0", "--partitions=2",
 		"--demo-schema="+schema, "--duration=150s", "--keep-schema=false")
-	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
-	require.Regexp(t, `(?m)^PASS`, r.stdout)
+	require.Equal(t, 0, r.Code, "stdout:\n%s\nstderr:\n%s", r.Stdout, r.Stderr)
+	require.Regexp(t, `(?m)^PASS`, r.Stdout)
 }
 
 // TestDemoUsageErrors: bad settings exit 2 naming the setting, and no
@@ -181,11 +151,11 @@ func TestDemoUsageErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			r := runDemo(t, time.Minute, tc.env, tc.args...)
-			require.Equal(t, 2, r.code, "stderr: %s", r.stderr)
+			require.Equal(t, 2, r.Code, "stderr: %s", r.Stderr)
 			for _, w := range tc.want {
-				require.Contains(t, r.stderr, w)
+				require.Contains(t, r.Stderr, w)
 			}
-			require.NotContains(t, r.stderr+r.stdout, "hunter2")
+			require.NotContains(t, r.Stderr+r.Stdout, "hunter2")
 		})
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/cleanup/cleanupsarama"
+	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -20,7 +21,7 @@ import (
 
 // consumerSettings are the consumer adapter's settings.
 func consumerSettings(log *slog.Logger) inboxsarama.Config {
-	return inboxsarama.Config{BatchSize: 16, Logger: log.With("component", "consumer")}
+	return inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 16, Logger: log.With("component", "consumer")}}
 }
 
 // consume runs one member of the service's consumer group until ctx ends.

@@ -2,7 +2,6 @@ package inboxfranz
 
 import (
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/pgbox/pgbox/inbox"
@@ -51,20 +50,6 @@ const (
 	NoDrainTimeout time.Duration = -1
 )
 
-// Headers added to a dead-letter record, after the original record's own:
-// the same as inboxsarama's.
-const (
-	HeaderDLQError          = consume.HeaderDLQError          // the last error's text (at most 4 KiB)
-	HeaderDLQAttempts       = consume.HeaderDLQAttempts       // attempts made, decimal
-	HeaderDLQSourceTopic    = consume.HeaderDLQSourceTopic    // the topic consumed
-	HeaderDLQSourceTopicID  = consume.HeaderDLQSourceTopicID  // its id, when known
-	HeaderDLQSourcePart     = consume.HeaderDLQSourcePart     // its partition, decimal
-	HeaderDLQSourceOffset   = consume.HeaderDLQSourceOffset   // its offset, decimal
-	HeaderDLQConsumer       = consume.HeaderDLQConsumer       // inbox.Inbox.Consumer()
-	HeaderDLQKey            = consume.HeaderDLQKey            // the inbox key, when the record had one
-	HeaderDLQContentDropped = consume.HeaderDLQContentDropped // why the value and original headers were left out
-)
-
 // ErrPermanent is what errors.Is finds in an error made with Permanent (it
 // is inbox.ErrPermanent, as inboxsarama's is).
 var ErrPermanent = inbox.ErrPermanent
@@ -81,44 +66,13 @@ type Stats = inbox.ConsumerStats
 // Config configures NewConsumer. The zero value is usable: one message per
 // transaction, 25 attempts over about three minutes, dead letters to
 // "<topic>.dlq", no topic ids, offsets committed every second.
+//
+// The settings both adapters share (BatchSize, BatchWait, MaxAttempts,
+// RetryBackoff, MaxRetryBackoff, DeadLetterTopic, DrainTimeout, Logger) are
+// [inbox.ConsumerConfig]'s, documented there; their defaults are this
+// package's XxxDefault constants, the same as inboxsarama's.
 type Config struct {
-	// BatchSize is the most messages of one partition processed in one
-	// transaction. Above 1, messages go through ProcessBatch (one round trip
-	// for all their keys); a batch whose handler fails is retried message by
-	// message, so one poison message cannot hold back the others. Defaults to
-	// BatchSizeDefault (1: Process, one transaction per message).
-	BatchSize int
-
-	// BatchWait is how long a batch waits to fill up after its first message
-	// arrived; messages already buffered never wait. NoBatchWait means no
-	// wait. Defaults to BatchWaitDefault (10ms).
-	BatchWait time.Duration
-
-	// MaxAttempts is how many times the handler runs for one message before
-	// the message is dead-lettered. Attempts are counted in PostgreSQL
-	// (pgbox_consumer_attempts), so they survive restarts and rebalances,
-	// and a sarama member of the same group sees them too; a run inside a
-	// batch counts like any other. 1 means no retries. Database errors are
-	// never the message's fault and do not count. Defaults to
-	// MaxAttemptsDefault (25: about three minutes of retries, enough to ride
-	// out a downstream restart; a poison message holds its partition that
-	// long, unless the handler returns Permanent).
-	MaxAttempts int
-
-	// RetryBackoff is the wait before the second attempt; it doubles per
-	// attempt (with ±20% jitter) up to MaxRetryBackoff. The same schedule
-	// paces retries after transient database errors. NoRetryBackoff retries
-	// at once. Defaults to RetryBackoffDefault (100ms).
-	RetryBackoff time.Duration
-
-	// MaxRetryBackoff caps the wait between attempts. Defaults to
-	// MaxRetryBackoffDefault (10s).
-	MaxRetryBackoff time.Duration
-
-	// DeadLetterTopic is the topic dead-letter records are written to
-	// (through the outbox, for the relay to publish). Defaults to the source
-	// topic's name with DeadLetterSuffixDefault (".dlq") appended.
-	DeadLetterTopic string
+	inbox.ConsumerConfig
 
 	// TopicIDs, when true, asks the cluster for each claimed topic's id (a
 	// metadata request, Kafka ≥ 2.8), and inbox.Message.TopicID is set from
@@ -140,28 +94,11 @@ type Config struct {
 	// committed to Kafka (always also when a partition is revoked and when
 	// Run returns). Defaults to CommitIntervalDefault (1s).
 	CommitInterval time.Duration
-
-	// DrainTimeout is how long a transaction already running when its
-	// partition is revoked (or Run's ctx is cancelled) may run on to commit;
-	// past it, its context is cancelled and it rolls back. No new
-	// transaction starts after the revocation. NoDrainTimeout rolls it back
-	// at once. Defaults to DrainTimeoutDefault (5s); keep it well below the
-	// group's rebalance timeout (kgo.RebalanceTimeout, 60s by default).
-	DrainTimeout time.Duration
-
-	// Logger receives retries (warn), dead letters, database errors, commit
-	// failures and errors that need an operator (error). Defaults to
-	// slog.Default() when nil.
-	Logger *slog.Logger
 }
 
 // core is the loop's share of the settings.
 func (o Config) core() consume.Config {
-	return consume.Config{
-		Name: "inboxfranz", BatchSize: o.BatchSize, BatchWait: o.BatchWait, MaxAttempts: o.MaxAttempts,
-		RetryBackoff: o.RetryBackoff, MaxRetryBackoff: o.MaxRetryBackoff, DeadLetterTopic: o.DeadLetterTopic,
-		DrainTimeout: o.DrainTimeout, Logger: o.Logger,
-	}
+	return consume.Config{Name: "inboxfranz", ConsumerConfig: o.ConsumerConfig}
 }
 
 func (o Config) validate() error {

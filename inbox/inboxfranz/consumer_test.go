@@ -40,16 +40,16 @@ func TestNewConsumerValidates(t *testing.T) {
 			return inboxfranz.NewConsumer(db.Pool, ib, nil, inboxfranz.Config{}, good...)
 		}, "nil HandlerFunc"},
 		{"negative attempts", func() (*inboxfranz.Consumer, error) {
-			return inboxfranz.NewConsumer(db.Pool, ib, noop, inboxfranz.Config{MaxAttempts: -1}, good...)
+			return inboxfranz.NewConsumer(db.Pool, ib, noop, inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{MaxAttempts: -1}}, good...)
 		}, "Config.MaxAttempts is negative"},
 		{"negative batch", func() (*inboxfranz.Consumer, error) {
-			return inboxfranz.NewConsumer(db.Pool, ib, noop, inboxfranz.Config{BatchSize: -1}, good...)
+			return inboxfranz.NewConsumer(db.Pool, ib, noop, inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: -1}}, good...)
 		}, "Config.BatchSize is negative"},
 		{"negative commit interval", func() (*inboxfranz.Consumer, error) {
 			return inboxfranz.NewConsumer(db.Pool, ib, noop, inboxfranz.Config{CommitInterval: -time.Second}, good...)
 		}, "Config.CommitInterval is negative"},
 		{"bad dlq topic", func() (*inboxfranz.Consumer, error) {
-			return inboxfranz.NewConsumer(db.Pool, ib, noop, inboxfranz.Config{DeadLetterTopic: "dead letters"}, good...)
+			return inboxfranz.NewConsumer(db.Pool, ib, noop, inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{DeadLetterTopic: "dead letters"}}, good...)
 		}, `Config.DeadLetterTopic "dead letters"`},
 		{"autocommit on", func() (*inboxfranz.Consumer, error) {
 			return inboxfranz.NewConsumer(db.Pool, ib, noop, inboxfranz.Config{}, append([]kgo.Opt{kgo.ConsumerGroup("svc")}, base...)...)

@@ -35,12 +35,12 @@
 // inbox.ErrNeedsOperator that names the fix; any other error of fn counts
 // as an attempt (pgbox_consumer_attempts, shared with sarama members), is
 // retried with backoff up to Config.MaxAttempts, then dead-lettered through
-// the outbox (HeaderDLQ* headers). Permanent dead-letters at once.
+// the outbox (inbox.HeaderDLQ* headers). Permanent dead-letters at once.
 //
 // # Example
 //
 //	ib, _ := inbox.New(inbox.Config{Consumer: "payments-svc", Key: inbox.ByHeader("pgbox-event-id")})
-//	c, err := inboxfranz.NewConsumer(pool, ib, fn, inboxfranz.Config{BatchSize: 100},
+//	c, err := inboxfranz.NewConsumer(pool, ib, fn, inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 100}},
 //		kgo.SeedBrokers(brokers...), kgo.ConsumerGroup("payments-svc"),
 //		kgo.ConsumeTopics("payments.v1"), kgo.DisableAutoCommit())
 //	defer c.Close()

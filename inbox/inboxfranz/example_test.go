@@ -35,7 +35,7 @@ func ExampleNewConsumer() {
 			return err // retried with backoff, then dead-lettered to orders.v1.dlq
 		}
 		return outbox.Write(ctx, tx, outbox.Message{Topic: "payments.v1", Key: m.Key, Value: []byte("paid " + string(m.Value))})
-	}, inboxfranz.Config{BatchSize: 100},
+	}, inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 100}},
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumerGroup("payments-svc"),
 		kgo.ConsumeTopics("orders.v1"),

@@ -157,12 +157,7 @@ func (c *Consumer) revoke(ctx context.Context, m map[string][]int32, commit bool
 		}
 	}
 	c.mu.Unlock()
-	for _, w := range ws {
-		w.stop()
-	}
-	for _, w := range ws {
-		<-w.done
-	}
+	stopParts(ws)
 	if len(m) > 0 {
 		// A paused partition stays paused across assignments: let its next
 		// assignment fetch.
@@ -189,6 +184,12 @@ func (c *Consumer) stopAll() {
 		delete(c.parts, k)
 	}
 	c.mu.Unlock()
+	stopParts(ws)
+}
+
+// stopParts stops the loops of ws, all at once (their transactions in
+// flight drain together), and waits for each to end.
+func stopParts(ws []*part) {
 	for _, w := range ws {
 		w.stop()
 	}

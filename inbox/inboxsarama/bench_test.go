@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/inbox/internal/consumetest"
 	"github.com/pgbox/pgbox/internal/delayproxy"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
@@ -84,19 +85,16 @@ type consumerBench struct {
 // and warms up (broker, connections, caches) with one untimed baseline run.
 func newConsumerBench(b *testing.B) *consumerBench {
 	db := testdb.New(b)
-	_, err := db.Pool.Exec(context.Background(), `CREATE TABLE effects (
-		id bigserial PRIMARY KEY, event text NOT NULL, topic text NOT NULL,
-		partition int NOT NULL, "offset" bigint NOT NULL)`)
-	require.NoError(b, err)
+	consumetest.CreateEffects(b, db)
 	c := kafkatest.New(b, kfake.SeedTopics(4, "bench"),
 		kfake.BrokerConfigs(map[string]string{"group.min.session.timeout.ms": "500"}))
-	env := &consumerBench{b: b, bundle: &cgBundle{db: db, kafka: c, addrs: c.ListenAddrs(), topic: "bench"},
+	env := &consumerBench{b: b, bundle: &cgBundle{DB: db, Kafka: c, Addrs: c.ListenAddrs(), Topic: "bench"},
 		pool: delayproxy.Pool(b, db.Pool)}
-	env.bundle.produceEvents(b, events("ev", benchMessages)...)
+	env.bundle.ProduceEvents(b, events("ev", benchMessages)...)
 	// A live service's inbox is large and vacuumed: start from 200k earlier
 	// keys rather than an empty table that autovacuum keeps revisiting as it
 	// grows during the runs.
-	_, err = db.Pool.Exec(context.Background(), `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset")
+	_, err := db.Pool.Exec(context.Background(), `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset")
 		SELECT 'earlier-svc', 'bench/0/' || i, 'bench', 0, i FROM generate_series(1, 200000) AS i`)
 	require.NoError(b, err)
 	_, err = db.Pool.Exec(context.Background(), `VACUUM ANALYZE pgbox_inbox`)
@@ -119,7 +117,7 @@ func (env *consumerBench) pgbox(batch int, watermark bool) makeHandler {
 			ev, _ := m.Header(eventHeader)
 			_, err := tx.Exec(ctx, benchInsert, string(ev), m.Topic, m.Partition, m.Offset)
 			return err
-		}, inboxsarama.Config{BatchSize: batch})
+		}, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch}})
 	}
 }
 
@@ -138,19 +136,19 @@ func (env *consumerBench) consumeOnce(b *testing.B, mk makeHandler) time.Duratio
 	b.Helper()
 	ctx := context.Background()
 	var before int64
-	require.NoError(b, env.bundle.db.Pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM effects`).Scan(&before))
+	require.NoError(b, env.bundle.DB.Pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM effects`).Scan(&before))
 	group := fmt.Sprintf("bench-%d", env.runs.Add(1))
 	h := mk(group)
 
 	start := time.Now()
-	cg, err := sarama.NewConsumerGroup(env.bundle.addrs, group, cgConfig())
+	cg, err := sarama.NewConsumerGroup(env.bundle.Addrs, group, cgConfig())
 	require.NoError(b, err)
 	cctx, cancel := context.WithCancel(ctx)
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
 		for cctx.Err() == nil {
-			if err := cg.Consume(cctx, []string{env.bundle.topic}, h); err != nil && cctx.Err() == nil {
+			if err := cg.Consume(cctx, []string{env.bundle.Topic}, h); err != nil && cctx.Err() == nil {
 				b.Logf("consume: %v", err)
 				time.Sleep(100 * time.Millisecond)
 			}
@@ -159,7 +157,7 @@ func (env *consumerBench) consumeOnce(b *testing.B, mk makeHandler) time.Duratio
 	deadline := start.Add(10 * time.Minute)
 	rows := func() int64 {
 		var n int64
-		require.NoError(b, env.bundle.db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE id > $1`, before).Scan(&n))
+		require.NoError(b, env.bundle.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE id > $1`, before).Scan(&n))
 		return n
 	}
 	for rows() < benchMessages {
@@ -172,7 +170,7 @@ func (env *consumerBench) consumeOnce(b *testing.B, mk makeHandler) time.Duratio
 	testutil.Eventually(b, time.Minute, "the group's offsets committed", func() bool {
 		var sum int64
 		for p := range int32(4) {
-			sum += max(0, env.bundle.committedOr(b, group, p))
+			sum += max(0, env.bundle.Committed(b, group, p))
 		}
 		return sum == benchMessages
 	})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/inbox/internal/consumetest"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/internal/testutil"
@@ -68,14 +69,10 @@ func TestConsumerChainAcrossServices(t *testing.T) {
 		kfake.BrokerConfigs(map[string]string{"group.min.session.timeout.ms": "500"}))
 	addrs := c.ListenAddrs()
 	dbA, dbB := testdb.New(t), testdb.New(t)
-	for _, db := range []*testdb.DB{dbA, dbB} {
-		_, err := db.Pool.Exec(context.Background(),
-			`CREATE TABLE effects (id bigserial PRIMARY KEY, event text NOT NULL, topic text NOT NULL,
-			 partition int NOT NULL, "offset" bigint NOT NULL)`)
-		require.NoError(t, err)
-	}
-	a := &cgBundle{db: dbA, kafka: c, addrs: addrs, topic: "orders"}
-	bsvc := &cgBundle{db: dbB, kafka: c, addrs: addrs, topic: "payments"}
+	consumetest.CreateEffects(t, dbA)
+	consumetest.CreateEffects(t, dbB)
+	a := &cgBundle{DB: dbA, Kafka: c, Addrs: addrs, Topic: "orders"}
+	bsvc := &cgBundle{DB: dbB, Kafka: c, Addrs: addrs, Topic: "payments"}
 
 	// Service A: orders → effects + outbox(payments).
 	ibA := newTestInbox(t, "svc-a", inbox.ByHeader(eventHeader))
@@ -91,12 +88,12 @@ func TestConsumerChainAcrossServices(t *testing.T) {
 	}
 	// Service B: payments → effects, deduped on the relay's event id.
 	ibB := newTestInbox(t, "svc-b", inbox.ByHeader(relay.EventIDHeader))
-	hB := mustHandler(t, dbB.Pool, ibB, effect, inboxsarama.Config{BatchSize: 20})
+	hB := mustHandler(t, dbB.Pool, ibB, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 20}})
 
 	rng := rand.New(rand.NewPCG(3, 4))
 	msgs, unique := sends("orders", "order", 1200, rng)
 	newA := func() (*inboxsarama.Handler, *member) {
-		h := mustHandler(t, dbA.Pool, ibA, handlerA, inboxsarama.Config{BatchSize: 10})
+		h := mustHandler(t, dbA.Pool, ibA, handlerA, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 10}})
 		return h, startMember(t, addrs, "svc-a", []string{"orders"}, h)
 	}
 	channel := "pgbox_" + dbA.Schema
@@ -104,31 +101,31 @@ func TestConsumerChainAcrossServices(t *testing.T) {
 	stopRelay := startRelay(t, dbA.Pool, addrs, "relay-1", channel)
 	mB := startMember(t, addrs, "svc-b", []string{"payments"}, hB)
 
-	a.produce(t, msgs[:400]...)
-	testutil.Eventually(t, 60*time.Second, "A has started", func() bool { n, _ := a.effects(t); return n > 100 })
+	a.Produce(t, msgs[:400]...)
+	testutil.Eventually(t, 60*time.Second, "A has started", func() bool { n, _ := a.Effects(t); return n > 100 })
 	mA.stop() // A restarts mid-stream
 	hA2, mA2 := newA()
-	a.produce(t, msgs[400:800]...)
-	testutil.Eventually(t, 60*time.Second, "B has started", func() bool { n, _ := bsvc.effects(t); return n > 100 })
+	a.Produce(t, msgs[400:800]...)
+	testutil.Eventually(t, 60*time.Second, "B has started", func() bool { n, _ := bsvc.Effects(t); return n > 100 })
 	stopRelay() // the relay restarts mid-stream (another instance)
 	startRelay(t, dbA.Pool, addrs, "relay-2", channel)
-	a.produce(t, msgs[800:]...)
+	a.Produce(t, msgs[800:]...)
 
 	testutil.Eventually(t, 90*time.Second, "every event reached B", func() bool {
-		_, distinct := bsvc.effects(t)
+		_, distinct := bsvc.Effects(t)
 		return distinct == unique
 	})
 	// Let any late duplicate (a republished outbox row) arrive and be deduped.
 	testutil.Eventually(t, 30*time.Second, "outbox drained", func() bool {
-		return a.count(t, `SELECT count(*) FROM pgbox_outbox`) == 0
+		return a.Count(t, `SELECT count(*) FROM pgbox_outbox`) == 0
 	})
 	mA2.stop()
 	mB.stop()
 
-	rowsA, distinctA := a.effects(t)
+	rowsA, distinctA := a.Effects(t)
 	require.Equal(t, unique, distinctA)
 	require.Equal(t, unique, rowsA, "one effect per input event in A")
-	rowsB, distinctB := bsvc.effects(t)
+	rowsB, distinctB := bsvc.Effects(t)
 	require.Equal(t, unique, distinctB)
 	require.Equal(t, unique, rowsB, "one downstream effect per input event in B")
 	require.EqualValues(t, unique, hA1.Stats().Processed+hA2.Stats().Processed)

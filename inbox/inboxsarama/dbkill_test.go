@@ -19,12 +19,12 @@ func TestConsumerDatabaseConnectionsKilled(t *testing.T) {
 	ctx := context.Background()
 	b := cgSetup(t, 3)
 	evs := events("e", 3000)
-	b.produceEvents(t, evs...)
+	b.ProduceEvents(t, evs...)
 
-	app := "pgbox-cg-kill-" + b.db.Schema
-	pool := poolWithAppName(t, b.db, app, 8)
+	app := "pgbox-cg-kill-" + b.DB.Schema
+	pool := poolWithAppName(t, b.DB, app, 8)
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	opts := inboxsarama.Config{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond}
+	opts := inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 50 * time.Millisecond}}
 	h1 := mustHandler(t, pool, ib, effect, opts)
 	opts.BatchSize = 25
 	h2 := mustHandler(t, pool, ib, effect, opts)
@@ -32,19 +32,19 @@ func TestConsumerDatabaseConnectionsKilled(t *testing.T) {
 	killed := 0
 	kill := func() {
 		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx,
+		require.NoError(t, b.DB.Pool.QueryRow(ctx,
 			`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n))
 		killed += n
 	}
-	m1 := startMember(t, b.addrs, "svc", []string{b.topic}, h1)
-	m2 := startMember(t, b.addrs, "svc", []string{b.topic}, h2)
+	m1 := startMember(t, b.Addrs, "svc", []string{b.Topic}, h1)
+	m2 := startMember(t, b.Addrs, "svc", []string{b.Topic}, h2)
 	// Kill every 20-60 ms; while a kill finds the consumers without progress
 	// since the previous one (a slow, loaded machine reconnects slowly), the
 	// pause doubles up to a second, so kills keep landing at every point of
 	// a transaction without starving the consumers.
 	last, pause, stalled := -1, time.Duration(0), time.Now()
 	for {
-		rows, _ := b.effects(t)
+		rows, _ := b.Effects(t)
 		if rows >= len(evs) {
 			break
 		}
@@ -62,7 +62,7 @@ func TestConsumerDatabaseConnectionsKilled(t *testing.T) {
 	m1.stop()
 	m2.stop()
 
-	rows, distinct := b.effects(t)
+	rows, distinct := b.Effects(t)
 	require.Equal(t, len(evs), distinct, "no event lost")
 	require.Equal(t, len(evs), rows, "no event applied twice")
 	st1, st2 := h1.Stats(), h2.Stats()

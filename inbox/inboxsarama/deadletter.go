@@ -1,17 +1,18 @@
 package inboxsarama
 
-import "github.com/pgbox/pgbox/inbox/internal/consume"
+import "github.com/pgbox/pgbox/inbox"
 
 // Headers added to a dead-letter record, after the original record's own.
-// Both consumer adapters write the same ones.
+// They are inbox's (inbox.HeaderDLQError...), which both consumer adapters
+// write; these names stay for code written against this package.
 const (
-	HeaderDLQError          = consume.HeaderDLQError          // the last error's text (at most 4 KiB)
-	HeaderDLQAttempts       = consume.HeaderDLQAttempts       // attempts made, decimal
-	HeaderDLQSourceTopic    = consume.HeaderDLQSourceTopic    // the topic consumed
-	HeaderDLQSourceTopicID  = consume.HeaderDLQSourceTopicID  // its id, when known
-	HeaderDLQSourcePart     = consume.HeaderDLQSourcePart     // its partition, decimal
-	HeaderDLQSourceOffset   = consume.HeaderDLQSourceOffset   // its offset, decimal
-	HeaderDLQConsumer       = consume.HeaderDLQConsumer       // inbox.Inbox.Consumer()
-	HeaderDLQKey            = consume.HeaderDLQKey            // the inbox key, when the record had one
-	HeaderDLQContentDropped = consume.HeaderDLQContentDropped // why the value and original headers were left out
+	HeaderDLQError          = inbox.HeaderDLQError
+	HeaderDLQAttempts       = inbox.HeaderDLQAttempts
+	HeaderDLQSourceTopic    = inbox.HeaderDLQSourceTopic
+	HeaderDLQSourceTopicID  = inbox.HeaderDLQSourceTopicID
+	HeaderDLQSourcePart     = inbox.HeaderDLQSourcePart
+	HeaderDLQSourceOffset   = inbox.HeaderDLQSourceOffset
+	HeaderDLQConsumer       = inbox.HeaderDLQConsumer
+	HeaderDLQKey            = inbox.HeaderDLQKey
+	HeaderDLQContentDropped = inbox.HeaderDLQContentDropped
 )

@@ -55,7 +55,7 @@
 //	h, err := inboxsarama.NewHandler(pool, ib, func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 //		// business writes in tx; outbox.Write(ctx, tx, ...) for the events
 //		return nil
-//	}, inboxsarama.Config{BatchSize: 100})
+//	}, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 100}})
 //	for ctx.Err() == nil {
 //		if err := group.Consume(ctx, topics, h); errors.Is(err, inbox.ErrNeedsOperator) {
 //			return err // page someone: retrying will not help

@@ -19,7 +19,7 @@ import (
 func TestConsumerSessionEndFinishesInFlight(t *testing.T) {
 	t.Parallel()
 	b := cgSetup(t, 1)
-	b.produceEvents(t, events("e", 5)...)
+	b.ProduceEvents(t, events("e", 5)...)
 	started, release := make(chan struct{}), make(chan struct{})
 	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		if m.Offset == 2 {
@@ -29,20 +29,20 @@ func TestConsumerSessionEndFinishesInFlight(t *testing.T) {
 		return effect(ctx, tx, m)
 	}
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{DrainTimeout: 30 * time.Second})
-	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
+	h := mustHandler(t, b.DB.Pool, ib, fn, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{DrainTimeout: 30 * time.Second}})
+	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
 	<-started
 	m.cancel() // the session ends while offset 2's transaction is open
 	time.Sleep(100 * time.Millisecond)
 	close(release)
 	<-m.done
 
-	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`), "offsets 0-2 committed, nothing started after")
-	require.EqualValues(t, 3, b.committedOffset(t, "svc", b.topic, 0), "offset 2 marked after its commit")
+	require.Equal(t, 3, b.Count(t, `SELECT count(*) FROM effects`), "offsets 0-2 committed, nothing started after")
+	require.EqualValues(t, 3, b.Committed(t, "svc", 0), "offset 2 marked after its commit")
 
-	h2 := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{})
-	m2 := startMember(t, b.addrs, "svc", []string{b.topic}, h2)
-	testutil.Eventually(t, 30*time.Second, "the rest", func() bool { n, _ := b.effects(t); return n == 5 })
+	h2 := mustHandler(t, b.DB.Pool, ib, effect, inboxsarama.Config{})
+	m2 := startMember(t, b.Addrs, "svc", []string{b.Topic}, h2)
+	testutil.Eventually(t, 30*time.Second, "the rest", func() bool { n, _ := b.Effects(t); return n == 5 })
 	m2.stop()
 	require.Zero(t, h2.Stats().Duplicates, "nothing redelivered")
 }
@@ -52,7 +52,7 @@ func TestConsumerSessionEndFinishesInFlight(t *testing.T) {
 func TestConsumerSessionEndRollsBackAfterDrainTimeout(t *testing.T) {
 	t.Parallel()
 	b := cgSetup(t, 1)
-	b.produceEvents(t, events("e", 5)...)
+	b.ProduceEvents(t, events("e", 5)...)
 	started := make(chan struct{})
 	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		if err := effect(ctx, tx, m); err != nil {
@@ -66,20 +66,20 @@ func TestConsumerSessionEndRollsBackAfterDrainTimeout(t *testing.T) {
 		return nil
 	}
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{DrainTimeout: 100 * time.Millisecond})
-	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
+	h := mustHandler(t, b.DB.Pool, ib, fn, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{DrainTimeout: 100 * time.Millisecond}})
+	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
 	<-started
 	m.stop()
 
-	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM effects`), "offset 2's effect rolled back")
-	require.EqualValues(t, 2, b.committedOffset(t, "svc", b.topic, 0), "offset 2 not marked")
+	require.Equal(t, 2, b.Count(t, `SELECT count(*) FROM effects`), "offset 2's effect rolled back")
+	require.EqualValues(t, 2, b.Committed(t, "svc", 0), "offset 2 not marked")
 	require.Zero(t, h.Stats().Failures, "a cancelled attempt is not a failure")
 
-	h2 := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{})
-	m2 := startMember(t, b.addrs, "svc", []string{b.topic}, h2)
-	testutil.Eventually(t, 30*time.Second, "the rest", func() bool { n, _ := b.effects(t); return n == 5 })
+	h2 := mustHandler(t, b.DB.Pool, ib, effect, inboxsarama.Config{})
+	m2 := startMember(t, b.Addrs, "svc", []string{b.Topic}, h2)
+	testutil.Eventually(t, 30*time.Second, "the rest", func() bool { n, _ := b.Effects(t); return n == 5 })
 	m2.stop()
-	rows, distinct := b.effects(t)
+	rows, distinct := b.Effects(t)
 	require.Equal(t, 5, rows)
 	require.Equal(t, 5, distinct)
 }

@@ -35,7 +35,7 @@ func ExampleNewHandler() {
 			return err // retried with backoff, then dead-lettered to orders.dlq
 		}
 		return outbox.Write(ctx, tx, outbox.Message{Topic: "payments.v1", Key: m.Key, Value: []byte("paid " + string(m.Value))})
-	}, inboxsarama.Config{BatchSize: 100})
+	}, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 100}})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package inboxsarama_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -20,44 +19,6 @@ import (
 	"github.com/pgbox/pgbox/relay"
 )
 
-// dlqRow is a dead-letter record as the outbox holds it.
-type dlqRow struct {
-	Topic   string
-	Key     []byte
-	Value   []byte
-	Headers map[string]string
-}
-
-// outboxDLQ reads the outbox rows of topic (the dead-letter records not yet
-// published by a relay).
-func (b *cgBundle) outboxDLQ(t testing.TB, topic string) []dlqRow {
-	t.Helper()
-	rows, err := b.db.Pool.Query(context.Background(),
-		`SELECT topic, key, value, coalesce(headers, '[]') FROM pgbox_outbox WHERE topic = $1 ORDER BY id`, topic)
-	require.NoError(t, err)
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (dlqRow, error) {
-		var d dlqRow
-		var hs []byte
-		if err := r.Scan(&d.Topic, &d.Key, &d.Value, &hs); err != nil {
-			return d, err
-		}
-		var list []struct {
-			K string `json:"k"`
-			V []byte `json:"v"`
-		}
-		if err := json.Unmarshal(hs, &list); err != nil {
-			return d, err
-		}
-		d.Headers = map[string]string{}
-		for _, h := range list {
-			d.Headers[h.K] = string(h.V)
-		}
-		return d, nil
-	})
-	require.NoError(t, err)
-	return out
-}
-
 // A poison message: it fails MaxAttempts times, counted in Postgres across a
 // restart of the consumer, then exactly one dead-letter record is written
 // with the key recorded in the inbox; the offset moves past it and the later
@@ -68,7 +29,7 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	b := cgSetup(t, 1, "events.dlq")
 	evs := events("e", 10)
 	poison := evs[4]
-	b.produceEvents(t, evs...)
+	b.ProduceEvents(t, evs...)
 
 	var calls atomic.Int64 // handler runs for the poison message, both members
 	third := make(chan struct{})
@@ -87,36 +48,36 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 			return effect(ctx, tx, m)
 		}
 	}
-	opts := inboxsarama.Config{MaxAttempts: 3, RetryBackoff: 20 * time.Millisecond, DrainTimeout: 50 * time.Millisecond}
+	opts := inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{MaxAttempts: 3, RetryBackoff: 20 * time.Millisecond, DrainTimeout: 50 * time.Millisecond}}
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	h1 := mustHandler(t, b.db.Pool, ib, failing(1), opts)
-	m1 := startMember(t, b.addrs, "svc", []string{b.topic}, h1)
+	h1 := mustHandler(t, b.DB.Pool, ib, failing(1), opts)
+	m1 := startMember(t, b.Addrs, "svc", []string{b.Topic}, h1)
 	<-third
 	m1.stop()
-	require.Equal(t, 2, b.count(t, `SELECT attempts FROM pgbox_consumer_attempts WHERE "offset" = 4`),
+	require.Equal(t, 2, b.Count(t, `SELECT attempts FROM pgbox_consumer_attempts WHERE "offset" = 4`),
 		"two failed attempts recorded before the restart")
-	require.Zero(t, b.count(t, `SELECT count(*) FROM pgbox_consumer_dead`))
-	require.Equal(t, 4, b.count(t, `SELECT count(*) FROM effects`), "nothing after the poison message yet")
-	require.EqualValues(t, 4, b.committedOffset(t, "svc", b.topic, 0))
+	require.Zero(t, b.Count(t, `SELECT count(*) FROM pgbox_consumer_dead`))
+	require.Equal(t, 4, b.Count(t, `SELECT count(*) FROM effects`), "nothing after the poison message yet")
+	require.EqualValues(t, 4, b.Committed(t, "svc", 0))
 
 	// Restart: one more failure reaches MaxAttempts.
-	h2 := mustHandler(t, b.db.Pool, ib, failing(2), opts)
-	m2 := startMember(t, b.addrs, "svc", []string{b.topic}, h2)
-	testutil.Eventually(t, 30*time.Second, "later messages", func() bool { n, _ := b.effects(t); return n == 9 })
+	h2 := mustHandler(t, b.DB.Pool, ib, failing(2), opts)
+	m2 := startMember(t, b.Addrs, "svc", []string{b.Topic}, h2)
+	testutil.Eventually(t, 30*time.Second, "later messages", func() bool { n, _ := b.Effects(t); return n == 9 })
 	m2.stop()
 
 	require.EqualValues(t, 4, calls.Load(), "3 failed attempts (the 3rd interrupted one did not count) + 1 after restart")
 	require.EqualValues(t, 1, h2.Stats().DeadLettered)
-	require.EqualValues(t, 10, b.committedOffset(t, "svc", b.topic, 0), "offset advanced past the poison message")
-	require.Zero(t, b.count(t, `SELECT count(*) FROM pgbox_consumer_attempts`))
+	require.EqualValues(t, 10, b.Committed(t, "svc", 0), "offset advanced past the poison message")
+	require.Zero(t, b.Count(t, `SELECT count(*) FROM pgbox_consumer_attempts`))
 	var dead struct {
 		key      string
 		attempts int
 		errText  string
 		dlq      string
 	}
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT key, attempts, error, dlq_topic FROM pgbox_consumer_dead`).
+	require.NoError(t, b.DB.Pool.QueryRow(ctx, `SELECT key, attempts, error, dlq_topic FROM pgbox_consumer_dead`).
 		Scan(&dead.key, &dead.attempts, &dead.errText, &dead.dlq))
 	require.Equal(t, poison, dead.key)
 	require.Equal(t, 3, dead.attempts)
@@ -126,14 +87,14 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	var stored bool
 	var recKey, recValue []byte
 	var recHeaders string
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT record_stored, record_key, record_value, record_headers::text FROM pgbox_consumer_dead`).
+	require.NoError(t, b.DB.Pool.QueryRow(ctx, `SELECT record_stored, record_key, record_value, record_headers::text FROM pgbox_consumer_dead`).
 		Scan(&stored, &recKey, &recValue, &recHeaders))
 	require.True(t, stored)
 	require.Equal(t, poison, string(recKey))
 	require.Equal(t, "payload of "+poison, string(recValue))
 	require.Contains(t, recHeaders, `"k": "`+eventHeader+`"`)
 
-	dl := b.outboxDLQ(t, "events.dlq")
+	dl := b.OutboxDLQ(t, "events.dlq")
 	require.Len(t, dl, 1, "exactly one dead-letter record")
 	require.Equal(t, poison, string(dl[0].Key))
 	require.Equal(t, "payload of "+poison, string(dl[0].Value))
@@ -147,18 +108,18 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	require.Equal(t, poison, dl[0].Headers[inboxsarama.HeaderDLQKey])
 
 	// The key is recorded: a resend of the poison event is a duplicate.
-	b.produceEvents(t, poison, "e-after")
-	h3 := mustHandler(t, b.db.Pool, ib, failing(3), opts)
-	m3 := startMember(t, b.addrs, "svc", []string{b.topic}, h3)
-	testutil.Eventually(t, 30*time.Second, "message after the resend", func() bool { n, _ := b.effects(t); return n == 10 })
+	b.ProduceEvents(t, poison, "e-after")
+	h3 := mustHandler(t, b.DB.Pool, ib, failing(3), opts)
+	m3 := startMember(t, b.Addrs, "svc", []string{b.Topic}, h3)
+	testutil.Eventually(t, 30*time.Second, "message after the resend", func() bool { n, _ := b.Effects(t); return n == 10 })
 	m3.stop()
 	require.EqualValues(t, 4, calls.Load(), "the resend did not run the handler")
 	require.EqualValues(t, 1, h3.Stats().Duplicates)
-	require.Len(t, b.outboxDLQ(t, "events.dlq"), 1)
+	require.Len(t, b.OutboxDLQ(t, "events.dlq"), 1)
 
 	// A relay publishes it: exactly one record on the dead-letter topic.
-	startRelay(t, b.db.Pool, b.addrs, "relay", "pgbox_"+b.db.Schema)
-	got := kafkatest.ReadAll(t, b.addrs, "events.dlq", 1, 30*time.Second)
+	startRelay(t, b.DB.Pool, b.Addrs, "relay", "pgbox_"+b.DB.Schema)
+	got := kafkatest.ReadAll(t, b.Addrs, "events.dlq", 1, 30*time.Second)
 	require.Len(t, got, 1)
 	require.Equal(t, poison, string(got[0].Key))
 	require.Equal(t, "payload of "+poison, string(got[0].Value))
@@ -172,47 +133,6 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	require.NotEmpty(t, hs[relay.EventIDHeader])
 }
 
-// inboxsarama.Permanent skips the retries; a batch with a poison message falls back
-// to one-by-one processing, so only the poison message is dead-lettered.
-func TestConsumerPermanentErrorInBatch(t *testing.T) {
-	t.Parallel()
-	b := cgSetup(t, 1)
-	evs := events("e", 30)
-	poison := evs[17]
-	b.produceEvents(t, evs...)
-
-	var calls atomic.Int64
-	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-		if ev, _ := m.Header(eventHeader); string(ev) == poison {
-			calls.Add(1)
-			return inboxsarama.Permanent(errors.New("malformed amount"))
-		}
-		return effect(ctx, tx, m)
-	}
-	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{
-		BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 5, DeadLetterTopic: "svc.dead",
-	})
-	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	testutil.Eventually(t, 30*time.Second, "all other effects", func() bool { n, _ := b.effects(t); return n == 29 })
-	testutil.Eventually(t, 10*time.Second, "offset committed", func() bool { return b.committedOffset(t, "svc", b.topic, 0) == 30 })
-	m.stop()
-
-	rows, distinct := b.effects(t)
-	require.Equal(t, 29, rows)
-	require.Equal(t, 29, distinct)
-	st := h.Stats()
-	require.EqualValues(t, 1, st.DeadLettered)
-	require.GreaterOrEqual(t, st.BatchFallbacks, uint64(1))
-	// Once, in the batch: no retries, and no second run after the fallback.
-	require.EqualValues(t, 1, calls.Load())
-	dl := b.outboxDLQ(t, "svc.dead")
-	require.Len(t, dl, 1)
-	require.Equal(t, "1", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
-	require.Equal(t, "17", dl[0].Headers[inboxsarama.HeaderDLQSourceOffset])
-	require.Contains(t, dl[0].Headers[inboxsarama.HeaderDLQError], "malformed amount")
-}
-
 // MaxAttempts counts every run of the handler, the one inside a batch too:
 // a batch with a failing message falls back to one by one, and the failing
 // message's handler runs exactly MaxAttempts times in all (it used to run
@@ -222,7 +142,7 @@ func TestConsumerMaxAttemptsInBatch(t *testing.T) {
 	b := cgSetup(t, 1)
 	evs := events("e", 20)
 	poison := evs[6]
-	b.produceEvents(t, evs...)
+	b.ProduceEvents(t, evs...)
 
 	var calls atomic.Int64
 	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
@@ -232,20 +152,17 @@ func TestConsumerMaxAttemptsInBatch(t *testing.T) {
 		}
 		return effect(ctx, tx, m)
 	}
-	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), fn, inboxsarama.Config{
-		BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond,
-		DeadLetterTopic: "svc.dead",
-	})
-	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	testutil.Eventually(t, 30*time.Second, "all other effects", func() bool { n, _ := b.effects(t); return n == 19 })
-	testutil.Eventually(t, 10*time.Second, "offset committed", func() bool { return b.committedOffset(t, "svc", b.topic, 0) == 20 })
+	h := mustHandler(t, b.DB.Pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), fn, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond, DeadLetterTopic: "svc.dead"}})
+	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
+	testutil.Eventually(t, 30*time.Second, "all other effects", func() bool { n, _ := b.Effects(t); return n == 19 })
+	testutil.Eventually(t, 10*time.Second, "offset committed", func() bool { return b.Committed(t, "svc", 0) == 20 })
 	m.stop()
 
 	require.EqualValues(t, 3, calls.Load(), "the handler ran MaxAttempts times, the batch run included")
 	st := h.Stats()
 	require.EqualValues(t, 1, st.DeadLettered)
 	require.EqualValues(t, 3, st.Failures)
-	dl := b.outboxDLQ(t, "svc.dead")
+	dl := b.OutboxDLQ(t, "svc.dead")
 	require.Len(t, dl, 1)
 	require.Equal(t, "3", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
 }
@@ -256,24 +173,24 @@ func TestConsumerInvalidMessageDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := cgSetup(t, 1)
 	msgs := []string{"a", "b"}
-	b.produceEvents(t, msgs[0])
-	bad := record(b.topic, "no-header")
+	b.ProduceEvents(t, msgs[0])
+	bad := record(b.Topic, "no-header")
 	bad.Headers = nil
-	b.produce(t, bad)
-	b.produceEvents(t, msgs[1])
+	b.Produce(t, bad)
+	b.ProduceEvents(t, msgs[1])
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{})
-	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	testutil.Eventually(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
+	h := mustHandler(t, b.DB.Pool, ib, effect, inboxsarama.Config{})
+	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
+	testutil.Eventually(t, 30*time.Second, "effects", func() bool { n, _ := b.Effects(t); return n == 2 })
 	m.stop()
 	require.EqualValues(t, 1, h.Stats().DeadLettered)
 	var key *string
 	var errText string
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+	require.NoError(t, b.DB.Pool.QueryRow(context.Background(),
 		`SELECT key, error FROM pgbox_consumer_dead WHERE "offset" = 1`).Scan(&key, &errText))
 	require.Nil(t, key)
 	require.Contains(t, errText, "invalid message")
 	require.True(t, strings.Contains(errText, eventHeader))
-	require.Len(t, b.outboxDLQ(t, "events.dlq"), 1)
+	require.Len(t, b.OutboxDLQ(t, "events.dlq"), 1)
 }

@@ -2,7 +2,6 @@ package inboxsarama
 
 import (
 	"context"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -53,48 +52,16 @@ const (
 	NoDrainTimeout time.Duration = -1
 )
 
-// Config configures NewHandler. The zero value is
-// usable: one message per transaction, 25 attempts over about three minutes,
-// dead letters to
-// "<topic>.dlq", no topic ids.
+// Config configures NewHandler. The zero value is usable: one message per
+// transaction, 25 attempts over about three minutes, dead letters to
+// "<topic>.dlq", no topic ids, offsets left to sarama's auto-commit.
+//
+// The settings both adapters share (BatchSize, BatchWait, MaxAttempts,
+// RetryBackoff, MaxRetryBackoff, DeadLetterTopic, DrainTimeout, Logger) are
+// [inbox.ConsumerConfig]'s, documented there; their defaults are this
+// package's XxxDefault constants.
 type Config struct {
-	// BatchSize is the most messages of one partition processed in one
-	// transaction. Above 1, messages go through ProcessBatch (one round trip
-	// for all their keys); a batch whose handler fails is retried message by
-	// message, so one poison message cannot hold back the others. Defaults to
-	// BatchSizeDefault (1: Process, one transaction per message).
-	BatchSize int
-
-	// BatchWait is how long a batch waits to fill up after its first message
-	// arrived; messages already buffered never wait. NoBatchWait means no
-	// wait. Defaults to BatchWaitDefault (10ms).
-	BatchWait time.Duration
-
-	// MaxAttempts is how many times the handler runs for one message before
-	// the message is dead-lettered. Attempts are counted in PostgreSQL
-	// (pgbox_consumer_attempts), so they survive restarts and rebalances;
-	// a run inside a batch counts like any other. 1 means no retries.
-	// Database errors (retryable ones, and those that need an operator) are
-	// never the message's fault and do not count. Defaults to
-	// MaxAttemptsDefault (25: about three minutes of retries, enough to ride
-	// out a downstream restart; a poison message holds its partition that
-	// long, unless the handler returns Permanent).
-	MaxAttempts int
-
-	// RetryBackoff is the wait before the second attempt; it doubles per
-	// attempt (with ±20% jitter) up to MaxRetryBackoff. The same schedule
-	// paces retries after transient database errors. NoRetryBackoff retries
-	// at once. Defaults to RetryBackoffDefault (100ms).
-	RetryBackoff time.Duration
-
-	// MaxRetryBackoff caps the wait between attempts. Defaults to
-	// MaxRetryBackoffDefault (10s).
-	MaxRetryBackoff time.Duration
-
-	// DeadLetterTopic is the topic dead-letter records are written to
-	// (through the outbox, for the relay to publish). Defaults to the source
-	// topic's name with DeadLetterSuffixDefault (".dlq") appended.
-	DeadLetterTopic string
+	inbox.ConsumerConfig
 
 	// Client, when set, is asked for each claimed topic's id (a metadata
 	// request, Kafka ≥ 2.8 and Client.Config().Version ≥ V2_8_0_0), and
@@ -112,28 +79,11 @@ type Config struct {
 	// crash, which the inbox deduplicates anyway, at the cost of a broker round
 	// trip per transaction. Defaults to false.
 	CommitOffsets bool
-
-	// DrainTimeout is how long a transaction already running when its
-	// session ends (a rebalance, or Consume's ctx cancelled) may run on to
-	// commit; past it, its context is cancelled and it rolls back. No new
-	// transaction starts after the session ends. NoDrainTimeout rolls it
-	// back at once. Defaults to DrainTimeoutDefault (5s); keep it below sarama's
-	// Consumer.Group.Rebalance.Timeout.
-	DrainTimeout time.Duration
-
-	// Logger receives retries (warn), dead letters, database errors and
-	// errors that need an operator (error). Defaults to slog.Default() when
-	// nil.
-	Logger *slog.Logger
 }
 
 // core is the loop's share of the settings.
 func (o Config) core() consume.Config {
-	return consume.Config{
-		Name: "inboxsarama", BatchSize: o.BatchSize, BatchWait: o.BatchWait, MaxAttempts: o.MaxAttempts,
-		RetryBackoff: o.RetryBackoff, MaxRetryBackoff: o.MaxRetryBackoff, DeadLetterTopic: o.DeadLetterTopic,
-		DrainTimeout: o.DrainTimeout, Logger: o.Logger,
-	}
+	return consume.Config{Name: "inboxsarama", ConsumerConfig: o.ConsumerConfig}
 }
 
 // Stats counts what a Handler did since it was made.

@@ -12,129 +12,29 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/inbox/internal/consumetest"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/internal/testutil"
 )
 
-// eventHeader carries the producer-assigned event id in these tests.
-const eventHeader = "event-id"
+// The world of these tests, shared with the guarantee suite
+// (inbox/internal/consume).
+type cgBundle = consumetest.World
 
-// cgBundle is one consumer test's world: a private schema with a business
-// table (effects, deliberately without a unique constraint, so a double effect
-// shows as two rows), and a private broker.
-type cgBundle struct {
-	db    *testdb.DB
-	kafka *kfake.Cluster
-	addrs []string
-	topic string
-}
+const eventHeader = consumetest.EventHeader
 
-func cgSetup(t *testing.T, partitions int32, moreTopics ...string) *cgBundle {
-	t.Helper()
-	db := testdb.New(t)
-	_, err := db.Pool.Exec(context.Background(), `CREATE TABLE effects (
-		id bigserial PRIMARY KEY, event text NOT NULL, topic text NOT NULL,
-		partition int NOT NULL, "offset" bigint NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
-	require.NoError(t, err)
-	c := kafkatest.New(t, kfake.SeedTopics(partitions, append([]string{"events"}, moreTopics...)...),
-		kfake.BrokerConfigs(map[string]string{"group.min.session.timeout.ms": "500"}))
-	return &cgBundle{db: db, kafka: c, addrs: c.ListenAddrs(), topic: "events"}
-}
-
-// cgConfig is a sarama consumer-group config with short group timings.
-func cgConfig() *sarama.Config {
-	cfg := kafkatest.Config()
-	cfg.Consumer.Group.Session.Timeout = 2 * time.Second
-	cfg.Consumer.Group.Heartbeat.Interval = 200 * time.Millisecond
-	cfg.Consumer.Group.Rebalance.Timeout = 5 * time.Second
-	cfg.Consumer.Group.Rebalance.Retry.Backoff = 100 * time.Millisecond
-	cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
-	cfg.Consumer.MaxWaitTime = 50 * time.Millisecond
-	return cfg
-}
-
-// record is one message to produce: an event id (key, header and value).
-func record(topic, event string) *sarama.ProducerMessage {
-	return &sarama.ProducerMessage{
-		Topic:   topic,
-		Key:     sarama.StringEncoder(event),
-		Value:   sarama.StringEncoder("payload of " + event),
-		Headers: []sarama.RecordHeader{{Key: []byte(eventHeader), Value: []byte(event)}},
-	}
-}
-
-func (b *cgBundle) produce(t testing.TB, msgs ...*sarama.ProducerMessage) {
-	t.Helper()
-	cfg := kafkatest.Config()
-	cfg.Producer.Return.Successes = true
-	cfg.Producer.RequiredAcks = sarama.WaitForAll
-	p, err := sarama.NewSyncProducer(b.addrs, cfg)
-	require.NoError(t, err)
-	defer p.Close()
-	for len(msgs) > 0 {
-		n := min(len(msgs), 500)
-		require.NoError(t, p.SendMessages(msgs[:n]))
-		msgs = msgs[n:]
-	}
-}
-
-func (b *cgBundle) produceEvents(t testing.TB, events ...string) {
-	t.Helper()
-	msgs := make([]*sarama.ProducerMessage, len(events))
-	for i, e := range events {
-		msgs[i] = record(b.topic, e)
-	}
-	b.produce(t, msgs...)
-}
-
-// effect is the business handler: one row per event it processes.
-func effect(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-	ev, _ := m.Header(eventHeader)
-	_, err := tx.Exec(ctx, `INSERT INTO effects (event, topic, partition, "offset") VALUES ($1, $2, $3, $4)`,
-		string(ev), m.Topic, m.Partition, m.Offset)
-	return err
-}
-
-func (b *cgBundle) count(t testing.TB, q string, args ...any) int {
-	t.Helper()
-	var n int
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), q, args...).Scan(&n))
-	return n
-}
-
-// effects returns the business rows and the distinct events among them.
-func (b *cgBundle) effects(t testing.TB) (rows, distinct int) {
-	t.Helper()
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
-		`SELECT count(*), count(DISTINCT event) FROM effects`).Scan(&rows, &distinct))
-	return rows, distinct
-}
-
-// committedOffset is the group's committed offset for partition 0 of topic
-// (-1 when none).
-func (b *cgBundle) committedOffset(t testing.TB, group, topic string, partition int32) int64 {
-	t.Helper()
-	admin, err := sarama.NewClusterAdmin(b.addrs, kafkatest.Config())
-	require.NoError(t, err)
-	defer admin.Close()
-	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: {partition}})
-	require.NoError(t, err)
-	blk := resp.GetBlock(topic, partition)
-	require.NotNil(t, blk)
-	return blk.Offset
-}
-
-func newTestInbox(t testing.TB, consumer string, key inbox.KeyStrategy) *inbox.Inbox {
-	t.Helper()
-	ib, err := inbox.New(inbox.Config{Consumer: consumer, Key: key})
-	require.NoError(t, err)
-	return ib
-}
+var (
+	cgSetup      = consumetest.Setup
+	cgConfig     = consumetest.GroupConfig
+	record       = consumetest.Record
+	effect       = consumetest.Effect
+	events       = consumetest.Events
+	newTestInbox = consumetest.NewInbox
+)
 
 // member is one running consumer-group member.
 type member struct {
@@ -183,14 +83,6 @@ func mustHandler(t testing.TB, pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.Han
 	return h
 }
 
-func events(prefix string, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = fmt.Sprintf("%s-%05d", prefix, i)
-	}
-	return out
-}
-
 // poolWithAppName opens a pool on the test's schema whose connections carry
 // application_name, so a test can find (and kill) exactly them.
 func poolWithAppName(t testing.TB, db *testdb.DB, app string, maxConns int32) *pgxpool.Pool {
@@ -211,87 +103,47 @@ func poolWithAppName(t testing.TB, db *testdb.DB, app string, maxConns int32) *p
 
 // --- tests ---
 
-// The basics, at batch 1 and batch 25: every message's effect commits once,
-// the offsets are committed after, and the topic id from metadata is part of
-// the ByOffset keys.
-func TestConsumerProcessesAndMarks(t *testing.T) {
-	t.Parallel()
-	for _, batch := range []int{1, 25} {
-		t.Run(fmt.Sprintf("batch%d", batch), func(t *testing.T) {
-			t.Parallel()
-			b := cgSetup(t, 2)
-			evs := events("e", 60)
-			b.produceEvents(t, evs...)
-
-			client, err := sarama.NewClient(b.addrs, cgConfig())
-			require.NoError(t, err)
-			defer client.Close()
-			ib := newTestInbox(t, "svc", inbox.ByOffset())
-			h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{BatchSize: batch, Client: client})
-			m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-			testutil.Eventually(t, 30*time.Second, "all effects", func() bool { n, _ := b.effects(t); return n >= len(evs) })
-			m.stop()
-
-			rows, distinct := b.effects(t)
-			require.Equal(t, len(evs), rows)
-			require.Equal(t, len(evs), distinct)
-			st := h.Stats()
-			require.EqualValues(t, len(evs), st.Processed)
-			require.Zero(t, st.DeadLettered)
-			// Offsets committed after the effects: both partitions at their end.
-			end := b.count(t, `SELECT count(*) FROM effects WHERE partition = 0`)
-			require.EqualValues(t, end, b.committedOffset(t, "svc", b.topic, 0))
-
-			// kfake reports topic ids: keys are topic@id/partition/offset.
-			var key string
-			require.NoError(t, b.db.Pool.QueryRow(context.Background(),
-				`SELECT key FROM pgbox_inbox WHERE partition = 0 AND "offset" = 0`).Scan(&key))
-			require.Regexp(t, `^events@[A-Za-z0-9_-]{22}/0/0$`, key)
-		})
-	}
-}
-
 // A topic deleted and recreated under the same name restarts its offsets at
 // 0; with topic ids in the keys its messages are new, not duplicates.
 func TestConsumerTopicRecreatedIsNotDuplicate(t *testing.T) {
 	t.Parallel()
 	b := cgSetup(t, 1)
 	ctx := context.Background()
-	client, err := sarama.NewClient(b.addrs, cgConfig())
+	client, err := sarama.NewClient(b.Addrs, cgConfig())
 	require.NoError(t, err)
 	defer client.Close()
 	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{Client: client})
+	h := mustHandler(t, b.DB.Pool, ib, effect, inboxsarama.Config{Client: client})
 
-	b.produceEvents(t, "old-0", "old-1")
-	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	testutil.Eventually(t, 30*time.Second, "old effects", func() bool { n, _ := b.effects(t); return n == 2 })
+	b.ProduceEvents(t, "old-0", "old-1")
+	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
+	testutil.Eventually(t, 30*time.Second, "old effects", func() bool { n, _ := b.Effects(t); return n == 2 })
 	m.stop()
 
-	admin, err := sarama.NewClusterAdmin(b.addrs, kafkatest.Config())
+	admin, err := sarama.NewClusterAdmin(b.Addrs, kafkatest.Config())
 	require.NoError(t, err)
 	defer admin.Close()
-	require.NoError(t, admin.DeleteTopic(b.topic))
+	require.NoError(t, admin.DeleteTopic(b.Topic))
 	testutil.Eventually(t, 10*time.Second, "topic deleted", func() bool {
 		ts, err := admin.ListTopics()
 		require.NoError(t, err)
-		_, ok := ts[b.topic]
+		_, ok := ts[b.Topic]
 		return !ok
 	})
-	require.NoError(t, admin.CreateTopic(b.topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false))
+	require.NoError(t, admin.CreateTopic(b.Topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false))
 	// The group's committed offset (2) is past the new topic's end: start over.
 	require.NoError(t, admin.DeleteConsumerGroup("svc"))
-	b.produceEvents(t, "new-0", "new-1")
+	b.ProduceEvents(t, "new-0", "new-1")
 
-	m = startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	testutil.Eventually(t, 30*time.Second, "new effects", func() bool { n, _ := b.effects(t); return n == 4 })
+	m = startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
+	testutil.Eventually(t, 30*time.Second, "new effects", func() bool { n, _ := b.Effects(t); return n == 4 })
 	m.stop()
-	rows, distinct := b.effects(t)
+	rows, distinct := b.Effects(t)
 	require.Equal(t, 4, rows)
 	require.Equal(t, 4, distinct)
 	require.Zero(t, h.Stats().Duplicates)
 	var ids int
-	require.NoError(t, b.db.Pool.QueryRow(ctx,
+	require.NoError(t, b.DB.Pool.QueryRow(ctx,
 		`SELECT count(DISTINCT split_part(split_part(key, '@', 2), '/', 1)) FROM pgbox_inbox`).Scan(&ids))
 	require.Equal(t, 2, ids, "keys of the two incarnations carry different topic ids")
 }
@@ -311,9 +163,9 @@ func TestNewHandlerValidates(t *testing.T) {
 		{"nil pool", nil, ib, effect, inboxsarama.Config{}, "nil pool"},
 		{"nil inbox", db.Pool, nil, effect, inboxsarama.Config{}, "nil *inbox.Inbox"},
 		{"nil handler", db.Pool, ib, nil, inboxsarama.Config{}, "nil HandlerFunc"},
-		{"negative batch", db.Pool, ib, effect, inboxsarama.Config{BatchSize: -1}, "BatchSize is negative"},
-		{"negative attempts", db.Pool, ib, effect, inboxsarama.Config{MaxAttempts: -2}, "MaxAttempts is negative"},
-		{"bad dlq topic", db.Pool, ib, effect, inboxsarama.Config{DeadLetterTopic: "dead letters"}, `DeadLetterTopic "dead letters"`},
+		{"negative batch", db.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: -1}}, "BatchSize is negative"},
+		{"negative attempts", db.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{MaxAttempts: -2}}, "MaxAttempts is negative"},
+		{"bad dlq topic", db.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{DeadLetterTopic: "dead letters"}}, `DeadLetterTopic "dead letters"`},
 	} {
 		_, err := inboxsarama.NewHandler(tc.pool, tc.ib, tc.fn, tc.opts)
 		require.ErrorContains(t, err, tc.want, tc.name)
@@ -339,10 +191,10 @@ func TestPermanent(t *testing.T) {
 func TestConsumerTopicIDFallback(t *testing.T) {
 	t.Parallel()
 	b := cgSetup(t, 1)
-	b.produceEvents(t, "a", "b")
+	b.ProduceEvents(t, "a", "b")
 	cfg := cgConfig()
 	cfg.Version = sarama.V2_6_0_0
-	client, err := sarama.NewClient(b.addrs, cfg)
+	client, err := sarama.NewClient(b.Addrs, cfg)
 	require.NoError(t, err)
 	defer client.Close()
 	var ids []string
@@ -350,10 +202,10 @@ func TestConsumerTopicIDFallback(t *testing.T) {
 		ids = append(ids, m.TopicID)
 		return effect(ctx, tx, m)
 	}
-	h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByOffset()), fn, inboxsarama.Config{Client: client})
-	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	testutil.Eventually(t, 30*time.Second, "effects", func() bool { n, _ := b.effects(t); return n == 2 })
+	h := mustHandler(t, b.DB.Pool, newTestInbox(t, "svc", inbox.ByOffset()), fn, inboxsarama.Config{Client: client})
+	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
+	testutil.Eventually(t, 30*time.Second, "effects", func() bool { n, _ := b.Effects(t); return n == 2 })
 	m.stop()
 	require.Equal(t, []string{"", ""}, ids)
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM pgbox_inbox WHERE key = 'events/0/1'`))
+	require.Equal(t, 1, b.Count(t, `SELECT count(*) FROM pgbox_inbox WHERE key = 'events/0/1'`))
 }

@@ -1,11 +1,9 @@
 package inboxsarama_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,28 +15,11 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/inbox/internal/consumetest"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/internal/testutil"
 )
-
-// syncBuffer is a log destination the handler's goroutines may share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // consumeUntilError runs one Consume call of a new group member and returns its
 // error (what a service's Consume loop sees), failing the test if Consume
@@ -82,9 +63,9 @@ func requireNoDeadLetters(t *testing.T, b *cgBundle, h *inboxsarama.Handler) {
 	require.Zero(t, st.DeadLettered, "no message dead-lettered")
 	require.Zero(t, st.Failures, "no attempt counted")
 	require.Positive(t, st.OperatorErrors)
-	require.Zero(t, b.count(t, `SELECT count(*) FROM pgbox_consumer_dead`))
-	require.Zero(t, b.count(t, `SELECT count(*) FROM pgbox_consumer_attempts`))
-	require.Zero(t, b.count(t, `SELECT count(*) FROM pgbox_outbox`))
+	require.Zero(t, b.Count(t, `SELECT count(*) FROM pgbox_consumer_dead`))
+	require.Zero(t, b.Count(t, `SELECT count(*) FROM pgbox_consumer_attempts`))
+	require.Zero(t, b.Count(t, `SELECT count(*) FROM pgbox_outbox`))
 }
 
 // Started against a schema where pgbox's migrations were not run, the
@@ -92,24 +73,21 @@ func requireNoDeadLetters(t *testing.T, b *cgBundle, h *inboxsarama.Handler) {
 func TestConsumerMigrationsNotRun(t *testing.T) {
 	t.Parallel()
 	db := testdb.Empty(t)
-	_, err := db.Pool.Exec(context.Background(), `CREATE TABLE effects (
-		id bigserial PRIMARY KEY, event text NOT NULL, topic text NOT NULL,
-		partition int NOT NULL, "offset" bigint NOT NULL)`)
-	require.NoError(t, err)
+	consumetest.CreateEffects(t, db)
 	c := kafkatest.New(t, kfake.SeedTopics(1, "events"), kfake.BrokerConfigs(map[string]string{"group.min.session.timeout.ms": "500"}))
-	b := &cgBundle{db: db, kafka: c, addrs: c.ListenAddrs(), topic: "events"}
-	b.produceEvents(t, events("e", 5)...)
+	b := &cgBundle{DB: db, Kafka: c, Addrs: c.ListenAddrs(), Topic: "events"}
+	b.ProduceEvents(t, events("e", 5)...)
 
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	h := mustHandler(t, db.Pool, newTestInbox(t, "svc", inbox.ByOffset()), effect,
-		inboxsarama.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))}})
 	start := time.Now()
-	err = consumeUntilError(t, b.addrs, "svc", b.topic, h, 60*time.Second)
+	err := consumeUntilError(t, b.Addrs, "svc", b.Topic, h, 60*time.Second)
 	requireOperatorError(t, err, "42P01", "relay migrate up")
 	require.Less(t, time.Since(start), 30*time.Second)
 	require.Contains(t, logs.String(), "level=ERROR")
 	require.Contains(t, logs.String(), "relay migrate up")
-	require.Zero(t, b.count(t, `SELECT count(*) FROM effects`))
+	require.Zero(t, b.Count(t, `SELECT count(*) FROM effects`))
 	require.Positive(t, h.Stats().OperatorErrors)
 	require.Zero(t, h.Stats().Failures)
 }
@@ -123,37 +101,37 @@ func TestConsumerGrantsRevoked(t *testing.T) {
 		t.Run(map[int]string{1: "batch1", 20: "batch20"}[batch], func(t *testing.T) {
 			t.Parallel()
 			b := cgSetup(t, 2)
-			role := testutil.NewRole(t, b.db)
+			role := testutil.NewRole(t, b.DB)
 			pool, err := pgxpool.New(context.Background(), role.URL)
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
 			h := mustHandler(t, pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), effect,
-				inboxsarama.Config{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+				inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch, RetryBackoff: 10 * time.Millisecond}})
 
 			first := events("a", 50)
-			b.produceEvents(t, first...)
-			m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
+			b.ProduceEvents(t, first...)
+			m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
 			testutil.Eventually(t, 60*time.Second, "the first events processed", func() bool {
-				_, distinct := b.effects(t)
+				_, distinct := b.Effects(t)
 				return distinct == len(first)
 			})
 			m.stop()
 
 			role.Revoke(t)
 			second := events("b", 50)
-			b.produceEvents(t, second...)
-			err = consumeUntilError(t, b.addrs, "svc", b.topic, h, 60*time.Second)
+			b.ProduceEvents(t, second...)
+			err = consumeUntilError(t, b.Addrs, "svc", b.Topic, h, 60*time.Second)
 			requireOperatorError(t, err, "42501", "grant")
 			requireNoDeadLetters(t, b, h)
 
 			role.Grant(t)
-			m = startMember(t, b.addrs, "svc", []string{b.topic}, h)
+			m = startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
 			testutil.Eventually(t, 60*time.Second, "every event processed", func() bool {
-				_, distinct := b.effects(t)
+				_, distinct := b.Effects(t)
 				return distinct == len(first)+len(second)
 			})
 			m.stop()
-			rows, distinct := b.effects(t)
+			rows, distinct := b.Effects(t)
 			require.Equal(t, len(first)+len(second), distinct)
 			require.Equal(t, distinct, rows, "no event applied twice")
 			require.Zero(t, h.Stats().DeadLettered)
@@ -172,31 +150,30 @@ func TestConsumerBusinessTableMissing(t *testing.T) {
 			t.Parallel()
 			b := cgSetup(t, 2)
 			ctx := context.Background()
-			_, err := b.db.Pool.Exec(ctx, `ALTER TABLE effects RENAME TO effects_elsewhere`)
+			_, err := b.DB.Pool.Exec(ctx, `ALTER TABLE effects RENAME TO effects_elsewhere`)
 			require.NoError(t, err)
 			evs := events("e", 40)
-			b.produceEvents(t, evs...)
+			b.ProduceEvents(t, evs...)
 
-			var logs syncBuffer
-			h := mustHandler(t, b.db.Pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), effect,
-				inboxsarama.Config{BatchSize: batch, MaxAttempts: 1, RetryBackoff: 10 * time.Millisecond,
-					Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-			err = consumeUntilError(t, b.addrs, "svc", b.topic, h, 60*time.Second)
+			var logs testutil.SyncBuffer
+			h := mustHandler(t, b.DB.Pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), effect,
+				inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch, MaxAttempts: 1, RetryBackoff: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}})
+			err = consumeUntilError(t, b.Addrs, "svc", b.Topic, h, 60*time.Second)
 			requireOperatorError(t, err, "42P01", "apply the service's migrations")
 			require.True(t, errors.Is(err, inbox.ErrNeedsOperator))
 			requireNoDeadLetters(t, b, h)
 			require.Contains(t, logs.String(), "level=ERROR")
 			require.NotContains(t, logs.String(), "dead-lettered")
 
-			_, err = b.db.Pool.Exec(ctx, `ALTER TABLE effects_elsewhere RENAME TO effects`)
+			_, err = b.DB.Pool.Exec(ctx, `ALTER TABLE effects_elsewhere RENAME TO effects`)
 			require.NoError(t, err)
-			m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
+			m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
 			testutil.Eventually(t, 60*time.Second, "every event processed", func() bool {
-				_, distinct := b.effects(t)
+				_, distinct := b.Effects(t)
 				return distinct == len(evs)
 			})
 			m.stop()
-			rows, distinct := b.effects(t)
+			rows, distinct := b.Effects(t)
 			require.Equal(t, len(evs), distinct)
 			require.Equal(t, len(evs), rows, "no event applied twice")
 			require.Zero(t, h.Stats().DeadLettered)

@@ -28,7 +28,7 @@ func TestConsumerHandlerErrorRollsBackWholeTx(t *testing.T) {
 				t.Parallel()
 				b := cgSetup(t, 2)
 				evs := events("e", 60)
-				b.produceEvents(t, evs...)
+				b.ProduceEvents(t, evs...)
 				var mu sync.Mutex
 				failed := map[string]bool{}
 				fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
@@ -58,14 +58,14 @@ func TestConsumerHandlerErrorRollsBackWholeTx(t *testing.T) {
 				cfg := inbox.Config{Consumer: "svc", Dedup: mode}
 				ib, err := inbox.New(cfg)
 				require.NoError(t, err)
-				h := mustHandler(t, b.db.Pool, ib, fn, inboxsarama.Config{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
-				m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
+				h := mustHandler(t, b.DB.Pool, ib, fn, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch, RetryBackoff: 10 * time.Millisecond}})
+				m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
 				testutil.Eventually(t, 60*time.Second, "every message processed", func() bool {
-					_, distinct := b.effects(t)
+					_, distinct := b.Effects(t)
 					return distinct == len(evs)
 				})
 				m.stop()
-				rows, distinct := b.effects(t)
+				rows, distinct := b.Effects(t)
 				require.Equal(t, len(evs), distinct)
 				require.Equal(t, len(evs), rows, "each effect committed once: the failed attempts left nothing")
 				require.NotZero(t, h.Stats().Failures)

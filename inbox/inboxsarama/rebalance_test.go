@@ -43,7 +43,7 @@ func TestConsumerRebalancesWithResends(t *testing.T) {
 	t.Parallel()
 	b := cgSetup(t, 4)
 	rng := rand.New(rand.NewPCG(1, 2))
-	msgs, unique := sends(b.topic, "ev", 10_000, rng)
+	msgs, unique := sends(b.Topic, "ev", 10_000, rng)
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
 	var handlers []*inboxsarama.Handler
@@ -51,11 +51,11 @@ func TestConsumerRebalancesWithResends(t *testing.T) {
 	join := func() *member {
 		// Alternate batch sizes, so both paths meet in one group.
 		batch := []int{50, 1, 20}[batchN.Add(1)%3]
-		h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+		h := mustHandler(t, b.DB.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch, RetryBackoff: 10 * time.Millisecond}})
 		handlers = append(handlers, h)
-		return startMember(t, b.addrs, "svc", []string{b.topic}, h)
+		return startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
 	}
-	chunk := func(i int) { b.produce(t, msgs[i*1000:(i+1)*1000]...) }
+	chunk := func(i int) { b.Produce(t, msgs[i*1000:(i+1)*1000]...) }
 
 	a := join()
 	chunk(0)
@@ -75,12 +75,12 @@ func TestConsumerRebalancesWithResends(t *testing.T) {
 	cm.stop()
 	chunk(9)
 	testutil.Eventually(t, 90*time.Second, "every event processed", func() bool {
-		_, distinct := b.effects(t)
+		_, distinct := b.Effects(t)
 		return distinct == unique
 	})
 	dm.stop()
 
-	rows, distinct := b.effects(t)
+	rows, distinct := b.Effects(t)
 	require.Equal(t, unique, distinct)
 	require.Equal(t, unique, rows, "no event has two business rows")
 	var processed, dups uint64
@@ -100,12 +100,12 @@ func TestConsumerCooperativeRebalance(t *testing.T) {
 	t.Parallel()
 	b := cgSetup(t, 4)
 	rng := rand.New(rand.NewPCG(5, 6))
-	msgs, unique := sends(b.topic, "ev", 3000, rng)
+	msgs, unique := sends(b.Topic, "ev", 3000, rng)
 
 	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
 	var handlers []*inboxsarama.Handler
 	join := func(batch int) *member {
-		h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+		h := mustHandler(t, b.DB.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch, RetryBackoff: 10 * time.Millisecond}})
 		handlers = append(handlers, h)
 		// Each member gets its own config and strategy, as separate
 		// processes do: sarama's sticky strategies keep state in the
@@ -113,23 +113,23 @@ func TestConsumerCooperativeRebalance(t *testing.T) {
 		// members in a process is a data race (this test's old one).
 		cfg := cgConfig()
 		cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{sarama.NewBalanceStrategyCooperativeSticky()}
-		return startMemberConfig(t, cfg, b.addrs, "svc", []string{b.topic}, h)
+		return startMemberConfig(t, cfg, b.Addrs, "svc", []string{b.Topic}, h)
 	}
 	a := join(20)
-	b.produce(t, msgs[:1000]...)
+	b.Produce(t, msgs[:1000]...)
 	bm := join(1) // a keeps some partitions, gives up others
-	b.produce(t, msgs[1000:2000]...)
+	b.Produce(t, msgs[1000:2000]...)
 	a.stop()
 	cm := join(50)
-	b.produce(t, msgs[2000:]...)
+	b.Produce(t, msgs[2000:]...)
 	testutil.Eventually(t, 90*time.Second, "every event processed", func() bool {
-		_, distinct := b.effects(t)
+		_, distinct := b.Effects(t)
 		return distinct == unique
 	})
 	bm.stop()
 	cm.stop()
 
-	rows, distinct := b.effects(t)
+	rows, distinct := b.Effects(t)
 	require.Equal(t, unique, distinct)
 	require.Equal(t, unique, rows, "no event has two business rows")
 	var processed uint64

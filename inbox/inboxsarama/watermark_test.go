@@ -30,9 +30,9 @@ func newWatermarkInbox(t testing.TB, consumer string, key ...inbox.KeyStrategy) 
 }
 
 // records returns the business rows and the distinct records among them.
-func (b *cgBundle) records(t testing.TB) (rows, distinct int) {
+func records(t testing.TB, b *cgBundle) (rows, distinct int) {
 	t.Helper()
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+	require.NoError(t, b.DB.Pool.QueryRow(context.Background(),
 		`SELECT count(*), count(DISTINCT (topic, partition, "offset")) FROM effects`).Scan(&rows, &distinct))
 	return rows, distinct
 }
@@ -53,7 +53,7 @@ func TestConsumerWatermarkRebalances(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := cgSetup(t, 4)
-			msgs, unique := sends(b.topic, "ev", 6000, rand.New(rand.NewPCG(3, 4)))
+			msgs, unique := sends(b.Topic, "ev", 6000, rand.New(rand.NewPCG(3, 4)))
 			ib := newWatermarkInbox(t, "svc")
 			if withKeys {
 				ib = newWatermarkInbox(t, "svc", inbox.ByHeader(eventHeader))
@@ -63,20 +63,20 @@ func TestConsumerWatermarkRebalances(t *testing.T) {
 			// crashed after its transactions): whoever takes their
 			// partitions over reads everything they processed again.
 			join := func(batch int, commits bool) *member {
-				h := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{BatchSize: batch, RetryBackoff: 10 * time.Millisecond})
+				h := mustHandler(t, b.DB.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch, RetryBackoff: 10 * time.Millisecond}})
 				handlers = append(handlers, h)
 				cfg := cgConfig()
 				cfg.Consumer.Offsets.AutoCommit.Enable = commits
-				return startMemberConfig(t, cfg, b.addrs, "svc", []string{b.topic}, h)
+				return startMemberConfig(t, cfg, b.Addrs, "svc", []string{b.Topic}, h)
 			}
-			chunk := func(i int) { b.produce(t, msgs[i*1000:(i+1)*1000]...) }
+			chunk := func(i int) { b.Produce(t, msgs[i*1000:(i+1)*1000]...) }
 			// A twin group with the same inbox consumer reads every record
 			// too, concurrently: each record is delivered twice at about the
 			// same time, the race of a partition handed over while its old
 			// owner's transaction is in flight.
-			twin := mustHandler(t, b.db.Pool, ib, effect, inboxsarama.Config{BatchSize: 10})
+			twin := mustHandler(t, b.DB.Pool, ib, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 10}})
 			handlers = append(handlers, twin)
-			tm := startMember(t, b.addrs, "svc-twin", []string{b.topic}, twin)
+			tm := startMember(t, b.Addrs, "svc-twin", []string{b.Topic}, twin)
 			a := join(50, false)
 			chunk(0)
 			chunk(1)
@@ -93,13 +93,13 @@ func TestConsumerWatermarkRebalances(t *testing.T) {
 				want = unique
 			}
 			testutil.Eventually(t, 90*time.Second, "every record processed", func() bool {
-				_, distinct := b.effects(t)
+				_, distinct := b.Effects(t)
 				return distinct == unique
 			})
 			testutil.Eventually(t, 30*time.Second, "every record committed", func() bool {
 				n := 0
 				for p := range int32(4) {
-					n += int(b.committedOr(t, "svc", p))
+					n += int(b.Committed(t, "svc", p))
 				}
 				return n == len(msgs)
 			})
@@ -110,10 +110,10 @@ func TestConsumerWatermarkRebalances(t *testing.T) {
 			})
 			tm.stop()
 
-			rows, distinct := b.effects(t)
+			rows, distinct := b.Effects(t)
 			require.Equal(t, unique, distinct)
 			if !withKeys {
-				rows, distinct = b.records(t)
+				rows, distinct = records(t, b)
 				require.Equal(t, len(msgs), distinct)
 			}
 			require.Equal(t, want, rows, "no record (event) has two business rows")
@@ -125,92 +125,44 @@ func TestConsumerWatermarkRebalances(t *testing.T) {
 			require.EqualValues(t, want, processed)
 			require.GreaterOrEqual(t, processed+dups, uint64(2*len(msgs)), "every record was delivered at least twice")
 			t.Logf("%d records, %d processed, %d duplicates (redeliveries after rebalances, resends)", len(msgs), processed, dups)
-			require.Equal(t, 4, b.count(t, `SELECT count(*) FROM pgbox_inbox_watermark`))
+			require.Equal(t, 4, b.Count(t, `SELECT count(*) FROM pgbox_inbox_watermark`))
 			if withKeys {
-				require.Equal(t, unique, b.count(t, `SELECT count(*) FROM pgbox_inbox`))
+				require.Equal(t, unique, b.Count(t, `SELECT count(*) FROM pgbox_inbox`))
 			} else {
-				require.Zero(t, b.count(t, `SELECT count(*) FROM pgbox_inbox`))
+				require.Zero(t, b.Count(t, `SELECT count(*) FROM pgbox_inbox`))
 			}
 		})
 	}
 }
 
-// committedOr is committedOffset for polling: -1 while the broker cannot
-// answer (a rebalance in progress).
-func (b *cgBundle) committedOr(t testing.TB, group string, partition int32) int64 {
-	t.Helper()
-	admin, err := sarama.NewClusterAdmin(b.addrs, kafkatest.Config())
-	if err != nil {
-		return -1
-	}
-	defer admin.Close()
-	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{b.topic: {partition}})
-	if err != nil {
-		return -1
-	}
-	if blk := resp.GetBlock(b.topic, partition); blk != nil && blk.Err == sarama.ErrNoError {
-		return blk.Offset
-	}
-	return -1
-}
-
-// resetOffset commits offset as group's position on partition 0 of topic
-// (the group has no running member), as `kafka-consumer-groups
-// --reset-offsets` does.
-func (b *cgBundle) resetOffset(t testing.TB, group string, offset int64) {
-	t.Helper()
-	client, err := sarama.NewClient(b.addrs, kafkatest.Config())
-	require.NoError(t, err)
-	defer client.Close()
-	om, err := sarama.NewOffsetManagerFromClient(group, client)
-	require.NoError(t, err)
-	pom, err := om.ManagePartition(b.topic, 0)
-	require.NoError(t, err)
-	pom.ResetOffset(offset, "") // moves backwards only...
-	pom.MarkOffset(offset, "")  // ...and this forwards only
-	require.NoError(t, pom.Close())
-	om.Commit()
-	require.NoError(t, om.Close())
-	require.Equal(t, offset, b.committedOffset(t, group, b.topic, 0))
-}
-
-// The group's offset reset backwards reprocesses nothing; reset forwards,
-// past records never processed, it is logged and counted, not silent.
+// The group's offset reset forwards, past records never processed, is
+// logged and counted, not silent. (Reset backwards, it reprocesses
+// nothing: inbox/internal/consume.TestSuiteWatermarkRewind.)
 func TestConsumerWatermarkOffsetResets(t *testing.T) {
 	t.Parallel()
 	b := cgSetup(t, 1)
 	ib := newWatermarkInbox(t, "svc")
-	var logs syncBuffer
-	opts := inboxsarama.Config{BatchSize: 10, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
-	b.produceEvents(t, events("a", 100)...)
-	h := mustHandler(t, b.db.Pool, ib, effect, opts)
-	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	testutil.Eventually(t, 30*time.Second, "first pass", func() bool { return b.committedOr(t, "svc", 0) == 100 })
+	var logs testutil.SyncBuffer
+	opts := inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 10, Logger: slog.New(slog.NewTextHandler(&logs, nil))}}
+	b.ProduceEvents(t, events("a", 100)...)
+	h := mustHandler(t, b.DB.Pool, ib, effect, opts)
+	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
+	testutil.Eventually(t, 30*time.Second, "first pass", func() bool { return b.Committed(t, "svc", 0) == 100 })
 	m.stop()
-	require.Equal(t, 100, b.count(t, `SELECT count(*) FROM effects`))
-
-	// Rewind to the start.
-	b.resetOffset(t, "svc", 0)
-	h = mustHandler(t, b.db.Pool, ib, effect, opts)
-	m = startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	testutil.Eventually(t, 30*time.Second, "replay", func() bool { return b.committedOr(t, "svc", 0) == 100 })
-	m.stop()
-	require.EqualValues(t, 100, h.Stats().Duplicates)
-	require.Zero(t, h.Stats().Processed)
-	require.Equal(t, 100, b.count(t, `SELECT count(*) FROM effects`), "a rewind reprocesses nothing")
+	require.Equal(t, 100, b.Count(t, `SELECT count(*) FROM effects`))
 
 	// Jump forward past 50 records nobody processed.
-	b.produceEvents(t, events("b", 60)...)
-	b.resetOffset(t, "svc", 150)
-	h = mustHandler(t, b.db.Pool, ib, effect, opts)
-	m = startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	testutil.Eventually(t, 30*time.Second, "after the jump", func() bool { return b.committedOr(t, "svc", 0) == 160 })
+	b.ProduceEvents(t, events("b", 60)...)
+	b.ResetOffset(t, "svc", 150)
+	h = mustHandler(t, b.DB.Pool, ib, effect, opts)
+	m = startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
+	testutil.Eventually(t, 30*time.Second, "after the jump", func() bool { return b.Committed(t, "svc", 0) == 160 })
 	m.stop()
 	require.EqualValues(t, 10, h.Stats().Processed)
 	require.EqualValues(t, 1, h.Stats().Gaps)
 	require.Contains(t, logs.String(), "level=WARN")
 	require.Contains(t, logs.String(), "gap=50 first_skipped_offset=100")
-	require.Equal(t, 110, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 110, b.Count(t, `SELECT count(*) FROM effects`))
 }
 
 // A topic deleted and recreated under the same name restarts its offsets at
@@ -219,37 +171,37 @@ func TestConsumerWatermarkOffsetResets(t *testing.T) {
 func TestConsumerWatermarkTopicRecreated(t *testing.T) {
 	t.Parallel()
 	b := cgSetup(t, 1)
-	client, err := sarama.NewClient(b.addrs, cgConfig())
+	client, err := sarama.NewClient(b.Addrs, cgConfig())
 	require.NoError(t, err)
 	defer client.Close()
-	h := mustHandler(t, b.db.Pool, newWatermarkInbox(t, "svc"), effect, inboxsarama.Config{Client: client})
+	h := mustHandler(t, b.DB.Pool, newWatermarkInbox(t, "svc"), effect, inboxsarama.Config{Client: client})
 
-	b.produceEvents(t, "old-0", "old-1", "old-2")
-	m := startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	testutil.Eventually(t, 30*time.Second, "old effects", func() bool { n, _ := b.effects(t); return n == 3 })
+	b.ProduceEvents(t, "old-0", "old-1", "old-2")
+	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
+	testutil.Eventually(t, 30*time.Second, "old effects", func() bool { n, _ := b.Effects(t); return n == 3 })
 	m.stop()
 
-	admin, err := sarama.NewClusterAdmin(b.addrs, kafkatest.Config())
+	admin, err := sarama.NewClusterAdmin(b.Addrs, kafkatest.Config())
 	require.NoError(t, err)
 	defer admin.Close()
-	require.NoError(t, admin.DeleteTopic(b.topic))
+	require.NoError(t, admin.DeleteTopic(b.Topic))
 	testutil.Eventually(t, 10*time.Second, "topic deleted", func() bool {
 		ts, err := admin.ListTopics()
 		require.NoError(t, err)
-		_, ok := ts[b.topic]
+		_, ok := ts[b.Topic]
 		return !ok
 	})
-	require.NoError(t, admin.CreateTopic(b.topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false))
+	require.NoError(t, admin.CreateTopic(b.Topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false))
 	require.NoError(t, admin.DeleteConsumerGroup("svc"))
-	b.produceEvents(t, "new-0", "new-1")
+	b.ProduceEvents(t, "new-0", "new-1")
 
-	m = startMember(t, b.addrs, "svc", []string{b.topic}, h)
-	testutil.Eventually(t, 30*time.Second, "new effects", func() bool { n, _ := b.effects(t); return n == 5 })
+	m = startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
+	testutil.Eventually(t, 30*time.Second, "new effects", func() bool { n, _ := b.Effects(t); return n == 5 })
 	m.stop()
-	rows, distinct := b.effects(t)
+	rows, distinct := b.Effects(t)
 	require.Equal(t, 5, rows)
 	require.Equal(t, 5, distinct)
 	require.Zero(t, h.Stats().Duplicates)
 	require.Zero(t, h.Stats().Gaps)
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM pgbox_inbox_watermark WHERE "offset" = 1 AND topic_id <> ''`))
+	require.Equal(t, 1, b.Count(t, `SELECT count(*) FROM pgbox_inbox_watermark WHERE "offset" = 1 AND topic_id <> ''`))
 }

@@ -75,13 +75,22 @@ func TestOnlyExamplesAndTestsImportKfake(t *testing.T) {
 	t.Parallel()
 	for _, p := range listAll(t) {
 		r := rel(p.ImportPath)
-		if strings.HasPrefix(r, "examples/") || strings.HasPrefix(r, "integration_test/") || r == "internal/kafkatest" {
+		if strings.HasPrefix(r, "examples/") || strings.HasPrefix(r, "integration_test/") || r == "internal/kafkatest" || r == "inbox/internal/consumetest" {
 			continue
 		}
 		require.Empty(t, importsPrefix(p.Imports, kfake), "%s imports kfake outside a _test file", p.ImportPath)
 	}
 	for _, d := range deps(t, module+"/cmd/relay") {
 		require.NotEqual(t, kfake, d, "the production binary links kfake")
+	}
+}
+
+// TestConsumetestOnlyInTests: the consumer tests' world (a broker, a
+// schema) is imported by _test files only.
+func TestConsumetestOnlyInTests(t *testing.T) {
+	t.Parallel()
+	for _, p := range listAll(t) {
+		require.NotContains(t, p.Imports, module+"/inbox/internal/consumetest", "%s imports consumetest outside a _test file", p.ImportPath)
 	}
 }
 

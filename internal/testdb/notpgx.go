@@ -97,3 +97,52 @@ type noRows struct{}
 func (noRows) Columns() []string         { return nil }
 func (noRows) Close() error              { return nil }
 func (noRows) Next([]driver.Value) error { return io.EOF }
+
+// UnusableTx is a *sql.Tx that pgbox's database/sql entry points
+// (inbox.ProcessSQL, outbox.WriteSQL...) must refuse before sending
+// anything of their own.
+type UnusableTx struct {
+	Name string
+	Tx   *sql.Tx
+	// Want is what the refusal's error says about it.
+	Want string
+	// Driver is the foreign driver the transaction is on, for the
+	// statements it saw; nil for pgx's own.
+	Driver *NotPgx
+}
+
+// UnusableTxs begins one of each *sql.Tx that cannot be written through: on
+// a foreign driver strict about argument types, on one taking any argument,
+// on pgx's driver but already committed, and on pgx's driver but whose
+// connection left its transaction block (COMMIT run through it: a write
+// there would commit on its own). The transactions still open are rolled
+// back when the test ends.
+func UnusableTxs(t testing.TB, db *DB) []UnusableTx {
+	t.Helper()
+	ctx := context.Background()
+	begin := func(s *sql.DB) *sql.Tx {
+		t.Helper()
+		tx, err := s.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatalf("testdb: begin: %v", err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback() })
+		return tx
+	}
+	strict, acceptAny := &NotPgx{}, &NotPgx{AcceptAny: true}
+	s := db.SQL(t)
+	done := begin(s)
+	if err := done.Commit(); err != nil {
+		t.Fatalf("testdb: commit: %v", err)
+	}
+	left := begin(s)
+	if _, err := left.ExecContext(ctx, `COMMIT`); err != nil {
+		t.Fatalf("testdb: COMMIT through the transaction: %v", err)
+	}
+	return []UnusableTx{
+		{Name: "strict driver", Tx: begin(strict.Open(t)), Want: "is not on pgx's database/sql driver", Driver: strict},
+		{Name: "driver taking any argument", Tx: begin(acceptAny.Open(t)), Want: "its driver ran the statement without handing it to pgx", Driver: acceptAny},
+		{Name: "committed", Tx: done, Want: "already committed or rolled back"},
+		{Name: "left its transaction block", Tx: left, Want: "not in a transaction block"},
+	}
+}

@@ -3,6 +3,8 @@
 package testutil
 
 import (
+	"bytes"
+	"sync"
 	"testing"
 	"time"
 )
@@ -22,4 +24,24 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		}
 		time.Sleep(pollInterval)
 	}
+}
+
+// SyncBuffer is a log destination that goroutines may share (a
+// slog.TextHandler's writer in a test that reads the log).
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String is what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

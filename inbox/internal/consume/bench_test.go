@@ -17,6 +17,7 @@ import (
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxfranz"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/inbox/internal/consumetest"
 	"github.com/pgbox/pgbox/internal/delayproxy"
 	"github.com/pgbox/pgbox/internal/testutil"
 )
@@ -92,18 +93,18 @@ type benchEnv struct {
 func newBenchEnv(tb testing.TB) *benchEnv {
 	bd := setup(tb, 4)
 	ctx := context.Background()
-	_, err := bd.db.Pool.Exec(ctx, benchDedupTable)
+	_, err := bd.DB.Pool.Exec(ctx, benchDedupTable)
 	require.NoError(tb, err)
-	env := &benchEnv{b: bd, pool: delayproxy.Pool(tb, bd.db.Pool)}
-	bd.produce(tb, events("ev", benchRecords)...)
+	env := &benchEnv{b: bd, pool: delayproxy.Pool(tb, bd.DB.Pool)}
+	bd.ProduceEvents(tb, events("ev", benchRecords)...)
 	// A live service's dedup tables are large and vacuumed: both start from
 	// 200k earlier keys.
-	_, err = bd.db.Pool.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset")
+	_, err = bd.DB.Pool.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset")
 		SELECT 'earlier-svc', 'earlier-' || i, 'events', 0, i FROM generate_series(1, 200000) AS i`)
 	require.NoError(tb, err)
-	_, err = bd.db.Pool.Exec(ctx, `INSERT INTO handmade_dedup (key) SELECT 'earlier-svc:earlier-' || i FROM generate_series(1, 200000) AS i`)
+	_, err = bd.DB.Pool.Exec(ctx, `INSERT INTO handmade_dedup (key) SELECT 'earlier-svc:earlier-' || i FROM generate_series(1, 200000) AS i`)
 	require.NoError(tb, err)
-	_, err = bd.db.Pool.Exec(ctx, `VACUUM ANALYZE pgbox_inbox, handmade_dedup`)
+	_, err = bd.DB.Pool.Exec(ctx, `VACUUM ANALYZE pgbox_inbox, handmade_dedup`)
 	require.NoError(tb, err)
 	env.consumeOnce(tb, "sarama", "price-of-exactly-once", 100) // warm up
 	return env
@@ -116,14 +117,14 @@ func (env *benchEnv) consumeOnce(tb testing.TB, client, kind string, batch int) 
 	tb.Helper()
 	ctx := context.Background()
 	var before int64
-	require.NoError(tb, env.b.db.Pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM effects`).Scan(&before))
+	require.NoError(tb, env.b.DB.Pool.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM effects`).Scan(&before))
 	group := fmt.Sprintf("bench-%d", env.runs.Add(1))
 	start := time.Now()
 	stop := env.start(tb, client, kind, group, batch)
 	deadline := start.Add(10 * time.Minute)
 	rows := func() int64 {
 		var n int64
-		require.NoError(tb, env.b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE id > $1`, before).Scan(&n))
+		require.NoError(tb, env.b.DB.Pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE id > $1`, before).Scan(&n))
 		return n
 	}
 	for rows() < benchRecords {
@@ -136,7 +137,7 @@ func (env *benchEnv) consumeOnce(tb testing.TB, client, kind string, batch int) 
 	testutil.Eventually(tb, time.Minute, "the group's offsets committed", func() bool {
 		var sum int64
 		for p := range int32(4) {
-			sum += max(0, env.b.committed(tb, group, p))
+			sum += max(0, env.b.Committed(tb, group, p))
 		}
 		return sum == benchRecords
 	})
@@ -161,17 +162,17 @@ func (env *benchEnv) start(tb testing.TB, client, kind, group string, batch int)
 		if kind == "pgbox" {
 			ib, err := inbox.New(inbox.Config{Consumer: group, Key: inbox.ByHeader(eventHeader)})
 			require.NoError(tb, err)
-			h, err = inboxsarama.NewHandler(env.pool, ib, benchEffect, inboxsarama.Config{BatchSize: batch})
+			h, err = inboxsarama.NewHandler(env.pool, ib, benchEffect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch}})
 			require.NoError(tb, err)
 		}
-		cfg := saramaConfig()
+		cfg := consumetest.GroupConfig()
 		cfg.Consumer.Offsets.AutoCommit.Interval = time.Second
-		cg, err := sarama.NewConsumerGroup(env.b.addrs, group, cfg)
+		cg, err := sarama.NewConsumerGroup(env.b.Addrs, group, cfg)
 		require.NoError(tb, err)
 		wg.Go(func() {
 			defer cg.Close()
 			for ctx.Err() == nil {
-				if err := cg.Consume(ctx, []string{env.b.topic}, h); err != nil && ctx.Err() == nil {
+				if err := cg.Consume(ctx, []string{env.b.Topic}, h); err != nil && ctx.Err() == nil {
 					tb.Logf("consume: %v", err)
 					time.Sleep(100 * time.Millisecond)
 				}
@@ -180,8 +181,8 @@ func (env *benchEnv) start(tb testing.TB, client, kind, group string, batch int)
 	case kind == "pgbox":
 		ib, err := inbox.New(inbox.Config{Consumer: group, Key: inbox.ByHeader(eventHeader)})
 		require.NoError(tb, err)
-		c, err := inboxfranz.NewConsumer(env.pool, ib, benchEffect, inboxfranz.Config{BatchSize: batch},
-			franzOpts(env.b.addrs, group, env.b.topic, kgo.CooperativeStickyBalancer())...)
+		c, err := inboxfranz.NewConsumer(env.pool, ib, benchEffect, inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch}},
+			franzOpts(env.b.Addrs, group, env.b.Topic, kgo.CooperativeStickyBalancer())...)
 		require.NoError(tb, err)
 		wg.Go(func() {
 			defer c.Close()
@@ -191,7 +192,7 @@ func (env *benchEnv) start(tb testing.TB, client, kind, group string, batch int)
 		})
 	default:
 		h := &handmade{env: env, group: group, batch: batch, dedup: kind == "handwritten"}
-		opts := append(franzGroupOpts(env.b.addrs, group, env.b.topic, kgo.CooperativeStickyBalancer()),
+		opts := append(franzGroupOpts(env.b.Addrs, group, env.b.Topic, kgo.CooperativeStickyBalancer()),
 			kgo.BlockRebalanceOnPoll(), kgo.AutoCommitMarks(), kgo.AutoCommitInterval(time.Second))
 		cl, err := kgo.NewClient(opts...)
 		require.NoError(tb, err)

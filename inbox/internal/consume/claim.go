@@ -245,7 +245,7 @@ func (c *claimRun[R]) handle(batch []R) bool {
 			for i, r := range res {
 				c.count(msgs[i], r)
 			}
-			c.committed(msgs, batch[len(batch)-1])
+			c.claim.Mark(batch[len(batch)-1])
 			return true
 		}
 		if c.work.Err() != nil {
@@ -339,7 +339,7 @@ func (c *claimRun[R]) handleOne(sm R, m inbox.Message) bool {
 		if err == nil {
 			delete(c.attempted, m.Offset)
 			c.count(m, res)
-			c.committed([]inbox.Message{m}, sm)
+			c.claim.Mark(sm)
 			return true
 		}
 		if c.work.Err() != nil {
@@ -466,7 +466,7 @@ func (c *claimRun[R]) deadLetter(sm R, m inbox.Message, cause error, attempts in
 					"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
 					"attempts", attempts, "dead_letter_topic", dlq, "error", cause)
 			}
-			c.committed([]inbox.Message{m}, sm)
+			c.claim.Mark(sm)
 			return true
 		}
 		if c.work.Err() != nil {
@@ -555,14 +555,6 @@ func (c *claimRun[R]) count(m inbox.Message, r inbox.Result) {
 			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
 			"gap", r.Gap, "first_skipped_offset", m.Offset-r.Gap)
 	}
-}
-
-// committed runs after a commit: the hook, then the offset mark.
-func (c *claimRun[R]) committed(msgs []inbox.Message, last R) {
-	if c.l.afterCommit != nil {
-		c.l.afterCommit(msgs)
-	}
-	c.claim.Mark(last)
 }
 
 // errorText is an error's message fit for a text column and a header.

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -36,14 +37,7 @@ type Config struct {
 	// Name prefixes errors: the adapter's package name.
 	Name string
 
-	BatchSize       int
-	BatchWait       time.Duration
-	MaxAttempts     int
-	RetryBackoff    time.Duration
-	MaxRetryBackoff time.Duration
-	DeadLetterTopic string
-	DrainTimeout    time.Duration
-	Logger          *slog.Logger
+	inbox.ConsumerConfig
 }
 
 // WithDefaults fills zero settings and maps the No sentinels to zero.

@@ -13,19 +13,6 @@ import (
 	"github.com/pgbox/pgbox/outbox"
 )
 
-// Headers added to a dead-letter record, after the original record's own.
-const (
-	HeaderDLQError          = "pgbox.dlq.error"            // the last error's text (at most 4 KiB)
-	HeaderDLQAttempts       = "pgbox.dlq.attempts"         // attempts made, decimal
-	HeaderDLQSourceTopic    = "pgbox.dlq.source-topic"     // the topic consumed
-	HeaderDLQSourceTopicID  = "pgbox.dlq.source-topic-id"  // its id, when known
-	HeaderDLQSourcePart     = "pgbox.dlq.source-partition" // its partition, decimal
-	HeaderDLQSourceOffset   = "pgbox.dlq.source-offset"    // its offset, decimal
-	HeaderDLQConsumer       = "pgbox.dlq.consumer"         // inbox.Inbox.Consumer()
-	HeaderDLQKey            = "pgbox.dlq.key"              // the inbox key, when the record had one
-	HeaderDLQContentDropped = "pgbox.dlq.dropped"          // why the value and original headers were left out
-)
-
 // writeDeadLetter is the dead-letter transaction's work: record m's key in
 // the inbox (so a redelivery is a duplicate), record it in
 // pgbox_consumer_dead, and write the dead-letter record to the outbox. dup is
@@ -91,7 +78,7 @@ func (c *claimRun[R]) writeDeadLetter(tx pgx.Tx, m inbox.Message, cause error, a
 			// The payload stays in Kafka at the source offset.
 			rec.Value = nil
 			rec.Headers = append(dlqHeaders(m, consumer, key, cause, attempts),
-				outbox.Header{Key: HeaderDLQContentDropped, Value: []byte(errorText(err))})
+				outbox.Header{Key: inbox.HeaderDLQContentDropped, Value: []byte(errorText(err))})
 			err = outbox.Write(ctx, tx, rec)
 		}
 		if err != nil {
@@ -114,18 +101,18 @@ func deadLetterRecord(m inbox.Message, consumer string, key *string, cause error
 
 func dlqHeaders(m inbox.Message, consumer string, key *string, cause error, attempts int) []outbox.Header {
 	hs := []outbox.Header{
-		{Key: HeaderDLQError, Value: []byte(errorText(cause))},
-		{Key: HeaderDLQAttempts, Value: []byte(strconv.Itoa(attempts))},
-		{Key: HeaderDLQSourceTopic, Value: []byte(m.Topic)},
-		{Key: HeaderDLQSourcePart, Value: []byte(strconv.FormatInt(int64(m.Partition), 10))},
-		{Key: HeaderDLQSourceOffset, Value: []byte(strconv.FormatInt(m.Offset, 10))},
-		{Key: HeaderDLQConsumer, Value: []byte(consumer)},
+		{Key: inbox.HeaderDLQError, Value: []byte(errorText(cause))},
+		{Key: inbox.HeaderDLQAttempts, Value: []byte(strconv.Itoa(attempts))},
+		{Key: inbox.HeaderDLQSourceTopic, Value: []byte(m.Topic)},
+		{Key: inbox.HeaderDLQSourcePart, Value: []byte(strconv.FormatInt(int64(m.Partition), 10))},
+		{Key: inbox.HeaderDLQSourceOffset, Value: []byte(strconv.FormatInt(m.Offset, 10))},
+		{Key: inbox.HeaderDLQConsumer, Value: []byte(consumer)},
 	}
 	if m.TopicID != "" {
-		hs = append(hs, outbox.Header{Key: HeaderDLQSourceTopicID, Value: []byte(m.TopicID)})
+		hs = append(hs, outbox.Header{Key: inbox.HeaderDLQSourceTopicID, Value: []byte(m.TopicID)})
 	}
 	if key != nil {
-		hs = append(hs, outbox.Header{Key: HeaderDLQKey, Value: []byte(*key)})
+		hs = append(hs, outbox.Header{Key: inbox.HeaderDLQKey, Value: []byte(*key)})
 	}
 	return hs
 }

@@ -54,7 +54,7 @@ func TestClassify(t *testing.T) {
 
 func TestBackoff(t *testing.T) {
 	t.Parallel()
-	h := &Loop{cfg: Config{RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second}}
+	h := &Loop{cfg: Config{ConsumerConfig: inbox.ConsumerConfig{RetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: time.Second}}}
 	for n, want := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 50: time.Second} {
 		got := h.backoff(n)
 		require.InDelta(t, float64(want), float64(got), float64(want)*0.2+1, "retry %d", n)

@@ -43,10 +43,6 @@ type Loop struct {
 	cfg  Config
 	log  *slog.Logger
 
-	// afterCommit, when set (by tests), runs after a transaction committed
-	// and before its offsets are marked.
-	afterCommit func([]inbox.Message)
-
 	stats struct {
 		processed, duplicates, failures, transient, operator, retries, dead, fallbacks, gaps atomic.Uint64
 	}
@@ -73,10 +69,6 @@ func New(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, cfg Config, 
 
 // Config returns the settings with defaults filled in.
 func (l *Loop) Config() Config { return l.cfg }
-
-// SetAfterCommit installs the test hook that runs between a commit and
-// the offset mark.
-func (l *Loop) SetAfterCommit(f func([]inbox.Message)) { l.afterCommit = f }
 
 // Stats returns the counters so far.
 func (l *Loop) Stats() inbox.ConsumerStats {

@@ -65,7 +65,7 @@ func TestSuiteChildProcess(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	defer pool.Close()
-	b := &bundle{addrs: strings.Split(os.Getenv("PGBOX_SUITE_BROKERS"), ","), topic: os.Getenv("PGBOX_SUITE_TOPIC")}
+	b := &bundle{Addrs: strings.Split(os.Getenv("PGBOX_SUITE_BROKERS"), ","), Topic: os.Getenv("PGBOX_SUITE_TOPIC")}
 	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		watch.last.Store(m.Offset)
 		return effect(ctx, tx, m)
@@ -97,9 +97,9 @@ func startChild(t *testing.T, a adapter, b *bundle, crashAt int64) *child {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestSuiteChildProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(),
 		childEnv+"="+a.name,
-		"PGBOX_SUITE_DB="+b.db.URL,
-		"PGBOX_SUITE_BROKERS="+strings.Join(b.addrs, ","),
-		"PGBOX_SUITE_TOPIC="+b.topic,
+		"PGBOX_SUITE_DB="+b.DB.URL,
+		"PGBOX_SUITE_BROKERS="+strings.Join(b.Addrs, ","),
+		"PGBOX_SUITE_TOPIC="+b.Topic,
 		"PGBOX_SUITE_CRASH_AT="+strconv.FormatInt(crashAt, 10),
 	)
 	out, err := cmd.StdoutPipe()
@@ -161,25 +161,25 @@ func TestSuiteKilledAfterCommitBeforeOffset(t *testing.T) {
 	forEach(t, false, func(t *testing.T, a adapter) {
 		b := setup(t, 1)
 		const n, crashAt = 20, 12
-		b.produce(t, events("e", n)...)
+		b.ProduceEvents(t, events("e", n)...)
 
 		c1 := startChild(t, a, b, crashAt)
 		c1.waitLine(t, 60*time.Second, func(s string) bool { return s == "crash-point" })
 		c1.kill()
 
 		// The window is real: the effect of offset 12 committed, its offset did not.
-		rows, _ := b.effects(t)
+		rows, _ := b.Effects(t)
 		require.Equal(t, crashAt+1, rows)
-		require.EqualValues(t, crashAt, b.committed(t, "svc", 0))
+		require.EqualValues(t, crashAt, b.Committed(t, "svc", 0))
 
 		c2 := startChild(t, a, b, -1)
 		line := c2.waitLine(t, 60*time.Second, func(s string) bool {
 			return strings.HasPrefix(s, fmt.Sprintf("stats processed=%d ", n-crashAt-1))
 		})
 		require.Equal(t, fmt.Sprintf("stats processed=%d duplicates=1", n-crashAt-1), line, "the redelivered message was a duplicate")
-		testutil.Eventually(t, 30*time.Second, "offsets committed", func() bool { return b.committed(t, "svc", 0) == n })
+		testutil.Eventually(t, 30*time.Second, "offsets committed", func() bool { return b.Committed(t, "svc", 0) == n })
 		c2.kill()
 		requireExactlyOnce(t, b, n, 1)
-		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE "offset" = $1`, crashAt))
+		require.Equal(t, 1, b.Count(t, `SELECT count(*) FROM effects WHERE "offset" = $1`, crashAt))
 	})
 }

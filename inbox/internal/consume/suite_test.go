@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
-	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/internal/testutil"
 )
 
@@ -23,12 +23,12 @@ import (
 // partition's committed offset is at its end: nothing lost, nothing twice.
 func requireExactlyOnce(t *testing.T, b *bundle, n int, partitions int32) {
 	t.Helper()
-	rows, distinct := b.effects(t)
+	rows, distinct := b.Effects(t)
 	require.Equal(t, n, distinct, "every event's effect")
 	require.Equal(t, n, rows, "no event applied twice")
 	for p := range partitions {
-		end := b.count(t, `SELECT count(DISTINCT event) FROM effects WHERE partition = $1`, p)
-		testutil.Eventually(t, 10*time.Second, "offsets committed", func() bool { return b.committed(t, "svc", p) == int64(end) })
+		end := b.Count(t, `SELECT count(DISTINCT event) FROM effects WHERE partition = $1`, p)
+		testutil.Eventually(t, 10*time.Second, "offsets committed", func() bool { return b.Committed(t, "svc", p) == int64(end) })
 	}
 }
 
@@ -40,16 +40,17 @@ func TestSuiteProcessesAndCommits(t *testing.T) {
 	forEach(t, false, func(t *testing.T, a adapter) {
 		for _, batch := range []int{1, 25} {
 			b := setup(t, 2)
-			b.produce(t, events("e", 60)...)
-			s := b.settings(newInbox(t, inbox.ByOffset()), effect)
+			b.ProduceEvents(t, events("e", 60)...)
+			s := settingsOf(b, newInbox(t, inbox.ByOffset()), effect)
 			s.batch, s.topicIDs = batch, true
 			m := a.start(t, b, s)
-			testutil.Eventually(t, 30*time.Second, "all effects", func() bool { _, d := b.effects(t); return d >= 60 })
+			testutil.Eventually(t, 30*time.Second, "all effects", func() bool { _, d := b.Effects(t); return d >= 60 })
 			m.stop()
 			requireExactlyOnce(t, b, 60, 2)
 			require.EqualValues(t, 60, m.stats().Processed)
+			require.Zero(t, m.stats().DeadLettered)
 			var key string
-			require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+			require.NoError(t, b.DB.Pool.QueryRow(context.Background(),
 				`SELECT key FROM pgbox_inbox WHERE partition = 0 AND "offset" = 0`).Scan(&key))
 			require.Regexp(t, `^events@[A-Za-z0-9_-]{22}/0/0$`, key)
 		}
@@ -65,7 +66,7 @@ func TestSuiteRebalanceMidBatch(t *testing.T) {
 	forEach(t, true, func(t *testing.T, a adapter) {
 		b := setup(t, 4)
 		const n = 400
-		b.produce(t, events("e", n)...)
+		b.ProduceEvents(t, events("e", n)...)
 		slow := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 			if err := effect(ctx, tx, m); err != nil {
 				return err
@@ -77,15 +78,15 @@ func TestSuiteRebalanceMidBatch(t *testing.T) {
 			}
 			return nil
 		}
-		s := b.settings(newInbox(t, inbox.ByHeader(eventHeader)), slow)
+		s := settingsOf(b, newInbox(t, inbox.ByHeader(eventHeader)), slow)
 		s.batch, s.drainTimeout = 10, 200*time.Millisecond
 		watched := watchCommitted(t, b, 4)
 		m1 := a.start(t, b, s)
-		testutil.Eventually(t, 30*time.Second, "the first member under way", func() bool { _, d := b.effects(t); return d >= 50 })
+		testutil.Eventually(t, 30*time.Second, "the first member under way", func() bool { _, d := b.Effects(t); return d >= 50 })
 		m2 := a.start(t, b, s)
-		testutil.Eventually(t, 30*time.Second, "half done", func() bool { _, d := b.effects(t); return d >= n/2 })
+		testutil.Eventually(t, 30*time.Second, "half done", func() bool { _, d := b.Effects(t); return d >= n/2 })
 		m1.stop()
-		testutil.Eventually(t, 60*time.Second, "all effects", func() bool { _, d := b.effects(t); return d >= n })
+		testutil.Eventually(t, 60*time.Second, "all effects", func() bool { _, d := b.Effects(t); return d >= n })
 		m2.stop()
 		requireExactlyOnce(t, b, n, 4)
 		require.Empty(t, watched(), "a committed offset ran ahead of the effects committed in PostgreSQL")
@@ -108,61 +109,73 @@ func TestSuitePoisonMessage(t *testing.T) {
 			}
 			return effect(ctx, tx, m)
 		}
-		b.produce(t, evs...)
-		s := b.settings(newInbox(t, inbox.ByHeader(eventHeader)), fn)
+		b.ProduceEvents(t, evs...)
+		s := settingsOf(b, newInbox(t, inbox.ByHeader(eventHeader)), fn)
 		s.maxAttempts = 3
 		m := a.start(t, b, s)
-		testutil.Eventually(t, 30*time.Second, "past the poison message", func() bool { return b.committed(t, "svc", 0) == 10 })
+		testutil.Eventually(t, 30*time.Second, "past the poison message", func() bool { return b.Committed(t, "svc", 0) == 10 })
 		m.stop()
-		rows, distinct := b.effects(t)
+		rows, distinct := b.Effects(t)
 		require.Equal(t, 9, rows)
 		require.Equal(t, 9, distinct)
 		st := m.stats()
 		require.EqualValues(t, 1, st.DeadLettered)
 		require.EqualValues(t, 3, st.Failures)
-		dl := b.outboxDLQ(t, "events.dlq")
+		dl := b.OutboxDLQ(t, "events.dlq")
 		require.Len(t, dl, 1)
 		require.Equal(t, []byte(poison), dl[0].Key)
 		require.Equal(t, "payload of "+poison, string(dl[0].Value))
 		h := dl[0].Headers
 		require.Equal(t, poison, h[eventHeader], "the original headers come along")
-		require.Contains(t, h[inboxsarama.HeaderDLQError], "account closed")
-		require.Equal(t, "3", h[inboxsarama.HeaderDLQAttempts])
-		require.Equal(t, "events", h[inboxsarama.HeaderDLQSourceTopic])
-		require.Equal(t, "0", h[inboxsarama.HeaderDLQSourcePart])
-		require.Equal(t, "4", h[inboxsarama.HeaderDLQSourceOffset])
-		require.Equal(t, "svc", h[inboxsarama.HeaderDLQConsumer])
-		require.Equal(t, poison, h[inboxsarama.HeaderDLQKey])
-		require.Zero(t, b.count(t, `SELECT count(*) FROM pgbox_consumer_attempts`))
-		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM pgbox_consumer_dead`))
+		require.Contains(t, h[inbox.HeaderDLQError], "account closed")
+		require.Equal(t, "3", h[inbox.HeaderDLQAttempts])
+		require.Equal(t, "events", h[inbox.HeaderDLQSourceTopic])
+		require.Equal(t, "0", h[inbox.HeaderDLQSourcePart])
+		require.Equal(t, "4", h[inbox.HeaderDLQSourceOffset])
+		require.Equal(t, "svc", h[inbox.HeaderDLQConsumer])
+		require.Equal(t, poison, h[inbox.HeaderDLQKey])
+		require.Zero(t, b.Count(t, `SELECT count(*) FROM pgbox_consumer_attempts`))
+		require.Equal(t, 1, b.Count(t, `SELECT count(*) FROM pgbox_consumer_dead`))
 	})
 }
 
-// A Permanent error skips the retries, inside a batch too.
+// A Permanent error skips the retries, inside a batch too: the batch falls
+// back to one by one, the failing message's handler runs once in all (no
+// retry, no second run after the fallback), and only it is dead-lettered,
+// to the configured dead-letter topic.
 func TestSuitePermanent(t *testing.T) {
 	t.Parallel()
 	forEach(t, false, func(t *testing.T, a adapter) {
 		b := setup(t, 1)
 		evs := events("e", 30)
+		var calls atomic.Int64
 		fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 			if ev, _ := m.Header(eventHeader); string(ev) == evs[17] {
+				calls.Add(1)
 				return inbox.Permanent(errors.New("malformed amount"))
 			}
 			return effect(ctx, tx, m)
 		}
-		b.produce(t, evs...)
-		s := b.settings(newInbox(t, inbox.ByHeader(eventHeader)), fn)
-		s.batch = 10
+		b.ProduceEvents(t, evs...)
+		s := settingsOf(b, newInbox(t, inbox.ByHeader(eventHeader)), fn)
+		s.batch, s.batchWait, s.maxAttempts, s.deadLetterTopic = 10, 200*time.Millisecond, 5, "svc.dead"
 		m := a.start(t, b, s)
-		testutil.Eventually(t, 30*time.Second, "past the bad message", func() bool { return b.committed(t, "svc", 0) == 30 })
+		testutil.Eventually(t, 30*time.Second, "past the bad message", func() bool { return b.Committed(t, "svc", 0) == 30 })
 		m.stop()
-		rows, _ := b.effects(t)
+		rows, distinct := b.Effects(t)
 		require.Equal(t, 29, rows)
-		require.EqualValues(t, 1, m.stats().Failures)
-		dl := b.outboxDLQ(t, "events.dlq")
+		require.Equal(t, 29, distinct)
+		st := m.stats()
+		require.EqualValues(t, 1, st.Failures)
+		require.EqualValues(t, 1, st.DeadLettered)
+		require.GreaterOrEqual(t, st.BatchFallbacks, uint64(1))
+		require.EqualValues(t, 1, calls.Load())
+		require.Empty(t, b.OutboxDLQ(t, "events.dlq"))
+		dl := b.OutboxDLQ(t, "svc.dead")
 		require.Len(t, dl, 1)
-		require.Equal(t, "1", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
-		require.Equal(t, "17", dl[0].Headers[inboxsarama.HeaderDLQSourceOffset])
+		require.Equal(t, "1", dl[0].Headers[inbox.HeaderDLQAttempts])
+		require.Equal(t, "17", dl[0].Headers[inbox.HeaderDLQSourceOffset])
+		require.Contains(t, dl[0].Headers[inbox.HeaderDLQError], "malformed amount")
 	})
 }
 
@@ -189,11 +202,11 @@ func TestSuiteHandlerWritesThenFails(t *testing.T) {
 				}
 				return nil
 			}
-			b.produce(t, events("e", 20)...)
-			s := b.settings(newInbox(t, inbox.ByHeader(eventHeader)), fn)
+			b.ProduceEvents(t, events("e", 20)...)
+			s := settingsOf(b, newInbox(t, inbox.ByHeader(eventHeader)), fn)
 			s.batch = batch
 			m := a.start(t, b, s)
-			testutil.Eventually(t, 60*time.Second, "all done", func() bool { return b.committed(t, "svc", 0) == 20 })
+			testutil.Eventually(t, 60*time.Second, "all done", func() bool { return b.Committed(t, "svc", 0) == 20 })
 			m.stop()
 			requireExactlyOnce(t, b, 20, 1)
 			require.Zero(t, m.stats().DeadLettered)
@@ -223,18 +236,18 @@ func TestSuiteInfraErrorsFromHandlerSQL(t *testing.T) {
 			}
 			return effect(ctx, tx, m)
 		}
-		b.produce(t, events("e", 10)...)
-		s := b.settings(newInbox(t, inbox.ByHeader(eventHeader)), fn)
+		b.ProduceEvents(t, events("e", 10)...)
+		s := settingsOf(b, newInbox(t, inbox.ByHeader(eventHeader)), fn)
 		s.maxAttempts = 1
 		m := a.start(t, b, s)
-		testutil.Eventually(t, 60*time.Second, "all done", func() bool { return b.committed(t, "svc", 0) == 10 })
+		testutil.Eventually(t, 60*time.Second, "all done", func() bool { return b.Committed(t, "svc", 0) == 10 })
 		m.stop()
 		requireExactlyOnce(t, b, 10, 1)
 		st := m.stats()
 		require.EqualValues(t, 20, st.TransientErrors)
 		require.Zero(t, st.Failures)
 		require.Zero(t, st.DeadLettered)
-		require.Zero(t, b.count(t, `SELECT count(*) FROM pgbox_consumer_attempts`))
+		require.Zero(t, b.Count(t, `SELECT count(*) FROM pgbox_consumer_attempts`))
 	})
 }
 
@@ -246,19 +259,19 @@ func TestSuiteRevokedGrant(t *testing.T) {
 	t.Parallel()
 	forEach(t, false, func(t *testing.T, a adapter) {
 		b := setup(t, 1)
-		role := testutil.NewRole(t, b.db)
+		role := testutil.NewRole(t, b.DB)
 		pool, err := pgxpool.New(context.Background(), role.URL)
 		require.NoError(t, err)
 		t.Cleanup(pool.Close)
-		var logs syncBuffer
-		s := b.settings(newInbox(t, inbox.ByHeader(eventHeader)), effect)
+		var logs testutil.SyncBuffer
+		s := settingsOf(b, newInbox(t, inbox.ByHeader(eventHeader)), effect)
 		s.pool, s.logger = pool, slog.New(slog.NewTextHandler(&logs, nil))
 
-		b.produce(t, events("a", 20)...)
+		b.ProduceEvents(t, events("a", 20)...)
 		m := a.start(t, b, s)
-		testutil.Eventually(t, 30*time.Second, "the first events", func() bool { return b.committed(t, "svc", 0) == 20 })
+		testutil.Eventually(t, 30*time.Second, "the first events", func() bool { return b.Committed(t, "svc", 0) == 20 })
 		role.Revoke(t)
-		b.produce(t, events("b", 20)...)
+		b.ProduceEvents(t, events("b", 20)...)
 		var err2 error
 		select {
 		case err2 = <-m.errs:
@@ -271,18 +284,18 @@ func TestSuiteRevokedGrant(t *testing.T) {
 		require.Equal(t, "42501", pgErr.Code)
 		require.ErrorContains(t, err2, "grant")
 		require.Contains(t, logs.String(), "level=ERROR")
-		require.EqualValues(t, 20, b.committed(t, "svc", 0), "the offset stays")
+		require.EqualValues(t, 20, b.Committed(t, "svc", 0), "the offset stays")
 		st := m.stats()
 		require.Zero(t, st.DeadLettered)
 		require.Zero(t, st.Failures)
 		require.Positive(t, st.OperatorErrors)
 
 		role.Grant(t)
-		testutil.Eventually(t, 60*time.Second, "every event", func() bool { _, d := b.effects(t); return d == 40 })
+		testutil.Eventually(t, 60*time.Second, "every event", func() bool { _, d := b.Effects(t); return d == 40 })
 		m.stop()
 		requireExactlyOnce(t, b, 40, 1)
-		require.Zero(t, b.count(t, `SELECT count(*) FROM pgbox_consumer_dead`))
-		require.Zero(t, b.count(t, `SELECT count(*) FROM pgbox_outbox`))
+		require.Zero(t, b.Count(t, `SELECT count(*) FROM pgbox_consumer_dead`))
+		require.Zero(t, b.Count(t, `SELECT count(*) FROM pgbox_outbox`))
 	})
 }
 
@@ -294,21 +307,21 @@ func TestSuiteWatermarkRewind(t *testing.T) {
 		b := setup(t, 1)
 		ib, err := inbox.New(inbox.Config{Consumer: "svc", Dedup: inbox.DedupWatermark})
 		require.NoError(t, err)
-		b.produce(t, events("a", 100)...)
-		s := b.settings(ib, effect)
+		b.ProduceEvents(t, events("a", 100)...)
+		s := settingsOf(b, ib, effect)
 		s.batch = 10
 		m := a.start(t, b, s)
-		testutil.Eventually(t, 30*time.Second, "first pass", func() bool { return b.committed(t, "svc", 0) == 100 })
+		testutil.Eventually(t, 30*time.Second, "first pass", func() bool { return b.Committed(t, "svc", 0) == 100 })
 		m.stop()
-		require.Equal(t, 100, b.count(t, `SELECT count(*) FROM effects`))
+		require.Equal(t, 100, b.Count(t, `SELECT count(*) FROM effects`))
 
-		b.resetOffset(t, "svc", 0)
+		b.ResetOffset(t, "svc", 0)
 		m = a.start(t, b, s)
 		testutil.Eventually(t, 30*time.Second, "replay", func() bool { return m.stats().Duplicates == 100 })
-		testutil.Eventually(t, 30*time.Second, "replay committed", func() bool { return b.committed(t, "svc", 0) == 100 })
+		testutil.Eventually(t, 30*time.Second, "replay committed", func() bool { return b.Committed(t, "svc", 0) == 100 })
 		m.stop()
 		require.Zero(t, m.stats().Processed)
-		require.Equal(t, 100, b.count(t, `SELECT count(*) FROM effects`), "a rewind reprocesses nothing")
+		require.Equal(t, 100, b.Count(t, `SELECT count(*) FROM effects`), "a rewind reprocesses nothing")
 	})
 }
 
@@ -325,12 +338,12 @@ func watchCommitted(t *testing.T, b *bundle, partitions int32) func() []string {
 		defer close(done)
 		for ctx.Err() == nil {
 			for p := range partitions {
-				c := b.committed(t, "svc", p)
+				c := b.Committed(t, "svc", p)
 				if c <= 0 {
 					continue
 				}
 				var n int64
-				if err := b.db.Pool.QueryRow(ctx, `SELECT count(DISTINCT "offset") FROM effects WHERE partition = $1 AND "offset" < $2`, p, c).Scan(&n); err != nil {
+				if err := b.DB.Pool.QueryRow(ctx, `SELECT count(DISTINCT "offset") FROM effects WHERE partition = $1 AND "offset" < $2`, p, c).Scan(&n); err != nil {
 					continue
 				}
 				if n != c {

@@ -32,7 +32,7 @@ type groupMember struct {
 
 // runSarama consumes with the sarama adapter until ctx ends.
 func (m groupMember) runSarama(ctx context.Context, log *slog.Logger, pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc) (func() string, error) {
-	h, err := inboxsarama.NewHandler(pool, ib, fn, inboxsarama.Config{BatchSize: m.batch, Logger: log})
+	h, err := inboxsarama.NewHandler(pool, ib, fn, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: m.batch, Logger: log}})
 	if err != nil {
 		return nil, err
 	}
@@ -69,7 +69,7 @@ func (m groupMember) runFranz(ctx context.Context, log *slog.Logger, pool *pgxpo
 	}
 	go logStats(ctx, log, stats)
 	for ctx.Err() == nil {
-		c, err := inboxfranz.NewConsumer(pool, ib, fn, inboxfranz.Config{BatchSize: m.batch, CommitInterval: 200 * time.Millisecond, Logger: log},
+		c, err := inboxfranz.NewConsumer(pool, ib, fn, inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: m.batch, Logger: log}, CommitInterval: 200 * time.Millisecond},
 			kgo.SeedBrokers(m.brokers...), kgo.ConsumerGroup(m.group), kgo.ConsumeTopics(m.topics...),
 			kgo.DisableAutoCommit(), kgo.Balancers(kgo.RangeBalancer()),
 			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.ClientID("payments-"+m.member),
