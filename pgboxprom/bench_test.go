@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -68,17 +69,18 @@ func seedScrapeBench(b *testing.B, pool *pgxpool.Pool, outboxRows, inboxRows int
 		FROM generate_series(1, $1) g`, outboxRows)
 	exec(`UPDATE pgbox_outbox SET parked_at = now(), last_error = 'bench' WHERE id % 100000 = 0`)
 
-	rows, err := conn.Query(ctx, `SELECT indexdef FROM pg_indexes WHERE tablename = 'pgbox_inbox' AND schemaname = current_schema() AND indexname <> 'pgbox_inbox_pkey'`)
+	// Every secondary index the migrations made, whatever they are now.
+	rows, err := conn.Query(ctx, `SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'pgbox_inbox' AND schemaname = current_schema() AND indexname <> 'pgbox_inbox_pkey'`)
 	require.NoError(b, err)
-	var defs []string
+	var names, defs []string
 	for rows.Next() {
-		var d string
-		require.NoError(b, rows.Scan(&d))
-		defs = append(defs, d)
+		var n, d string
+		require.NoError(b, rows.Scan(&n, &d))
+		names, defs = append(names, n), append(defs, d)
 	}
 	require.NoError(b, rows.Err())
-	for _, name := range []string{"pgbox_inbox_topic_age_idx", "pgbox_inbox_consumer_topic_age_idx"} {
-		exec(`DROP INDEX IF EXISTS ` + name)
+	for _, name := range names {
+		exec(`DROP INDEX ` + pgx.Identifier{name}.Sanitize())
 	}
 	exec(`INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", received_at)
 		SELECT 'svc-' || (g % 2), 'k' || g, 'topic-' || (g / 2 % 4), 0, g, now() - interval '30 days' + g * (interval '30 days' / $1)
