@@ -130,14 +130,7 @@ func (h *Handler) deadSelect(ctx context.Context, q deadQuery) ([]int64, error) 
 		return nil, err
 	}
 	rows, err := inspect.ListDead(ctx, h.cfg.DB, f)
-	if err != nil {
-		return nil, err
-	}
-	ids := make([]int64, len(rows))
-	for i, row := range rows {
-		ids[i] = row.ID
-	}
-	return ids, nil
+	return rowIDs(rows, err, func(row inspect.DeadLetter) int64 { return row.ID })
 }
 
 // deadReplay replays the dead letters the form selects (again: those

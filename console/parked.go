@@ -167,14 +167,7 @@ func (h *Handler) parkedSelect(ctx context.Context, q parkedQuery) ([]int64, err
 		return nil, err
 	}
 	rows, err := inspect.ListParked(ctx, h.cfg.DB, f)
-	if err != nil {
-		return nil, err
-	}
-	ids := make([]int64, len(rows))
-	for i, row := range rows {
-		ids[i] = row.ID
-	}
-	return ids, nil
+	return rowIDs(rows, err, func(row inspect.ParkedMessage) int64 { return row.ID })
 }
 
 // parkedAct retries or discards the rows the form's filter selects, if
@@ -247,4 +240,17 @@ func (h *Handler) bounds(n int, expect string) string {
 		return fmt.Sprintf("the filter now selects %d rows, not the %d confirmed: confirm again", n, want)
 	}
 	return ""
+}
+
+// rowIDs is the ids of the rows a list call returned (or its error): what
+// an action over "all matching a filter" acts on.
+func rowIDs[R any](rows []R, err error, id func(R) int64) ([]int64, error) {
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]int64, len(rows))
+	for i, row := range rows {
+		ids[i] = id(row)
+	}
+	return ids, nil
 }
