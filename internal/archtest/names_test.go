@@ -2,10 +2,7 @@ package archtest
 
 import (
 	"go/ast"
-	"go/parser"
 	"go/token"
-	"io/fs"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -17,29 +14,13 @@ import (
 // examples and internal packages are not public API and are not checked.
 func TestOneSettingsWord(t *testing.T) {
 	t.Parallel()
-	root := filepath.Join("..", "..")
-	fset := token.NewFileSet()
 	var found []string
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel := filepath.ToSlash(strings.TrimPrefix(path, root+string(filepath.Separator)))
-		if d.IsDir() {
-			top, _, _ := strings.Cut(rel, "/")
-			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "internal" ||
-				top == "cmd" || top == "examples" || top == "integration_test" || top == "scripts" || top == "deploy") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-		if err != nil {
-			return err
-		}
+	skip := func(rel string) bool {
+		top, _, _ := strings.Cut(rel, "/")
+		return strings.HasSuffix(rel, "/internal") || rel == "internal" || top == "cmd" || top == "examples" ||
+			top == "integration_test" || top == "scripts" || top == "deploy"
+	}
+	eachSourceFile(t, skip, func(fset *token.FileSet, f *ast.File) {
 		for _, decl := range f.Decls {
 			g, ok := decl.(*ast.GenDecl)
 			if !ok || g.Tok != token.TYPE {
@@ -52,8 +33,6 @@ func TestOneSettingsWord(t *testing.T) {
 				}
 			}
 		}
-		return nil
 	})
-	require.NoError(t, err)
 	require.Empty(t, found, "settings structs are named Config (or …Config), as CONTRIBUTING says")
 }

@@ -2,10 +2,7 @@ package archtest
 
 import (
 	"go/ast"
-	"go/parser"
 	"go/token"
-	"io/fs"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -27,30 +24,11 @@ func isSQLSTATE(s string) bool {
 // "42P01" or "23505" in any other non-test Go file fails.
 func TestSQLSTATEsOnlyInPgerr(t *testing.T) {
 	t.Parallel()
-	root := filepath.Join("..", "..")
-	fset := token.NewFileSet()
 	var found []string
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			name := d.Name()
-			if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
-				return filepath.SkipDir
-			}
-			if filepath.ToSlash(path) == filepath.ToSlash(filepath.Join(root, "internal", "pgerr")) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-		if err != nil {
-			return err
-		}
+	skip := func(rel string) bool {
+		return rel == "internal/pgerr" || strings.HasSuffix(rel, "/node_modules") || rel == "node_modules"
+	}
+	eachSourceFile(t, skip, func(fset *token.FileSet, f *ast.File) {
 		ast.Inspect(f, func(n ast.Node) bool {
 			lit, ok := n.(*ast.BasicLit)
 			if !ok || lit.Kind != token.STRING {
@@ -61,9 +39,7 @@ func TestSQLSTATEsOnlyInPgerr(t *testing.T) {
 			}
 			return true
 		})
-		return nil
 	})
-	require.NoError(t, err)
 	require.Empty(t, found, "SQLSTATE literals outside internal/pgerr: use its Code… constants and Is/Classify (add a constant there if one is missing)")
 }
 
