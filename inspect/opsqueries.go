@@ -45,18 +45,28 @@ const sqlParkedRetry = `WITH b AS (
 ), u AS (
 	UPDATE pgbox_outbox o SET parked_at = NULL, attempts = 0, failing_since = NULL
 	FROM b WHERE o.id = b.id AND o.parked_at IS NOT NULL
-	RETURNING o.id
-)
+	RETURNING o.id, o.slot
+), ` + sqlRewind + `
 SELECT (SELECT max(id) FROM b), (SELECT count(*) FROM u)`
 
 // sqlParkedDiscard deletes one batch, as sqlParkedRetry.
 const sqlParkedDiscard = `WITH b AS (
 	SELECT id FROM pgbox_outbox WHERE ` + parkedWhere + ` AND id > $6 ORDER BY id LIMIT $5
-), d AS (
+), u AS (
 	DELETE FROM pgbox_outbox o USING b WHERE o.id = b.id AND o.parked_at IS NOT NULL
-	RETURNING o.id
-)
-SELECT (SELECT max(id) FROM b), (SELECT count(*) FROM d)`
+	RETURNING o.id, o.slot
+), ` + sqlRewind + `
+SELECT (SELECT max(id) FROM b), (SELECT count(*) FROM u)`
+
+// sqlRewind tells the relay that the rows in u (retried or discarded
+// parked rows, with their slots) release what they held: the relay's claim
+// passes rows a parked row holds back, and starts each slot at a floor
+// above them (relay/floor.go); a rewind record makes the next claim of the
+// slot start no later than the parked row again, so the row (retried) or
+// the rows it held (both) are claimed in id order.
+const sqlRewind = `rw AS (
+	INSERT INTO pgbox_outbox_rewinds (slot, from_id) SELECT u.slot, min(u.id) FROM u GROUP BY u.slot
+)`
 
 // deadWhere selects dead letters: $1 consumer (” any), $2 topic (” any),
 // $3 dead at or before, $4 ids (empty: any).

@@ -12,7 +12,7 @@ import (
 
 // tally is a sent batch's outcome, as the finish statement takes it.
 type tally struct {
-	okIDs, okEpochs, badIDs, badEpochs []int64
+	okIDs, badIDs, badEpochs []int64
 	badErrs                            []string
 	badWaits                           []bool // the topic does not exist: parked after UnknownTopicWindow
 	res                                passResult
@@ -30,7 +30,6 @@ func (r *Relay) tally(rows []row, outcome map[int]error) tally {
 		case !tried: // held back behind a failed row of its key, or stopping
 		case e == nil:
 			t.okIDs = append(t.okIDs, rows[i].id)
-			t.okEpochs = append(t.okEpochs, rows[i].epoch)
 		case classify(e).fate != fateTransient:
 			waits := r.cfg.UnknownTopicWindow > 0 && classify(e).fate == fateMissingTopic
 			t.badIDs = append(t.badIDs, rows[i].id)
@@ -57,6 +56,15 @@ func (r *Relay) tally(rows []row, outcome map[int]error) tally {
 	return t
 }
 
+// okSet is the set of published ids.
+func (t *tally) okSet() map[int64]bool {
+	m := make(map[int64]bool, len(t.okIDs))
+	for _, id := range t.okIDs {
+		m[id] = true
+	}
+	return m
+}
+
 // finishedBatch is a sent batch on its way to the finish statement.
 type finishedBatch struct {
 	tally
@@ -64,20 +72,36 @@ type finishedBatch struct {
 	start, claimed, sent time.Time
 }
 
+// finishTimeout bounds the finish statement while the relay runs. It is
+// far longer than any lease: a delete slowed by a checkpoint or an I/O stall
+// that were cancelled at the lease's end would make the batch's rows be sent
+// again, thousands of duplicates for one slow statement. Letting it finish
+// costs nothing in order (its records are in Kafka) and duplicates at most
+// what another owner claims meanwhile, which only happens if this instance
+// also lost its lease: one batch. Once the relay is stopping, the statement
+// gets StopTimeout more.
+const finishTimeout = 2 * time.Minute
+
 // finish records a batch's outcome in one statement (delete the published
 // rows, count the failed ones' attempts) and updates the counters.
 func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
+	stopping := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(r.cfg.StopTimeout, cancel)
+		context.AfterFunc(fctx, func() { t.Stop() })
+	})
+	defer stopping()
 	var deleted, parked int
-	if err := r.cfg.Pool.QueryRow(fctx, finishSQL, b.okIDs, b.okEpochs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts,
+	if err := r.cfg.Pool.QueryRow(fctx, finishSQL, b.okIDs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts,
 		b.badWaits, max(r.cfg.UnknownTopicWindow, 0)).Scan(&deleted, &parked, nil); err != nil {
 		// The records went out but the rows stay: they will be sent again
 		// (same event ids). That is the at-least-once window.
 		return fmt.Errorf("record outcome of %d rows: %w", b.rows, err)
 	}
 	if deleted < len(b.okIDs) {
-		r.log.Info("lane changed hands during the batch; the new owner may send some rows again", "sent", len(b.okIDs), "deleted", deleted)
+		r.log.Info("another instance deleted some of the batch's rows: the lane changed hands during the batch, and the new owner may have sent them again",
+			"sent", len(b.okIDs), "deleted", deleted)
 	}
 	lat := time.Since(b.start)
 	r.log.Debug("batch", "rows", b.rows, "published", len(b.okIDs), "claim", b.claimed.Sub(b.start), "send", b.sent.Sub(b.claimed), "finish", time.Since(b.sent))
@@ -102,13 +126,19 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
 
 // finishJob is a batch whose rows are being deleted in the background.
 type finishJob struct {
-	done chan struct{}
+	done      chan struct{}
+	claim     *claimed
+	published map[int64]bool // set once the outcome is recorded
 }
 
-// waitFinish waits for the background delete, if any.
+// waitFinish waits for the background delete, if any, and then moves the
+// floors of the slots its claim probed.
 func (r *Relay) waitFinish() {
 	if r.fin != nil {
 		<-r.fin.done
+		if r.fin.published != nil {
+			r.floors.moved(r.fin.claim, r.fin.published)
+		}
 		r.fin = nil
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/pgbox/pgbox/internal/backoff"
-	"github.com/pgbox/pgbox/outbox"
 )
 
 // A pass, step by step: workLoop (this file) runs passes; a pass claims a
@@ -19,7 +18,6 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 	var (
 		b         = backoff.Backoff{Base: backoffMin, Limit: r.cfg.MaxBackoff}
 		busyUntil time.Time
-		nextSlot  int
 		full      = true // probe every owned slot, not just the ones named
 		carry     slotSet
 		w         watcher
@@ -33,15 +31,16 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 		// A pass probes every owned slot, except right after a notification,
 		// a watch that found rows or a non-full batch: then only the slots
 		// named plus the slots the last batch found rows in. Every poll
-		// probes them all, so rows nobody named are found within
-		// PollInterval.
+		// probes them all, and so does any pass once an owned slot has gone
+		// unprobed for PollInterval, so rows nobody named are found within
+		// PollInterval however busy other slots keep the relay.
 		var only *slotSet
 		dirty, all := r.takeDirty()
-		if !full && !all {
+		if !full && !all && !r.floors.stale(time.Now(), r.cfg.PollInterval) {
 			dirty.union(&carry)
 			only = &dirty
 		}
-		res := r.pass(ctx, p, &nextSlot, only)
+		res := r.pass(ctx, p, only)
 		w.saw(res.maxID)
 		switch {
 		case res.published > 0:
@@ -95,16 +94,17 @@ type passResult struct {
 }
 
 // pass claims one batch, sends it and records the outcome.
-func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slotSet) passResult {
+func (r *Relay) pass(ctx context.Context, p *producer, only *slotSet) passResult {
 	start := time.Now()
-	rows, gen, err := r.takeBatch(ctx, *nextSlot, only)
+	c, gen, err := r.takeBatch(ctx, only)
 	if err != nil {
 		return passResult{err: fmt.Errorf("claim: %w", err)}
 	}
+	rows := c.rows
 	if len(rows) == 0 {
+		r.floors.moved(&c, nil) // nothing to record: the probed slots' floors rise now
 		return passResult{}
 	}
-	*nextSlot = (int(rows[len(rows)-1].slot) + 1) % outbox.Slots
 
 	claimed := time.Now()
 	end := r.startPublish(ctx, rows)
@@ -120,19 +120,25 @@ func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slot
 	if t.res.failed > 0 || ctx.Err() != nil {
 		if err := r.finish(ctx, &b); err != nil {
 			t.res.err = err
+		} else {
+			r.floors.moved(&c, t.okSet())
 		}
 		return t.res
 	}
 	// All went out: delete in the background; the next claim waits for it
-	// (see takeBatch). If the delete fails the rows are found again and sent
-	// again (same event ids, after their key's earlier records, so a deduping
-	// consumer sees the same order).
-	job := &finishJob{done: make(chan struct{})}
+	// and then moves the floors (waitFinish). If the delete fails the rows
+	// are found again and sent again (same event ids, after their key's
+	// earlier records, so a deduping consumer sees the same order).
+	job := &finishJob{done: make(chan struct{}), claim: &c}
 	go func() {
 		defer close(job.done)
-		if err := r.finish(ctx, &b); err != nil && ctx.Err() == nil {
-			r.log.Warn("recording a batch failed; its rows will be sent again", "error", err)
+		if err := r.finish(ctx, &b); err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("recording a batch failed; its rows will be sent again", "error", err)
+			}
+			return
 		}
+		job.published = t.okSet()
 	}()
 	r.fin = job
 	return t.res

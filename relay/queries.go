@@ -79,70 +79,40 @@ const releaseSQL = `WITH rel AS (
 )
 DELETE FROM pgbox_relay_instances WHERE instance = $1`
 
-// claimSQL reads, for every slot in $4 that belongs to a lane this instance
-// owns right now, the slot's oldest unparked rows in id order that no parked
-// row holds back (heldBySQL): one index range scan per slot
-// (pgbox_outbox_claim_idx), so its cost does not grow with the table or with
-// other lanes' backlogs. $4 lists the slots in the order to visit them: all
-// of them, rotated each pass so a busy slot cannot starve the others, or
-// just the ones notifications named. No cursor: a row whose transaction
-// committed late with a lower id is simply found on the next pass (the
-// sequence-gap race cannot skip it), because rows leave the table only once
-// published.
+// claimSQL is the claim: pgbox_outbox_claim (migration 00100) reads, for
+// every slot in $3 that belongs to a lane this instance owns right now, the
+// slot's oldest unparked rows from its floor ($4, under epoch $5) in id
+// order that no parked row holds back: one index range scan of
+// pgbox_outbox_claim_idx per slot, positioned at the floor, so its cost
+// depends neither on the table, nor on other lanes' backlogs, nor on how
+// many deleted rows a held xmin horizon keeps behind the floor (floor.go).
+// At most $6 rows come from one slot, so a batch of $7 spans several slots
+// when the backlog does.
 //
-// At most $5 rows come from one slot, so a batch spans several slots when
-// the backlog does.
+// It is a function so that its planner settings travel with it: it plans
+// with sequential and bitmap scans off, so no ANALYZE (a bloated heap, an
+// emptied heap beside a large index, a burst) flips it off the index.
+// Whether a parked row holds a claimed row back is probed
+// (pgbox_outbox_parked_key_idx) only while some keyed row is parked.
 //
-// Every claim starts at each slot's first row: a claim that skipped rows
-// below an id (rows in flight, say) would also skip a row of another key
-// that committed late with a lower id, and then take that key's next row
-// above the bound: an order inversion (the chaos harness found one). So a
-// claim runs only once the previous batch's rows are deleted.
+// Its first rows describe the probed slots (id NULL): see claimMeta.
 //
-// The slot is matched as a row comparison, (slot, id) > (s, 0) AND
-// slot <= s, not as slot = s: with the equality, when a few
-// hot keys fill the table (so slot statistics are skewed), the planner
-// prefers the primary key in id order and filters on slot, which walks the
-// whole table for every empty slot (seconds per claim on 200k rows). Only
-// pgbox_outbox_claim_idx can answer the row comparison in (slot, id)
-// order, and it positions the scan at (s, 0) directly.
-//
-// $1 instance, $2 batch size, $3 lane count, $4 slots, $5 rows per slot.
-const claimSQL = `SELECT o.id, o.event_id, o.slot, o.topic, o.key, o.value, o.headers, o.created_at, o.attempts, s.epoch
-FROM (
-	SELECT g.slot, l.epoch
-	FROM unnest($4::int[]) WITH ORDINALITY AS g(slot, ord)
-	JOIN pgbox_relay_lanes l ON l.lane = g.slot % l.lanes
-	WHERE l.owner = $1 AND l.expires_at > now() AND l.lanes = $3
-	ORDER BY g.ord
-) s
-CROSS JOIN LATERAL (
-	SELECT c.id, c.event_id, c.slot, c.topic, c.key, c.value, c.headers, c.created_at, c.attempts
-	FROM pgbox_outbox c
-	WHERE (c.slot, c.id) > (s.slot::smallint, 0) AND c.slot <= s.slot
-	  AND c.parked_at IS NULL
-	  AND NOT EXISTS (` + heldBySQL + `)
-	ORDER BY c.slot, c.id
-	LIMIT $5
-) o
-LIMIT $2`
-
-// heldBySQL finds a parked row that holds row c back: an earlier row of
-// c's topic and key (rows without a key hold nothing and are never held).
-// One probe of pgbox_outbox_parked_key_idx, which holds parked rows only.
-// "Same key" is the order domain of Kafka's per-key order: the topic and the
-// key bytes (send.go's keyOf).
-const heldBySQL = `SELECT 1 FROM pgbox_outbox p
-		WHERE p.parked_at IS NOT NULL AND p.key IS NOT NULL
-		  AND p.topic = c.topic AND sha256(p.key) = sha256(c.key) AND p.key = c.key AND p.id < c.id`
+// $1 instance, $2 lane count, $3 slots, $4 floors, $5 their epochs, $6 rows per slot, $7 batch size.
+const claimSQL = `SELECT * FROM pgbox_outbox_claim($1, $2, $3::int[], $4::bigint[], $5::bigint[], $6, $7)`
 
 // finishSQL records a batch's outcome in one round trip: published rows are
 // deleted; rows that failed permanently get attempts + 1 and their error, and
-// are parked at MaxAttempts, except rows whose topic does not exist ($7
-// true): they are parked once their failures began ($8, UnknownTopicWindow)
-// ago. Both are fenced: they only touch rows whose lane
-// still has the epoch the rows were claimed under, so an instance that lost
-// the lane meanwhile changes nothing.
+// are parked at MaxAttempts, except rows whose topic does not exist ($6
+// true): they are parked once their failures began ($7, UnknownTopicWindow)
+// ago.
+//
+// Failures are fenced: they only touch rows whose lane still has the epoch
+// the rows were claimed under, so an instance that lost the lane meanwhile
+// counts no attempt and parks nothing. Deletes are not: a published row's
+// record is in Kafka whoever owns its lane now, so deleting it can only
+// spare a duplicate (an instance that lost its lane during a slow delete
+// still removes what it sent, and the new owner sends again only what it
+// claimed before that delete committed).
 //
 // The statement commits asynchronously (synchronous_commit off for its own
 // transaction only): the relay does not wait for the WAL flush, and neither
@@ -153,20 +123,18 @@ const heldBySQL = `SELECT 1 FROM pgbox_outbox p
 // same). Writers' transactions are not affected: an outbox row is as durable
 // as the business write it commits with.
 //
-// $1 published ids, $2 their epochs, $3 failed ids, $4 their epochs, $5 errors, $6 max attempts,
-// $7 failed for a missing topic, $8 unknown-topic window.
+// $1 published ids, $2 failed ids, $3 their epochs, $4 errors, $5 max attempts,
+// $6 failed for a missing topic, $7 unknown-topic window.
 const finishSQL = `WITH del AS (
-	DELETE FROM pgbox_outbox o
-	USING unnest($1::bigint[], $2::bigint[]) AS d(id, epoch), pgbox_relay_lanes l
-	WHERE o.id = d.id AND l.epoch = d.epoch AND l.lane = o.slot % l.lanes
+	DELETE FROM pgbox_outbox o WHERE o.id = ANY ($1::bigint[])
 	RETURNING o.id
 ), failed AS (
 	UPDATE pgbox_outbox o
 	SET attempts = o.attempts + 1, last_error = f.err, failing_since = coalesce(o.failing_since, now()),
 	    parked_at = CASE
-	        WHEN f.waits THEN CASE WHEN coalesce(o.failing_since, now()) <= now() - $8::interval THEN now() END
-	        WHEN o.attempts + 1 >= $6 THEN now() END
-	FROM unnest($3::bigint[], $4::bigint[], $5::text[], $7::bool[]) AS f(id, epoch, err, waits), pgbox_relay_lanes l
+	        WHEN f.waits THEN CASE WHEN coalesce(o.failing_since, now()) <= now() - $7::interval THEN now() END
+	        WHEN o.attempts + 1 >= $5 THEN now() END
+	FROM unnest($2::bigint[], $3::bigint[], $4::text[], $6::bool[]) AS f(id, epoch, err, waits), pgbox_relay_lanes l
 	WHERE o.id = f.id AND l.epoch = f.epoch AND l.lane = o.slot % l.lanes
 	RETURNING o.parked_at IS NOT NULL AS parked
 )

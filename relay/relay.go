@@ -40,6 +40,7 @@ type Relay struct {
 	wake    chan struct{}
 	beat    chan struct{} // an early heartbeat (Kafka reached)
 	fin     *finishJob    // background delete; owned by the worker goroutine
+	floors  floorState    // where each slot's claim starts; owned by the worker goroutine
 	beats   int           // heartbeats; owned by the heartbeat goroutine
 
 	// leaseUntil is when this instance's leases run out unless renewed: the

@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"math/bits"
 	"strconv"
 	"strings"
 
@@ -26,32 +25,9 @@ func (s *slotSet) union(o *slotSet) {
 	}
 }
 
+func (s *slotSet) has(slot int) bool { return s[slot/64]&(1<<(slot%64)) != 0 }
+
 func (s *slotSet) empty() bool { return *s == slotSet{} }
-
-// list returns the members in rotation order starting at first.
-func (s *slotSet) list(first int) []int32 {
-	n := 0
-	for _, w := range s {
-		n += bits.OnesCount64(w)
-	}
-	out := make([]int32, 0, n)
-	for i := range outbox.Slots {
-		slot := (first + i) % outbox.Slots
-		if s[slot/64]&(1<<(slot%64)) != 0 {
-			out = append(out, int32(slot))
-		}
-	}
-	return out
-}
-
-// allSlots returns every slot in rotation order starting at first.
-func allSlots(first int) []int32 {
-	out := make([]int32, outbox.Slots)
-	for i := range out {
-		out[i] = int32((first + i) % outbox.Slots)
-	}
-	return out
-}
 
 // parseSlots reads a notification payload written by outbox.Writer ("3,17,200").
 // ok is false when it is not such a list; the relay then probes every slot.

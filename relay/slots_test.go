@@ -2,6 +2,7 @@ package relay
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -13,7 +14,7 @@ func TestNotificationPayloadNarrowsTheProbe(t *testing.T) {
 	r.markDirty("200")
 	s, all := r.takeDirty()
 	require.False(t, all)
-	require.Equal(t, []int32{17, 200, 3}, s.list(10), "rotation order from slot 10")
+	require.Equal(t, []int32{3, 17, 200}, r.floors.order(&s), "the slots named")
 	s, all = r.takeDirty()
 	require.False(t, all)
 	require.True(t, s.empty(), "taken")
@@ -25,7 +26,24 @@ func TestNotificationPayloadNarrowsTheProbe(t *testing.T) {
 		_, all = r.takeDirty()
 		require.True(t, all, "payload %q", p)
 	}
-	require.Len(t, allSlots(5), 256)
-	require.Equal(t, int32(5), allSlots(5)[0])
-	require.Equal(t, int32(4), allSlots(5)[255])
+}
+
+// A probe visits the least recently probed slots first, so slots that keep
+// finding rows cannot keep the others waiting; a pass probes every owned
+// slot once one has waited longer than the poll interval.
+func TestProbeOrderStalestFirst(t *testing.T) {
+	t.Parallel()
+	var f floorState
+	now := time.Now()
+	for s := range 256 {
+		f.probed[s] = now
+	}
+	f.probed[9] = now.Add(-time.Minute)
+	f.probed[4] = now.Add(-time.Second)
+	all := f.order(nil)
+	require.Len(t, all, 256)
+	require.Equal(t, []int32{9, 4, 0, 1}, all[:4])
+	f.owned.add(4)
+	require.False(t, f.stale(now, 2*time.Second))
+	require.True(t, f.stale(now, 500*time.Millisecond))
 }

@@ -1,0 +1,210 @@
+package relay
+
+import (
+	"slices"
+	"time"
+
+	"github.com/pgbox/pgbox/outbox"
+)
+
+// The floor: where each slot's claim starts.
+//
+// The relay deletes every row it publishes, and a held xmin horizon (a
+// pg_dump, a long report, a replica's hot_standby_feedback) keeps the index
+// entries of all of them. A claim that started at a slot's first entry
+// walked every one of them, so its cost grew for as long as the hold
+// lasted. Each slot's claim starts at its floor instead: every row of the
+// slot below the floor is published, parked, or held back by a parked row,
+// and no row below it can still appear.
+//
+// That last part is the sequence-gap race: ids are taken at insert, rows
+// appear at commit, so a row with a low id can appear after rows with
+// higher ids were published. The floor passes an id only once every
+// transaction that could hold such an id has ended:
+//
+//   - outbox.Write takes its transaction id before the row takes its id
+//     from the sequence;
+//   - each claim reads the sequence's last value V, and then takes the
+//     snapshot its rows are read under, with bounds xmin and xmax;
+//   - so every transaction holding an id up to V had a transaction id below
+//     that xmax; once a later claim's snapshot has xmin >= that xmax, all of
+//     them have ended, and their rows are visible to that claim: V is
+//     settled, and that claim may raise floors up to V+1 (seqSample, bound).
+//
+// Read-only snapshot holders (pg_dump) have no transaction id and do not
+// hold xmin back here: the floor moves on while VACUUM is held. A long
+// writing transaction does hold it: floors stop at the ids taken when it
+// began, and claims walk the rows deleted since, until it ends.
+//
+// A floor may pass rows a parked row holds back. Retrying or discarding a
+// parked row (inspect) writes a rewind record; the claim function lowers
+// that slot's floor to the parked row's id. A floor established under
+// another lane epoch counts as 0 (the function checks), and every floor is
+// forgotten when a claim's answer is lost (it may have consumed a rewind).
+
+// maxSamples bounds the sequence reads waiting to settle (a long writing
+// transaction stops them settling); while it is full new reads are dropped,
+// which only delays floors.
+const maxSamples = 64
+
+// seqSample is one claim's sequence read and its snapshot's xmax.
+type seqSample struct{ last, xmax int64 }
+
+// floorState is the work loop's memory of the slots; only the work loop
+// goroutine touches it (finish's results are applied by waitFinish).
+type floorState struct {
+	floor   [outbox.Slots]int64
+	epoch   [outbox.Slots]int64 // the lane epoch floor was established under; 0: none
+	probed  [outbox.Slots]time.Time
+	owned   slotSet // the owned slots among those the last claim asked for
+	pending []seqSample
+	bound   int64 // the newest settled sequence value
+	warned  bool  // warnNoFloor said its piece
+}
+
+// args returns the remembered floor and its epoch for each slot.
+func (f *floorState) args(slots []int32) (floors, epochs []int64) {
+	floors, epochs = make([]int64, len(slots)), make([]int64, len(slots))
+	for i, s := range slots {
+		floors[i], epochs[i] = f.floor[s], f.epoch[s]
+	}
+	return floors, epochs
+}
+
+// forget drops every floor.
+func (f *floorState) forget() { f.epoch = [outbox.Slots]int64{} }
+
+// order lists the slots to probe (all, or only's), least recently probed
+// first, so that every slot with rows is visited however busy the others
+// are.
+func (f *floorState) order(only *slotSet) []int32 {
+	out := make([]int32, 0, outbox.Slots)
+	for s := range outbox.Slots {
+		if only == nil || only.has(s) {
+			out = append(out, int32(s))
+		}
+	}
+	slices.SortStableFunc(out, func(a, b int32) int { return f.probed[a].Compare(f.probed[b]) })
+	return out
+}
+
+// stale reports whether an owned slot went unprobed for longer than d.
+func (f *floorState) stale(now time.Time, d time.Duration) bool {
+	for s := range outbox.Slots {
+		if f.owned.has(s) && now.Sub(f.probed[s]) > d {
+			return true
+		}
+	}
+	return false
+}
+
+// claimed records a claim: the floors and epochs it used, which slots it
+// probed, and the sequence read that may settle later. It leaves in c what
+// moving the floors after the batch is recorded needs (floorMove).
+func (f *floorState) claimed(c *claimed, perSlot, batch int, at time.Time) {
+	m := &c.meta
+	if len(m.slots) == 0 {
+		f.owned = slotSet{}
+		return
+	}
+	// Settle what this snapshot's xmin allows, then queue this claim's read.
+	kept := f.pending[:0]
+	for _, p := range f.pending {
+		if p.xmax <= m.xmin {
+			f.bound = max(f.bound, p.last)
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	f.pending = kept
+	if m.seqLast != nil && len(f.pending) < maxSamples {
+		f.pending = append(f.pending, seqSample{last: *m.seqLast, xmax: m.xmax})
+	}
+
+	// A slot was probed unless the batch filled up before the claim reached
+	// it: after the last row's slot, nothing was read.
+	full := len(c.rows) >= batch
+	var lastSlot int16 = -1
+	if full {
+		lastSlot = c.rows[len(c.rows)-1].slot
+	}
+	f.owned = slotSet{}
+	reached := true
+	for i, s := range m.slots {
+		f.owned.add(int(s))
+		f.floor[s], f.epoch[s] = m.floors[i], m.epochs[i]
+		if reached {
+			f.probed[s] = at
+		}
+		if s == lastSlot {
+			reached = false
+		}
+	}
+	c.move = floorMove{bound: f.bound, perSlot: perSlot, truncated: lastSlot}
+}
+
+// floorMove is what a claim lets the floors rise to once its batch is
+// recorded: for each probed slot, the first row not published, or past the
+// last row claimed (or to the settled bound when the slot gave fewer rows
+// than it could), never past bound+1.
+type floorMove struct {
+	bound     int64
+	perSlot   int
+	truncated int16 // the slot the full batch ended in (its rows may go on); -1: none
+}
+
+// moved raises the floors of the slots a claim probed, once its batch is
+// recorded; published is the set of ids now gone.
+func (f *floorState) moved(c *claimed, published map[int64]bool) {
+	if len(c.meta.slots) == 0 {
+		return
+	}
+	type slotRows struct {
+		n        int
+		last     int64
+		firstBad int64
+	}
+	per := map[int16]*slotRows{}
+	for _, x := range c.rows {
+		s := per[x.slot]
+		if s == nil {
+			s = &slotRows{}
+			per[x.slot] = s
+		}
+		s.n++
+		s.last = x.id
+		if !published[x.id] && s.firstBad == 0 {
+			s.firstBad = x.id
+		}
+	}
+	for i, slot := range c.meta.slots {
+		if f.epoch[slot] != c.meta.epochs[i] || f.floor[slot] != c.meta.floors[i] {
+			continue // a later claim (or forget) has been here
+		}
+		to := c.move.bound + 1
+		s := per[slot]
+		switch {
+		case s == nil && c.move.truncated >= 0 && !reachedBefore(c.meta.slots, slot, c.move.truncated):
+			continue // not probed
+		case s == nil:
+		case s.firstBad != 0:
+			to = min(to, s.firstBad)
+		case s.n >= c.move.perSlot || slot == c.move.truncated:
+			to = min(to, s.last+1)
+		}
+		f.floor[slot] = max(f.floor[slot], to)
+	}
+}
+
+// reachedBefore reports whether slot comes before last in slots' order.
+func reachedBefore(slots []int16, slot, last int16) bool {
+	for _, s := range slots {
+		if s == last {
+			return false
+		}
+		if s == slot {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,241 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/outbox"
+)
+
+// floorBundle is one relay's claim loop without Kafka: claims take rows,
+// "publishing" them is deleting them with the finish statement, and the
+// floors move as after a real batch.
+type floorBundle struct {
+	t  *testing.T
+	db *testdb.DB
+	r  *Relay
+}
+
+func newFloorBundle(t *testing.T) *floorBundle {
+	t.Helper()
+	ctx := context.Background()
+	db := testdb.New(t)
+	_, err := db.Pool.Exec(ctx, createLanesSQL, 1)
+	require.NoError(t, err)
+	var held, released, live int
+	require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, "me", "1 hour", 1, "0s", true, false).Scan(&held, &released, &live))
+	return &floorBundle{t: t, db: db, r: &Relay{cfg: Config{Pool: db.Pool, BatchSize: 500, Lanes: 1}, id: "me"}}
+}
+
+// writeRows commits n rows over keys keys, 100 to a transaction.
+func (b *floorBundle) writeRows(n, keys int, prefix string) {
+	b.writeKeys(n, func(j int) []byte { return fmt.Appendf(nil, "%s-%d", prefix, j%keys) })
+}
+
+// writeKeys commits n rows, row j with key key(j), 100 to a transaction.
+func (b *floorBundle) writeKeys(n int, key func(j int) []byte) {
+	ctx := context.Background()
+	for i := 0; i < n; i += 100 {
+		msgs := make([]outbox.Message, 0, 100)
+		for j := i; j < min(n, i+100); j++ {
+			msgs = append(msgs, outbox.Message{Topic: "t", Key: key(j), Value: []byte("v")})
+		}
+		require.NoError(b.t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error { return outbox.Write(ctx, tx, msgs...) }))
+	}
+}
+
+// drain claims and "publishes" until a claim finds nothing; it returns the
+// ids taken.
+func (b *floorBundle) drain() []int64 {
+	ctx := context.Background()
+	var ids []int64
+	for {
+		c, _, err := b.r.takeBatch(ctx, nil)
+		require.NoError(b.t, err)
+		if len(c.rows) == 0 {
+			b.r.floors.moved(&c, nil)
+			return ids
+		}
+		var t tally
+		for _, x := range c.rows {
+			t.okIDs = append(t.okIDs, x.id)
+			ids = append(ids, x.id)
+		}
+		var deleted, parked int
+		require.NoError(b.t, b.db.Pool.QueryRow(ctx, finishSQL, t.okIDs, []int64{}, []int64{}, []string{}, 5, []bool{}, "0s").
+			Scan(&deleted, &parked, nil))
+		require.Equal(b.t, len(t.okIDs), deleted)
+		b.r.floors.moved(&c, t.okSet())
+	}
+}
+
+// settle claims until slot's floor has passed every row written so far.
+// Floors rise only past ids no running writing transaction can still
+// commit below, and that horizon is the cluster's: another test's writing
+// transaction holds it for as long as it runs.
+func (b *floorBundle) settle(slot int) {
+	ctx := context.Background()
+	var top int64
+	require.NoError(b.t, b.db.Pool.QueryRow(ctx, `SELECT pg_sequence_last_value(pg_get_serial_sequence('pgbox_outbox', 'id'))`).Scan(&top))
+	deadline := time.Now().Add(time.Minute)
+	for b.r.floors.floor[slot] <= top {
+		require.True(b.t, time.Now().Before(deadline), "slot %d's floor stayed at %d below %d for a minute", slot, b.r.floors.floor[slot], top)
+		require.Empty(b.t, b.drain())
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// claimBlocks is how many blocks of pgbox_outbox_claim_idx one claim of
+// slot reads, from its floor or from the slot's start.
+func (b *floorBundle) claimBlocks(slot int32, useFloors bool) int64 {
+	ctx := context.Background()
+	slots := []int32{slot}
+	floors, epochs := b.r.floors.args(slots)
+	if !useFloors {
+		floors, epochs = make([]int64, len(slots)), make([]int64, len(slots))
+	}
+	var blocks int64
+	require.NoError(b.t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		const fetched = `SELECT pg_stat_get_xact_blocks_fetched('pgbox_outbox_claim_idx'::regclass)`
+		var before, after int64
+		if err := tx.QueryRow(ctx, fetched).Scan(&before); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, claimSQL, "me", 1, slots, floors, epochs, 125, 500)
+		if err != nil {
+			return err
+		}
+		rows.Close()
+		if err := tx.QueryRow(ctx, fetched).Scan(&after); err != nil {
+			return err
+		}
+		blocks = after - before
+		return rows.Err()
+	}))
+	return blocks
+}
+
+// holdSnapshot opens a REPEATABLE READ transaction that has read the
+// outbox (a pg_dump, a long report) and holds it until the test ends: VACUUM
+// can remove none of the rows deleted meanwhile.
+func holdSnapshot(t *testing.T, db *testdb.DB) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	var n int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox`).Scan(&n))
+}
+
+// Under a held xmin horizon every published row's index entry stays, and a
+// claim that starts at a slot's first entry walks all of them: its cost
+// grows for as long as the hold lasts (the issue measured 976 blocks for a
+// one-slot claim against 3). The floor starts the slot past them, so the
+// blocks one claim reads stay flat as dead rows pile up.
+func TestFloorHeldHorizon(t *testing.T) {
+	t.Parallel()
+	b := newFloorBundle(t)
+	holdSnapshot(t, b.db)
+	// Keys of one slot, so its dead entries fill many index pages.
+	const slot = 7
+	var keys [][]byte
+	for i := 0; len(keys) < 20; i++ {
+		if k := fmt.Appendf(nil, "k-%d", i); outbox.SlotOf(k, outbox.EventID{}) == slot {
+			keys = append(keys, k)
+		}
+	}
+	const wave = 8_000
+	var first int64
+	for round := 1; round <= 4; round++ {
+		b.writeKeys(wave, func(j int) []byte { return keys[j%len(keys)] })
+		require.Len(t, b.drain(), wave)
+		b.settle(slot)
+		withFloor, fromStart := b.claimBlocks(slot, true), b.claimBlocks(slot, false)
+		t.Logf("%d dead rows in slot %d: a claim of it reads %d index blocks from its floor, %d from its start",
+			round*wave, slot, withFloor, fromStart)
+		if round == 1 {
+			first = withFloor
+			continue
+		}
+		require.LessOrEqual(t, withFloor, first+1, "blocks per claim stay flat as dead rows grow")
+		require.Greater(t, fromStart, int64(round)*10, "the dead rows are there: a claim from the slot's start walks them")
+	}
+	var left int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pgbox_outbox`).Scan(&left))
+	require.Zero(t, left, "all published")
+}
+
+// A writing transaction that took its outbox id early and commits late (a
+// long transaction) is never passed by the floor: rows of other keys
+// written after it keep flowing, and its row is claimed once it commits.
+func TestFloorLongWriter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newFloorBundle(t)
+	b.writeRows(1000, 50, "before")
+	require.Len(t, b.drain(), 1000)
+
+	long, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = long.Rollback(ctx) }()
+	// Every slot gets a row from the long transaction.
+	var msgs []outbox.Message
+	for i := range 2000 {
+		msgs = append(msgs, outbox.Message{Topic: "t", Key: fmt.Appendf(nil, "long-%d", i), Value: []byte("v")})
+	}
+	require.NoError(t, outbox.Write(ctx, long, msgs...))
+	var lowest int64
+	require.NoError(t, long.QueryRow(ctx, `SELECT min(id) FROM pgbox_outbox`).Scan(&lowest))
+
+	// Others write and are published meanwhile, with higher ids.
+	for range 5 {
+		b.writeRows(2000, 500, "other")
+		require.Len(t, b.drain(), 2000, "other keys keep flowing")
+	}
+	for s := range 256 {
+		if b.r.floors.epoch[s] != 0 {
+			require.LessOrEqual(t, b.r.floors.floor[s], lowest, "slot %d's floor passed the open transaction's rows", s)
+		}
+	}
+
+	require.NoError(t, long.Commit(ctx))
+	got := b.drain()
+	require.Len(t, got, 2000, "the long transaction's rows, none skipped")
+	for _, id := range got {
+		require.GreaterOrEqual(t, id, lowest)
+	}
+}
+
+// A rewind: the floor passes rows a parked row holds back; retrying the
+// parked row (inspect's action writes a rewind record) makes the next claim
+// of its slot start at it again, so it and the rows it held are claimed.
+func TestFloorRewindAfterRetry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newFloorBundle(t)
+	b.writeRows(3, 1, "held") // three rows of one key
+	var first int64
+	var slot int16
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `UPDATE pgbox_outbox SET parked_at = now()
+		WHERE id = (SELECT min(id) FROM pgbox_outbox) RETURNING id, slot`).Scan(&first, &slot))
+	require.Empty(t, b.drain(), "the parked row holds its key's later rows")
+	b.writeRows(200, 100, "free")
+	require.Len(t, b.drain(), 200)
+	require.Greater(t, b.r.floors.floor[slot], first+2, "the floor passed the held rows")
+
+	// What inspect's retry does: unpark and record the rewind.
+	_, err := b.db.Pool.Exec(ctx, `WITH u AS (UPDATE pgbox_outbox SET parked_at = NULL WHERE id = $1 RETURNING id, slot)
+		INSERT INTO pgbox_outbox_rewinds (slot, from_id) SELECT slot, id FROM u`, first)
+	require.NoError(t, err)
+	require.Equal(t, []int64{first, first + 1, first + 2}, b.drain(), "the retried row, then the rows it held, in id order")
+	var left int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox_rewinds`).Scan(&left))
+	require.Zero(t, left, "the claim consumed the rewind")
+}
