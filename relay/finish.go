@@ -13,9 +13,9 @@ import (
 // tally is a sent batch's outcome, as the finish statement takes it.
 type tally struct {
 	okIDs, badIDs, badEpochs []int64
-	badErrs                            []string
-	badWaits                           []bool // the topic does not exist: parked after UnknownTopicWindow
-	res                                passResult
+	badErrs                  []string
+	badWaits                 []bool // the topic does not exist: parked after UnknownTopicWindow
+	res                      passResult
 }
 
 func (r *Relay) tally(rows []row, outcome map[int]error) tally {
