@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -36,11 +37,18 @@ func (r *Relay) tally(rows []row, outcome map[int]error) tally {
 			t.badEpochs = append(t.badEpochs, rows[i].epoch)
 			t.badErrs = append(t.badErrs, e.Error())
 			t.badWaits = append(t.badWaits, waits)
-			msg := "publish failed permanently"
+			r.failures.Add(1)
+			// One line when a row starts failing; its later attempts are
+			// counted in the periodic summary, and parking logs once more.
+			level := slog.LevelDebug
+			if rows[i].attempts == 0 {
+				level = slog.LevelWarn
+			}
+			msg := "publish failed permanently; retrying up to max_attempts before parking the row"
 			if waits {
 				msg = "topic does not exist; retrying until the unknown-topic window has passed"
 			}
-			r.log.Warn(msg, "topic", rows[i].topic, "row_id", rows[i].id,
+			r.log.Log(context.Background(), level, msg, "topic", rows[i].topic, "row_id", rows[i].id,
 				"event_id", rows[i].eventID.String(), "attempt", rows[i].attempts+1, "error", e)
 		default:
 			transient++
@@ -92,9 +100,10 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
 		context.AfterFunc(fctx, func() { t.Stop() })
 	})
 	defer stopping()
-	var deleted, parked int
+	var deleted int
+	var parkedIDs []int64
 	if err := r.cfg.Pool.QueryRow(fctx, finishSQL, b.okIDs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts,
-		b.badWaits, max(r.cfg.UnknownTopicWindow, 0)).Scan(&deleted, &parked, nil); err != nil {
+		b.badWaits, max(r.cfg.UnknownTopicWindow, 0)).Scan(&deleted, &parkedIDs, nil); err != nil {
 		// The records went out but the rows stay: they will be sent again
 		// (same event ids). That is the at-least-once window.
 		return fmt.Errorf("record outcome of %d rows: %w", b.rows, err)
@@ -105,6 +114,7 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
 	}
 	lat := time.Since(b.start)
 	r.log.Debug("batch", "rows", b.rows, "published", len(b.okIDs), "claim", b.claimed.Sub(b.start), "send", b.sent.Sub(b.claimed), "finish", time.Since(b.sent))
+	parked := len(parkedIDs)
 	r.published.Add(uint64(len(b.okIDs)))
 	r.retried.Add(uint64(len(b.badIDs) - parked))
 	r.parked.Add(uint64(parked))
@@ -117,11 +127,49 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
 			break
 		}
 	}
-	if parked > 0 {
-		r.log.Error("rows parked after repeated permanent failures; each holds its key's later rows until retried or discarded (relay parked)",
-			"rows", parked, "max_attempts", r.cfg.MaxAttempts)
-	}
+	r.logParked(b, parkedIDs)
 	return nil
+}
+
+// logParked says, once per parked row, why it was parked: its topic did not
+// exist for the whole unknown-topic window, or it failed MaxAttempts times.
+func (r *Relay) logParked(b *finishedBatch, ids []int64) {
+	if len(ids) == 0 {
+		return
+	}
+	at := make(map[int64]int, len(b.badIDs))
+	for i, id := range b.badIDs {
+		at[id] = i
+	}
+	for _, id := range ids {
+		i := at[id]
+		reason := fmt.Sprintf("failed permanently %d times (max_attempts)", r.cfg.MaxAttempts)
+		if b.badWaits[i] {
+			reason = fmt.Sprintf("the topic did not exist for the whole unknown-topic window (%s)", r.cfg.UnknownTopicWindow)
+		}
+		r.log.Error("row parked; it holds its key's later rows until retried or discarded (relay parked)",
+			"row_id", id, "reason", reason, "error", b.badErrs[i])
+	}
+}
+
+// summaryEvery is how often the heartbeat sums up publish failures.
+const summaryEvery = time.Minute
+
+// summarize logs, at most every summaryEvery, how many permanent publish
+// failures and parkings happened since the last summary: rows that keep
+// failing are logged once when they start (tally) and once when parked, and
+// counted here in between.
+func (r *Relay) summarize(ctx context.Context) {
+	if time.Since(r.summaryAt) < summaryEvery {
+		return
+	}
+	r.summaryAt = time.Now()
+	failures, parked := r.failures.Swap(0), r.parked.Load()
+	if failures > 0 || parked > r.summaryParked {
+		r.log.WarnContext(ctx, "publish failures since the last summary", "failed_attempts", failures,
+			"parked", parked-r.summaryParked, "every", summaryEvery)
+	}
+	r.summaryParked = parked
 }
 
 // finishJob is a batch whose rows are being deleted in the background.

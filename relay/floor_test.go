@@ -67,7 +67,8 @@ func (b *floorBundle) drain() []int64 {
 			t.okIDs = append(t.okIDs, x.id)
 			ids = append(ids, x.id)
 		}
-		var deleted, parked int
+		var deleted int
+		var parked []int64
 		require.NoError(b.t, b.db.Pool.QueryRow(ctx, finishSQL, t.okIDs, []int64{}, []int64{}, []string{}, 5, []bool{}, "0s").
 			Scan(&deleted, &parked, nil))
 		require.Equal(b.t, len(t.okIDs), deleted)

@@ -2,6 +2,8 @@ package relay_test
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testutil"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 // valuesOf returns the values of key's records in topic order.
@@ -119,4 +122,37 @@ func TestUnknownTopicRetriedForTheWindow(t *testing.T) {
 
 	kafkatest.CreateTopic(t, b.addrs, "soon", 1, nil)
 	require.Equal(t, []string{"first", "second"}, valuesOf(readTopic(t, b, "soon", 2), "k"))
+}
+
+// Parking does not flood the log: a row that keeps failing is logged once
+// when it starts failing and once when it is parked, with the true reason
+// (here: its topic never appeared within the unknown-topic window, not
+// "max_attempts"); its attempts in between are only counted.
+func TestParkingLogsOnceARowWithTheReason(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var buf testutil.SyncBuffer
+	cfg := b.config("a")
+	cfg.UnknownTopicWindow = time.Second
+	cfg.MaxBackoff = 100 * time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+	start(t, cfg)
+
+	const rows = 20
+	var msgs []outbox.Message
+	for i := range rows {
+		msgs = append(msgs, msg("missing", keyed(i), "v"))
+	}
+	b.write(t, msgs...)
+	testutil.Eventually(t, 30*time.Second, "rows parked", func() bool {
+		return b.outboxCount(t, "parked_at IS NOT NULL") == rows
+	})
+	require.Greater(t, b.outboxCount(t, "attempts > 1"), 0, "rows were tried several times")
+	testutil.Eventually(t, 10*time.Second, "parking logged", func() bool {
+		return strings.Count(buf.String(), "row parked") == rows
+	})
+	logs := buf.String()
+	require.Equal(t, rows, strings.Count(logs, "level=WARN msg=\"topic does not exist"), "one line per row when it starts failing:\n%s", logs)
+	require.Equal(t, rows, strings.Count(logs, "unknown-topic window (1s)"), "the reason of each parking")
+	require.NotContains(t, logs, "max_attempts)")
 }

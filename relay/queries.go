@@ -104,7 +104,7 @@ const claimSQL = `SELECT * FROM pgbox_outbox_claim($1, $2, $3::int[], $4::bigint
 // deleted; rows that failed permanently get attempts + 1 and their error, and
 // are parked at MaxAttempts, except rows whose topic does not exist ($6
 // true): they are parked once their failures began ($7, UnknownTopicWindow)
-// ago.
+// ago. It returns how many rows it deleted and the ids it parked.
 //
 // Failures are fenced: they only touch rows whose lane still has the epoch
 // the rows were claimed under, so an instance that lost the lane meanwhile
@@ -136,7 +136,7 @@ const finishSQL = `WITH del AS (
 	        WHEN o.attempts + 1 >= $5 THEN now() END
 	FROM unnest($2::bigint[], $3::bigint[], $4::text[], $6::bool[]) AS f(id, epoch, err, waits), pgbox_relay_lanes l
 	WHERE o.id = f.id AND l.epoch = f.epoch AND l.lane = o.slot % l.lanes
-	RETURNING o.parked_at IS NOT NULL AS parked
+	RETURNING o.id, o.parked_at IS NOT NULL AS parked
 )
-SELECT (SELECT count(*) FROM del)::int, (SELECT count(*) FROM failed WHERE parked)::int,
+SELECT (SELECT count(*) FROM del)::int, coalesce((SELECT array_agg(id) FROM failed WHERE parked), '{}'),
 	set_config('synchronous_commit', 'off', true)`

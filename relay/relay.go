@@ -67,6 +67,9 @@ type Relay struct {
 	kafkaAlerted atomic.Bool
 
 	published, retried, parked, batches atomic.Uint64
+	failures                            atomic.Uint64 // permanent send failures since the last summary
+	summaryAt                           time.Time     // the last summary; owned by the heartbeat goroutine
+	summaryParked                       uint64        // parked at the last summary; likewise
 	latLast, latMax, latTotal           atomic.Int64
 	backlog                             atomic.Int64
 	lanes, instances                    atomic.Int64
@@ -112,7 +115,7 @@ func New(cfg Config) (*Relay, error) {
 	_, _ = crand.Read(b)
 	id := cfg.Instance + "#" + hex.EncodeToString(b)
 	return &Relay{cfg: cfg, id: id, log: cfg.Logger.With("instance", id), wake: make(chan struct{}, 1),
-		beat: make(chan struct{}, 1), t0: time.Now()}, nil
+		beat: make(chan struct{}, 1), t0: time.Now(), summaryAt: time.Now()}, nil
 }
 
 // Instance returns the name this relay registers under in the lease tables:
@@ -314,6 +317,7 @@ func (r *Relay) heartbeatLoop(ctx context.Context, stop context.CancelCauseFunc)
 			return
 		}
 		r.alertOutage(ctx)
+		r.summarize(ctx)
 		select {
 		case <-ctx.Done():
 			return
