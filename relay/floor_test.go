@@ -229,6 +229,7 @@ func TestFloorRewindAfterRetry(t *testing.T) {
 	require.Empty(t, b.drain(), "the parked row holds its key's later rows")
 	b.writeRows(200, 100, "free")
 	require.Len(t, b.drain(), 200)
+	b.settle(int(slot))
 	require.Greater(t, b.r.floors.floor[slot], first+2, "the floor passed the held rows")
 
 	// What inspect's retry does: unpark and record the rewind.
