@@ -174,42 +174,33 @@
 // sarama.NewHashPartitioner (FNV-1a, sarama's default) is the alternative
 // when sarama producers already write the topic.
 //
-// # The claim query on a large table
+// # The claim on a large table, and under a held xmin horizon
 //
 // The partial index pgbox_outbox_claim_idx (slot, id) WHERE parked_at IS NULL
-// gives one short index range scan per owned slot, from the slot's first
-// row, so its cost does not depend on the table size. No claim skips rows
-// by id: a skipped late-committed row of a key would let the key's next row
-// overtake it. A claim therefore runs once the previous batch is deleted,
-// and walks the dead index entries that delete left (until vacuum). The slot
-// is matched as a row comparison, (slot, id) > (s, 0) AND slot <= s, which
-// only this index answers in order: with slot = s the planner may take the
-// primary key instead when a few hot keys skew the slot statistics, and
-// walk the whole table for every empty slot. The plan:
+// gives one short index range scan per owned slot, from the slot's floor
+// (floor.go): every row below it is published, parked or held by a parked
+// row, and the floor passes an id only once no transaction that could commit
+// a row below it is running. So a claim's cost depends neither on the table
+// size nor on how many deleted rows a held xmin horizon (a pg_dump, a long
+// report) keeps behind the floor. The claim is the function
+// pgbox_outbox_claim (migration 00100), which plans with sequential and
+// bitmap scans off, so no ANALYZE flips it off the index. Each probe, with
+// some row parked (300k rows, a third parked):
 //
-//	Limit
-//	  ->  Nested Loop
-//	        ->  Nested Loop
-//	              Join Filter: ((g.slot % l.lanes) = l.lane)
-//	              ->  Function Scan on unnest g
-//	              ->  Materialize
-//	                    ->  Seq Scan on pgbox_relay_lanes l
-//	                          Filter: ((owner = $1) AND (lanes = $3) AND (expires_at > now()))
-//	        ->  Limit
-//	              ->  Nested Loop Anti Join
-//	                    ->  Index Scan using pgbox_outbox_claim_idx on pgbox_outbox c
-//	                          Index Cond: ((ROW(slot, id) > ROW((g.slot)::smallint, 0)) AND (slot <= g.slot))
-//	                    ->  Index Scan using pgbox_outbox_parked_key_idx on pgbox_outbox p
-//	                          Index Cond: ((topic = c.topic) AND (sha256(key) = sha256(c.key)) AND (id < c.id))
-//	                          Filter: (key = c.key)
+//	->  Limit
+//	      ->  Index Scan using pgbox_outbox_claim_idx on pgbox_outbox c
+//	            Index Cond: ((ROW(slot, id) >= ROW((s.s)::smallint, s.f)) AND (slot <= s.s))
+//	            Filter: ((key IS NULL) OR (NOT (SubPlan 1)))
+//	            SubPlan 1
+//	              ->  Index Scan using pgbox_outbox_parked_key_idx on pgbox_outbox p
 //
-// The anti join is the parking rule (a parked row holds its key): one probe
+// The subplan is the parking rule (a parked row holds its key): one probe
 // per candidate row into pgbox_outbox_parked_key_idx, an index of the parked
-// rows only.
+// rows only, and only while some keyed row is parked.
 //
-// TestClaimQueryUsesIndex (300k rows, a third parked) and
-// TestClaimQueryUsesIndexWithHotKeys (custom and generic plans) assert this
-// plan shape on every run.
+// TestClaimQueryUsesIndex (300k rows, a third parked), TestClaimPlanCannotFlip
+// (the states that flipped the plan) and TestFloorHeldHorizon assert this on
+// every run.
 //
 // # Stats and logs
 //

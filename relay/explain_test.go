@@ -101,6 +101,7 @@ func TestClaimQueryUsesIndex(t *testing.T) {
 	slots := r.floors.order(nil)
 	floors, epochs := r.floors.args(slots)
 	plans := claimPlans(t, db, 7, "me", 16, slots, floors, epochs, 62, 500)
+	t.Log("\n" + plans[len(plans)-1])
 	requireIndexPlans(t, "300k rows, a third parked", plans)
 	require.Contains(t, plans[0], "Index Scan using pgbox_outbox_parked_key_idx on pgbox_outbox p",
 		"whether a parked row holds a row back: one probe of the parked rows' index")
