@@ -34,17 +34,18 @@ CREATE INDEX pgbox_outbox_rewinds_slot_idx ON pgbox_outbox_rewinds (slot);
 --
 -- Result: first one row per probed slot that this instance owns now, with
 -- id NULL, its epoch, the floor the claim used (after any rewind), the
--- outbox sequence's last value read BEFORE the rows' snapshot (NULL when the
--- sequence caches values per session or the relay may not read it: the
--- relay then never raises a floor)
--- and that snapshot's xmin and xmax; then the rows, slot by slot in the
--- order given, id order within a slot, skipping rows a parked row holds.
+-- outbox sequence's last value (NULL when the sequence caches values per
+-- session or the relay may not read it: the relay then never raises a
+-- floor), the rows' snapshot's xmin and when the server started (a restart
+-- may hand out sequence values again: the relay forgets its floors); then
+-- the rows, slot by slot in the order given, id order within a slot,
+-- skipping rows a parked row holds.
 -- +goose StatementBegin
 CREATE FUNCTION pgbox_outbox_claim(p_instance text, p_lanes int, p_slots int[], p_floors bigint[],
                                    p_floor_epochs bigint[], p_per_slot int, p_batch int)
 RETURNS TABLE (id bigint, event_id uuid, slot smallint, topic text, key bytea, value bytea, headers jsonb,
                created_at timestamptz, attempts int, epoch bigint, floor bigint,
-               seq_last bigint, snap_xmin bigint, snap_xmax bigint)
+               seq_last bigint, snap_xmin bigint, db_started bigint)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
@@ -74,10 +75,10 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- Read before the next statement takes its snapshot: every row with an
-    -- id up to v_seq got its transaction id before this read (outbox.Write
-    -- takes the transaction id first), so once the horizon passes that
-    -- snapshot's xmax, all of them are settled (docs/relay.md).
+    -- Every row with an id up to v_seq got its transaction id before this
+    -- read (outbox.Write takes the transaction id first), so below the
+    -- transaction id of any statement that starts after this one: the
+    -- relay pairs v_seq with its next finish statement's (relay/floor.go).
     SELECT CASE WHEN s.seqcache = 1 AND has_sequence_privilege(s.seqrelid, 'SELECT, USAGE')
                 THEN pg_sequence_last_value(s.seqrelid) END INTO v_seq
       FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence('pgbox_outbox', 'id')::regclass;
@@ -89,7 +90,8 @@ BEGIN
     RETURN QUERY
     (SELECT NULL::bigint, NULL::uuid, u.s::smallint, NULL::text, NULL::bytea, NULL::bytea, NULL::jsonb,
             NULL::timestamptz, NULL::int, u.e, u.f, v_seq,
-            pg_snapshot_xmin(pg_current_snapshot())::text::bigint, pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+            pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+            (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint
        FROM unnest(o_slots, o_epochs, o_floors) AS u(s, e, f))
     UNION ALL
     (SELECT c.id, c.event_id, c.slot, c.topic, c.key, c.value, c.headers, c.created_at, c.attempts, s.e,

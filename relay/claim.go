@@ -44,12 +44,12 @@ type claimed struct {
 // each was probed under, and the sequence read and snapshot bounds the
 // floor's rule needs.
 type claimMeta struct {
-	slots   []int16
-	epochs  []int64
-	floors  []int64
-	seqLast *int64 // NULL: the sequence caches values per session, or cannot be read
-	xmin    int64
-	xmax    int64
+	slots     []int16
+	epochs    []int64
+	floors    []int64
+	seqLast   *int64 // NULL: the sequence caches values per session, or cannot be read
+	xmin      int64  // the rows' snapshot's
+	dbStarted int64  // when the server started, µs since the epoch
 }
 
 // takeBatch claims from every owned slot, or from only the ones in only,
@@ -103,7 +103,7 @@ func (r *Relay) claim(ctx context.Context, slots []int32) (claimed, error) {
 		if id == nil { // a probed slot
 			m := &c.meta
 			m.slots, m.epochs, m.floors = append(m.slots, x.slot), append(m.epochs, x.epoch), append(m.floors, *floor)
-			m.seqLast, m.xmin, m.xmax = seq, *lo, *hi
+			m.seqLast, m.xmin, m.dbStarted = seq, *lo, *hi
 			continue
 		}
 		x.id, x.eventID, x.topic, x.createdAt, x.attempts = *id, *eventID, *topic, *createdAt, *attempts

@@ -50,7 +50,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	var parked []int64
 	require.NoError(t, db.Pool.QueryRow(ctx, finishSQL,
 		[]int64{claimed[0].id},
-		[]int64{claimed[1].id}, []int64{claimed[1].epoch}, []string{"boom"}, 1, []bool{false}, "0s").Scan(&deleted, &parked, nil))
+		[]int64{claimed[1].id}, []int64{claimed[1].epoch}, []string{"boom"}, 1, []bool{false}, "0s").Scan(&deleted, &parked, nil, nil))
 	require.Equal(t, 1, deleted)
 	require.Empty(t, parked)
 	var n int
@@ -71,6 +71,6 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	require.NotEqual(t, claimed[1].epoch, mine[0].epoch)
 	require.NoError(t, db.Pool.QueryRow(ctx, finishSQL,
 		[]int64{mine[0].id},
-		[]int64{}, []int64{}, []string{}, 1, []bool{}, "0s").Scan(&deleted, &parked, nil))
+		[]int64{}, []int64{}, []string{}, 1, []bool{}, "0s").Scan(&deleted, &parked, nil, nil))
 	require.Equal(t, 1, deleted)
 }

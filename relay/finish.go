@@ -91,8 +91,9 @@ type finishedBatch struct {
 const finishTimeout = 2 * time.Minute
 
 // finish records a batch's outcome in one statement (delete the published
-// rows, count the failed ones' attempts) and updates the counters.
-func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
+// rows, count the failed ones' attempts) and updates the counters. It
+// returns the statement's transaction id (floor.go).
+func (r *Relay) finish(ctx context.Context, b *finishedBatch) (int64, error) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	stopping := context.AfterFunc(ctx, func() {
@@ -102,11 +103,12 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
 	defer stopping()
 	var deleted int
 	var parkedIDs []int64
+	var xid int64
 	if err := r.cfg.Pool.QueryRow(fctx, finishSQL, b.okIDs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts,
-		b.badWaits, max(r.cfg.UnknownTopicWindow, 0)).Scan(&deleted, &parkedIDs, nil); err != nil {
+		b.badWaits, max(r.cfg.UnknownTopicWindow, 0)).Scan(&deleted, &parkedIDs, &xid, nil); err != nil {
 		// The records went out but the rows stay: they will be sent again
 		// (same event ids). That is the at-least-once window.
-		return fmt.Errorf("record outcome of %d rows: %w", b.rows, err)
+		return 0, fmt.Errorf("record outcome of %d rows: %w", b.rows, err)
 	}
 	if deleted < len(b.okIDs) {
 		r.log.Info("another instance deleted some of the batch's rows: the lane changed hands during the batch, and the new owner may have sent them again",
@@ -128,7 +130,7 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) error {
 		}
 	}
 	r.logParked(b, parkedIDs)
-	return nil
+	return xid, nil
 }
 
 // logParked says, once per parked row, why it was parked: its topic did not
@@ -177,6 +179,7 @@ type finishJob struct {
 	done      chan struct{}
 	claim     *claimed
 	published map[int64]bool // set once the outcome is recorded
+	xid       int64          // the recording statement's transaction id
 }
 
 // waitFinish waits for the background delete, if any, and then moves the
@@ -185,7 +188,7 @@ func (r *Relay) waitFinish() {
 	if r.fin != nil {
 		<-r.fin.done
 		if r.fin.published != nil {
-			r.floors.moved(r.fin.claim, r.fin.published)
+			r.floors.recorded(r.fin.claim, r.fin.xid, r.fin.published)
 		}
 		r.fin = nil
 	}

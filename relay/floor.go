@@ -24,12 +24,23 @@ import (
 //
 //   - outbox.Write takes its transaction id before the row takes its id
 //     from the sequence;
-//   - each claim reads the sequence's last value V, and then takes the
-//     snapshot its rows are read under, with bounds xmin and xmax;
-//   - so every transaction holding an id up to V had a transaction id below
-//     that xmax; once a later claim's snapshot has xmin >= that xmax, all of
-//     them have ended, and their rows are visible to that claim: V is
+//   - each claim reads the sequence's last value V; the statement that then
+//     records the claim's batch (finishSQL) gets its transaction id F after
+//     that read, so every transaction holding an id up to V has a
+//     transaction id below F (transaction ids are handed out in order);
+//   - F has committed, so any of them still running would be listed in a
+//     later claim's snapshot; once that snapshot's xmin is above F, all of
+//     them have ended and their rows are visible to that claim: V is
 //     settled, and that claim may raise floors up to V+1 (seqSample, bound).
+//
+// (A snapshot's xmax will not do for F: it is the newest completed
+// transaction id plus one, and a transaction that took its id later and
+// still runs is in no snapshot's list below it.)
+//
+// A server restart (or a failover) may hand out sequence values again
+// (the sequence's last WAL record may not have been flushed), and a floor
+// could then pass a new row: the claim reports when the server started, and
+// a change forgets every floor and every sample.
 //
 // Read-only snapshot holders (pg_dump) have no transaction id and do not
 // hold xmin back here: the floor moves on while VACUUM is held. A long
@@ -47,8 +58,9 @@ import (
 // which only delays floors.
 const maxSamples = 64
 
-// seqSample is one claim's sequence read and its snapshot's xmax.
-type seqSample struct{ last, xmax int64 }
+// seqSample is one claim's sequence read and the transaction id of the
+// statement that recorded its batch.
+type seqSample struct{ last, xid int64 }
 
 // floorState is the work loop's memory of the slots; only the work loop
 // goroutine touches it (finish's results are applied by waitFinish).
@@ -59,6 +71,7 @@ type floorState struct {
 	owned   slotSet // the owned slots among those the last claim asked for
 	pending []seqSample
 	bound   int64 // the newest settled sequence value
+	started int64 // the server's start time the floors were established under
 	warned  bool  // warnNoFloor said its piece
 }
 
@@ -71,8 +84,11 @@ func (f *floorState) args(slots []int32) (floors, epochs []int64) {
 	return floors, epochs
 }
 
-// forget drops every floor.
-func (f *floorState) forget() { f.epoch = [outbox.Slots]int64{} }
+// forget drops every floor, and with everything a restarted server may
+// have invalidated, every sample.
+func (f *floorState) forget() {
+	f.epoch, f.pending, f.bound = [outbox.Slots]int64{}, nil, 0
+}
 
 // order lists the slots to probe (all, or only's), least recently probed
 // first, so that every slot with rows is visited however busy the others
@@ -107,19 +123,24 @@ func (f *floorState) claimed(c *claimed, perSlot, batch int, at time.Time) {
 		f.owned = slotSet{}
 		return
 	}
-	// Settle what this snapshot's xmin allows, then queue this claim's read.
+	if m.dbStarted != f.started {
+		// A new server, or the first claim: nothing remembered holds.
+		f.forget()
+		f.started = m.dbStarted
+		for i := range m.floors {
+			m.floors[i] = 0
+		}
+	}
+	// Settle what this snapshot's xmin allows.
 	kept := f.pending[:0]
 	for _, p := range f.pending {
-		if p.xmax <= m.xmin {
+		if p.xid < m.xmin {
 			f.bound = max(f.bound, p.last)
 		} else {
 			kept = append(kept, p)
 		}
 	}
 	f.pending = kept
-	if m.seqLast != nil && len(f.pending) < maxSamples {
-		f.pending = append(f.pending, seqSample{last: *m.seqLast, xmax: m.xmax})
-	}
 
 	// A slot was probed unless the batch filled up before the claim reached
 	// it: after the last row's slot, nothing was read.
@@ -151,6 +172,15 @@ type floorMove struct {
 	bound     int64
 	perSlot   int
 	truncated int16 // the slot the full batch ended in (its rows may go on); -1: none
+}
+
+// recorded notes that the statement recording c's batch ran as
+// transaction xid (after c's sequence read), and raises the floors.
+func (f *floorState) recorded(c *claimed, xid int64, published map[int64]bool) {
+	if c.meta.seqLast != nil && c.meta.dbStarted == f.started && len(f.pending) < maxSamples {
+		f.pending = append(f.pending, seqSample{last: *c.meta.seqLast, xid: xid})
+	}
+	f.moved(c, published)
 }
 
 // moved raises the floors of the slots a claim probed, once its batch is

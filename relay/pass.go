@@ -118,10 +118,10 @@ func (r *Relay) pass(ctx context.Context, p *producer, only *slotSet) passResult
 	b := finishedBatch{tally: t, rows: len(rows), start: start, claimed: claimed, sent: time.Now()}
 	// Record the outcome even when stopping: these records are in Kafka.
 	if t.res.failed > 0 || ctx.Err() != nil {
-		if err := r.finish(ctx, &b); err != nil {
+		if xid, err := r.finish(ctx, &b); err != nil {
 			t.res.err = err
 		} else {
-			r.floors.moved(&c, t.okSet())
+			r.floors.recorded(&c, xid, t.okSet())
 		}
 		return t.res
 	}
@@ -132,13 +132,14 @@ func (r *Relay) pass(ctx context.Context, p *producer, only *slotSet) passResult
 	job := &finishJob{done: make(chan struct{}), claim: &c}
 	go func() {
 		defer close(job.done)
-		if err := r.finish(ctx, &b); err != nil {
+		xid, err := r.finish(ctx, &b)
+		if err != nil {
 			if ctx.Err() == nil {
 				r.log.Warn("recording a batch failed; its rows will be sent again", "error", err)
 			}
 			return
 		}
-		job.published = t.okSet()
+		job.published, job.xid = t.okSet(), xid
 	}()
 	r.fin = job
 	return t.res

@@ -104,7 +104,9 @@ const claimSQL = `SELECT * FROM pgbox_outbox_claim($1, $2, $3::int[], $4::bigint
 // deleted; rows that failed permanently get attempts + 1 and their error, and
 // are parked at MaxAttempts, except rows whose topic does not exist ($6
 // true): they are parked once their failures began ($7, UnknownTopicWindow)
-// ago. It returns how many rows it deleted and the ids it parked.
+// ago. It returns how many rows it deleted, the ids it parked and its own
+// transaction id (the floor's rule pairs it with the claim's sequence read:
+// floor.go).
 //
 // Failures are fenced: they only touch rows whose lane still has the epoch
 // the rows were claimed under, so an instance that lost the lane meanwhile
@@ -139,4 +141,4 @@ const finishSQL = `WITH del AS (
 	RETURNING o.id, o.parked_at IS NOT NULL AS parked
 )
 SELECT (SELECT count(*) FROM del)::int, coalesce((SELECT array_agg(id) FROM failed WHERE parked), '{}'),
-	set_config('synchronous_commit', 'off', true)`
+	pg_current_xact_id()::text::bigint, set_config('synchronous_commit', 'off', true)`
