@@ -12,13 +12,13 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/outbox"
-	"github.com/pgbox/pgbox/relay/lane"
 )
 
 // Defaults of Config.
 const (
-	LanesDefault             = lane.Default
+	LanesDefault             = slot.LanesDefault
 	BatchSizeDefault         = 2000
 	PollIntervalDefault      = time.Second
 	BusyPollIntervalDefault  = 2 * time.Millisecond
@@ -91,7 +91,7 @@ type Config struct {
 	// slot % Lanes). A lane is owned by one instance at a time, so Lanes bounds
 	// how many instances share the work. Every instance must use the same
 	// value: New refuses to start next to live instances using another.
-	// At most outbox.Slots (256). Defaults to [LanesDefault] (16).
+	// At most 256, the outbox's slot count. Defaults to [LanesDefault] (16).
 	Lanes int
 	// Instance names this relay instance in logs and the lease tables, where
 	// the relay appends "#" and a random suffix (see Relay.Instance), so
@@ -229,8 +229,8 @@ func (c Config) validate() error {
 	if strings.TrimSpace(c.Channel) == "" {
 		return errors.New("relay: Config.Channel is blank: leave it empty for outbox.ChannelDefault, or name the writers' channel")
 	}
-	if c.Lanes < 1 || c.Lanes > outbox.Slots {
-		return fmt.Errorf("relay: Config.Lanes is %d: use 1..%d (outbox.Slots)", c.Lanes, outbox.Slots)
+	if c.Lanes < 1 || c.Lanes > slot.Count {
+		return fmt.Errorf("relay: Config.Lanes is %d: use 1..%d (the outbox's slot count)", c.Lanes, slot.Count)
 	}
 	if c.BatchSize < 1 {
 		return fmt.Errorf("relay: Config.BatchSize is %d: use a positive number of rows", c.BatchSize)

@@ -19,7 +19,7 @@
 // # Order and scale: slots, lanes, leases
 //
 // outbox.Write stores slot = fnv1a32(key) % 256 in each row. The relay groups
-// slots into [Config.Lanes] lanes ([LaneOf]: lane = slot % Lanes; [LanesDefault] 16). A lane is owned by one
+// slots into [Config.Lanes] lanes (lane = slot % Lanes; [LanesDefault] 16). A lane is owned by one
 // instance at a time through a lease row in pgbox_relay_lanes; instances
 // announce themselves in pgbox_relay_instances. Every [Config.HeartbeatInterval] (2 s)
 // each instance runs one statement that renews its instance row and its

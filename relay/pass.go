@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/pgbox/pgbox/internal/backoff"
-	"github.com/pgbox/pgbox/outbox"
+	"github.com/pgbox/pgbox/internal/slot"
 )
 
 // A pass, step by step: workLoop (this file) runs passes; a pass claims a
@@ -104,7 +104,7 @@ func (r *Relay) pass(ctx context.Context, p *producer, nextSlot *int, only *slot
 	if len(rows) == 0 {
 		return passResult{}
 	}
-	*nextSlot = (int(rows[len(rows)-1].slot) + 1) % outbox.Slots
+	*nextSlot = (int(rows[len(rows)-1].slot) + 1) % slot.Count
 
 	claimed := time.Now()
 	end := r.startPublish(ctx, rows)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -40,7 +41,7 @@ func TestPublishesCommittedRowsExactly(t *testing.T) {
 	// outbox.Write refuses a header named like the relay's; a row written
 	// by other means gets the relay's header instead of its own.
 	_, err = b.db.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value, headers)
-		VALUES (gen_random_uuid(), $1, $2, $3, $4, $5)`, outbox.SlotOf(want[4].Key, outbox.EventID{}), want[4].Topic, want[4].Key, want[4].Value,
+		VALUES (gen_random_uuid(), $1, $2, $3, $4, $5)`, slot.Of(want[4].Key, outbox.EventID{}), want[4].Topic, want[4].Key, want[4].Value,
 		`[{"k": "pgbox-event-id", "v": "bm90LW1pbmU="}]`)
 	require.NoError(t, err)
 

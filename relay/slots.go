@@ -5,18 +5,11 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/pgbox/pgbox/outbox"
-	"github.com/pgbox/pgbox/relay/lane"
+	"github.com/pgbox/pgbox/internal/slot"
 )
 
-// LaneOf returns the lane of an outbox slot (outbox.SlotOf) when the outbox
-// is split into lanes lanes: slot % lanes ([lane.Of]). A lane is owned by one
-// relay instance at a time. The relay's SQL (claimSQL, finishSQL) computes
-// the same; inspect reports lanes through [lane.Of].
-func LaneOf(slot, lanes int) int { return lane.Of(slot, lanes) }
-
 // slotSet is a set of outbox slots.
-type slotSet [outbox.Slots / 64]uint64
+type slotSet [slot.Count / 64]uint64
 
 func (s *slotSet) add(slot int) { s[slot/64] |= 1 << (slot % 64) }
 
@@ -35,8 +28,8 @@ func (s *slotSet) list(first int) []int32 {
 		n += bits.OnesCount64(w)
 	}
 	out := make([]int32, 0, n)
-	for i := range outbox.Slots {
-		slot := (first + i) % outbox.Slots
+	for i := range slot.Count {
+		slot := (first + i) % slot.Count
 		if s[slot/64]&(1<<(slot%64)) != 0 {
 			out = append(out, int32(slot))
 		}
@@ -46,9 +39,9 @@ func (s *slotSet) list(first int) []int32 {
 
 // allSlots returns every slot in rotation order starting at first.
 func allSlots(first int) []int32 {
-	out := make([]int32, outbox.Slots)
+	out := make([]int32, slot.Count)
 	for i := range out {
-		out[i] = int32((first + i) % outbox.Slots)
+		out[i] = int32((first + i) % slot.Count)
 	}
 	return out
 }
@@ -61,7 +54,7 @@ func parseSlots(payload string, into *slotSet) (ok bool) {
 	}
 	for f := range strings.SplitSeq(payload, ",") {
 		n, err := strconv.Atoi(f)
-		if err != nil || n < 0 || n >= outbox.Slots {
+		if err != nil || n < 0 || n >= slot.Count {
 			return false
 		}
 		into.add(n)
@@ -83,7 +76,7 @@ func (r *Relay) markSlots(slots []int32) {
 	r.dirtyMu.Lock()
 	defer r.dirtyMu.Unlock()
 	for _, s := range slots {
-		if s >= 0 && s < outbox.Slots {
+		if s >= 0 && s < slot.Count {
 			r.dirty.add(int(s))
 		}
 	}

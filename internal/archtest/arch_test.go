@@ -124,8 +124,8 @@ func TestInboxCoreHasNoSarama(t *testing.T) {
 
 // TestInspectImportsPgxAndCleanupOnly: the inspection package reads the
 // database and cleanup's cutoffs; its dead-letter replay writes through the
-// outbox and names inbox's replay header; it reports lanes with the relay's
-// facts (relay.LanesDefault, relay.LaneOf). Nothing else of pgbox.
+// outbox and names inbox's replay header; it reports lanes with the slot
+// facts the relay uses (internal/slot). Nothing else of pgbox.
 func TestInspectImportsPgxAndCleanupOnly(t *testing.T) {
 	t.Parallel()
 	out, err := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, module+"/inspect").Output()
@@ -135,7 +135,7 @@ func TestInspectImportsPgxAndCleanupOnly(t *testing.T) {
 			continue
 		}
 		if strings.HasPrefix(i, module+"/") {
-			require.Contains(t, []string{module + "/cleanup", module + "/outbox", module + "/inbox", module + "/relay/lane"}, i, "inspect imports %s", i)
+			require.Contains(t, []string{module + "/cleanup", module + "/outbox", module + "/inbox"}, i, "inspect imports %s", i)
 		} else if strings.Contains(i, ".") {
 			require.True(t, strings.HasPrefix(i, "github.com/jackc/pgx/v5"), "inspect imports %s", i)
 		}
