@@ -181,14 +181,14 @@ func TestConsumerAdaptersLinkOnlyTheirClient(t *testing.T) {
 }
 
 // TestCleanupLinksNoKafkaClient: the cleaner reads Kafka through
-// cleanupadmin's client-neutral interface, so a service embeds cleanup (and
+// cleanup.Admin, a client-neutral interface (cleanup/internal/cleanupadmin), so a service embeds cleanup (and
 // inspect, which reads its cutoffs) with either client and links only the
 // one it chose: cleanupsarama links sarama, cleanupkgo franz-go, neither the
 // other. pgboxprom reaches cleanup without its sarama implementation.
 func TestCleanupLinksNoKafkaClient(t *testing.T) {
 	t.Parallel()
 	const franz = "github.com/twmb/franz-go/"
-	for _, lib := range []string{"cleanup", "cleanup/cleanupadmin", "inspect"} {
+	for _, lib := range []string{"cleanup", "cleanup/internal/cleanupadmin", "inspect"} {
 		for _, d := range deps(t, module+"/"+lib) {
 			require.False(t, d == sarama || strings.HasPrefix(d, sarama+"/"), "%s links %s: the cleaner's Kafka client belongs in cleanup/cleanupsarama", lib, d)
 			require.False(t, strings.HasPrefix(d, franz), "%s links %s: the cleaner's Kafka client belongs in cleanup/cleanupkgo", lib, d)
