@@ -3,8 +3,6 @@ package pgboxotel_test
 import (
 	"context"
 	"errors"
-	"os/exec"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -202,18 +200,4 @@ func TestStartPublish(t *testing.T) {
 	require.Equal(t, "send", second.Name(), "a batch over several topics")
 	require.Equal(t, "Error", second.Status().Code.String())
 	require.NotContains(t, attrMap(second), "messaging.destination.name")
-}
-
-// OpenTelemetry is this package's dependency alone: no other package of the
-// module (the binary included) links it.
-func TestOnlyPgboxotelLinksOpenTelemetry(t *testing.T) {
-	t.Parallel()
-	out, err := exec.Command("go", "list", "-f", `{{if not (eq .Name "pgboxotel")}}{{.ImportPath}}{{end}}`, "github.com/pgbox/pgbox/...").CombinedOutput()
-	require.NoError(t, err, string(out))
-	pkgs := strings.Fields(string(out))
-	require.Contains(t, pkgs, "github.com/pgbox/pgbox/outbox", "go list output looks wrong")
-	deps, err := exec.Command("go", append([]string{"list", "-deps"}, pkgs...)...).CombinedOutput()
-	require.NoError(t, err, string(deps))
-	require.Contains(t, string(deps), "github.com/IBM/sarama", "go list -deps output looks wrong")
-	require.NotContains(t, string(deps), "go.opentelemetry.io")
 }
