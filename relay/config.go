@@ -161,9 +161,9 @@ type Config struct {
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 	// PublishHook, if set, is told about each batch the relay publishes (see
-	// PublishHook; pgboxotel.Tracer implements it to trace the publish).
-	// Defaults to nil: no hook.
-	PublishHook PublishHook
+	// outbox.PublishHook; pgboxotel.Tracer implements it to trace the
+	// publish). Defaults to nil: no hook.
+	PublishHook outbox.PublishHook
 }
 
 // NewKafkaConfig returns the sarama config the relay uses when Config.Kafka is

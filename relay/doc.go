@@ -216,7 +216,7 @@
 // [Relay.Stats] returns counters for an exporter: published, retried, parked,
 // batches, batch latency (last, max, total), backlog (table-wide, counted
 // at every fifth heartbeat) and lanes held. Logs go to Config.Logger (slog, snake_case keys);
-// a canceled context is not logged as an error. [Config.PublishHook] ([PublishHook]), if set,
+// a canceled context is not logged as an error. [Config.PublishHook] (an outbox.PublishHook), if set,
 // is told about each published batch: pgboxotel.Tracer implements it to
 // trace the publish (the relay imports no tracing library).
 package relay

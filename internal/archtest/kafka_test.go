@@ -62,10 +62,9 @@ var kafkaClients = map[string][]string{
 	"internal/...":                  nil,
 	"migrations":                    nil,
 	"outbox":                        nil,
-	// pgboxprom and pgboxotel reach sarama through relay (issue 28 item 4 removes it).
-	"pgboxotel": {clientSarama},
-	"pgboxprom": {clientSarama},
-	"relay":     {clientSarama},
+	"pgboxotel":                     nil, // the relay's hook types are outbox's
+	"pgboxprom":                     nil, // reads the relay through pgboxprom.Relay
+	"relay":                         {clientSarama},
 }
 
 // kafkaRule finds the entry covering path: an exact key first, then the
