@@ -76,11 +76,18 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Brokers are the Kafka bootstrap addresses. Required.
 	Brokers []string
-	// Kafka is the sarama configuration of the relay's producer. It must keep
-	// the idempotent producer on (Producer.Idempotent, RequiredAcks =
-	// WaitForAll, Net.MaxOpenRequests = 1, Producer.Return.Successes and
-	// Errors): New names the setting that breaks this. Producer.Partitioner is
-	// overwritten by Partitioner. Defaults to [NewKafkaConfig]().
+	// Kafka is the sarama configuration the relay's client and producer read.
+	// The relay does not use sarama's AsyncProducer: it writes record batches
+	// itself, always as an idempotent producer (a producer id and sequence
+	// numbers), whatever Producer.Idempotent says. It reads the client
+	// settings (Version, Net, Metadata, ClientID) and, of Producer,
+	// RequiredAcks, Timeout, Retry.Max, Retry.Backoff, Compression,
+	// CompressionLevel and MaxMessageBytes; the AsyncProducer's own settings
+	// (Idempotent, Return, Flush, ChannelBufferSize, Interceptors) do not
+	// apply. New refuses RequiredAcks other than WaitForAll and a Version
+	// before 0.11.0.0, and whatever sarama's own Validate refuses.
+	// Producer.Partitioner is overwritten by Partitioner. Defaults to
+	// [NewKafkaConfig]().
 	Kafka *sarama.Config
 	// Partitioner picks a record's partition from its key. It must send equal
 	// keys to equal partitions. Defaults to [NewMurmur2Partitioner], the Java
@@ -167,17 +174,15 @@ type Config struct {
 }
 
 // NewKafkaConfig returns the sarama config the relay uses when Config.Kafka is
-// nil: sarama's defaults plus an idempotent producer (WaitForAll acks, one
-// open request per broker, successes returned) and MaxMessageBytesDefault.
-// Set Version, Net.SASL, Net.TLS etc. on it as your cluster needs.
+// nil: sarama's defaults plus WaitForAll acks, one open request per broker
+// connection, five retries of a failed batch within a pass and
+// MaxMessageBytesDefault. Set Version, Net.SASL, Net.TLS etc. on it as your
+// cluster needs.
 func NewKafkaConfig() *sarama.Config {
 	c := sarama.NewConfig()
 	c.ClientID = "pgbox-relay"
-	c.Producer.Idempotent = true
 	c.Producer.RequiredAcks = sarama.WaitForAll
 	c.Net.MaxOpenRequests = 1
-	c.Producer.Return.Successes = true
-	c.Producer.Return.Errors = true
 	c.Producer.Retry.Max = 5
 	c.Producer.MaxMessageBytes = MaxMessageBytesDefault
 	return c
@@ -271,25 +276,19 @@ func (c Config) validate() error {
 
 // validateKafka checks the settings per-key order and no-loss depend on.
 func validateKafka(k *sarama.Config) error {
-	const fix = " (the relay needs sarama's idempotent producer to keep one key's records in order across retries; or leave Config.Kafka nil to use NewKafkaConfig())"
+	// Only what the relay's own producer reads is checked here (see
+	// Config.Kafka); sarama's Validate, which sarama.NewClient applies
+	// anyway, follows.
 	switch {
-	case !k.Producer.Idempotent:
-		return errors.New("relay: Config.Kafka.Producer.Idempotent is false: set it to true" + fix)
 	case k.Producer.RequiredAcks != sarama.WaitForAll:
-		return fmt.Errorf("relay: Config.Kafka.Producer.RequiredAcks is %d: set it to sarama.WaitForAll%s", k.Producer.RequiredAcks, fix)
-	case k.Net.MaxOpenRequests != 1:
-		return fmt.Errorf("relay: Config.Kafka.Net.MaxOpenRequests is %d: set it to 1%s", k.Net.MaxOpenRequests, fix)
-	case !k.Producer.Return.Successes:
-		return errors.New("relay: Config.Kafka.Producer.Return.Successes is false: set it to true (the relay deletes a row only after its record is acknowledged)")
-	case !k.Producer.Return.Errors:
-		return errors.New("relay: Config.Kafka.Producer.Return.Errors is false: set it to true (the relay must see failed records to retry them)")
-	case k.Producer.Retry.Max < 1:
-		return fmt.Errorf("relay: Config.Kafka.Producer.Retry.Max is %d: set it to at least 1%s", k.Producer.Retry.Max, fix)
+		return fmt.Errorf("relay: Config.Kafka.Producer.RequiredAcks is %d: set it to sarama.WaitForAll "+
+			"(the relay deletes a row as soon as Kafka acknowledges its record; only an acknowledgement from every in-sync replica survives the loss of the partition's leader)", k.Producer.RequiredAcks)
 	case !k.Version.IsAtLeast(sarama.V0_11_0_0):
-		return fmt.Errorf("relay: Config.Kafka.Version is %s: the idempotent producer needs at least 0.11.0.0", k.Version)
+		return fmt.Errorf("relay: Config.Kafka.Version is %s: set it to at least 0.11.0.0 "+
+			"(the relay writes record batches with a producer id and sequence numbers, which older brokers do not accept)", k.Version)
 	}
 	if err := k.Validate(); err != nil {
-		return fmt.Errorf("relay: Config.Kafka: %w", err)
+		return fmt.Errorf("relay: Config.Kafka (sarama's own check): %w", err)
 	}
 	return nil
 }

@@ -1,5 +1,6 @@
 // Package relay publishes committed outbox rows (see package outbox) to Kafka
-// with an idempotent sarama producer, and deletes them once Kafka has
+// as an idempotent producer (its own, over sarama's client: see "Many records
+// per key in flight" below), and deletes them once Kafka has
 // acknowledged them. Run one or more instances ([New], [Relay.Run]), usually
 // as the binary cmd/relay:
 //
@@ -79,8 +80,11 @@
 // Metadata, ClientID) and, of Producer: RequiredAcks, Timeout (the
 // broker's wait for acks), Retry.Max and Retry.Backoff, Compression and
 // CompressionLevel, MaxMessageBytes (the largest record batch) and
-// Partitioner. Settings of sarama's own AsyncProducer (Flush,
-// ChannelBufferSize, Return) do not apply.
+// Partitioner. Settings of sarama's own AsyncProducer (Idempotent, Return,
+// Flush, ChannelBufferSize, Interceptors) do not apply, and New accepts any
+// value of them; it refuses RequiredAcks other than WaitForAll (a row is
+// deleted once its record is acknowledged) and a Version before 0.11.0.0
+// (record batches with producer ids).
 //
 // # Fencing and the duplicate window
 //

@@ -74,7 +74,7 @@ func (r *relayOptions) validate() error {
 }
 
 // relayKafkaConfig is the relay's producer config: the relay package's
-// idempotent-producer settings on top of the binary's client settings.
+// producer settings (WaitForAll acks, retries) on top of the binary's client settings.
 func relayKafkaConfig(k kafkaOptions, maxMessageBytes int) (*sarama.Config, error) {
 	base, err := k.Sarama()
 	if err != nil {
