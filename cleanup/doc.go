@@ -60,7 +60,7 @@
 // appear in a pass.
 //
 // Kafka is read through Config.Admin, a Kafka-client-neutral interface
-// (package cleanupadmin; cleanupsarama implements it over sarama, cleanupkgo
+// ([Admin]; cleanupsarama implements it over sarama, cleanupkgo
 // over franz-go's kadm, and cleanup links neither): per pass,
 // one DescribeConfigs request for all topics (retention.ms, segment.ms and
 // cleanup.policy only), one Metadata request and one ListOffsets request per

@@ -10,17 +10,24 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgbox/pgbox/cleanup/cleanupadmin"
+	"github.com/pgbox/pgbox/cleanup/internal/cleanupadmin"
 )
 
 // Admin is what the cleaner reads from Kafka: topic configs and log start
 // offsets, through a Kafka-client-neutral interface. Package cleanupsarama
 // implements it over a sarama ClusterAdmin, package cleanupkgo over
-// franz-go's kadm.Client: cleanup itself links neither client.
+// franz-go's kadm.Client: cleanup itself links neither client. Its two
+// methods honour ctx: TopicConfigs(ctx, topics, names) reads the named
+// configs of every topic, LogStarts(ctx, topics) every partition's log start
+// offset (ListOffsets, earliest) and each topic's id; each returns an error
+// only when Kafka could not be asked at all, and per-topic failures in its
+// answer.
 type Admin = cleanupadmin.Admin
 
-// TopicConfig and LogStarts are an Admin's answers (see package
-// cleanupadmin).
+// TopicConfig and LogStarts are an Admin's answers: TopicConfig holds a
+// topic's config Values by name, or NotFound, or the Err Kafka answered with;
+// LogStarts holds a topic's ID, each partition's log start Offsets, the
+// Failed partitions with their reasons, or NotFound, or Err.
 type (
 	TopicConfig = cleanupadmin.TopicConfig
 	LogStarts   = cleanupadmin.LogStarts

@@ -27,8 +27,6 @@ type Report struct {
 	// MaxBatch is the longest delete transaction of the pass: concurrent
 	// writers never wait on the cleaner for longer than this.
 	MaxBatch time.Duration
-
-	lease *lease // the pass's hold on the cleanup lease; nil when Locked
 }
 
 // Skipped returns the topics whose keys the pass did not prune.

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/internal/pgerr"
 )
@@ -87,11 +86,11 @@ type tableJob struct {
 }
 
 // pruneTables prunes parked outbox rows, dead letters and stale attempts.
-func (c *Cleaner) pruneTables(ctx context.Context, conn *pgxpool.Conn, rep *Report) error {
-	cfg := c.cfg.Tables
+func (p *pass) pruneTables(ctx context.Context) error {
+	rep, cfg := p.rep, p.c.cfg.Tables
 	if cfg.Parked != Forever {
 		tr := TableReport{Name: "pgbox_outbox (parked)", Keep: cfg.Parked, Cutoff: rep.Now.Add(-cfg.Parked)}
-		err := c.pruneJob(ctx, conn, rep, &tr, tableJob{
+		err := p.pruneJob(ctx, &tr, tableJob{
 			name: tr.Name, cutoff: tr.Cutoff,
 			del: sqlDeleteParked, delSL: sqlDeleteParkedSkipLocked, count: sqlCountParked,
 		})
@@ -115,7 +114,7 @@ func (c *Cleaner) pruneTables(ctx context.Context, conn *pgxpool.Conn, rep *Repo
 			if t.Cutoff.Before(cutoff) {
 				cutoff = t.Cutoff
 			}
-			if err = c.pruneJob(ctx, conn, rep, &tr, tableJob{
+			if err = p.pruneJob(ctx, &tr, tableJob{
 				name: tr.Name, cutoff: cutoff, topic: t.Topic,
 				del: sqlDeleteDead, delSL: sqlDeleteDeadSkipLocked, count: sqlCountDead,
 			}); err != nil {
@@ -130,7 +129,7 @@ func (c *Cleaner) pruneTables(ctx context.Context, conn *pgxpool.Conn, rep *Repo
 
 	if cfg.Attempts != Forever {
 		tr := TableReport{Name: "pgbox_consumer_attempts", Keep: cfg.Attempts, Cutoff: rep.Now.Add(-cfg.Attempts)}
-		err := c.pruneJob(ctx, conn, rep, &tr, tableJob{
+		err := p.pruneJob(ctx, &tr, tableJob{
 			name: tr.Name, cutoff: tr.Cutoff,
 			del: sqlDeleteAttempts, delSL: sqlDeleteAttemptsSkipLocked, count: sqlCountAttempts,
 		})
@@ -142,7 +141,8 @@ func (c *Cleaner) pruneTables(ctx context.Context, conn *pgxpool.Conn, rep *Repo
 	return nil
 }
 
-func (c *Cleaner) pruneJob(ctx context.Context, conn *pgxpool.Conn, rep *Report, tr *TableReport, job tableJob) error {
+func (p *pass) pruneJob(ctx context.Context, tr *TableReport, job tableJob) error {
+	c := p.c
 	args := []any{job.cutoff}
 	if job.topic != "" {
 		args = append(args, job.topic)
@@ -153,7 +153,7 @@ func (c *Cleaner) pruneJob(ctx context.Context, conn *pgxpool.Conn, rep *Report,
 	}
 	if c.cfg.DryRun {
 		var n int64
-		if err := conn.QueryRow(ctx, job.count, args...).Scan(&n); err != nil {
+		if err := p.conn.QueryRow(ctx, job.count, args...).Scan(&n); err != nil {
 			return fmt.Errorf("count expired rows of %s: %w", what, err)
 		}
 		tr.WouldDelete += n
@@ -162,9 +162,9 @@ func (c *Cleaner) pruneJob(ctx context.Context, conn *pgxpool.Conn, rep *Report,
 	args = append(args, c.cfg.BatchSize)
 	for {
 		var found, gone int64
-		err := c.batch(ctx, rep, func() error {
+		err := p.batch(ctx, func() error {
 			del := func(q string) error {
-				return deleteTx(ctx, conn, func(tx pgx.Tx) error {
+				return deleteTx(ctx, p.conn, func(tx pgx.Tx) error {
 					return tx.QueryRow(ctx, q, args...).Scan(&found, &gone)
 				})
 			}
@@ -178,7 +178,7 @@ func (c *Cleaner) pruneJob(ctx context.Context, conn *pgxpool.Conn, rep *Report,
 			return fmt.Errorf("delete expired rows of %s: %w", what, err)
 		}
 		tr.Deleted += gone
-		rep.Deleted += gone
+		p.rep.Deleted += gone
 		if found < int64(c.cfg.BatchSize) {
 			return nil
 		}

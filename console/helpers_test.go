@@ -16,6 +16,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/pgbox/pgbox/console"
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
 )
@@ -142,7 +143,7 @@ func parkRow(t *testing.T, db *testdb.DB, topic, key, value, errText string) int
 	require.NoError(t, err)
 	return scalar[int64](t, db, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value, headers, attempts, last_error, parked_at)
 		VALUES (gen_random_uuid(), $5, $1, $2, $3, $6, 5, $4, now()) RETURNING id`,
-		topic, []byte(key), []byte(value), errText, outbox.SlotOf([]byte(key), outbox.EventID{}), string(hs))
+		topic, []byte(key), []byte(value), errText, slot.Of([]byte(key), outbox.EventID{}), string(hs))
 }
 
 // deadRow inserts one replayable dead letter of consumer svc and returns its id.

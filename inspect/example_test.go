@@ -30,7 +30,7 @@ func ExampleRead() {
 		log.Fatal(err)
 	}
 
-	// The zero Config reads with the defaults ([LanesDefault],
+	// The zero Config reads with the defaults (16 lanes, relay.LanesDefault;
 	// [ExactLimitDefault], [StatementTimeoutDefault]); it writes nothing.
 	snap, err := inspect.Read(ctx, pool, inspect.Config{})
 	if err != nil {

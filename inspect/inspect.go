@@ -56,14 +56,11 @@ import (
 
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/internal/pgerr"
-	"github.com/pgbox/pgbox/outbox"
-	"github.com/pgbox/pgbox/relay/lane"
+	"github.com/pgbox/pgbox/internal/slot"
 )
 
 // Defaults for Config fields left zero.
 const (
-	// LanesDefault is the relay's default lane count: lane.Default.
-	LanesDefault = lane.Default
 	// ExactLimitDefault is how many rows a count reads before it becomes an estimate.
 	ExactLimitDefault = 1000
 	// StatementTimeoutDefault bounds every query of a snapshot.
@@ -81,7 +78,7 @@ type DB interface {
 type Config struct {
 	// Lanes groups the backlog by lane when no relay ever ran (the lane table
 	// is empty); otherwise the lane table's count is used. Defaults to
-	// [LanesDefault] (16, the relay's default).
+	// relay.LanesDefault (16).
 	Lanes int
 
 	// ExactLimit is how many rows a count reads; a count that reaches it is
@@ -111,7 +108,7 @@ type Config struct {
 
 func (o Config) withDefaults() Config {
 	if o.Lanes == 0 {
-		o.Lanes = LanesDefault
+		o.Lanes = slot.LanesDefault
 	}
 	if o.ExactLimit == 0 {
 		o.ExactLimit = ExactLimitDefault
@@ -133,8 +130,8 @@ func (o Config) validate(db DB) error {
 	if db == nil {
 		errs = append(errs, errNilDB)
 	}
-	if o.Lanes < 0 || o.Lanes > outbox.Slots {
-		errs = append(errs, fmt.Errorf("inspect: Lanes %d is out of range (use 1..%d, outbox.Slots, as the relays do; or zero for %d)", o.Lanes, outbox.Slots, LanesDefault))
+	if o.Lanes < 0 || o.Lanes > slot.Count {
+		errs = append(errs, fmt.Errorf("inspect: Lanes %d is out of range (use 1..%d, as the relays do; or zero for %d)", o.Lanes, slot.Count, slot.LanesDefault))
 	}
 	if o.ExactLimit < 0 {
 		errs = append(errs, fmt.Errorf("inspect: ExactLimit %d is negative (use a positive count, or zero for %d)", o.ExactLimit, ExactLimitDefault))

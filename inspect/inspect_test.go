@@ -197,7 +197,7 @@ func TestOptionsValidation(t *testing.T) {
 	// More lanes than slots: no relay accepts it, a snapshot would show
 	// lanes that cannot exist.
 	_, err = inspect.Read(ctx, db.Pool, inspect.Config{Lanes: 257})
-	require.ErrorContains(t, err, "Lanes 257 is out of range (use 1..256, outbox.Slots")
+	require.ErrorContains(t, err, "Lanes 257 is out of range (use 1..256, as the relays do")
 	_, err = inspect.Read(ctx, db.Pool, inspect.Config{Lanes: 256})
 	require.NoError(t, err)
 }

@@ -10,8 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgbox/pgbox/outbox"
-	"github.com/pgbox/pgbox/relay/lane"
+	"github.com/pgbox/pgbox/internal/slot"
 )
 
 // readBacklog counts unparked rows exactly up to the limit, by topic and
@@ -68,7 +67,7 @@ func byLane(bySlot []TopicBacklog, lanes int) []TopicBacklog {
 	}
 	sums := map[key]int64{}
 	for _, b := range bySlot {
-		sums[key{b.Topic, lane.Of(b.Lane, lanes)}] += b.Unpublished
+		sums[key{b.Topic, slot.Lane(b.Lane, lanes)}] += b.Unpublished
 	}
 	out := make([]TopicBacklog, 0, len(sums))
 	for k, n := range sums {
@@ -84,18 +83,18 @@ func byLane(bySlot []TopicBacklog, lanes int) []TopicBacklog {
 // slot.
 func (s *Snapshot) readLaneAges(ctx context.Context, tx pgx.Tx, _ Config) error {
 	oldest := make([]*time.Time, s.LaneCount)
-	rows, err := tx.Query(ctx, sqlOldestPerSlot, outbox.Slots)
+	rows, err := tx.Query(ctx, sqlOldestPerSlot, slot.Count)
 	if err != nil {
 		return fmt.Errorf("inspect: read pgbox_outbox oldest rows: %w", err)
 	}
 	for rows.Next() {
-		var slot int
+		var n int
 		var at *time.Time
-		if err := rows.Scan(&slot, &at); err != nil {
+		if err := rows.Scan(&n, &at); err != nil {
 			rows.Close()
 			return fmt.Errorf("inspect: read pgbox_outbox oldest rows: %w", err)
 		}
-		if lane := lane.Of(slot, s.LaneCount); at != nil && (oldest[lane] == nil || at.Before(*oldest[lane])) {
+		if lane := slot.Lane(n, s.LaneCount); at != nil && (oldest[lane] == nil || at.Before(*oldest[lane])) {
 			oldest[lane] = at
 		}
 	}

@@ -22,7 +22,7 @@ const sqlStart = `SELECT now() FROM set_config('statement_timeout', $1, true)`
 const sqlUnpublishedBounded = `SELECT count(*) FROM (SELECT 1 FROM pgbox_outbox WHERE parked_at IS NULL LIMIT $1) s`
 
 // sqlBacklogExact groups the unparked rows by topic and slot (readBacklog
-// groups slots into lanes with relay/lane.Of); run only when
+// groups slots into lanes with internal/slot.Lane); run only when
 // sqlUnpublishedBounded found fewer than the exact limit.
 const sqlBacklogExact = `SELECT topic, slot::int, count(*)::bigint
 FROM pgbox_outbox WHERE parked_at IS NULL GROUP BY 1, 2`
@@ -42,8 +42,8 @@ WHERE i.oid = 'pgbox_outbox_claim_idx'::regclass
 ORDER BY 1`
 
 // sqlOldestPerSlot finds each slot's oldest unparked row: one probe of
-// pgbox_outbox_claim_idx (slot, id) per slot, $1 (outbox.Slots) in all,
-// whatever the backlog. Lanes are groups of slots (relay/lane.Of).
+// pgbox_outbox_claim_idx (slot, id) per slot, $1 (internal/slot.Count) in all,
+// whatever the backlog. Lanes are groups of slots (slot.Lane).
 const sqlOldestPerSlot = `SELECT s.slot, (SELECT o.created_at FROM pgbox_outbox o
 	WHERE o.slot = s.slot::smallint AND o.parked_at IS NULL ORDER BY o.id LIMIT 1)
 FROM generate_series(0, $1::int - 1) AS s(slot)`

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -133,7 +134,7 @@ func ReadStory(ctx context.Context, db Querier, q StoryQuery) (*Story, error) {
 
 func (st *Story) readOutbox(ctx context.Context, db Querier, q StoryQuery, limit int) error {
 	if q.Key != nil {
-		rows, err := db.Query(ctx, sqlStoryOutbox, outbox.SlotOf(q.Key, outbox.EventID{}), q.Topic, q.Key, limit)
+		rows, err := db.Query(ctx, sqlStoryOutbox, slot.Of(q.Key, outbox.EventID{}), q.Topic, q.Key, limit)
 		if err != nil {
 			return fmt.Errorf("inspect: story of key %q on topic %q: read outbox: %w", q.Key, q.Topic, schemaHint(err))
 		}

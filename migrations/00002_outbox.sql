@@ -6,7 +6,7 @@
 CREATE TABLE pgbox_outbox (
     id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     event_id   uuid        NOT NULL,                  -- UUIDv7 made by outbox.Write; sent as the pgbox-event-id header
-    slot       smallint    NOT NULL CHECK (slot >= 0 AND slot < 256), -- fnv1a32(key) % 256 (outbox.Slots); lane = slot % Lanes
+    slot       smallint    NOT NULL CHECK (slot >= 0 AND slot < 256), -- fnv1a32(key) % 256 (internal/slot); lane = slot % Lanes
     topic      text        NOT NULL,
     key        bytea,                                 -- NULL: no key
     value      bytea,                                 -- NULL: tombstone

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
 )
@@ -70,7 +71,7 @@ func BenchmarkWrite(b *testing.B) {
 				id := outbox.NewEventID()
 				if _, err := tx.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value, headers)
 					VALUES ($1, $2, $3, $4, $5, '[{"k":"trace","v":"MDEyMzQ1Njc4OWFiY2RlZg=="}]')`,
-					id, outbox.SlotOf(m.Key, id), m.Topic, m.Key, m.Value); err != nil {
+					id, slot.Of(m.Key, id), m.Topic, m.Key, m.Value); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -22,7 +22,7 @@
 // inbox.ByHeader("pgbox-event-id")), which absorbs the duplicates an
 // at-least-once relay can produce.
 //
-// Each row also gets a slot, fnv1a32(key) % Slots, computed at write time. The
+// Each row also gets a slot, fnv1a32(key) % 256, computed at write time. The
 // relay maps slots to lanes (slot % Lanes) and gives each lane to one relay
 // instance at a time, which is what keeps one key's events in order.
 //

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgbox/pgbox/internal/pgxsql"
+	"github.com/pgbox/pgbox/internal/slot"
 )
 
 // Header is one Kafka record header. The JSON tags are the storage format of
@@ -33,12 +33,6 @@ type Message struct {
 	Value   []byte
 	Headers []Header
 }
-
-// Slots is the fixed number of slots rows are spread over: a row's slot is
-// fnv1a32(key) % Slots, stored at write time. The relay groups slots into
-// lanes (lane = slot % Lanes), so the relay's lane count can change without
-// rewriting rows, and all rows of one key share a slot, hence a lane.
-const Slots = 256
 
 // Defaults of Config.
 const (
@@ -235,7 +229,7 @@ func (w *Writer) args(msgs []Message) ([]any, error) {
 	)
 	for i, m := range msgs {
 		uuids[i] = pgtype.UUID{Bytes: eventIDs[i], Valid: true}
-		slots[i] = int16(SlotOf(m.Key, eventIDs[i]))
+		slots[i] = int16(slot.Of(m.Key, eventIDs[i]))
 		topics[i] = m.Topic
 		keys[i] = m.Key
 		values[i] = m.Value
@@ -259,7 +253,7 @@ func (w *Writer) args(msgs []Message) ([]any, error) {
 // and comma-separated ("3,17,200"), so the relay probes just those. Equal
 // payloads within one transaction fold into one notification.
 func slotList(slots []int16) string {
-	var seen [Slots]bool
+	var seen [slot.Count]bool
 	for _, s := range slots {
 		seen[s] = true
 	}
@@ -273,18 +267,6 @@ func slotList(slots []int16) string {
 		}
 	}
 	return string(b)
-}
-
-// SlotOf returns the slot of a row with this key: fnv1a32(key) % Slots. Rows
-// without a key are spread by their event id.
-func SlotOf(key []byte, id EventID) int {
-	h := fnv.New32a()
-	if key == nil {
-		_, _ = h.Write(id[8:])
-	} else {
-		_, _ = h.Write(key)
-	}
-	return int(h.Sum32() % Slots)
 }
 
 func (w *Writer) validate(m *Message) error {

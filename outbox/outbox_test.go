@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
 )
@@ -83,7 +84,7 @@ func testWriteStoresMessagesAsGiven(t *testing.T, db *testdb.DB, k txKind) {
 		require.WithinDuration(t, time.Now(), r.EventID.Time(), time.Minute)
 		require.False(t, seen[r.EventID], "event ids unique")
 		seen[r.EventID] = true
-		require.EqualValues(t, outbox.SlotOf(m.Key, r.EventID), r.Slot)
+		require.EqualValues(t, slot.Of(m.Key, r.EventID), r.Slot)
 	}
 	require.Equal(t, got[0].Slot, got[4].Slot, "one key, one slot")
 	require.Less(t, got[0].EventID.String(), got[4].EventID.String(), "event ids are time-ordered")

@@ -46,7 +46,10 @@
 // # The relay
 //
 // The relay imports no tracing library; it takes an optional hook,
-// relay.Config.PublishHook, which a Tracer implements (StartPublish):
+// relay.Config.PublishHook, which a Tracer implements (StartPublish, over
+// outbox.PublishHook's client-neutral types: pgboxotel does not import the
+// relay, so it links no Kafka client, and a franz-go service that traces its
+// consumer never links sarama):
 //
 //	r, err := relay.New(relay.Config{Pool: pool, Brokers: brokers, PublishHook: tr})
 //

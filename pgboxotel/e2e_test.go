@@ -32,7 +32,7 @@ func recorder(t *testing.T) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) 
 
 // startRelay runs a real relay over db's outbox, publishing to addrs, until
 // the test ends.
-func startRelay(t *testing.T, db *testdb.DB, addrs []string, hook relay.PublishHook) {
+func startRelay(t *testing.T, db *testdb.DB, addrs []string, hook outbox.PublishHook) {
 	t.Helper()
 	kcfg := relay.NewKafkaConfig()
 	kcfg.Version = kafkatest.Version

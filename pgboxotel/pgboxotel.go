@@ -14,7 +14,6 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/outbox"
-	"github.com/pgbox/pgbox/relay"
 )
 
 // ScopeName is the instrumentation scope of the spans pgboxotel starts.
@@ -130,7 +129,7 @@ func (t *Tracer) processAttrs(m inbox.Message) []attribute.KeyValue {
 		semconv.MessagingDestinationPartitionID(strconv.FormatInt(int64(m.Partition), 10)),
 		semconv.MessagingKafkaOffset(int(m.Offset)),
 	}
-	if id, ok := m.Header(relay.EventIDHeader); ok {
+	if id, ok := m.Header(outbox.EventIDHeader); ok {
 		attrs = append(attrs, semconv.MessagingMessageID(string(id)))
 	}
 	if t.group != "" {
@@ -139,7 +138,7 @@ func (t *Tracer) processAttrs(m inbox.Message) []attribute.KeyValue {
 	return attrs
 }
 
-// StartPublish makes Tracer a relay.PublishHook (relay.Config.PublishHook):
+// StartPublish makes Tracer an outbox.PublishHook (relay.Config.PublishHook):
 // one span of kind Producer per batch the relay publishes, named
 // "send <topic>" (or "send" when the batch spans topics), linked to the
 // writer's span of every record that carries trace headers, ended when
@@ -147,7 +146,7 @@ func (t *Tracer) processAttrs(m inbox.Message) []attribute.KeyValue {
 // records' headers are not changed, so each consumer's span stays a child of
 // its writer's span. A batch without any traced record gets no span: the
 // relay must not start a trace of its own for every untraced batch.
-func (t *Tracer) StartPublish(ctx context.Context, records []relay.PublishRecord) (end func(published int, err error)) {
+func (t *Tracer) StartPublish(ctx context.Context, records []outbox.PublishRecord) (end func(published int, err error)) {
 	var links []trace.Link
 	seen := map[trace.SpanID]bool{}
 	topic := ""
@@ -187,7 +186,7 @@ func (t *Tracer) StartPublish(ctx context.Context, records []relay.PublishRecord
 	}
 }
 
-var _ relay.PublishHook = (*Tracer)(nil)
+var _ outbox.PublishHook = (*Tracer)(nil)
 
 func recordError(span trace.Span, err error) {
 	span.RecordError(err)

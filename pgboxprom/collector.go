@@ -1,5 +1,5 @@
 // Package pgboxprom exports pgbox's state as Prometheus metrics: a
-// [prometheus.Collector] over the counters of the [relay.Relay],
+// [prometheus.Collector] over the counters of the relay ([Relay]),
 // [cleanup.Cleaner], [inbox.Inbox] and consumer adapter and, read at scrape
 // time through [inspect.Read], the outbox backlog, lane owners, parked rows,
 // each consumer's oldest inbox key per topic against its cleanup cutoff, and
@@ -10,7 +10,10 @@
 // one if it uses that); the package's Example shows it, run against a real
 // database. [Collector.Run] is optional. The metrics and the alerts over
 // them are listed in docs/operations.md and docs/alerts.yml.
-// It is the only pgbox package that imports client_golang.
+// It is the only pgbox package that imports client_golang. It links no
+// Kafka client: it reads the relay and the consumer adapter through small
+// interfaces ([Relay], [Consumer]) over client-neutral types, so a service
+// links only the client it chose, and the relay's only if it runs one.
 package pgboxprom
 
 import (
@@ -25,7 +28,7 @@ import (
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inspect"
-	"github.com/pgbox/pgbox/relay"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 // Defaults for [Config] fields left zero.
@@ -40,8 +43,9 @@ const (
 // Config says what a [Collector] reads; every source is optional and nil
 // sources export nothing.
 type Config struct {
-	// Relay's counters (relay.Relay.Stats). Defaults to nil.
-	Relay *relay.Relay
+	// Relay is a relay whose counters are exported (a *relay.Relay).
+	// Defaults to nil: no relay metrics.
+	Relay Relay
 	// Cleaner's counters and its last pass's windows, which also give the
 	// inbox cutoff metrics. Defaults to nil.
 	Cleaner *cleanup.Cleaner
@@ -71,6 +75,13 @@ type Config struct {
 	// Logger receives a line when a scrape's database read fails. Defaults
 	// to slog.Default().
 	Logger *slog.Logger
+}
+
+// Relay is what the collector reads of a relay: *relay.Relay is one. An
+// interface over client-neutral counters, so pgboxprom does not import the
+// relay and links no Kafka client (the relay links sarama).
+type Relay interface {
+	Stats() outbox.RelayStats
 }
 
 // Collector is a [prometheus.Collector] over the sources of its [Config].

@@ -19,6 +19,7 @@ import (
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/pgboxprom"
+	"github.com/pgbox/pgbox/relay"
 )
 
 func TestMain(m *testing.M) {
@@ -172,4 +173,20 @@ func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	_, err := pgboxprom.New(pgboxprom.Config{ScrapeTimeout: -time.Second})
 	require.ErrorContains(t, err, "ScrapeTimeout -1s")
+}
+
+// TestRelayMetricsFromARelay: a *relay.Relay is a pgboxprom.Relay (read
+// through client-neutral counters, so pgboxprom links no Kafka client); its
+// counters are exported, and a relay that has not run reports zeros.
+func TestRelayMetricsFromARelay(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	r, err := relay.New(relay.Config{Pool: db.Pool, Brokers: []string{"127.0.0.1:1"}})
+	require.NoError(t, err)
+	got := gather(t, newCollector(t, pgboxprom.Config{Relay: r}))
+	for _, name := range []string{"pgbox_relay_published_total", "pgbox_relay_retried_total", "pgbox_relay_parked_total", "pgbox_relay_batches_total"} {
+		v, ok := got[name]
+		require.True(t, ok, name)
+		require.Zero(t, v, name)
+	}
 }

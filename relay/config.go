@@ -12,13 +12,13 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/outbox"
-	"github.com/pgbox/pgbox/relay/lane"
 )
 
 // Defaults of Config.
 const (
-	LanesDefault             = lane.Default
+	LanesDefault             = slot.LanesDefault
 	BatchSizeDefault         = 2000
 	PollIntervalDefault      = time.Second
 	BusyPollIntervalDefault  = 2 * time.Millisecond
@@ -76,11 +76,18 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Brokers are the Kafka bootstrap addresses. Required.
 	Brokers []string
-	// Kafka is the sarama configuration of the relay's producer. It must keep
-	// the idempotent producer on (Producer.Idempotent, RequiredAcks =
-	// WaitForAll, Net.MaxOpenRequests = 1, Producer.Return.Successes and
-	// Errors): New names the setting that breaks this. Producer.Partitioner is
-	// overwritten by Partitioner. Defaults to [NewKafkaConfig]().
+	// Kafka is the sarama configuration the relay's client and producer read.
+	// The relay does not use sarama's AsyncProducer: it writes record batches
+	// itself, always as an idempotent producer (a producer id and sequence
+	// numbers), whatever Producer.Idempotent says. It reads the client
+	// settings (Version, Net, Metadata, ClientID) and, of Producer,
+	// RequiredAcks, Timeout, Retry.Max, Retry.Backoff, Compression,
+	// CompressionLevel and MaxMessageBytes; the AsyncProducer's own settings
+	// (Idempotent, Return, Flush, ChannelBufferSize, Interceptors) do not
+	// apply. New refuses RequiredAcks other than WaitForAll and a Version
+	// before 0.11.0.0, and whatever sarama's own Validate refuses.
+	// Producer.Partitioner is overwritten by Partitioner. Defaults to
+	// [NewKafkaConfig]().
 	Kafka *sarama.Config
 	// Partitioner picks a record's partition from its key. It must send equal
 	// keys to equal partitions. Defaults to [NewMurmur2Partitioner], the Java
@@ -91,7 +98,7 @@ type Config struct {
 	// slot % Lanes). A lane is owned by one instance at a time, so Lanes bounds
 	// how many instances share the work. Every instance must use the same
 	// value: New refuses to start next to live instances using another.
-	// At most outbox.Slots (256). Defaults to [LanesDefault] (16).
+	// At most 256, the outbox's slot count. Defaults to [LanesDefault] (16).
 	Lanes int
 	// Instance names this relay instance in logs and the lease tables, where
 	// the relay appends "#" and a random suffix (see Relay.Instance), so
@@ -161,23 +168,21 @@ type Config struct {
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 	// PublishHook, if set, is told about each batch the relay publishes (see
-	// PublishHook; pgboxotel.Tracer implements it to trace the publish).
-	// Defaults to nil: no hook.
-	PublishHook PublishHook
+	// outbox.PublishHook; pgboxotel.Tracer implements it to trace the
+	// publish). Defaults to nil: no hook.
+	PublishHook outbox.PublishHook
 }
 
 // NewKafkaConfig returns the sarama config the relay uses when Config.Kafka is
-// nil: sarama's defaults plus an idempotent producer (WaitForAll acks, one
-// open request per broker, successes returned) and MaxMessageBytesDefault.
-// Set Version, Net.SASL, Net.TLS etc. on it as your cluster needs.
+// nil: sarama's defaults plus WaitForAll acks, one open request per broker
+// connection, five retries of a failed batch within a pass and
+// MaxMessageBytesDefault. Set Version, Net.SASL, Net.TLS etc. on it as your
+// cluster needs.
 func NewKafkaConfig() *sarama.Config {
 	c := sarama.NewConfig()
 	c.ClientID = "pgbox-relay"
-	c.Producer.Idempotent = true
 	c.Producer.RequiredAcks = sarama.WaitForAll
 	c.Net.MaxOpenRequests = 1
-	c.Producer.Return.Successes = true
-	c.Producer.Return.Errors = true
 	c.Producer.Retry.Max = 5
 	c.Producer.MaxMessageBytes = MaxMessageBytesDefault
 	return c
@@ -229,8 +234,8 @@ func (c Config) validate() error {
 	if strings.TrimSpace(c.Channel) == "" {
 		return errors.New("relay: Config.Channel is blank: leave it empty for outbox.ChannelDefault, or name the writers' channel")
 	}
-	if c.Lanes < 1 || c.Lanes > outbox.Slots {
-		return fmt.Errorf("relay: Config.Lanes is %d: use 1..%d (outbox.Slots)", c.Lanes, outbox.Slots)
+	if c.Lanes < 1 || c.Lanes > slot.Count {
+		return fmt.Errorf("relay: Config.Lanes is %d: use 1..%d (the outbox's slot count)", c.Lanes, slot.Count)
 	}
 	if c.BatchSize < 1 {
 		return fmt.Errorf("relay: Config.BatchSize is %d: use a positive number of rows", c.BatchSize)
@@ -271,25 +276,19 @@ func (c Config) validate() error {
 
 // validateKafka checks the settings per-key order and no-loss depend on.
 func validateKafka(k *sarama.Config) error {
-	const fix = " (the relay needs sarama's idempotent producer to keep one key's records in order across retries; or leave Config.Kafka nil to use NewKafkaConfig())"
+	// Only what the relay's own producer reads is checked here (see
+	// Config.Kafka); sarama's Validate, which sarama.NewClient applies
+	// anyway, follows.
 	switch {
-	case !k.Producer.Idempotent:
-		return errors.New("relay: Config.Kafka.Producer.Idempotent is false: set it to true" + fix)
 	case k.Producer.RequiredAcks != sarama.WaitForAll:
-		return fmt.Errorf("relay: Config.Kafka.Producer.RequiredAcks is %d: set it to sarama.WaitForAll%s", k.Producer.RequiredAcks, fix)
-	case k.Net.MaxOpenRequests != 1:
-		return fmt.Errorf("relay: Config.Kafka.Net.MaxOpenRequests is %d: set it to 1%s", k.Net.MaxOpenRequests, fix)
-	case !k.Producer.Return.Successes:
-		return errors.New("relay: Config.Kafka.Producer.Return.Successes is false: set it to true (the relay deletes a row only after its record is acknowledged)")
-	case !k.Producer.Return.Errors:
-		return errors.New("relay: Config.Kafka.Producer.Return.Errors is false: set it to true (the relay must see failed records to retry them)")
-	case k.Producer.Retry.Max < 1:
-		return fmt.Errorf("relay: Config.Kafka.Producer.Retry.Max is %d: set it to at least 1%s", k.Producer.Retry.Max, fix)
+		return fmt.Errorf("relay: Config.Kafka.Producer.RequiredAcks is %d: set it to sarama.WaitForAll "+
+			"(the relay deletes a row as soon as Kafka acknowledges its record; only an acknowledgement from every in-sync replica survives the loss of the partition's leader)", k.Producer.RequiredAcks)
 	case !k.Version.IsAtLeast(sarama.V0_11_0_0):
-		return fmt.Errorf("relay: Config.Kafka.Version is %s: the idempotent producer needs at least 0.11.0.0", k.Version)
+		return fmt.Errorf("relay: Config.Kafka.Version is %s: set it to at least 0.11.0.0 "+
+			"(the relay writes record batches with a producer id and sequence numbers, which older brokers do not accept)", k.Version)
 	}
 	if err := k.Validate(); err != nil {
-		return fmt.Errorf("relay: Config.Kafka: %w", err)
+		return fmt.Errorf("relay: Config.Kafka (sarama's own check): %w", err)
 	}
 	return nil
 }

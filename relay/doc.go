@@ -1,5 +1,6 @@
 // Package relay publishes committed outbox rows (see package outbox) to Kafka
-// with an idempotent sarama producer, and deletes them once Kafka has
+// as an idempotent producer (its own, over sarama's client: see "Many records
+// per key in flight" below), and deletes them once Kafka has
 // acknowledged them. Run one or more instances ([New], [Relay.Run]), usually
 // as the binary cmd/relay:
 //
@@ -19,7 +20,7 @@
 // # Order and scale: slots, lanes, leases
 //
 // outbox.Write stores slot = fnv1a32(key) % 256 in each row. The relay groups
-// slots into [Config.Lanes] lanes ([LaneOf]: lane = slot % Lanes; [LanesDefault] 16). A lane is owned by one
+// slots into [Config.Lanes] lanes (lane = slot % Lanes; [LanesDefault] 16). A lane is owned by one
 // instance at a time through a lease row in pgbox_relay_lanes; instances
 // announce themselves in pgbox_relay_instances. Every [Config.HeartbeatInterval] (2 s)
 // each instance runs one statement that renews its instance row and its
@@ -79,8 +80,11 @@
 // Metadata, ClientID) and, of Producer: RequiredAcks, Timeout (the
 // broker's wait for acks), Retry.Max and Retry.Backoff, Compression and
 // CompressionLevel, MaxMessageBytes (the largest record batch) and
-// Partitioner. Settings of sarama's own AsyncProducer (Flush,
-// ChannelBufferSize, Return) do not apply.
+// Partitioner. Settings of sarama's own AsyncProducer (Idempotent, Return,
+// Flush, ChannelBufferSize, Interceptors) do not apply, and New accepts any
+// value of them; it refuses RequiredAcks other than WaitForAll (a row is
+// deleted once its record is acknowledged) and a Version before 0.11.0.0
+// (record batches with producer ids).
 //
 // # Fencing and the duplicate window
 //
@@ -207,7 +211,7 @@
 // [Relay.Stats] returns counters for an exporter: published, retried, parked,
 // batches, batch latency (last, max, total), backlog (table-wide, counted
 // at every fifth heartbeat) and lanes held. Logs go to Config.Logger (slog, snake_case keys);
-// a canceled context is not logged as an error. [Config.PublishHook] ([PublishHook]), if set,
+// a canceled context is not logged as an error. [Config.PublishHook] (an outbox.PublishHook), if set,
 // is told about each published batch: pgboxotel.Tracer implements it to
 // trace the publish (the relay imports no tracing library).
 package relay

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/internal/delayproxy"
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -191,7 +192,7 @@ func fillBacklog(b *testing.B, tb *testBundle, n, keys int) {
 		}
 		key := fmt.Appendf(nil, "key-%d", k)
 		id := outbox.NewEventID()
-		src = append(src, []any{[16]byte(id), int16(outbox.SlotOf(key, id)), tb.topic, key, value})
+		src = append(src, []any{[16]byte(id), int16(slot.Of(key, id)), tb.topic, key, value})
 	}
 	if _, err := tb.db.Pool.CopyFrom(ctx, pgx.Identifier{"pgbox_outbox"}, []string{"event_id", "slot", "topic", "key", "value"},
 		pgx.CopyFromRows(src)); err != nil {

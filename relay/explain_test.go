@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/internal/testdb"
 )
 
@@ -115,11 +116,11 @@ func TestClaimQueryUsesIndex(t *testing.T) {
 	require.Len(t, got.meta.slots, 64, "every slot of the 4 owned lanes is described")
 	last := map[int16]int64{}
 	for _, x := range got.rows {
-		require.Less(t, LaneOf(int(x.slot), 16), 4, "slot %d belongs to an owned lane", x.slot)
+		require.Less(t, slot.Lane(int(x.slot), 16), 4, "slot %d belongs to an owned lane", x.slot)
 		require.NotZero(t, x.id%3, "parked rows are skipped") // g % 3 = 0 were parked; id = g
 		require.Greater(t, x.id, last[x.slot], "id order within a slot")
 		last[x.slot] = x.id
-		require.Equal(t, int64(LaneOf(int(x.slot), 16))+1, x.epoch, "the claim's lane is LaneOf's")
+		require.Equal(t, int64(slot.Lane(int(x.slot), 16))+1, x.epoch, "the claim's lane is slot.Lane's")
 	}
 }
 

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/pgbox/pgbox/outbox"
+	"github.com/pgbox/pgbox/internal/slot"
 )
 
 // The floor: where each slot's claim starts.
@@ -65,9 +65,9 @@ type seqSample struct{ last, xid int64 }
 // floorState is the work loop's memory of the slots; only the work loop
 // goroutine touches it (finish's results are applied by waitFinish).
 type floorState struct {
-	floor   [outbox.Slots]int64
-	epoch   [outbox.Slots]int64 // the lane epoch floor was established under; 0: none
-	probed  [outbox.Slots]time.Time
+	floor   [slot.Count]int64
+	epoch   [slot.Count]int64 // the lane epoch floor was established under; 0: none
+	probed  [slot.Count]time.Time
 	owned   slotSet // the owned slots among those the last claim asked for
 	pending []seqSample
 	bound   int64 // the newest settled sequence value
@@ -87,15 +87,15 @@ func (f *floorState) args(slots []int32) (floors, epochs []int64) {
 // forget drops every floor, and with everything a restarted server may
 // have invalidated, every sample.
 func (f *floorState) forget() {
-	f.epoch, f.pending, f.bound = [outbox.Slots]int64{}, nil, 0
+	f.epoch, f.pending, f.bound = [slot.Count]int64{}, nil, 0
 }
 
 // order lists the slots to probe (all, or only's), least recently probed
 // first, so that every slot with rows is visited however busy the others
 // are.
 func (f *floorState) order(only *slotSet) []int32 {
-	out := make([]int32, 0, outbox.Slots)
-	for s := range outbox.Slots {
+	out := make([]int32, 0, slot.Count)
+	for s := range slot.Count {
 		if only == nil || only.has(s) {
 			out = append(out, int32(s))
 		}
@@ -106,7 +106,7 @@ func (f *floorState) order(only *slotSet) []int32 {
 
 // stale reports whether an owned slot went unprobed for longer than d.
 func (f *floorState) stale(now time.Time, d time.Duration) bool {
-	for s := range outbox.Slots {
+	for s := range slot.Count {
 		if f.owned.has(s) && now.Sub(f.probed[s]) > d {
 			return true
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
 )
@@ -146,10 +147,10 @@ func TestFloorHeldHorizon(t *testing.T) {
 	b := newFloorBundle(t)
 	holdSnapshot(t, b.db)
 	// Keys of one slot, so its dead entries fill many index pages.
-	const slot = 7
+	const busy = 7
 	var keys [][]byte
 	for i := 0; len(keys) < 20; i++ {
-		if k := fmt.Appendf(nil, "k-%d", i); outbox.SlotOf(k, outbox.EventID{}) == slot {
+		if k := fmt.Appendf(nil, "k-%d", i); slot.Of(k, [16]byte{}) == busy {
 			keys = append(keys, k)
 		}
 	}
@@ -158,10 +159,10 @@ func TestFloorHeldHorizon(t *testing.T) {
 	for round := 1; round <= 4; round++ {
 		b.writeKeys(wave, func(j int) []byte { return keys[j%len(keys)] })
 		require.Len(t, b.drain(), wave)
-		b.settle(slot)
-		withFloor, fromStart := b.claimBlocks(slot, true), b.claimBlocks(slot, false)
+		b.settle(busy)
+		withFloor, fromStart := b.claimBlocks(busy, true), b.claimBlocks(busy, false)
 		t.Logf("%d dead rows in slot %d: a claim of it reads %d index blocks from its floor, %d from its start",
-			round*wave, slot, withFloor, fromStart)
+			round*wave, busy, withFloor, fromStart)
 		if round == 1 {
 			first = withFloor
 			continue

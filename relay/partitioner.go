@@ -22,16 +22,16 @@ func (murmur2Partitioner) Partition(m *sarama.ProducerMessage, n int32) (int32, 
 	if err != nil {
 		return -1, err
 	}
-	return int32(Murmur2(key)&0x7fffffff) % n, nil
+	return int32(murmur2(key)&0x7fffffff) % n, nil
 }
 
 // RequiresConsistency tells sarama that a key's partition must not change
 // while retrying.
 func (murmur2Partitioner) RequiresConsistency() bool { return true }
 
-// Murmur2 is Kafka's murmur2 hash (org.apache.kafka.common.utils.Utils.murmur2),
+// murmur2 is Kafka's murmur2 hash (org.apache.kafka.common.utils.Utils.murmur2),
 // returned as the Java int's bits.
-func Murmur2(data []byte) uint32 {
+func murmur2(data []byte) uint32 {
 	const (
 		seed = 0x9747b28c
 		m    = 0x5bd1e995

@@ -11,22 +11,6 @@ import (
 	"github.com/pgbox/pgbox/relay"
 )
 
-// The vectors of Kafka's own UtilsTest.testMurmur2.
-func TestMurmur2MatchesKafka(t *testing.T) {
-	t.Parallel()
-	cases := map[string]int32{
-		"21":                         -973932308,
-		"foobar":                     -790332482,
-		"a-little-bit-long-string":   -985981536,
-		"a-little-bit-longer-string": -1486304829,
-		"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
-		"abc": 479470107,
-	}
-	for in, want := range cases {
-		require.Equal(t, want, int32(relay.Murmur2([]byte(in))), in)
-	}
-}
-
 // The partitioner places keys where franz-go's Kafka-compatible (Java
 // default) partitioner does.
 func TestMurmur2PartitionerMatchesJavaClient(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -86,7 +87,7 @@ func TestIdleSlotIsProbedWhileOthersAreBusy(t *testing.T) {
 
 	idle := "idle-key"
 	for _, k := range hot {
-		require.NotEqual(t, outbox.SlotOf([]byte(k), outbox.EventID{}), outbox.SlotOf([]byte(idle), outbox.EventID{}))
+		require.NotEqual(t, slot.Of([]byte(k), [16]byte{}), slot.Of([]byte(idle), [16]byte{}))
 	}
 	b.write(t, msg(b.topic, idle, "once"))
 	// The bound is 20 poll intervals (4 s), far above the promise, far

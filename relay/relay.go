@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgbox/pgbox/internal/backoff"
 	"github.com/pgbox/pgbox/internal/pgerr"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 var (
@@ -75,29 +76,6 @@ type Relay struct {
 	lanes, instances                    atomic.Int64
 }
 
-// Stats are the relay's counters since New. A metrics exporter reads them.
-type Stats struct {
-	// Published counts records Kafka acknowledged (their rows are then deleted).
-	Published uint64
-	// Retried counts row sends that failed and were left for a later pass
-	// (broker outages and permanent failures below MaxAttempts).
-	Retried uint64
-	// Parked counts rows parked after MaxAttempts permanent failures.
-	Parked uint64
-	// Batches counts non-empty passes (claim, send, delete).
-	Batches uint64
-	// BatchLatency* describe non-empty passes, claim to delete.
-	BatchLatencyLast, BatchLatencyMax, BatchLatencyTotal time.Duration
-	// Backlog is the number of unpublished, unparked rows in the whole outbox,
-	// counted up to 100,000 at the first heartbeat and every fifth after it
-	// (every 10 s by default), in a statement of its own.
-	Backlog int64
-	// Lanes is how many lanes this instance held at its last heartbeat.
-	Lanes int
-	// Instances is how many live relay instances the last heartbeat saw.
-	Instances int
-}
-
 // New validates cfg, fills in defaults and returns a Relay. It does no I/O.
 func New(cfg Config) (*Relay, error) {
 	cfg = cfg.withDefaults()
@@ -122,9 +100,10 @@ func New(cfg Config) (*Relay, error) {
 // Config.Instance plus "#" and a random suffix unique to this Relay.
 func (r *Relay) Instance() string { return r.id }
 
-// Stats returns a snapshot of the counters.
-func (r *Relay) Stats() Stats {
-	return Stats{
+// Stats returns a snapshot of the counters (a metrics exporter reads them:
+// pgboxprom.Config.Relay).
+func (r *Relay) Stats() outbox.RelayStats {
+	return outbox.RelayStats{
 		Published:         r.published.Load(),
 		Retried:           r.retried.Load(),
 		Parked:            r.parked.Load(),

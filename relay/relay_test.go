@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -40,7 +42,7 @@ func TestPublishesCommittedRowsExactly(t *testing.T) {
 	// outbox.Write refuses a header named like the relay's; a row written
 	// by other means gets the relay's header instead of its own.
 	_, err = b.db.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value, headers)
-		VALUES (gen_random_uuid(), $1, $2, $3, $4, $5)`, outbox.SlotOf(want[4].Key, outbox.EventID{}), want[4].Topic, want[4].Key, want[4].Value,
+		VALUES (gen_random_uuid(), $1, $2, $3, $4, $5)`, slot.Of(want[4].Key, outbox.EventID{}), want[4].Topic, want[4].Key, want[4].Value,
 		`[{"k": "pgbox-event-id", "v": "bm90LW1pbmU="}]`)
 	require.NoError(t, err)
 
@@ -140,7 +142,8 @@ func TestSequenceGapRace(t *testing.T) {
 	require.Equal(t, 1, late, "the late-committing lower id (%d) is published", slowID)
 }
 
-// New rejects a producer config that breaks idempotence, naming the setting.
+// New rejects a config the relay cannot run with, naming the setting; of
+// Config.Kafka, only what the relay's own producer reads.
 func TestNewValidatesConfig(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -152,12 +155,10 @@ func TestNewValidatesConfig(t *testing.T) {
 	}{
 		{"no pool", func(c *relay.Config) { c.Pool = nil }, "Config.Pool is nil"},
 		{"no brokers", func(c *relay.Config) { c.Brokers = nil }, "Config.Brokers is empty"},
-		{"not idempotent", func(c *relay.Config) { c.Kafka.Producer.Idempotent = false }, "Producer.Idempotent is false"},
-		{"acks", func(c *relay.Config) { c.Kafka.Producer.RequiredAcks = sarama.WaitForLocal }, "Producer.RequiredAcks is 1: set it to sarama.WaitForAll"},
-		{"open requests", func(c *relay.Config) { c.Kafka.Net.MaxOpenRequests = 5 }, "Net.MaxOpenRequests is 5: set it to 1"},
-		{"successes", func(c *relay.Config) { c.Kafka.Producer.Return.Successes = false }, "Producer.Return.Successes is false"},
-		{"retries", func(c *relay.Config) { c.Kafka.Producer.Retry.Max = 0 }, "Producer.Retry.Max is 0"},
-		{"version", func(c *relay.Config) { c.Kafka.Version = sarama.V0_10_2_0 }, "needs at least 0.11.0.0"},
+		{"acks", func(c *relay.Config) { c.Kafka.Producer.RequiredAcks = sarama.WaitForLocal }, "Producer.RequiredAcks is 1: set it to sarama.WaitForAll (the relay deletes a row as soon as Kafka acknowledges"},
+		{"no acks", func(c *relay.Config) { c.Kafka.Producer.RequiredAcks = sarama.NoResponse }, "Producer.RequiredAcks is 0: set it to sarama.WaitForAll"},
+		{"version", func(c *relay.Config) { c.Kafka.Version = sarama.V0_10_2_0 }, "Config.Kafka.Version is 0.10.2.0: set it to at least 0.11.0.0"},
+		{"sarama's own check", func(c *relay.Config) { c.Kafka.Producer.Retry.Max = -1 }, "Config.Kafka (sarama's own check): "},
 		{"lanes", func(c *relay.Config) { c.Lanes = 300 }, "Config.Lanes is 300: use 1..256"},
 		{"ttl", func(c *relay.Config) { c.LeaseTTL = 150 * time.Millisecond }, "less than twice Config.HeartbeatInterval"},
 		{"attempts", func(c *relay.Config) { c.MaxAttempts = -1 }, "Config.MaxAttempts is -1"},
@@ -282,4 +283,36 @@ func TestSameInstanceNameTwice(t *testing.T) {
 		b.write(t, msg(b.topic, keyed(i), "v"))
 	}
 	require.Len(t, readTopic(t, b, b.topic, 20), 20)
+}
+
+// The settings of sarama's AsyncProducer do not apply to the relay, which
+// writes record batches itself as an idempotent producer: New accepts any
+// value of them, and such a relay publishes every row, in order.
+func TestAsyncProducerSettingsDoNotApply(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config("a")
+	k := kafkaConfig()
+	k.Producer.Idempotent = false
+	k.Producer.Return.Successes = false
+	k.Producer.Return.Errors = false
+	k.Net.MaxOpenRequests = 5
+	k.Producer.Retry.Max = 0
+	k.Producer.Flush.Messages = 1
+	cfg.Kafka = k
+	_, err := relay.New(cfg)
+	require.NoError(t, err)
+
+	for n := range 10 { // three keys, ten records each, one transaction per round
+		b.write(t, msg(b.topic, "a", fmt.Sprint(n)), msg(b.topic, "b", fmt.Sprint(n)), msg(b.topic, "c", fmt.Sprint(n)))
+	}
+	rr := start(t, cfg)
+	waitFor(t, "30 records published", func() bool { return rr.r.Stats().Published == 30 })
+	next := map[string]int{}
+	for _, m := range readTopic(t, b, b.topic, 30) {
+		require.Equal(t, fmt.Sprint(next[string(m.Key)]), string(m.Value), "key %s in order, once", m.Key)
+		next[string(m.Key)]++
+	}
+	require.Equal(t, map[string]int{"a": 10, "b": 10, "c": 10}, next)
+	require.Zero(t, b.outboxCount(t, "true"), "every row deleted")
 }

@@ -4,18 +4,11 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/pgbox/pgbox/outbox"
-	"github.com/pgbox/pgbox/relay/lane"
+	"github.com/pgbox/pgbox/internal/slot"
 )
 
-// LaneOf returns the lane of an outbox slot (outbox.SlotOf) when the outbox
-// is split into lanes lanes: slot % lanes ([lane.Of]). A lane is owned by one
-// relay instance at a time. The relay's SQL (claimSQL, finishSQL) computes
-// the same; inspect reports lanes through [lane.Of].
-func LaneOf(slot, lanes int) int { return lane.Of(slot, lanes) }
-
 // slotSet is a set of outbox slots.
-type slotSet [outbox.Slots / 64]uint64
+type slotSet [slot.Count / 64]uint64
 
 func (s *slotSet) add(slot int) { s[slot/64] |= 1 << (slot % 64) }
 
@@ -37,7 +30,7 @@ func parseSlots(payload string, into *slotSet) (ok bool) {
 	}
 	for f := range strings.SplitSeq(payload, ",") {
 		n, err := strconv.Atoi(f)
-		if err != nil || n < 0 || n >= outbox.Slots {
+		if err != nil || n < 0 || n >= slot.Count {
 			return false
 		}
 		into.add(n)
@@ -59,7 +52,7 @@ func (r *Relay) markSlots(slots []int32) {
 	r.dirtyMu.Lock()
 	defer r.dirtyMu.Unlock()
 	for _, s := range slots {
-		if s >= 0 && s < outbox.Slots {
+		if s >= 0 && s < slot.Count {
 			r.dirty.add(int(s))
 		}
 	}

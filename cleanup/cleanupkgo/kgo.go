@@ -1,4 +1,4 @@
-// Package cleanupkgo implements cleanupadmin.Admin, what package cleanup
+// Package cleanupkgo implements cleanup.Admin, what package cleanup
 // reads from Kafka, over franz-go's admin client, so a service on franz-go
 // embeds cleanup without linking sarama:
 //
@@ -16,11 +16,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 
-	"github.com/pgbox/pgbox/cleanup/cleanupadmin"
+	"github.com/pgbox/pgbox/cleanup/internal/cleanupadmin"
 )
 
-// New returns an Admin reading through adm. Closing adm's client stays the
-// caller's business.
+// New returns a cleanup.Admin (for cleanup.Config.Admin) reading through
+// adm. Closing adm's client stays the caller's business.
 func New(adm *kadm.Client) cleanupadmin.Admin {
 	return &kafka{adm: adm}
 }

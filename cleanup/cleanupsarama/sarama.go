@@ -1,4 +1,4 @@
-// Package cleanupsarama implements cleanupadmin.Admin, what package cleanup
+// Package cleanupsarama implements cleanup.Admin, what package cleanup
 // reads from Kafka, over a sarama ClusterAdmin:
 //
 //	admin, err := sarama.NewClusterAdmin(brokers, cfg)
@@ -16,7 +16,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/pgbox/pgbox/cleanup/cleanupadmin"
+	"github.com/pgbox/pgbox/cleanup/internal/cleanupadmin"
 )
 
 // ClusterAdmin is the part of sarama.ClusterAdmin the cleaner uses; a
@@ -27,8 +27,8 @@ type ClusterAdmin interface {
 	ListOffsets(partitions map[string]map[int32]int64, options *sarama.ListOffsetsOptions) (map[string]map[int32]*sarama.OffsetResult, error)
 }
 
-// New returns an Admin reading through admin. Closing admin stays the
-// caller's business.
+// New returns a cleanup.Admin (for cleanup.Config.Admin) reading through
+// admin. Closing admin stays the caller's business.
 func New(admin ClusterAdmin) cleanupadmin.Admin {
 	return &kafka{admin: admin}
 }

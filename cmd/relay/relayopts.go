@@ -6,6 +6,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -33,7 +34,7 @@ type relayOptions struct {
 func (r *relayOptions) bind(s *settings) {
 	r.bound = true
 	g := groupRelay
-	s.integer(&r.Lanes, g, "lanes", "PGBOX_LANES", relay.LanesDefault, 1, outbox.Slots,
+	s.integer(&r.Lanes, g, "lanes", "PGBOX_LANES", relay.LanesDefault, 1, slot.Count,
 		"lanes the outbox is split into; each is published by one instance at a time (the same on every instance)")
 	s.str(&r.Instance, g, "instance", "PGBOX_INSTANCE", "", "this instance's name in the lease tables, to which a random suffix is added (empty: hostname-pid)")
 	s.integer(&r.BatchSize, g, "batch-size", "PGBOX_BATCH_SIZE", relay.BatchSizeDefault, 1, 100_000, "most rows one pass claims and sends")
@@ -73,7 +74,7 @@ func (r *relayOptions) validate() error {
 }
 
 // relayKafkaConfig is the relay's producer config: the relay package's
-// idempotent-producer settings on top of the binary's client settings.
+// producer settings (WaitForAll acks, retries) on top of the binary's client settings.
 func relayKafkaConfig(k kafkaOptions, maxMessageBytes int) (*sarama.Config, error) {
 	base, err := k.Sarama()
 	if err != nil {

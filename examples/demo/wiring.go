@@ -43,7 +43,7 @@ func consume(ctx context.Context, brokers []string, group, topic string, cfg *sa
 }
 
 // newRelay returns the relay that publishes the outbox: relay.NewKafkaConfig's
-// idempotent-producer settings on top of the client settings (SASL, TLS) the
+// producer settings (WaitForAll acks, retries) on top of the client settings (SASL, TLS) the
 // demo shares, and short intervals for a demo.
 func newRelay(pool *pgxpool.Pool, brokers []string, base *sarama.Config, log *slog.Logger) (*relay.Relay, error) {
 	rk := relay.NewKafkaConfig()

@@ -1,5 +1,10 @@
-// Package archtest keeps the package table of DESIGN.md true: which pgbox
-// package may import what.
+// Package archtest holds pgbox's architecture rules, all in one place: which
+// package may import or link what (CONTRIBUTING.md, "Package layout"): the
+// Kafka clients every package may link (kafkaClients, TestKafkaClients),
+// Prometheus and OpenTelemetry each in its own package, inspect and the
+// console reading through their narrow imports; and the module-wide source
+// rules (one settings word, SQLSTATEs only in internal/pgerr, no registry
+// address, one binary name). Add a rule here when you add a boundary.
 package archtest
 
 import (
@@ -68,23 +73,6 @@ const (
 
 func rel(path string) string { return strings.TrimPrefix(strings.TrimPrefix(path, module), "/") }
 
-// TestOnlyExamplesAndTestsImportKfake: the embedded broker is for the demo
-// and tests (the end-to-end harness runs it as its own process); no library
-// or binary code links it.
-func TestOnlyExamplesAndTestsImportKfake(t *testing.T) {
-	t.Parallel()
-	for _, p := range listAll(t) {
-		r := rel(p.ImportPath)
-		if strings.HasPrefix(r, "examples/") || strings.HasPrefix(r, "integration_test/") || r == "internal/kafkatest" || r == "inbox/internal/consumetest" {
-			continue
-		}
-		require.Empty(t, importsPrefix(p.Imports, kfake), "%s imports kfake outside a _test file", p.ImportPath)
-	}
-	for _, d := range deps(t, module+"/cmd/relay") {
-		require.NotEqual(t, kfake, d, "the production binary links kfake")
-	}
-}
-
 // TestConsumetestOnlyInTests: the consumer tests' world (a broker, a
 // schema) is imported by _test files only.
 func TestConsumetestOnlyInTests(t *testing.T) {
@@ -108,24 +96,14 @@ func TestOnlyPgboxpromImportsPrometheus(t *testing.T) {
 	for _, lib := range []string{"inbox", "outbox", "relay", "cleanup", "migrations", "inspect"} {
 		for _, d := range deps(t, module+"/"+lib) {
 			require.False(t, strings.HasPrefix(d, prometheus), "%s links %s", lib, d)
-			require.NotEqual(t, kfake, d, "%s links kfake", lib)
 		}
-	}
-}
-
-// TestInboxCoreHasNoSarama: Inbox.Process needs pgx only; the sarama
-// consumer-group adapter lives in its own package.
-func TestInboxCoreHasNoSarama(t *testing.T) {
-	t.Parallel()
-	for _, d := range deps(t, module+"/inbox") {
-		require.NotEqual(t, sarama, d, "package inbox links sarama: the consumer adapter belongs in inbox/inboxsarama")
 	}
 }
 
 // TestInspectImportsPgxAndCleanupOnly: the inspection package reads the
 // database and cleanup's cutoffs; its dead-letter replay writes through the
-// outbox and names inbox's replay header; it reports lanes with the relay's
-// facts (relay.LanesDefault, relay.LaneOf). Nothing else of pgbox.
+// outbox and names inbox's replay header; it reports lanes with the slot
+// facts the relay uses (internal/slot). Nothing else of pgbox.
 func TestInspectImportsPgxAndCleanupOnly(t *testing.T) {
 	t.Parallel()
 	out, err := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, module+"/inspect").Output()
@@ -135,7 +113,7 @@ func TestInspectImportsPgxAndCleanupOnly(t *testing.T) {
 			continue
 		}
 		if strings.HasPrefix(i, module+"/") {
-			require.Contains(t, []string{module + "/cleanup", module + "/outbox", module + "/inbox", module + "/relay/lane"}, i, "inspect imports %s", i)
+			require.Contains(t, []string{module + "/cleanup", module + "/outbox", module + "/inbox"}, i, "inspect imports %s", i)
 		} else if strings.Contains(i, ".") {
 			require.True(t, strings.HasPrefix(i, "github.com/jackc/pgx/v5"), "inspect imports %s", i)
 		}
@@ -159,48 +137,22 @@ func TestConsoleGoesThroughInspect(t *testing.T) {
 	}
 }
 
-// TestConsumerAdaptersLinkOnlyTheirClient: the consumer loop the adapters
-// share links no Kafka client, and each adapter links only its own, so a
-// service on franz-go never links sarama and the reverse.
-func TestConsumerAdaptersLinkOnlyTheirClient(t *testing.T) {
+// TestOnlyPgboxotelLinksOpenTelemetry: OpenTelemetry is pgboxotel's
+// dependency alone (and its sub-packages'): no other package of the module,
+// the binary included, links it.
+func TestOnlyPgboxotelLinksOpenTelemetry(t *testing.T) {
 	t.Parallel()
-	const franz = "github.com/twmb/franz-go"
-	isClient := func(d, client string) bool { return d == client || strings.HasPrefix(d, client+"/") }
-	for pkg, banned := range map[string][]string{
-		"inbox":                  {sarama, franz},
-		"inbox/internal/consume": {sarama, franz},
-		"inbox/inboxsarama":      {franz},
-		"inbox/inboxfranz":       {sarama},
-	} {
-		for _, d := range deps(t, module+"/"+pkg) {
-			for _, b := range banned {
-				require.False(t, isClient(d, b), "%s links %s", pkg, d)
-			}
+	const otel = "go.opentelemetry.io/"
+	sawOtel := false
+	for _, p := range listAll(t) {
+		r := rel(p.ImportPath)
+		if r == "pgboxotel" || strings.HasPrefix(r, "pgboxotel/") {
+			sawOtel = sawOtel || importsPrefix(p.Imports, otel) != ""
+			continue
+		}
+		for _, d := range p.Deps {
+			require.False(t, strings.HasPrefix(d, otel), "%s links %s", r, d)
 		}
 	}
-}
-
-// TestCleanupLinksNoKafkaClient: the cleaner reads Kafka through
-// cleanupadmin's client-neutral interface, so a service embeds cleanup (and
-// inspect, which reads its cutoffs) with either client and links only the
-// one it chose: cleanupsarama links sarama, cleanupkgo franz-go, neither the
-// other. pgboxprom reaches cleanup without its sarama implementation.
-func TestCleanupLinksNoKafkaClient(t *testing.T) {
-	t.Parallel()
-	const franz = "github.com/twmb/franz-go/"
-	for _, lib := range []string{"cleanup", "cleanup/cleanupadmin", "inspect"} {
-		for _, d := range deps(t, module+"/"+lib) {
-			require.False(t, d == sarama || strings.HasPrefix(d, sarama+"/"), "%s links %s: the cleaner's Kafka client belongs in cleanup/cleanupsarama", lib, d)
-			require.False(t, strings.HasPrefix(d, franz), "%s links %s: the cleaner's Kafka client belongs in cleanup/cleanupkgo", lib, d)
-		}
-	}
-	for _, d := range deps(t, module+"/cleanup/cleanupkgo") {
-		require.False(t, d == sarama || strings.HasPrefix(d, sarama+"/"), "cleanup/cleanupkgo links %s", d)
-	}
-	for _, d := range deps(t, module+"/cleanup/cleanupsarama") {
-		require.False(t, strings.HasPrefix(d, franz), "cleanup/cleanupsarama links %s", d)
-	}
-	for _, d := range deps(t, module+"/pgboxprom") {
-		require.NotEqual(t, module+"/cleanup/cleanupsarama", d, "pgboxprom links sarama through cleanup")
-	}
+	require.True(t, sawOtel, "pgboxotel imports no OpenTelemetry package: the listing is not the real one")
 }

@@ -327,7 +327,6 @@ func TestLibraryDefaults(t *testing.T) {
 		"cleanup.AttemptsDefault":             cleanup.AttemptsDefault,
 		"inbox.LockTimeoutDefault":            inbox.LockTimeoutDefault,
 		"inbox.DedupDefault":                  inbox.DedupDefault,
-		"inspect.LanesDefault":                inspect.LanesDefault,
 		"inspect.ExactLimitDefault":           inspect.ExactLimitDefault,
 		"inspect.StatementTimeoutDefault":     inspect.StatementTimeoutDefault,
 		"inspect.ParkedListDefault":           inspect.ParkedListDefault,

@@ -23,7 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
-	"github.com/pgbox/pgbox/relay"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 // OrderIDHeader is the header the producer puts each order's id in: the
@@ -67,7 +67,7 @@ type Config struct {
 type Service struct {
 	Pool     *pgxpool.Pool
 	Consumer interface{ Stats() inboxsarama.Stats }
-	Relay    interface{ Stats() relay.Stats }
+	Relay    interface{ Stats() outbox.RelayStats }
 }
 
 // counters are what the progress line and the summary show.

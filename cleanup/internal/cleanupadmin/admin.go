@@ -1,13 +1,16 @@
 // Package cleanupadmin is the Kafka-client-neutral interface through which
 // package cleanup reads Kafka: each topic's retention settings and each
-// partition's log start offset. It imports no Kafka client, so a service
-// embeds cleanup with the client it already has: package cleanupsarama
-// implements Admin over sarama, package cleanupkgo over franz-go's kadm. Both
-// pass one test body against the embedded broker (TestAdmins).
+// partition's log start offset. Users see it as cleanup.Admin,
+// cleanup.TopicConfig and cleanup.LogStarts (aliases). It imports no Kafka
+// client, so a service embeds cleanup with the client it already has:
+// package cleanupsarama implements Admin over sarama, package cleanupkgo over
+// franz-go's kadm. Both pass one test body against the embedded broker
+// (TestAdmins).
 //
-// The interface lives in a package of its own (not in cleanup) so that the
-// implementations beside it need not import cleanup, and cleanup's own tests
-// can drive them.
+// The interface lives here (not in cleanup) so that the implementations
+// beside cleanup need not import it, and cleanup's own tests, which are
+// internal, can drive them without an import cycle. Being internal, it adds
+// no public name.
 package cleanupadmin
 
 import "context"

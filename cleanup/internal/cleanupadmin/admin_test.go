@@ -12,9 +12,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/goleak"
 
-	"github.com/pgbox/pgbox/cleanup/cleanupadmin"
 	"github.com/pgbox/pgbox/cleanup/cleanupkgo"
 	"github.com/pgbox/pgbox/cleanup/cleanupsarama"
+	"github.com/pgbox/pgbox/cleanup/internal/cleanupadmin"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 )
 
