@@ -12,7 +12,7 @@ BENCHTIME ?= 1x
 
 
 .PHONY: bench-remote
-.PHONY: demo test test-short bench vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios screenshots
+.PHONY: demo test test-short bench bench-against vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios pressure screenshots
 
 demo: ## run the orders→payments demo on an embedded Kafka broker
 	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) run ./examples/demo $(DEMO_ARGS)
@@ -35,6 +35,19 @@ test: ## the whole suite, with the race detector, against real PostgreSQL
 # and broker. The small version of the same run is part of `make test`.
 chaos: ## the large chaos run, report as a table
 	CHAOS_SCALE=large $(GO) test -count=1 -run '^TestChaos$$' -timeout 300m -v ./integration_test/
+
+# The relay under production pressure (issue 26; integration_test.TestPressure):
+# steady writers (PRESSURE_RATE=1000 tx/s, one 200-byte event each, over
+# PRESSURE_KEYS=1000 keys), an unheld baseline, a read-only REPEATABLE READ
+# snapshot held while PRESSURE_DEAD=1500000 outbox rows are inserted and
+# deleted, a PRESSURE_BURST=200000-row burst, the hold released and VACUUM
+# ANALYZE, another burst. Prints a table per 10 s window (rates, commit→Kafka
+# p50/p99 measured by a separate consumer, backlog, dead rows, the claim from
+# pg_stat_statements) and writes it to docs/pressure.md. Its own PostgreSQL
+# cluster and broker; PRESSURE_BASELINE, PRESSURE_HOLD, PRESSURE_AFTER
+# (durations) reshape it. The small version is part of `make test`.
+pressure: ## the relay under a held snapshot, dead rows and bursts; writes docs/pressure.md
+	PRESSURE_SCALE=large PRESSURE_DOC=$(CURDIR)/docs/pressure.md $(GO) test -count=1 -run '^TestPressure$$' -timeout 120m -v ./integration_test/
 
 # The operator's-world scenarios on the same harness (also part of `make
 # test`): a bad deploy (business
