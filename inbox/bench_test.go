@@ -302,8 +302,14 @@ type runner struct {
 }
 
 func newRunner(b *testing.B, do side, units, size int) *runner {
-	r := &runner{do: do, c: benchConn(b)}
-	off := int64(0)
+	return newRunnerOn(b, do, benchConn(b), 0, units, size)
+}
+
+// newRunnerOn is newRunner on connection c, its messages' offsets following
+// offset base.
+func newRunnerOn(b *testing.B, do side, c *pgxpool.Conn, base int64, units, size int) *runner {
+	r := &runner{do: do, c: c}
+	off := base
 	mk := func() []inbox.Message {
 		ms := make([]inbox.Message, size)
 		for i := range ms {
