@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -248,8 +249,19 @@ type pressureReport struct {
 	VacuumTook time.Duration
 	Bursts     []burstResult
 	Duplicates int64
-	Commit     string
+	Commit     string // the checkout measured, when the run started
 	Postgres   string
+	// LoadStart and LoadEnd are /proc/loadavg's three figures: the machine
+	// may be shared.
+	LoadStart, LoadEnd string
+}
+
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "unknown"
 }
 
 func (r *pressureReport) phase(name string) *phaseStats {
@@ -264,7 +276,7 @@ func (r *pressureReport) phase(name string) *phaseStats {
 // finish computes the phase summaries once every event has arrived.
 func (r *pressureReport) finish(m *meter, s *sampler) {
 	s.mu.Lock()
-	r.Rows, r.Duplicates, r.Bursts, r.Commit = s.rows, m.duplicateCount(), m.burstResults(), gitDescribe()
+	r.Rows, r.Duplicates, r.Bursts, r.LoadEnd = s.rows, m.duplicateCount(), m.burstResults(), loadAverage()
 	spans := slices.Clone(s.spans)
 	s.mu.Unlock()
 	ctx := context.Background()
@@ -357,6 +369,7 @@ shared buffers hit or read per call).
 ## This run
 
 - %s; PostgreSQL %s; %d CPUs (%s/%s); measured commit: %s
+- load average (1, 5, 15 min) at the start: %s; at the end: %s
 - dead rows made in %s; n_dead_tup at the end of the hold: %d; VACUUM ANALYZE after the hold: %s
 - duplicate records seen: %d
 - claim statement matched (`+"`%s`"+`): `+"`%s`"+`
@@ -368,7 +381,7 @@ late counts against the phase that wrote it.
 
 | phase | written/s | published/s | p50 | p99 | max |
 |---|---:|---:|---:|---:|---:|
-`, r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Postgres, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, r.Commit,
+`, r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Postgres, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, r.Commit, r.LoadStart, r.LoadEnd,
 		r.DeadTook.Round(time.Millisecond), r.DeadAtHold, r.VacuumTook.Round(time.Millisecond), r.Duplicates, r.ClaimRe, r.ClaimSQL)
 	for _, ps := range r.Phases {
 		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %s | %s | %s |\n", ps.Name, ps.WriteRate(), ps.PublishRate(), ms(ps.P50), ms(ps.P99), ms(ps.Max))

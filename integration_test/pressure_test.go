@@ -241,7 +241,7 @@ func (p *pressure) close() {
 // run drives the phases and returns the report.
 func (p *pressure) run(ctx context.Context) *pressureReport {
 	t, sc := p.t, p.sc
-	p.rep = &pressureReport{Scale: sc, ClaimRe: p.claimRe, Started: time.Now()}
+	p.rep = &pressureReport{Scale: sc, ClaimRe: p.claimRe, Started: time.Now(), Commit: gitDescribe(), LoadStart: loadAverage()}
 	s := newSampler(p)
 	go s.loop(ctx)
 	defer s.stop()
