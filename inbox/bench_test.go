@@ -358,8 +358,12 @@ func (r *runner) rates(size int) (median, total float64) {
 }
 
 func interleaved(b *testing.B, pg, base func(*testing.B) side, units, size int) {
-	p := newRunner(b, pg(b), b.N*units, size)
-	q := newRunner(b, base(b), b.N*units, size)
+	compare(b, newRunner(b, pg(b), b.N*units, size), newRunner(b, base(b), b.N*units, size), size)
+}
+
+// compare runs p's and q's chunks in turn and reports p as pgbox, q as the
+// baseline.
+func compare(b *testing.B, p, q *runner, size int) {
 	b.ResetTimer()
 	for p.chunk(b) && q.chunk(b) {
 	}

@@ -41,18 +41,8 @@ func heldInterleaved(b *testing.B, pg func(*testing.B) side, units, size int) {
 		require.NoError(b, err, benchHeldEnv)
 		dead = n
 	}
-	p := newRunnerOn(b, pg(b), heldConn(b, dead, true), int64(dead), b.N*units, size)
-	q := newRunnerOn(b, pg(b), heldConn(b, dead, false), int64(dead), b.N*units, size)
-	b.ResetTimer()
-	for p.chunk(b) && q.chunk(b) {
-	}
-	b.StopTimer()
-	pm, pt := p.rates(size)
-	qm, qt := q.rates(size)
-	b.ReportMetric(pm, "pgbox-msgs/s")
-	b.ReportMetric(qm, "baseline-msgs/s")
-	b.ReportMetric(pm/qm, "x-baseline")
-	b.ReportMetric(pt/qt, "x-baseline-total")
+	compare(b, newRunnerOn(b, pg(b), heldConn(b, dead, true), int64(dead), b.N*units, size),
+		newRunnerOn(b, pg(b), heldConn(b, dead, false), int64(dead), b.N*units, size), size)
 }
 
 // heldConn is benchConn in a database of its own whose inbox had dead keys

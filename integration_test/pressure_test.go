@@ -45,6 +45,7 @@ type pressureScale struct {
 	AfterBurst time.Duration // held, after the burst
 	After      time.Duration // after the hold, VACUUM ANALYZE run
 	Window     time.Duration // one table row
+	Drain      time.Duration // how long every committed event may take to arrive once the writers stop
 }
 
 // pressureClaimDefault matches today's claim (a lateral probe per slot) and a
@@ -76,13 +77,13 @@ func TestPressure(t *testing.T) {
 	}
 	sc := pressureScale{Rate: 500, Keys: 1000, Dead: 200_000, Warmup: 5 * time.Second,
 		Baseline: 15 * time.Second, Hold: 30 * time.Second, AfterBurst: 10 * time.Second, After: 10 * time.Second,
-		Window: 10 * time.Second}
+		Window: 10 * time.Second, Drain: 2 * time.Minute}
 	switch v := os.Getenv(envPressureScale); v {
 	case "", "small":
 	case "large":
 		sc = pressureScale{Rate: 1000, Keys: 1000, Dead: 1_500_000, Burst: 200_000, Warmup: 10 * time.Second,
 			Baseline: 60 * time.Second, Hold: 180 * time.Second, AfterBurst: 60 * time.Second, After: 120 * time.Second,
-			Window: 10 * time.Second}
+			Window: 10 * time.Second, Drain: 10 * time.Minute}
 	default:
 		t.Fatalf("%s=%q: want small or large", envPressureScale, v)
 	}
@@ -289,11 +290,25 @@ func (p *pressure) run(ctx context.Context) *pressureReport {
 
 	s.enter(phaseDrain)
 	p.w.stop()
-	waited := p.m.waitAll(ctx, 10*time.Minute)
+	waited := p.m.waitAll(ctx, sc.Drain)
 	s.enter("")
-	require.True(t, waited, "not every committed event reached Kafka within 10 minutes of the writers stopping: %d missing", p.m.missing())
+	require.True(t, waited, "not every committed event reached Kafka within %v of the writers stopping: %d missing; the outbox still holds %s",
+		sc.Drain, p.m.missing(), p.unpublished(ctx))
 	p.rep.finish(p.m, s)
 	return p.rep
+}
+
+// unpublished lists the first rows still in the outbox, for a failure
+// message.
+func (p *pressure) unpublished(ctx context.Context) string {
+	var s string
+	err := p.conn.QueryRow(ctx, `SELECT count(*) || ' rows: ' || coalesce(string_agg(format('id %s slot %s xmin %s created %s attempts %s%s',
+			id, slot, xmin, created_at, attempts, CASE WHEN parked_at IS NOT NULL THEN ' parked' ELSE '' END), '; '), '')
+		FROM (SELECT *, xmin FROM pgbox_outbox ORDER BY id LIMIT 20) o`).Scan(&s)
+	if err != nil {
+		return err.Error()
+	}
+	return s
 }
 
 func (p *pressure) sleep(ctx context.Context, d time.Duration) {

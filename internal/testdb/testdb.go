@@ -76,17 +76,33 @@ func newT(t testing.TB, migrate bool) *DB {
 	return db
 }
 
-// NewDatabase is New in a database of its own, created on DATABASE_URL's
-// server and dropped when the test ends. For tests that hold a snapshot
-// open: VACUUM's horizon is per database, so a hold there does not keep
-// other tests' dead rows (in the shared database's schemas) from being
-// removed.
+// NewDatabase is New in a database of its own (CreateDatabase). For tests
+// that hold a snapshot open: VACUUM's horizon is per database, so a hold
+// there does not keep other tests' dead rows (in the shared database's
+// schemas) from being removed.
 func NewDatabase(t testing.TB) *DB {
+	t.Helper()
+	_, u := CreateDatabase(t, "t_db_")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, drop, err := Create(ctx, u, "t_", true)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	t.Cleanup(func() { _ = drop() }) // runs before the database is dropped
+	return db
+}
+
+// CreateDatabase creates an empty database named prefix plus a random
+// suffix on DATABASE_URL's server and returns its name and URL. It is
+// dropped (WITH FORCE: a pooler may keep idle connections to it) when the
+// test ends.
+func CreateDatabase(t testing.TB, prefix string) (name, dbURL string) {
 	t.Helper()
 	server := ServerURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	name := "t_db_" + randHex(6)
+	name = prefix + randHex(6)
 	admin, err := pgx.Connect(ctx, server)
 	if err != nil {
 		t.Fatalf("testdb: connect to DATABASE_URL: %v", err)
@@ -113,12 +129,7 @@ func NewDatabase(t testing.TB) *DB {
 		t.Fatalf("testdb: parse DATABASE_URL: %v", err)
 	}
 	u.Path = "/" + name
-	db, drop, err := Create(ctx, u.String(), "t_", true)
-	if err != nil {
-		t.Fatalf("testdb: %v", err)
-	}
-	t.Cleanup(func() { _ = drop() }) // runs before the database is dropped
-	return db
+	return name, u.String()
 }
 
 // HoldSnapshot opens a read-only REPEATABLE READ transaction on db's
