@@ -249,11 +249,19 @@ type pressureReport struct {
 	VacuumTook time.Duration
 	Bursts     []burstResult
 	Duplicates int64
+	Lost       string // events that never arrived, when some did not
 	Commit     string // the checkout measured, when the run started
 	Postgres   string
 	// LoadStart and LoadEnd are /proc/loadavg's three figures: the machine
 	// may be shared.
 	LoadStart, LoadEnd string
+}
+
+func lostLine(lost string) string {
+	if lost == "" {
+		return "; every committed event arrived"
+	}
+	return "\n- **LOST:** " + lost
 }
 
 func loadAverage() string {
@@ -318,8 +326,8 @@ func (r *pressureReport) print(w io.Writer) {
 	for _, b := range r.Bursts {
 		fmt.Fprintf(w, "burst (%s): %d rows drained in %s (%.0f rows/s)\n", b.Phase, b.Rows, b.Drained.Round(time.Millisecond), float64(b.Rows)/b.Drained.Seconds())
 	}
-	fmt.Fprintf(w, "dead rows: %d made in %s; n_dead_tup at the end of the hold %d; VACUUM ANALYZE after the hold took %s; duplicate records %d\n",
-		r.DeadMade, r.DeadTook.Round(time.Millisecond), r.DeadAtHold, r.VacuumTook.Round(time.Millisecond), r.Duplicates)
+	fmt.Fprintf(w, "dead rows: %d made in %s; n_dead_tup at the end of the hold %d; VACUUM ANALYZE after the hold took %s; duplicate records %d%s\n",
+		r.DeadMade, r.DeadTook.Round(time.Millisecond), r.DeadAtHold, r.VacuumTook.Round(time.Millisecond), r.Duplicates, lostLine(r.Lost))
 }
 
 // markdown is docs/pressure.md: how the run was made, its windows and its
@@ -371,7 +379,7 @@ shared buffers hit or read per call).
 - %s; PostgreSQL %s; %d CPUs (%s/%s); measured commit: %s
 - load average (1, 5, 15 min) at the start: %s; at the end: %s
 - dead rows made in %s; n_dead_tup at the end of the hold: %d; VACUUM ANALYZE after the hold: %s
-- duplicate records seen: %d
+- duplicate records seen: %d%s
 - claim statement matched (`+"`%s`"+`): `+"`%s`"+`
 
 ### Per phase
@@ -382,7 +390,7 @@ late counts against the phase that wrote it.
 | phase | written/s | published/s | p50 | p99 | max |
 |---|---:|---:|---:|---:|---:|
 `, r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Postgres, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, r.Commit, r.LoadStart, r.LoadEnd,
-		r.DeadTook.Round(time.Millisecond), r.DeadAtHold, r.VacuumTook.Round(time.Millisecond), r.Duplicates, r.ClaimRe, r.ClaimSQL)
+		r.DeadTook.Round(time.Millisecond), r.DeadAtHold, r.VacuumTook.Round(time.Millisecond), r.Duplicates, lostLine(r.Lost), r.ClaimRe, r.ClaimSQL)
 	for _, ps := range r.Phases {
 		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %s | %s | %s |\n", ps.Name, ps.WriteRate(), ps.PublishRate(), ms(ps.P50), ms(ps.P99), ms(ps.Max))
 	}

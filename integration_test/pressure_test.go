@@ -109,6 +109,7 @@ func TestPressure(t *testing.T) {
 		fmt.Printf("pressure: report written to %s\n", path)
 	}
 
+	require.Empty(t, rep.Lost)
 	base, held := rep.phase(phaseBaseline), rep.phase(phaseHeld)
 	require.NotNil(t, base)
 	require.NotNil(t, held)
@@ -290,10 +291,11 @@ func (p *pressure) run(ctx context.Context) *pressureReport {
 
 	s.enter(phaseDrain)
 	p.w.stop()
-	waited := p.m.waitAll(ctx, sc.Drain)
+	if !p.m.waitAll(ctx, sc.Drain) {
+		p.rep.Lost = fmt.Sprintf("not every committed event reached Kafka within %v of the writers stopping: %d missing; the outbox still holds %s",
+			sc.Drain, p.m.missing(), p.unpublished(ctx))
+	}
 	s.enter("")
-	require.True(t, waited, "not every committed event reached Kafka within %v of the writers stopping: %d missing; the outbox still holds %s",
-		sc.Drain, p.m.missing(), p.unpublished(ctx))
 	p.rep.finish(p.m, s)
 	return p.rep
 }
