@@ -59,7 +59,13 @@ const (
 // benchConn returns a dedicated connection to a fresh schema.
 func benchConn(b *testing.B) *pgxpool.Conn {
 	b.Helper()
-	db := testdb.New(b)
+	return benchConnOn(b, testdb.New(b), func() {})
+}
+
+// benchConnOn is benchConn on db, with prepare run after the seed and
+// before VACUUM ANALYZE.
+func benchConnOn(b *testing.B, db *testdb.DB, prepare func()) *pgxpool.Conn {
+	b.Helper()
 	ctx := context.Background()
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE payments (id bigserial PRIMARY KEY, event text NOT NULL, amount bigint NOT NULL)`)
 	require.NoError(b, err)
@@ -71,6 +77,7 @@ func benchConn(b *testing.B) *pgxpool.Conn {
 	_, err = db.Pool.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at)
 		SELECT $1, 'history/0/' || g, 'history', 0, g, now() FROM generate_series(1, 100000) g`, benchConsumer)
 	require.NoError(b, err)
+	prepare()
 	_, err = db.Pool.Exec(ctx, `VACUUM ANALYZE pgbox_inbox`)
 	require.NoError(b, err)
 	c, err := delayproxy.Pool(b, db.Pool).Acquire(ctx)

@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgbox/pgbox/internal/delayproxy"
 	"github.com/pgbox/pgbox/internal/testdb"
 )
 
@@ -52,24 +51,15 @@ func heldInterleaved(b *testing.B, pg func(*testing.B) side, units, size int) {
 func heldConn(b *testing.B, dead int, hold bool) *pgxpool.Conn {
 	b.Helper()
 	db := testdb.NewDatabase(b)
-	ctx := context.Background()
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE payments (id bigserial PRIMARY KEY, event text NOT NULL, amount bigint NOT NULL)`)
-	require.NoError(b, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at)
-		SELECT $1, 'history/0/' || g, 'history', 0, g, now() FROM generate_series(1, 100000) g`, benchConsumer)
-	require.NoError(b, err)
-	_, err = db.Pool.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at)
-		SELECT $1, 'orders/1/' || g, 'orders', 1, g, now() FROM generate_series(1, $2::int) g`, benchConsumer, dead)
-	require.NoError(b, err)
-	if hold {
-		db.HoldSnapshot(b)
-	}
-	_, err = db.Pool.Exec(ctx, `DELETE FROM pgbox_inbox WHERE topic = 'orders'`)
-	require.NoError(b, err)
-	_, err = db.Pool.Exec(ctx, `VACUUM ANALYZE pgbox_inbox`)
-	require.NoError(b, err)
-	c, err := delayproxy.Pool(b, db.Pool).Acquire(ctx)
-	require.NoError(b, err)
-	b.Cleanup(c.Release)
-	return c
+	return benchConnOn(b, db, func() {
+		ctx := context.Background()
+		_, err := db.Pool.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at)
+			SELECT $1, 'orders/1/' || g, 'orders', 1, g, now() FROM generate_series(1, $2::int) g`, benchConsumer, dead)
+		require.NoError(b, err)
+		if hold {
+			db.HoldSnapshot(b)
+		}
+		_, err = db.Pool.Exec(ctx, `DELETE FROM pgbox_inbox WHERE topic = 'orders'`)
+		require.NoError(b, err)
+	})
 }
