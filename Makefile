@@ -12,7 +12,7 @@ BENCHTIME ?= 1x
 
 
 .PHONY: bench-remote
-.PHONY: demo test test-short bench vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios screenshots
+.PHONY: demo test test-short bench bench-against vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios pressure screenshots
 
 demo: ## run the orders→payments demo on an embedded Kafka broker
 	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) run ./examples/demo $(DEMO_ARGS)
@@ -36,6 +36,19 @@ test: ## the whole suite, with the race detector, against real PostgreSQL
 chaos: ## the large chaos run, report as a table
 	CHAOS_SCALE=large $(GO) test -count=1 -run '^TestChaos$$' -timeout 300m -v ./integration_test/
 
+# The relay under production pressure (issue 26; integration_test.TestPressure):
+# steady writers (PRESSURE_RATE=1000 tx/s, one 200-byte event each, over
+# PRESSURE_KEYS=1000 keys), an unheld baseline, a read-only REPEATABLE READ
+# snapshot held while PRESSURE_DEAD=1500000 outbox rows are inserted and
+# deleted, a PRESSURE_BURST=200000-row burst, the hold released and VACUUM
+# ANALYZE, another burst. Prints a table per 10 s window (rates, commit→Kafka
+# p50/p99 measured by a separate consumer, backlog, dead rows, the claim from
+# pg_stat_statements) and writes it to docs/pressure.md. Its own PostgreSQL
+# cluster and broker; PRESSURE_BASELINE, PRESSURE_HOLD, PRESSURE_AFTER
+# (durations) reshape it. The small version is part of `make test`.
+pressure: ## the relay under a held snapshot, dead rows and bursts; writes docs/pressure.md
+	PRESSURE_SCALE=large PRESSURE_DOC=$(CURDIR)/docs/pressure.md $(GO) test -count=1 -run '^TestPressure$$' -timeout 120m -v ./integration_test/
+
 # The operator's-world scenarios on the same harness (also part of `make
 # test`): a bad deploy (business
 # table missing for 30s), every cleanup.policy with retention -1 and 2s then a
@@ -55,6 +68,13 @@ bench: ## benchmarks, printed as a table against the same run's baselines
 	@url=$$($(DEVDB) url) && set -o pipefail && DATABASE_URL="$$url" \
 		$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -timeout 60m $(PKG) \
 		| $(GO) run ./internal/tools/benchtable
+
+# The relay drain benchmark of an older commit beside today's, in one
+# sitting: `make bench-against COMMIT=f0acb98` (scripts/bench-against.sh builds
+# both relay binaries, the old one from a temporary git worktree).
+bench-against: ## relay drain of COMMIT's relay beside today's and the baseline loop
+	@test -n "$(COMMIT)" || { echo "usage: make bench-against COMMIT=<commit>" >&2; exit 2; }
+	@GO="$(GO)" BENCHTIME="$(if $(filter 1x,$(BENCHTIME)),3x,$(BENCHTIME))" scripts/bench-against.sh $(COMMIT)
 
 BENCH_DELAY ?= 500us
 bench-remote: ## `make bench` with a delaying TCP proxy (BENCH_DELAY each way, default 500us) between pgbox and PostgreSQL

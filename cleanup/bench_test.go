@@ -176,6 +176,13 @@ func expiredEnd(expired int) int64 { return int64((expired-1)/benchPartitions + 
 func dropExpired(ctx context.Context, b *testing.B, addrs []string, admin sarama.ClusterAdmin, expired int) {
 	t0 := time.Now()
 	end := expiredEnd(expired)
+	fillPartitions(ctx, b, addrs, end)
+	dropTo(b, admin, end)
+	b.Logf("Kafka dropped the expired keys' %d records in %v", end*benchPartitions, time.Since(t0).Round(time.Millisecond))
+}
+
+// fillPartitions produces n small records to every partition of "orders".
+func fillPartitions(ctx context.Context, b *testing.B, addrs []string, n int64) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerBatchMaxBytes(1<<20), kgo.MaxBufferedRecords(100_000), kgo.ProducerLinger(5*time.Millisecond))
 	if err != nil {
@@ -185,7 +192,7 @@ func dropExpired(ctx context.Context, b *testing.B, addrs []string, admin sarama
 	var failed error
 	var mu sync.Mutex
 	for p := range int32(benchPartitions) {
-		for range end {
+		for range n {
 			cl.Produce(ctx, &kgo.Record{Topic: "orders", Partition: p, Value: []byte("x")}, func(_ *kgo.Record, err error) {
 				if err != nil {
 					mu.Lock()
@@ -201,6 +208,11 @@ func dropExpired(ctx context.Context, b *testing.B, addrs []string, admin sarama
 	if failed != nil {
 		b.Fatal(failed)
 	}
+}
+
+// dropTo moves the log start of every partition of "orders" to offset end,
+// as retention would.
+func dropTo(b *testing.B, admin sarama.ClusterAdmin, end int64) {
 	drop := map[int32]int64{}
 	for p := range int32(benchPartitions) {
 		drop[p] = end
@@ -208,7 +220,6 @@ func dropExpired(ctx context.Context, b *testing.B, addrs []string, admin sarama
 	if err := admin.DeleteRecords("orders", drop); err != nil {
 		b.Fatal(err)
 	}
-	b.Logf("Kafka dropped the expired keys' %d records in %v", end*benchPartitions, time.Since(t0).Round(time.Millisecond))
 }
 
 // phaseGate holds the cleaner between two batches every other benchPhase.

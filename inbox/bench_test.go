@@ -59,7 +59,13 @@ const (
 // benchConn returns a dedicated connection to a fresh schema.
 func benchConn(b *testing.B) *pgxpool.Conn {
 	b.Helper()
-	db := testdb.New(b)
+	return benchConnOn(b, testdb.New(b), func() {})
+}
+
+// benchConnOn is benchConn on db, with prepare run after the seed and
+// before VACUUM ANALYZE.
+func benchConnOn(b *testing.B, db *testdb.DB, prepare func()) *pgxpool.Conn {
+	b.Helper()
 	ctx := context.Background()
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE payments (id bigserial PRIMARY KEY, event text NOT NULL, amount bigint NOT NULL)`)
 	require.NoError(b, err)
@@ -71,6 +77,7 @@ func benchConn(b *testing.B) *pgxpool.Conn {
 	_, err = db.Pool.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", record_at)
 		SELECT $1, 'history/0/' || g, 'history', 0, g, now() FROM generate_series(1, 100000) g`, benchConsumer)
 	require.NoError(b, err)
+	prepare()
 	_, err = db.Pool.Exec(ctx, `VACUUM ANALYZE pgbox_inbox`)
 	require.NoError(b, err)
 	c, err := delayproxy.Pool(b, db.Pool).Acquire(ctx)
@@ -302,8 +309,14 @@ type runner struct {
 }
 
 func newRunner(b *testing.B, do side, units, size int) *runner {
-	r := &runner{do: do, c: benchConn(b)}
-	off := int64(0)
+	return newRunnerOn(b, do, benchConn(b), 0, units, size)
+}
+
+// newRunnerOn is newRunner on connection c, its messages' offsets following
+// offset base.
+func newRunnerOn(b *testing.B, do side, c *pgxpool.Conn, base int64, units, size int) *runner {
+	r := &runner{do: do, c: c}
+	off := base
 	mk := func() []inbox.Message {
 		ms := make([]inbox.Message, size)
 		for i := range ms {
@@ -352,8 +365,12 @@ func (r *runner) rates(size int) (median, total float64) {
 }
 
 func interleaved(b *testing.B, pg, base func(*testing.B) side, units, size int) {
-	p := newRunner(b, pg(b), b.N*units, size)
-	q := newRunner(b, base(b), b.N*units, size)
+	compare(b, newRunner(b, pg(b), b.N*units, size), newRunner(b, base(b), b.N*units, size), size)
+}
+
+// compare runs p's and q's chunks in turn and reports p as pgbox, q as the
+// baseline.
+func compare(b *testing.B, p, q *runner, size int) {
 	b.ResetTimer()
 	for p.chunk(b) && q.chunk(b) {
 	}

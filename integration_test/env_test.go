@@ -14,9 +14,7 @@ package integration_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
@@ -137,30 +135,7 @@ func newDatabase(t testing.TB) (name, direct string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	server := testdb.ServerURL(t)
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name = "pgbox_it_" + hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, server)
-	require.NoError(t, err)
-	defer admin.Close(ctx)
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, server)
-		if err != nil {
-			t.Logf("drop database %s: %v", name, err)
-			return
-		}
-		defer c.Close(ctx)
-		// FORCE: pgbouncer keeps idle server connections to it.
-		if _, err := c.Exec(ctx, "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Logf("drop database %s: %v", name, err)
-		}
-	})
-	direct = withDatabase(t, server, name)
+	name, direct = testdb.CreateDatabase(t, "pgbox_it_")
 	sqlDB, err := sql.Open("pgx", direct)
 	require.NoError(t, err)
 	defer sqlDB.Close()

@@ -3,7 +3,11 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +17,7 @@ import (
 
 	"github.com/pgbox/pgbox/internal/delayproxy"
 	"github.com/pgbox/pgbox/internal/slot"
+	"github.com/pgbox/pgbox/internal/testutil"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -247,5 +252,99 @@ func (e *endOffsets) waitFor(b *testing.B, want int64) {
 			b.Fatalf("end offsets of %s still below %d after 5 minutes", e.topic, want)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// relaysEnv lists relay binaries for BenchmarkDrainBinaries, as
+// "label=path,label=path" (scripts/bench-against.sh sets it).
+const relaysEnv = "PGBOX_BENCH_RELAYS"
+
+// BenchmarkDrainBinaries is BenchmarkDrain over relay binaries instead of
+// the library in this process: the relay of an older commit beside
+// today's, each a real process with default settings, and the baseline
+// loop, in one sitting, the sides taking turns run by run. Each binary
+// drains the same fresh backlog as BenchmarkDrain's (this tree's schema:
+// migrations only add, so an older binary runs on it). It reports
+// "<label>-msgs/s" per binary and the baseline's rate; the first label is
+// reported as pgbox and compared with the baseline (x-baseline) and with
+// every other label ("pgbox-vs-<label>-ratio", above 1: today's is faster).
+// Without PGBOX_BENCH_RELAYS it is skipped. Not through the delaying proxy
+// of make bench-remote.
+//
+//	scripts/bench-against.sh f0acb98
+func BenchmarkDrainBinaries(b *testing.B) {
+	spec := os.Getenv(relaysEnv)
+	if spec == "" {
+		b.Skip(relaysEnv + " is not set: run scripts/bench-against.sh <commit>")
+	}
+	type bin struct{ label, path string }
+	var bins []bin
+	for _, kv := range strings.Split(spec, ",") {
+		label, path, ok := strings.Cut(kv, "=")
+		if !ok || label == "" || path == "" {
+			b.Fatalf("%s=%q: want label=path,label=path", relaysEnv, spec)
+		}
+		bins = append(bins, bin{label, path})
+	}
+	bins[0].label = "pgbox"
+	for _, keys := range []int{1000, 0, 10} {
+		name := "keys=" + strconv.Itoa(keys)
+		if keys == 0 {
+			name = "keys=unique"
+		}
+		b.Run(name, func(b *testing.B) {
+			took := make([]time.Duration, len(bins)+1) // the baseline last
+			sides := make([]drainSide, len(bins)+1)
+			for i, bn := range bins {
+				sides[i] = drainBinary(bn.path)
+			}
+			sides[len(bins)] = drainBaseline
+			for i := range b.N {
+				for j := range sides {
+					k := (j + i) % len(sides) // each run starts with another side
+					took[k] += drainOnce(b, keys, sides[k])
+				}
+			}
+			n := float64(b.N * drainRows)
+			for i, bn := range bins {
+				b.ReportMetric(n/took[i].Seconds(), bn.label+"-msgs/s")
+			}
+			base := took[len(bins)]
+			b.ReportMetric(n/base.Seconds(), "baseline-msgs/s")
+			b.ReportMetric(base.Seconds()/took[0].Seconds(), "x-baseline")
+			for i, bn := range bins[1:] {
+				b.ReportMetric(took[i+1].Seconds()/took[0].Seconds(), "pgbox-vs-"+bn.label+"-ratio")
+			}
+		})
+	}
+}
+
+// drainBinary runs the relay binary at path on tb's schema with default
+// settings (no cleanup schedule, no HTTP server) until stopped.
+func drainBinary(path string) drainSide {
+	return func(b *testing.B, tb *testBundle, _ *pgxpool.Pool) func() {
+		cmd := exec.Command(path, "run", "--database-url", tb.db.URL, "--kafka-brokers", strings.Join(tb.addrs, ","),
+			"--cleanup-interval", "0s", "--http-addr", "")
+		cmd.Env = testutil.CleanEnv()
+		var out testutil.SyncBuffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			b.Fatalf("start %s: %v", path, err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		return func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case err := <-done:
+				if err != nil {
+					b.Errorf("%s exited with %v:\n%s", path, err, out.String())
+				}
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+				b.Errorf("%s did not stop within 30s of SIGTERM:\n%s", path, out.String())
+			}
+		}
 	}
 }

@@ -76,6 +76,83 @@ func newT(t testing.TB, migrate bool) *DB {
 	return db
 }
 
+// NewDatabase is New in a database of its own (CreateDatabase). For tests
+// that hold a snapshot open: VACUUM's horizon is per database, so a hold
+// there does not keep other tests' dead rows (in the shared database's
+// schemas) from being removed.
+func NewDatabase(t testing.TB) *DB {
+	t.Helper()
+	_, u := CreateDatabase(t, "t_db_")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, drop, err := Create(ctx, u, "t_", true)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	t.Cleanup(func() { _ = drop() }) // runs before the database is dropped
+	return db
+}
+
+// CreateDatabase creates an empty database named prefix plus a random
+// suffix on DATABASE_URL's server and returns its name and URL. It is
+// dropped (WITH FORCE: a pooler may keep idle connections to it) when the
+// test ends.
+func CreateDatabase(t testing.TB, prefix string) (name, dbURL string) {
+	t.Helper()
+	server := ServerURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name = prefix + randHex(6)
+	admin, err := pgx.Connect(ctx, server)
+	if err != nil {
+		t.Fatalf("testdb: connect to DATABASE_URL: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("testdb: create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, server)
+		if err != nil {
+			t.Logf("testdb: drop database %s: %v", name, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Logf("testdb: drop database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(server)
+	if err != nil {
+		t.Fatalf("testdb: parse DATABASE_URL: %v", err)
+	}
+	u.Path = "/" + name
+	return name, u.String()
+}
+
+// HoldSnapshot opens a read-only REPEATABLE READ transaction on db's
+// database and takes its snapshot, as pg_dump does, and holds it until the
+// test ends: rows deleted from then on stay for VACUUM (their index
+// entries too). Use it on a NewDatabase.
+func (db *DB) HoldSnapshot(t testing.TB) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatalf("testdb: hold a snapshot: %v", err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err == nil {
+		_, err = tx.Exec(ctx, `SELECT 1`) // the snapshot is taken by the first statement
+	}
+	if err != nil {
+		t.Fatalf("testdb: hold a snapshot: %v", err)
+	}
+}
+
 // Example is New for runnable examples, which have no testing.T: it exits the
 // program on failure and returns the func that drops the schema.
 func Example(ctx context.Context) (*DB, func()) {
