@@ -3,7 +3,6 @@ package integration_test
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -19,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -35,12 +35,8 @@ const (
 
 func pressureKey(i int) string { return "acct-" + strconv.Itoa(i) }
 
-// pressureSlot is outbox.SlotOf for a keyed row (the event id plays no part).
-func pressureSlot(key string) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return int(h.Sum32() % outbox.Slots)
-}
+// pressureSlot is the slot of a keyed row (the event id plays no part).
+func pressureSlot(key string) int { return slot.Of([]byte(key), [16]byte{}) }
 
 func pressureValue(seq int64) []byte {
 	v := make([]byte, 0, pressureValueBytes)
