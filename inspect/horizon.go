@@ -307,7 +307,7 @@ func (h Horizon) Summary() string {
 	if h.AgeSeconds != nil {
 		age = ageText(h.AgeSeconds) + ", " + age
 	}
-	s := fmt.Sprintf("held %s; oldest: %s", age, x.who())
+	s := fmt.Sprintf("held %s; oldest horizon: %s", age, x.who())
 	if h.Over() {
 		s += fmt.Sprintf(" - past the bound (%s or %d transactions): VACUUM cannot remove the rows deleted since, and the relay's claims slow down; see docs/operations.md, \"A held xmin horizon\"",
 			durtext.Short(HorizonWarnAge), HorizonWarnTransactions)
