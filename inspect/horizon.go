@@ -309,7 +309,7 @@ func (h Horizon) Summary() string {
 	}
 	s := fmt.Sprintf("held %s; oldest horizon: %s", age, x.who())
 	if h.Over() {
-		s += fmt.Sprintf(" - past the bound (%s or %d transactions): VACUUM cannot remove the rows deleted since, and the relay's claims slow down; see docs/operations.md, \"A held xmin horizon\"",
+		s += fmt.Sprintf(" - past the bound (%s or %d transactions): VACUUM cannot remove the rows deleted since; see docs/operations.md, \"A held xmin horizon\"",
 			durtext.Short(HorizonWarnAge), HorizonWarnTransactions)
 	}
 	return s

@@ -257,7 +257,7 @@ func TestHorizonSummaryBounds(t *testing.T) {
 		require.Equal(t, c.over, c.h.Over(), "%+v", c.h)
 		require.Equal(t, c.over, strings.Contains(c.h.Summary(), "past the bound"), c.h.Summary())
 	}
-	require.Equal(t, "held 10m1s, 10 transactions; oldest horizon: session pid 42 (pg_dump, active) - past the bound (10m or 1000000 transactions): VACUUM cannot remove the rows deleted since, and the relay's claims slow down; see docs/operations.md, \"A held xmin horizon\"",
+	require.Equal(t, "held 10m1s, 10 transactions; oldest horizon: session pid 42 (pg_dump, active) - past the bound (10m or 1000000 transactions): VACUUM cannot remove the rows deleted since; see docs/operations.md, \"A held xmin horizon\"",
 		inspect.Horizon{AgeSeconds: age(inspect.HorizonWarnAge + time.Second), AgeTransactions: 10, Holders: []inspect.HorizonHolder{session}}.Summary())
 	require.Contains(t, inspect.Horizon{}.Summary(), "not held")
 }
