@@ -1,7 +1,6 @@
 package console_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 
@@ -16,22 +15,10 @@ import (
 func TestOverviewShowsHorizonHolder(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *console.Config) { c.Inspect.HorizonList = 100000 })
-	ctx := context.Background()
-	conn, err := b.db.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, `SET application_name = 'console-horizon-holder'`)
-	require.NoError(t, err)
-	tx, err := conn.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `SELECT count(*) FROM pgbox_outbox`)
-	require.NoError(t, err)
+	pid, _ := b.db.HoldSnapshot(t, "console-horizon-holder")
 
 	over := b.as("vera", viewerPass).get(t, "/")
 	require.Contains(t, over, `id="horizon-summary"`)
-	require.Regexp(t, fmt.Sprintf(`<td>session</td><td class="n">%d</td><td>pgbox</td><td>pgbox</td><td>console-horizon-holder</td><td>idle in transaction</td>`, conn.Conn().PgConn().PID()), over)
+	require.Regexp(t, fmt.Sprintf(`<td>session</td><td class="n">%d</td><td>pgbox</td><td>pgbox</td><td>console-horizon-holder</td><td>idle in transaction</td>`, pid), over)
 	require.Contains(t, over, "pg_terminate_backend(pid)")
 }

@@ -18,23 +18,13 @@ func TestHorizonMetrics(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
 	ctx := context.Background()
-	conn, err := db.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	tx, err := conn.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `SELECT count(*) FROM pgbox_outbox`)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `SELECT pg_current_xact_id()`)
+	pid, _ := db.HoldSnapshot(t, "prom-horizon-holder")
+	_, err := db.Pool.Exec(ctx, `SELECT pg_current_xact_id()`)
 	require.NoError(t, err)
 
 	snap, err := inspect.Read(ctx, db.Pool, inspect.Config{HorizonList: 100000})
 	require.NoError(t, err)
 	var held inspect.HorizonHolder
-	pid := int(conn.Conn().PgConn().PID())
 	for _, x := range snap.Horizon.Holders {
 		if x.PID == pid {
 			held = x

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
 	"time"
@@ -19,20 +18,7 @@ import (
 func TestStatusShowsHorizonHolder(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
-	ctx := context.Background()
-	conn, err := db.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, `SET application_name = 'status-horizon-holder'`)
-	require.NoError(t, err)
-	tx, err := conn.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `SELECT count(*) FROM pgbox_outbox`)
-	require.NoError(t, err)
-	pid := int(conn.Conn().PgConn().PID())
+	pid, _ := db.HoldSnapshot(t, "status-horizon-holder")
 	env := []string{"DATABASE_URL=" + db.URL}
 
 	r := runRelay(t, time.Minute, env, "status", "--json")
