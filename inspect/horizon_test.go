@@ -130,7 +130,8 @@ func TestHorizonHolders(t *testing.T) {
 		require.GreaterOrEqual(t, h.AgeTransactions, x.AgeTransactions)
 	}
 	require.Contains(t, find(t, h, rr.pid).Query, "pgbox_outbox")
-	require.Equal(t, uint32(xid), find(t, h, wr.pid).Xmin, "a session that wrote and took no snapshot since holds its own xid")
+	// A session that wrote holds its own xid, or its snapshot's older xmin.
+	require.GreaterOrEqual(t, int32(uint32(xid)-find(t, h, wr.pid).Xmin), int32(0), "the writer holds at or below its xid")
 	k, ok := kind(h, inspect.HolderSession)
 	require.True(t, ok)
 	require.GreaterOrEqual(t, k.Holders, 2)
