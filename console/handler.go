@@ -41,7 +41,7 @@ func New(cfg Config) (*Handler, error) {
 		h.fail(w, r, http.StatusForbidden, "cross-origin request refused")
 	}))
 	for _, p := range []string{"overview", "parked", "parkedrow", "dead", "deadrow", "confirm", "cleanup", "story", "audit", "error"} {
-		t, err := template.New(p).Funcs(h.funcs()).ParseFS(assets, "assets/layout.html", "assets/row.html", "assets/"+p+".html")
+		t, err := template.New(p).Funcs(h.funcs()).ParseFS(assets, "assets/layout.html", "assets/row.html", "assets/horizon.html", "assets/"+p+".html")
 		if err != nil {
 			return nil, err
 		}

@@ -97,6 +97,7 @@ func warnings(s *inspect.Snapshot, cl CleanerStats) []string {
 			out = append(out, fmt.Sprintf("Cleanup: %d passes failed since this process started (see its log).", st.PassErrors))
 		}
 	}
+	out = append(out, horizonWarnings(s)...)
 	if s.Outbox.Parked > 0 {
 		out = append(out, fmt.Sprintf("Outbox: %s parked rows hold back their keys until retried or discarded.", countText(s.Outbox.Parked, s.Outbox.ParkedCapped)))
 	}

@@ -8,7 +8,8 @@
 //
 // [Read] takes a snapshot: the outbox backlog per topic and lane, parked
 // rows, relay lanes and instances, inbox keys and each consumer's oldest key
-// per topic against the topic's cleanup cutoff, and dead letters. It is what
+// per topic against the topic's cleanup cutoff, dead letters, and who holds
+// back the database's xmin horizon ([Horizon]). It is what
 // `relay status` prints and what package pgboxprom exports as metrics; a
 // service reads the same snapshot by calling Read.
 //
@@ -67,6 +68,8 @@ const (
 	StatementTimeoutDefault = 2 * time.Second
 	// ParkedListDefault is how many of the newest parked rows a snapshot lists.
 	ParkedListDefault = 10
+	// HorizonListDefault is how many holders of the xmin horizon a snapshot lists.
+	HorizonListDefault = 10
 )
 
 // DB is what Read queries: a *pgxpool.Pool, *pgx.Conn or pgx.Tx satisfies it.
@@ -94,6 +97,11 @@ type Config struct {
 	// to [ParkedListDefault] (10).
 	ParkedList int
 
+	// HorizonList is how many holders of the xmin horizon are listed
+	// (Snapshot.Horizon.Holders, oldest first); the ages and per-kind sums
+	// count them all. Defaults to [HorizonListDefault] (10).
+	HorizonList int
+
 	// Cutoffs, when set, compares each inbox topic's oldest key with the
 	// topic's cleanup window: cleanup.Cutoffs reads the windows from Kafka
 	// with this config (a cleaner's own: Config.CutoffsConfig). It never
@@ -119,6 +127,9 @@ func (o Config) withDefaults() Config {
 	if o.ParkedList == 0 {
 		o.ParkedList = ParkedListDefault
 	}
+	if o.HorizonList == 0 {
+		o.HorizonList = HorizonListDefault
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -141,6 +152,9 @@ func (o Config) validate(db DB) error {
 	}
 	if o.ParkedList < 0 {
 		errs = append(errs, fmt.Errorf("inspect: ParkedList %d is negative (use a positive count, or zero for %d)", o.ParkedList, ParkedListDefault))
+	}
+	if o.HorizonList < 0 {
+		errs = append(errs, fmt.Errorf("inspect: HorizonList %d is negative (use a positive count, or zero for %d)", o.HorizonList, HorizonListDefault))
 	}
 	return errors.Join(errs...)
 }
@@ -190,7 +204,7 @@ func readTx(ctx context.Context, db DB, cfg Config) (*Snapshot, error) {
 	}
 	snap.Time = snap.Time.UTC()
 	for _, step := range []func(context.Context, pgx.Tx, Config) error{
-		snap.readLanes, snap.readBacklog, snap.readLaneAges, snap.readParked, snap.readInbox, snap.readDead,
+		snap.readLanes, snap.readBacklog, snap.readLaneAges, snap.readParked, snap.readInbox, snap.readDead, snap.readHorizon,
 	} {
 		if err := step(ctx, tx, cfg); err != nil {
 			return nil, schemaHint(err)

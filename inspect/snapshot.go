@@ -39,6 +39,9 @@ type Snapshot struct {
 	Dead []DeadCount `json:"dead_letters"`
 	// DeadEstimated is set when Dead counts stopped at Config.ExactLimit.
 	DeadEstimated bool `json:"dead_letters_capped,omitempty"`
+
+	// Horizon says who holds back VACUUM of pgbox's tables, and for how long.
+	Horizon Horizon `json:"xmin_horizon"`
 }
 
 // OutboxTotals sums the outbox backlog.

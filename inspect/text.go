@@ -29,6 +29,7 @@ func (s *Snapshot) WriteText(w io.Writer) {
 	printOutbox(w, s)
 	printRelays(w, s)
 	printInbox(w, s)
+	printHorizon(w, s)
 }
 
 func printOutbox(w io.Writer, s *Snapshot) {

@@ -2,8 +2,8 @@
 // [prometheus.Collector] over the counters of the relay ([Relay]),
 // [cleanup.Cleaner], [inbox.Inbox] and consumer adapter and, read at scrape
 // time through [inspect.Read], the outbox backlog, lane owners, parked rows,
-// each consumer's oldest inbox key per topic against its cleanup cutoff, and
-// dead letters.
+// each consumer's oldest inbox key per topic against its cleanup cutoff,
+// dead letters, and the age of the xmin horizon per kind of holder.
 //
 // It registers nothing globally: a service builds a [Collector] with [New]
 // and adds it to its own registry ([prometheus.NewRegistry], or the default

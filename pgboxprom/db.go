@@ -42,6 +42,7 @@ func (c *Collector) collectDB(ch chan<- prometheus.Metric) {
 	}
 	exportOutbox(ch, snap)
 	exportInbox(ch, snap)
+	exportHorizon(ch, snap)
 }
 
 // cleanerCutoffs turns a cleaner's last view of each topic into plans.

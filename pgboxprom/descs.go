@@ -78,4 +78,5 @@ var allDescs = []*prometheus.Desc{
 	dUnpublished, dUnpubEst, dParkedRow, dOldest, dLaneAge, dLaneOwner, dUnowned,
 	dInboxKeys, dInboxKeyEst, dInboxAge, dInboxWindow, dInboxCut, dDeadRows,
 	dDBUp, dScrapeS, dScrapeOK,
+	dHorizonAge, dHorizonXacts,
 }

@@ -18,8 +18,14 @@ func schemaHint(err error) error {
 	return err
 }
 
-// cmdStatus prints inspect.Read's snapshot: as text, or with --json as the
-// snapshot's JSON (what a service gets from inspect.Read).
+// allHolders lists every holder of the xmin horizon in `status --json`:
+// there are at most max_connections sessions plus the slots and prepared
+// transactions, and a program reading the JSON picks its own.
+const allHolders = 1 << 20
+
+// cmdStatus prints inspect.Read's snapshot: as text (the xmin horizon's
+// inspect.HorizonListDefault oldest holders), or with --json as the
+// snapshot's JSON (what a service gets from inspect.Read; every holder).
 func cmdStatus(ctx context.Context, a *app, args []string) error {
 	if len(args) > 0 {
 		return usageError("status takes no arguments (got %q)", args)
@@ -39,6 +45,9 @@ func cmdStatus(ctx context.Context, a *app, args []string) error {
 		defer lk.Close()
 		cc := a.cleanupConfig(nil, lk, true).CutoffsConfig()
 		opts.Cutoffs = &cc
+	}
+	if a.opts.JSON {
+		opts.HorizonList = allHolders
 	}
 	snap, err := inspect.Read(ctx, pool, opts)
 	if err != nil {

@@ -280,3 +280,34 @@ func randHex(n int) string {
 	}
 	return hex.EncodeToString(b)
 }
+
+// HoldSnapshot opens a connection to the test's schema as application app,
+// begins a REPEATABLE READ transaction and reads pgbox_outbox, so the
+// session holds back the xmin horizon, idle in transaction, until release
+// (or the test's cleanup) rolls it back. It returns the session's pid.
+func (db *DB) HoldSnapshot(t testing.TB, app string) (pid int, release func()) {
+	t.Helper()
+	ctx := context.Background()
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	conn, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		t.Fatalf("testdb: connect as %s: %v", app, err)
+	}
+	release = func() { _ = conn.Close(context.Background()) }
+	t.Cleanup(release)
+	for _, sql := range []string{`BEGIN ISOLATION LEVEL REPEATABLE READ`, `SELECT count(*) FROM pgbox_outbox`} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("testdb: hold a snapshot: %s: %v", sql, err)
+		}
+	}
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	return pid, release
+}
