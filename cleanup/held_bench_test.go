@@ -82,7 +82,7 @@ func prunePass2(b *testing.B, n int, hold bool) passResult {
 		b.Fatal(err)
 	}
 	if hold {
-		db.HoldSnapshot(b)
+		db.HoldSnapshot(b, "held-bench")
 	}
 	rep, err := c.RunOnce(ctx)
 	if err != nil || rep.Deleted != int64(n) {

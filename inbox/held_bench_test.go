@@ -57,7 +57,7 @@ func heldConn(b *testing.B, dead int, hold bool) *pgxpool.Conn {
 			SELECT $1, 'orders/1/' || g, 'orders', 1, g, now() FROM generate_series(1, $2::int) g`, benchConsumer, dead)
 		require.NoError(b, err)
 		if hold {
-			db.HoldSnapshot(b)
+			db.HoldSnapshot(b, "held-bench")
 		}
 		_, err = db.Pool.Exec(ctx, `DELETE FROM pgbox_inbox WHERE topic = 'orders'`)
 		require.NoError(b, err)

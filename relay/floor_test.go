@@ -124,19 +124,6 @@ func (b *floorBundle) claimBlocks(slot int32, useFloors bool) int64 {
 	return blocks
 }
 
-// holdSnapshot opens a REPEATABLE READ transaction that has read the
-// outbox (a pg_dump, a long report) and holds it until the test ends: VACUUM
-// can remove none of the rows deleted meanwhile.
-func holdSnapshot(t *testing.T, db *testdb.DB) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	var n int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox`).Scan(&n))
-}
-
 // Under a held xmin horizon every published row's index entry stays, and a
 // claim that starts at a slot's first entry walks all of them: its cost
 // grows for as long as the hold lasts (the issue measured 976 blocks for a
@@ -145,7 +132,7 @@ func holdSnapshot(t *testing.T, db *testdb.DB) {
 func TestFloorHeldHorizon(t *testing.T) {
 	t.Parallel()
 	b := newFloorBundle(t)
-	holdSnapshot(t, b.db)
+	b.db.HoldSnapshot(t, "floor-test")
 	// Keys of one slot, so its dead entries fill many index pages.
 	const busy = 7
 	var keys [][]byte

@@ -132,27 +132,6 @@ func CreateDatabase(t testing.TB, prefix string) (name, dbURL string) {
 	return name, u.String()
 }
 
-// HoldSnapshot opens a read-only REPEATABLE READ transaction on db's
-// database and takes its snapshot, as pg_dump does, and holds it until the
-// test ends: rows deleted from then on stay for VACUUM (their index
-// entries too). Use it on a NewDatabase.
-func (db *DB) HoldSnapshot(t testing.TB) {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, db.URL)
-	if err != nil {
-		t.Fatalf("testdb: hold a snapshot: %v", err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err == nil {
-		_, err = tx.Exec(ctx, `SELECT 1`) // the snapshot is taken by the first statement
-	}
-	if err != nil {
-		t.Fatalf("testdb: hold a snapshot: %v", err)
-	}
-}
-
 // Example is New for runnable examples, which have no testing.T: it exits the
 // program on failure and returns the func that drops the schema.
 func Example(ctx context.Context) (*DB, func()) {
@@ -282,9 +261,11 @@ func randHex(n int) string {
 }
 
 // HoldSnapshot opens a connection to the test's schema as application app,
-// begins a REPEATABLE READ transaction and reads pgbox_outbox, so the
-// session holds back the xmin horizon, idle in transaction, until release
-// (or the test's cleanup) rolls it back. It returns the session's pid.
+// begins a REPEATABLE READ transaction and reads pgbox_outbox, as pg_dump
+// does, so the session holds back the xmin horizon, idle in transaction,
+// until release (or the test's cleanup) rolls it back: rows deleted from
+// then on stay for VACUUM, their index entries too. It returns the
+// session's pid.
 func (db *DB) HoldSnapshot(t testing.TB, app string) (pid int, release func()) {
 	t.Helper()
 	ctx := context.Background()
