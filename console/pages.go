@@ -1,6 +1,7 @@
 package console
 
 import (
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -77,6 +78,14 @@ func (h *Handler) story(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	v := r.URL.Query()
 	d := storyData{Topic: strings.TrimSpace(v.Get("topic")), Key: v.Get("key"), Event: strings.TrimSpace(v.Get("event"))}
+	if err := checkParams(map[string]string{"topic": d.Topic, "key": d.Key, "event": d.Event}); err != nil {
+		h.failErr(w, r, err)
+		return
+	}
+	if d.Event != "" && !uuidRe.MatchString(d.Event) {
+		h.failErr(w, r, &badParam{name: "event", want: fmt.Sprintf("must be an event id, a UUID such as 0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b (got %q)", d.Event)})
+		return
+	}
 	if d.Key != "" || d.Event != "" {
 		ctx, cancel := h.ctx(r)
 		defer cancel()
