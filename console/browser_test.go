@@ -346,7 +346,7 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, err)
 	hsrv := httptest.NewServer(hung)
 	t.Cleanup(hsrv.Close)
-	steps(t, ctx, chromedp.Navigate(hsrv.URL+"/"), chromedp.WaitVisible(css("#kafka-down")), chromedp.WaitVisible(css("#backlog")))
+	steps(t, ctx, chromedp.Navigate(hsrv.URL+"/"), chromedp.WaitVisible(css("#kafka-down")), chromedp.WaitVisible(css("#instances")))
 	require.Contains(t, text(t, ctx, "#kafka-down"), "Kafka is not answering")
 	require.Contains(t, text(t, ctx, "#parkedcounts"), "nope.v1")
 }
