@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -189,8 +190,8 @@ func parseTopic(name string, r TopicConfig, answered bool) kafkaTopic {
 		return keep(ReasonConfigUnreadable, "retention.ms missing from the answer")
 	}
 	ret, ok := parseMs(rv)
-	if !ok && strings.TrimSpace(rv) != "-1" {
-		return keep(ReasonConfigUnreadable, "retention.ms %q is not a number of milliseconds (0..%d) or -1", rv, maxMs)
+	if !ok && !infiniteMs(rv) {
+		return keep(ReasonConfigUnreadable, "retention.ms %q is not a number of milliseconds (0..%d), -1 or %d", rv, maxMs, int64(math.MaxInt64))
 	}
 	if !ok {
 		ret = -1
@@ -209,7 +210,7 @@ func parseTopic(name string, r TopicConfig, answered bool) kafkaTopic {
 		return keep(reason, "cleanup.policy %q %s", policy, why)
 	}
 	if ret == -1 {
-		return keep(ReasonInfiniteRetention, "retention.ms=-1")
+		return keep(ReasonInfiniteRetention, "retention.ms=%s (forever)", strings.TrimSpace(rv))
 	}
 	k.retention = time.Duration(ret) * time.Millisecond
 	k.segment = time.Duration(seg) * time.Millisecond
@@ -245,6 +246,14 @@ func policyKeeps(policy string) (Reason, string) {
 
 // maxMs is the longest duration in milliseconds a time.Duration holds.
 const maxMs = int64(1<<63-1) / int64(time.Millisecond)
+
+// infiniteMs reports whether v is one of Kafka's "forever" values for
+// retention.ms: -1, or Long.MAX_VALUE (9223372036854775807), which some tools
+// write for "never delete" and Kafka treats alike.
+func infiniteMs(v string) bool {
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	return err == nil && (n == -1 || n == math.MaxInt64)
+}
 
 // parseMs parses a non-negative millisecond count that converts to a
 // time.Duration without overflow.

@@ -63,7 +63,9 @@ func TestParseTopicPolicyAndValues(t *testing.T) {
 		{name: "infinite", policy: ptr("delete"), ret: ptr("-1"), reason: ReasonInfiniteRetention},
 		{name: "ret-text", policy: ptr("delete"), ret: ptr("1h"), reason: ReasonConfigUnreadable, errHas: []string{"1h", "retention.ms"}},
 		{name: "ret-negative", policy: ptr("delete"), ret: ptr("-2"), reason: ReasonConfigUnreadable, errHas: []string{"-2"}},
-		{name: "ret-overflow", policy: ptr("delete"), ret: ptr("9223372036854775807"), reason: ReasonConfigUnreadable, errHas: []string{"9223372036854775807"}},
+		// Kafka's Long.MAX_VALUE is its other "forever".
+		{name: "ret-max-long", policy: ptr("delete"), ret: ptr("9223372036854775807"), reason: ReasonInfiniteRetention, errHas: []string{"9223372036854775807", "forever"}},
+		{name: "ret-overflow", policy: ptr("delete"), ret: ptr("9223372036854775806"), reason: ReasonConfigUnreadable, errHas: []string{"9223372036854775806"}},
 		{name: "seg-negative", policy: ptr("delete"), seg: ptr("-1"), reason: ReasonConfigUnreadable, errHas: []string{"segment.ms", "-1"}},
 		{name: "seg-overflow", policy: ptr("delete"), seg: ptr("99999999999999999999"), reason: ReasonConfigUnreadable, errHas: []string{"99999999999999999999"}},
 	}

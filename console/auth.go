@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/crypto/bcrypt"
 )
@@ -129,7 +130,10 @@ func IdentityFrom(ctx context.Context) (Identity, bool) {
 	return id, ok
 }
 
-var errBadCredentials = errors.New("bad credentials")
+var (
+	errBadCredentials = errors.New("bad credentials")
+	errNoCredentials  = errors.New("no credentials")
+)
 
 // authenticator checks credentials. bcrypt costs tens of milliseconds per
 // check, and browsers resend basic credentials with every request, so a
@@ -168,7 +172,8 @@ func orViewer(r Role) Role {
 
 // identify authenticates r. With no authentication configured every
 // request is an anonymous viewer; otherwise a request without credentials
-// or with wrong ones fails.
+// fails with errNoCredentials, and one with wrong credentials with
+// errBadCredentials and the identity it claimed (name and method, no role).
 func (a *authenticator) identify(r *http.Request) (Identity, error) {
 	if h := r.Header.Get("Authorization"); h != "" {
 		scheme, cred, _ := strings.Cut(h, " ")
@@ -178,7 +183,7 @@ func (a *authenticator) identify(r *http.Request) (Identity, error) {
 		case "bearer":
 			return a.bearer(strings.TrimSpace(cred))
 		}
-		return Identity{}, errBadCredentials
+		return Identity{Method: strings.ToLower(scheme)}, errBadCredentials
 	}
 	if a.auth.ProxyHeader != "" {
 		if name := r.Header.Get(a.auth.ProxyHeader); name != "" && a.fromProxy(r) {
@@ -192,7 +197,7 @@ func (a *authenticator) identify(r *http.Request) (Identity, error) {
 	if !a.auth.enabled() {
 		return Identity{Name: "anonymous", Role: RoleViewer, Method: "none"}, nil
 	}
-	return Identity{}, errBadCredentials
+	return Identity{}, errNoCredentials
 }
 
 func (a *authenticator) fromProxy(r *http.Request) bool {
@@ -211,8 +216,9 @@ func (a *authenticator) fromProxy(r *http.Request) bool {
 func (a *authenticator) basic(r *http.Request) (Identity, error) {
 	name, pass, ok := r.BasicAuth()
 	if !ok {
-		return Identity{}, errBadCredentials
+		return Identity{Method: "basic"}, errBadCredentials
 	}
+	claimed := Identity{Name: name, Method: "basic"}
 	mac := hmac.New(sha256.New, a.key)
 	mac.Write([]byte(name + "\x00" + pass))
 	sum := string(mac.Sum(nil))
@@ -226,11 +232,11 @@ func (a *authenticator) basic(r *http.Request) (Identity, error) {
 	if i < 0 {
 		// The same work as a known user, so timing does not tell names apart.
 		_ = bcrypt.CompareHashAndPassword(a.dummy, []byte(pass))
-		return Identity{}, errBadCredentials
+		return claimed, errBadCredentials
 	}
 	u := a.auth.Users[i]
 	if bcrypt.CompareHashAndPassword([]byte(u.PasswordHash), []byte(pass)) != nil {
-		return Identity{}, errBadCredentials
+		return claimed, errBadCredentials
 	}
 	id = Identity{Name: u.Name, Role: orViewer(u.Role), Method: "basic"}
 	a.mu.Lock()
@@ -250,27 +256,55 @@ func (a *authenticator) bearer(tok string) (Identity, error) {
 			return Identity{Name: t.Name, Role: orViewer(t.Role), Method: "bearer"}, nil
 		}
 	}
-	return Identity{}, errBadCredentials
+	return Identity{Method: "bearer"}, errBadCredentials
 }
 
 // csrf makes and checks the forms' tokens: an HMAC of the identity, so a
-// token works only for the person it was served to.
-type csrf struct{ key []byte }
+// token works only for the person it was served to. The key is
+// Config.CSRFKey, or else the one kept in the database
+// (pgbox_console_secret, migration 00110): every console on the database
+// signs with it, so replicas behind one load balancer, and a restarted
+// console, accept each other's forms.
+type csrf struct {
+	fixed []byte
+	db    DB
+	key   atomic.Pointer[[]byte]
+}
 
-func newCSRF(key []byte) csrf {
-	if key == nil {
-		key = make([]byte, 32)
-		_, _ = rand.Read(key)
+// csrfSecret names the CSRF key's row in pgbox_console_secret.
+const csrfSecret = "csrf"
+
+func (c *csrf) keyFor(ctx context.Context) ([]byte, error) {
+	if c.fixed != nil {
+		return c.fixed, nil
 	}
-	return csrf{key: key}
+	if k := c.key.Load(); k != nil {
+		return *k, nil
+	}
+	fresh := make([]byte, 32)
+	_, _ = rand.Read(fresh)
+	var k []byte
+	if err := c.db.QueryRow(ctx, sqlSecret, csrfSecret, fresh).Scan(&k); err != nil {
+		return nil, fmt.Errorf("console: read the shared CSRF key (run `relay migrate up` if pgbox_console_secret is missing): %w", err)
+	}
+	c.key.Store(&k)
+	return k, nil
 }
 
-func (c csrf) token(id Identity) string {
-	mac := hmac.New(sha256.New, c.key)
+func (c *csrf) token(ctx context.Context, id Identity) (string, error) {
+	key, err := c.keyFor(ctx)
+	if err != nil {
+		return "", err
+	}
+	mac := hmac.New(sha256.New, key)
 	mac.Write([]byte("pgbox-console-csrf\x00" + id.Method + "\x00" + id.Name))
-	return base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+	return base64.RawURLEncoding.EncodeToString(mac.Sum(nil)), nil
 }
 
-func (c csrf) valid(id Identity, tok string) bool {
-	return tok != "" && hmac.Equal([]byte(tok), []byte(c.token(id)))
+func (c *csrf) valid(ctx context.Context, id Identity, tok string) (bool, error) {
+	want, err := c.token(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	return tok != "" && hmac.Equal([]byte(tok), []byte(want)), nil
 }

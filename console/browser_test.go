@@ -221,6 +221,7 @@ func TestBrowser(t *testing.T) {
 		return scalar[int](t, db, `SELECT count(*) FROM pgbox_consumer_dead`) == 1 && scalar[int](t, db, `SELECT count(*) FROM charges`) == 2
 	})
 	parked := parkRow(t, db, "ledger.v1", "entry-77", `{"entry": 77}`, "kafka: MESSAGE_TOO_LARGE (record 1.4 MB > 1 MB)")
+	seedHistory(t, db)
 	pay.broken.Delete("pay-2") // the fix is deployed
 
 	admin, err := sarama.NewClusterAdmin(addrs, kafkatest.Config())
@@ -253,7 +254,7 @@ func TestBrowser(t *testing.T) {
 	)
 	shot(t, ctx, "console-dead-letter")
 	steps(t, ctx, chromedp.Click(css("#replay")), chromedp.WaitVisible(css("#flash")))
-	require.Contains(t, text(t, ctx, "#flash"), "dead.replay by otto: ok (1 of 1 rows)")
+	require.Contains(t, text(t, ctx, "#flash"), "dead.replay by otto: ok (1 of 1 row)")
 
 	// The replay reaches Kafka and is charged exactly once.
 	testutil.Eventually(t, time.Minute, "the replay charged", func() bool {
@@ -288,14 +289,77 @@ func TestBrowser(t *testing.T) {
 	)
 	shot(t, ctx, "console-parked-row")
 	steps(t, ctx, chromedp.Click(css("#discard")), chromedp.WaitVisible(css("#flash")))
-	require.Contains(t, text(t, ctx, "#flash"), "parked.discard by otto: ok (1 of 1 rows)")
+	require.Contains(t, text(t, ctx, "#flash"), "parked.discard by otto: ok (1 of 1 row)")
 	require.Contains(t, text(t, ctx, "main"), "No parked rows match")
 	_, err = inspect.ReadOutboxRow(context.Background(), db.Pool, parked)
 	require.ErrorIs(t, err, inspect.ErrRowNotFound)
+
+	// A bulk discard (items 1 and 13 of issue 27): the confirmation lists
+	// the rows, with a cancel link; a row discarded elsewhere and a new one
+	// parked before "Yes" make the action refuse, touching nothing.
+	var nope []int64
+	for i := range 3 {
+		nope = append(nope, parkRow(t, db, "nope.v1", fmt.Sprintf("order-%d", i), `{}`, "kafka: UNKNOWN_TOPIC_OR_PARTITION"))
+	}
+	steps(t, ctx,
+		chromedp.Navigate(srv.URL+"/parked?topic=nope.v1"),
+		chromedp.Click(css("#discard-all")),
+		chromedp.WaitVisible(css("#confirm-rows")),
+	)
+	shot(t, ctx, "console-confirm")
+	require.Contains(t, text(t, ctx, "#confirm"), "Yes, discard 3 rows")
+	require.Contains(t, text(t, ctx, "#confirm-rows"), "nope.v1 order-1")
+	steps(t, ctx, chromedp.WaitVisible(css("#cancel")))
+	exec(t, db, `DELETE FROM pgbox_outbox WHERE id = $1`, nope[2])
+	late := parkRow(t, db, "nope.v1", "order-late", `{}`, "kafka: UNKNOWN_TOPIC_OR_PARTITION")
+	steps(t, ctx, chromedp.Click(css("#confirm")), chromedp.WaitVisible(css("#flash")))
+	require.Contains(t, text(t, ctx, "#flash"), "refused: the rows changed since the confirmation")
+	require.Equal(t, 3, scalar[int](t, db, `SELECT count(*) FROM pgbox_outbox WHERE topic = 'nope.v1'`), "nothing discarded")
+	require.Equal(t, 1, scalar[int](t, db, `SELECT count(*) FROM pgbox_outbox WHERE id = $1`, late))
+	// Confirmed again, with the rows as they are now: one row is "1 row".
+	steps(t, ctx,
+		chromedp.Navigate(srv.URL+"/parked/confirm?action=retry&ids="+fmt.Sprint(late)),
+		chromedp.WaitVisible(css("#confirm")),
+	)
+	require.Contains(t, text(t, ctx, "#confirm"), "Yes, retry 1 row")
+	require.NotContains(t, text(t, ctx, "#confirm"), "rows")
 
 	steps(t, ctx, chromedp.Navigate(srv.URL+"/audit"), chromedp.WaitVisible(css("#audit")))
 	shot(t, ctx, "console-audit")
 	audit := text(t, ctx, "#audit")
 	require.Contains(t, audit, "dead.replay")
 	require.Contains(t, audit, "parked.discard")
+
+	// A viewer's confirmation page has no button.
+	vera := browser(t, "vera", viewerPass)
+	steps(t, vera, chromedp.Navigate(srv.URL+"/parked/confirm?action=discard&topic=nope.v1"), chromedp.WaitVisible(css("#viewer-note")))
+	buttons, err := chromedp.Run(vera, chromedp.Nodes(css("#confirm"), chromedp.AtLeast(0)))
+	require.NoError(t, err)
+	require.Empty(t, buttons, "a viewer gets no Yes button")
+
+	// Kafka hanging (item 6): the overview renders its database sections
+	// and says Kafka is not answering; it does not fail.
+	hang := cfg
+	hang.Inspect.Cutoffs = hangingAdmin(t)
+	hang.KafkaWait = 500 * time.Millisecond
+	hung, err := console.New(hang)
+	require.NoError(t, err)
+	hsrv := httptest.NewServer(hung)
+	t.Cleanup(hsrv.Close)
+	steps(t, ctx, chromedp.Navigate(hsrv.URL+"/"), chromedp.WaitVisible(css("#kafka-down")), chromedp.WaitVisible(css("#instances")))
+	require.Contains(t, text(t, ctx, "#kafka-down"), "Kafka is not answering")
+	require.Contains(t, text(t, ctx, "#parkedcounts"), "nope.v1")
+}
+
+// seedHistory writes an hour of history samples for the chart, as a relay's
+// heartbeat records them (relay.recordHistory: every 10 s, the backlog per
+// topic and what the instance published since): a backlog that built up
+// and drained on payments.v1 while ledger.v1 ran steadily.
+func seedHistory(t *testing.T, db *testdb.DB) {
+	t.Helper()
+	exec(t, db, `INSERT INTO pgbox_relay_history (at, topic, backlog, published)
+		SELECT now() - s * interval '10 seconds', t.topic,
+			CASE t.topic WHEN 'payments.v1' THEN greatest(0, 4000 - abs(s - 200) * 40) WHEN 'ledger.v1' THEN 40 + (s % 7) * 3 ELSE 0 END,
+			CASE t.topic WHEN 'payments.v1' THEN 300 + (s % 11) * 20 WHEN 'ledger.v1' THEN 100 + (s % 5) * 10 ELSE 0 END
+		FROM generate_series(0, 359) s, (VALUES (''), ('payments.v1'), ('ledger.v1')) AS t(topic)`)
 }

@@ -55,6 +55,13 @@ func TestCleanupPageAndRiskWarnings(t *testing.T) {
 	require.Contains(t, page, "3600000")
 	require.Contains(t, page, "<td>30m0s</td><td>2h30m0s</td>", "orders.v1: buffer, window = 1h + 1h + 30m")
 	require.Contains(t, page, "1 ran, 0 skipped")
+	// The exact rule per partition: every key waits on the log start (0:
+	// nothing deleted yet), the next one at offset 1; payments.v1 keys of
+	// unknown position fall back to the time rule, ledger.v1's never.
+	require.Contains(t, page, `<td>orders.v1</td><td class="n">0</td><td class="n">0</td><td class="n">0</td>`)
+	require.Contains(t, page, "the log start to pass offset 1")
+	require.Contains(t, page, "never pruned by time: infinite retention (retention.ms -1)")
+	require.Contains(t, page, "time rule: kept 2h30m0s (until ")
 	require.Contains(t, page, cl.Stats().LastPass.Add(time.Hour).UTC().Format("2006-01-02 15:04:05Z"), "the next pass")
 	over := vera.get(t, "/")
 	require.Contains(t, over, "topic ledger.v1: 1 keys kept until Kafka&#39;s log start passes them (infinite_retention)")

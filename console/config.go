@@ -18,6 +18,8 @@ const (
 	MaxActionRowsDefault = 1000
 	// QueryTimeoutDefault bounds each page's and each action's database work.
 	QueryTimeoutDefault = 10 * time.Second
+	// KafkaWaitDefault bounds how long a page waits for Kafka.
+	KafkaWaitDefault = 3 * time.Second
 )
 
 // Page sizes: how many rows a list page and the audit page show.
@@ -70,8 +72,11 @@ type Config struct {
 	Published func() uint64
 
 	// HidePayloads stops the console from showing message keys' and
-	// values' bytes and header values (for PII); ids, topics, errors and
-	// counts stay visible. Defaults to false: payloads are shown.
+	// values' bytes and header values (for PII), and what is derived from
+	// them: keys quoted in error texts, a handler's own error text, keys
+	// typed into filters as the audit trail records them. Ids, topics,
+	// consumers, counts and pgbox's own error context stay visible.
+	// Defaults to false: payloads are shown.
 	HidePayloads bool
 
 	// MaxActionRows bounds how many rows one action (retry, discard,
@@ -84,6 +89,12 @@ type Config struct {
 	// Defaults to QueryTimeoutDefault (10s).
 	QueryTimeout time.Duration
 
+	// KafkaWait bounds how long the overview and the cleanup page wait for
+	// Kafka (topic configs and log start offsets, through
+	// Inspect.Cutoffs.Admin); past it the page shows its database sections
+	// and says Kafka is not answering. Defaults to KafkaWaitDefault (3s).
+	KafkaWait time.Duration
+
 	// Prefix is the path the handler is mounted at (for example
 	// "/console", with mux.Handle("/console/", h); not behind
 	// http.StripPrefix: the handler strips it itself); requests outside it
@@ -91,9 +102,11 @@ type Config struct {
 	// mounted at the root.
 	Prefix string
 
-	// CSRFKey signs the forms' CSRF tokens. Consoles behind one load
-	// balancer share a key so that a form served by one is accepted by
-	// another. Defaults to nil: a random key per Handler.
+	// CSRFKey signs the forms' CSRF tokens (at least 16 random bytes).
+	// Defaults to nil: the key kept in the database (table
+	// pgbox_console_secret, made by the first console that needs it), which
+	// every console on the database shares, so a form served by one replica
+	// is accepted by another, and by a restarted one.
 	CSRFKey []byte
 
 	// Logger receives one line per action (the audit trail's copy) and
@@ -107,6 +120,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.QueryTimeout == 0 {
 		c.QueryTimeout = QueryTimeoutDefault
+	}
+	if c.KafkaWait == 0 {
+		c.KafkaWait = KafkaWaitDefault
 	}
 	if c.CleanupInterval == 0 {
 		c.CleanupInterval = cleanup.IntervalDefault
@@ -128,6 +144,9 @@ func (c Config) validate() error {
 	}
 	if c.QueryTimeout < 0 {
 		errs = append(errs, fmt.Errorf("console: QueryTimeout %v is negative (use a positive duration, or 0 for %v)", c.QueryTimeout, QueryTimeoutDefault))
+	}
+	if c.KafkaWait < 0 {
+		errs = append(errs, fmt.Errorf("console: KafkaWait %v is negative (use a positive duration, or 0 for %v)", c.KafkaWait, KafkaWaitDefault))
 	}
 	if c.CleanupInterval < 0 {
 		errs = append(errs, fmt.Errorf("console: CleanupInterval %v is negative (use a positive duration, or 0 for %v)", c.CleanupInterval, cleanup.IntervalDefault))

@@ -20,9 +20,9 @@ import (
 // every action the console has, with a form that would act on row id.
 func actions(parked, dead int64) map[string]url.Values {
 	return map[string]url.Values{
-		"/parked/retry":   {"ids": {strconv.FormatInt(parked, 10)}, "expect": {"1"}},
-		"/parked/discard": {"ids": {strconv.FormatInt(parked, 10)}, "expect": {"1"}},
-		"/dead/replay":    {"ids": {strconv.FormatInt(dead, 10)}, "expect": {"1"}},
+		"/parked/retry":   {"ids": {strconv.FormatInt(parked, 10)}, "confirmed": {strconv.FormatInt(parked, 10)}},
+		"/parked/discard": {"ids": {strconv.FormatInt(parked, 10)}, "confirmed": {strconv.FormatInt(parked, 10)}},
+		"/dead/replay":    {"ids": {strconv.FormatInt(dead, 10)}, "confirmed": {strconv.FormatInt(dead, 10)}},
 	}
 }
 
@@ -71,8 +71,8 @@ func TestPagesRenderWithSecurityHeaders(t *testing.T) {
 	exec(t, b.db, `INSERT INTO pgbox_relay_instances (instance, expires_at, sleeping) VALUES
 		('relay-a', now() + interval '1 minute', true), ('relay-b', now() + interval '1 minute', false), ('relay-c', now() - interval '1 minute', false)`)
 	over := vera.get(t, "/")
-	require.Regexp(t, `relay-a</td><td><span class="ok">live</span>, asleep`, over)
-	require.Regexp(t, `relay-b</td><td><span class="ok">live</span>, awake`, over)
+	require.Regexp(t, `relay-a</td><td><span class="ok">live, asleep`, over)
+	require.Regexp(t, `relay-b</td><td><span class="ok">live, awake`, over)
 	require.Regexp(t, `relay-c</td><td><span class="bad">expired`, over)
 	// A key filter that matches nothing selects nothing (not every row).
 	require.Contains(t, vera.get(t, "/parked?key=nope"), "No parked rows match")
@@ -91,7 +91,7 @@ func TestUnauthenticatedAndViewerActionsRefused(t *testing.T) {
 	p := parkRow(t, b.db, "payments.v1", "pay-1", "v", "boom")
 	d := deadRow(t, b.db, "orders.v1", "ord-1", "v", 7)
 	vera := b.as("vera", viewerPass)
-	token := vera.csrf(t, "/parked/confirm?action=retry")
+	token := b.token(t, "vera", "basic")
 	for path, form := range actions(p, d) {
 		// No credentials, wrong password, unknown token: 401.
 		for _, c := range []*client{b.as("", ""), b.as("otto", "wrong"), b.as("nobody", operatorPass),
@@ -125,7 +125,7 @@ func TestNoAuthIsViewerOnly(t *testing.T) {
 	d := deadRow(t, b.db, "orders.v1", "ord-1", "v", 7)
 	anon := b.as("", "")
 	require.Contains(t, anon.get(t, "/"), "anonymous")
-	token := anon.csrf(t, "/parked/confirm?action=retry")
+	token := b.token(t, "anonymous", "none")
 	for path, form := range actions(p, d) {
 		form.Set("csrf", token)
 		code, _, _ := anon.do(t, "POST", path, form)
@@ -148,7 +148,7 @@ func TestCrossSitePostRefused(t *testing.T) {
 		code, body, _ := otto.do(t, "POST", path, form)
 		require.Equal(t, http.StatusForbidden, code, path)
 		require.Contains(t, body, "CSRF", path)
-		f := url.Values{"csrf": {b.as("vera", viewerPass).csrf(t, "/parked/confirm?action=retry")}}
+		f := url.Values{"csrf": {b.token(t, "vera", "basic")}}
 		for k, v := range form {
 			f[k] = v
 		}
@@ -215,25 +215,25 @@ func TestParkedRetryAndDiscardConfirmedBoundedAudited(t *testing.T) {
 	// Three rows match: more than the 2 one action may touch.
 	require.Contains(t, otto.get(t, "/parked/confirm?action=retry&topic=payments.v1"), `id="too-many"`)
 	token := otto.csrf(t, "/parked/confirm?action=retry&error=UNKNOWN")
-	code, _, hdr := otto.do(t, "POST", "/parked/retry", url.Values{"csrf": {token}, "topic": {"payments.v1"}, "expect": {"3"}})
+	code, _, hdr := otto.do(t, "POST", "/parked/retry", url.Values{"csrf": {token}, "topic": {"payments.v1"}, "confirmed": {"1,2,3"}})
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Contains(t, otto.get(t, hdr.Get("Location")[len(""):]), "refused: the filter selects more than 2 rows")
 	require.Equal(t, 3, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_outbox WHERE parked_at IS NOT NULL`))
 
-	// A count other than the one confirmed is refused.
-	code, _, _ = otto.do(t, "POST", "/parked/retry", url.Values{"csrf": {token}, "error": {"UNKNOWN"}, "expect": {"1"}})
+	// Rows other than the ones confirmed are refused.
+	code, _, _ = otto.do(t, "POST", "/parked/retry", url.Values{"csrf": {token}, "error": {"UNKNOWN"}, "confirmed": {fmt.Sprint(a)}})
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, 3, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_outbox WHERE parked_at IS NOT NULL`))
 
 	// Confirmed: the two UNKNOWN_TOPIC rows are unparked, attempts reset.
-	code, _, hdr = otto.do(t, "POST", "/parked/retry", url.Values{"csrf": {token}, "error": {"UNKNOWN"}, "expect": {"2"}})
+	code, _, hdr = otto.do(t, "POST", "/parked/retry", otto.confirmForm(t, "/parked/confirm?action=retry&error=UNKNOWN"))
 	require.Equal(t, http.StatusSeeOther, code)
 	page := otto.get(t, strings.TrimPrefix(hdr.Get("Location"), ""))
 	require.Contains(t, page, "parked.retry by otto: ok (2 of 2 rows)")
 	require.Equal(t, 2, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_outbox WHERE parked_at IS NULL AND attempts = 0`))
 
 	// Discard one by key.
-	code, _, _ = otto.do(t, "POST", "/parked/discard", url.Values{"csrf": {token}, "topic": {"payments.v1"}, "key": {"k3"}, "expect": {"1"}})
+	code, _, _ = otto.do(t, "POST", "/parked/discard", otto.confirmForm(t, "/parked/confirm?action=discard&topic=payments.v1&key=k3"))
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, 0, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_outbox WHERE parked_at IS NOT NULL`))
 
@@ -248,7 +248,7 @@ func TestParkedRetryAndDiscardConfirmedBoundedAudited(t *testing.T) {
 	require.Equal(t, console.RoleOperator, recs[1].Role)
 	require.Len(t, recs[1].RowIDs, 2)
 	require.Equal(t, a, recs[1].RowIDs[0])
-	require.Contains(t, recs[2].Result, "refused: the filter now selects 2 rows, not the 1 confirmed")
+	require.Contains(t, recs[2].Result, "refused: the rows changed since the confirmation (the filter now selects 2 rows, not the 1 row confirmed)")
 	require.Contains(t, recs[3].Result, "refused: the filter selects more than 2 rows")
 }
 
@@ -258,7 +258,7 @@ func TestDeadReplayAndReplayAgain(t *testing.T) {
 	d := deadRow(t, b.db, "orders.v1", "ord-1", "payload", 7)
 	bot := &client{b: b, hdr: map[string]string{"Authorization": "Bearer " + opsToken}}
 	token := bot.csrf(t, "/dead/row?id="+fmt.Sprint(d))
-	form := url.Values{"csrf": {token}, "ids": {fmt.Sprint(d)}, "expect": {"1"}}
+	form := url.Values{"csrf": {token}, "ids": {fmt.Sprint(d)}, "confirmed": {fmt.Sprint(d)}}
 	code, _, _ := bot.do(t, "POST", "/dead/replay", form)
 	require.Equal(t, http.StatusSeeOther, code)
 	// The replay is in the outbox with its replay header.
@@ -319,11 +319,11 @@ func TestTrustedProxyHeader(t *testing.T) {
 	olga := &client{b: b, hdr: map[string]string{"X-Forwarded-User": "olga"}}
 	require.Contains(t, olga.get(t, "/"), "olga")
 	vic := &client{b: b, hdr: map[string]string{"X-Forwarded-User": "vic"}}
-	token := vic.csrf(t, "/parked/confirm?action=discard&ids="+fmt.Sprint(p))
-	code, _, _ := vic.do(t, "POST", "/parked/discard", url.Values{"csrf": {token}, "ids": {fmt.Sprint(p)}, "expect": {"1"}})
+	token := b.token(t, "vic", "proxy")
+	code, _, _ := vic.do(t, "POST", "/parked/discard", url.Values{"csrf": {token}, "ids": {fmt.Sprint(p)}, "confirmed": {fmt.Sprint(p)}})
 	require.Equal(t, http.StatusForbidden, code)
 	token = olga.csrf(t, "/parked/row?id="+fmt.Sprint(p))
-	code, _, _ = olga.do(t, "POST", "/parked/discard", url.Values{"csrf": {token}, "ids": {fmt.Sprint(p)}, "expect": {"1"}})
+	code, _, _ = olga.do(t, "POST", "/parked/discard", url.Values{"csrf": {token}, "ids": {fmt.Sprint(p)}, "confirmed": {fmt.Sprint(p)}})
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, 0, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_outbox`))
 	// Without the header there is no one.
@@ -345,8 +345,7 @@ func TestDeadReplayMatchingFilter(t *testing.T) {
 	require.Contains(t, page, `id="confirm-count">2<`)
 	require.Contains(t, page, `<form method="post" action="/dead/replay">`)
 	require.Contains(t, page, `<input type="hidden" name="topic" value="orders.v1">`)
-	token := csrfRe.FindStringSubmatch(page)[1]
-	code, _, hdr := otto.do(t, "POST", "/dead/replay", url.Values{"csrf": {token}, "topic": {"orders.v1"}, "expect": {"2"}})
+	code, _, hdr := otto.do(t, "POST", "/dead/replay", formOf(t, page))
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Contains(t, otto.get(t, hdr.Get("Location")), "dead.replay by otto: ok (2 of 2 rows)")
 	require.Equal(t, 2, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_outbox WHERE topic = 'orders.v1'`))
@@ -361,7 +360,7 @@ func TestNoAuditNoAction(t *testing.T) {
 	otto := b.as("otto", operatorPass)
 	token := otto.csrf(t, "/parked/row?id="+fmt.Sprint(p))
 	exec(t, b.db, `DROP TABLE pgbox_console_audit`)
-	code, body, _ := otto.do(t, "POST", "/parked/discard", url.Values{"csrf": {token}, "ids": {fmt.Sprint(p)}, "expect": {"1"}})
+	code, body, _ := otto.do(t, "POST", "/parked/discard", url.Values{"csrf": {token}, "ids": {fmt.Sprint(p)}, "confirmed": {fmt.Sprint(p)}})
 	require.Equal(t, http.StatusInternalServerError, code)
 	require.Contains(t, body, "relay migrate up")
 	require.Equal(t, 1, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_outbox WHERE id = $1`, p), "the row is still there")
@@ -379,7 +378,7 @@ func TestPrefix(t *testing.T) {
 	require.Contains(t, page, `href="/ops/console/static/style.css"`)
 	require.Contains(t, page, `action="/ops/console/parked/discard"`)
 	code, _, hdr := otto.do(t, "POST", "/ops/console/parked/discard",
-		url.Values{"csrf": {csrfRe.FindStringSubmatch(page)[1]}, "ids": {fmt.Sprint(p)}, "expect": {"1"}})
+		url.Values{"csrf": {csrfRe.FindStringSubmatch(page)[1]}, "ids": {fmt.Sprint(p)}, "confirmed": {fmt.Sprint(p)}})
 	require.Equal(t, http.StatusSeeOther, code)
 	require.True(t, strings.HasPrefix(hdr.Get("Location"), "/ops/console/parked?"), hdr.Get("Location"))
 	require.Contains(t, otto.get(t, hdr.Get("Location")), "parked.discard by otto: ok")

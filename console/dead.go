@@ -22,8 +22,9 @@ type deadQuery struct {
 	IDs      string
 }
 
-func deadQueryOf(v url.Values) deadQuery {
-	return deadQuery{Consumer: v.Get("consumer"), Topic: v.Get("topic"), Key: v.Get("key"), Error: v.Get("error"), IDs: v.Get("ids")}
+func deadQueryOf(v url.Values) (deadQuery, error) {
+	q := deadQuery{Consumer: v.Get("consumer"), Topic: v.Get("topic"), Key: v.Get("key"), Error: v.Get("error"), IDs: v.Get("ids")}
+	return q, checkParams(q.fields())
 }
 
 func (q deadQuery) String() string {
@@ -38,7 +39,7 @@ func (q deadQuery) fields() map[string]string {
 func (q deadQuery) values() url.Values { return nonEmpty(q.fields()) }
 
 func (h *Handler) deadFilter(ctx context.Context, q deadQuery, limit int) (f inspect.DeadFilter, none bool, err error) {
-	ids, err := parseIDs(q.IDs)
+	ids, err := parseIDs("ids", q.IDs)
 	if err != nil {
 		return f, false, err
 	}
@@ -76,9 +77,13 @@ func (h *Handler) dead(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ctx, cancel := h.ctx(r)
 	defer cancel()
-	q := deadQueryOf(r.URL.Query())
+	q, err := deadQueryOf(r.URL.Query())
 	d := deadData{Q: q, QS: template.URL(q.values().Encode()), Max: h.cfg.MaxActionRows}
-	f, none, err := h.deadFilter(ctx, q, listLimit)
+	var f inspect.DeadFilter
+	var none bool
+	if err == nil {
+		f, none, err = h.deadFilter(ctx, q, listLimit)
+	}
 	if err == nil && !none {
 		d.Rows, err = inspect.ListDead(ctx, h.cfg.DB, f)
 	}
@@ -91,9 +96,9 @@ func (h *Handler) dead(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) deadRow(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	id, ok := parseID(r.URL.Query().Get("id"))
-	if !ok {
-		h.fail(w, r, http.StatusBadRequest, "no dead letter id")
+	id, err := paramID(r.URL.Query(), "id")
+	if err != nil {
+		h.failErr(w, r, err)
 		return
 	}
 	ctx, cancel := h.ctx(r)
@@ -112,7 +117,11 @@ func (h *Handler) deadRow(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) deadConfirm(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	q := deadQueryOf(r.URL.Query())
+	q, err := deadQueryOf(r.URL.Query())
+	if err != nil {
+		h.failErr(w, r, err)
+		return
+	}
 	again := r.URL.Query().Get("again")
 	verb := "replay"
 	if again != "" {
@@ -120,32 +129,36 @@ func (h *Handler) deadConfirm(w http.ResponseWriter, r *http.Request) {
 	}
 	fields := q.fields()
 	fields["again"] = again
-	h.confirm(w, r, start, confirmData{Action: "/dead/replay", Verb: verb, What: "dead letters matching " + q.String(), Fields: fields},
-		func(ctx context.Context) ([]int64, error) { return h.deadSelect(ctx, q) })
+	h.confirm(w, r, start, confirmData{Action: "/dead/replay", Verb: verb, Noun: "dead letter", What: q.String(), Fields: fields,
+		Back: h.cfg.Prefix + "/dead?" + q.values().Encode(), RowPath: "/dead/row"},
+		func(ctx context.Context) ([]picked, error) { return h.deadSelect(ctx, q) })
 }
 
-func (h *Handler) deadSelect(ctx context.Context, q deadQuery) ([]int64, error) {
+func (h *Handler) deadSelect(ctx context.Context, q deadQuery) ([]picked, error) {
 	f, none, err := h.deadFilter(ctx, q, h.cfg.MaxActionRows+1)
 	if err != nil || none {
 		return nil, err
 	}
 	rows, err := inspect.ListDead(ctx, h.cfg.DB, f)
-	return rowIDs(rows, err, func(row inspect.DeadLetter) int64 { return row.ID })
+	return pickRows(rows, err, func(row inspect.DeadLetter) picked {
+		what := row.Consumer + " " + fmt.Sprintf("%s/%d@%d", row.Topic, row.Partition, row.Offset)
+		return picked{ID: row.ID, What: what, Error: row.Error}
+	})
 }
 
-// deadReplay replays the dead letters the form selects (again: those
-// replayed before too), bounded and confirmed as parkedAct.
+// deadReplay replays the dead letters the operator confirmed (again: those
+// replayed before too), as actOn.
 func (h *Handler) deadReplay(w http.ResponseWriter, r *http.Request, who Identity, name string) {
-	q := deadQueryOf(r.PostForm)
+	q, err := deadQueryOf(r.PostForm)
 	again := r.PostForm.Get("again") != ""
 	if again {
 		name = "dead.replay_again"
 	}
 	h.actOn(w, r, who, rowAction{
-		name:   name,
-		filter: q.String(),
-		back:   h.cfg.Prefix + "/dead?" + q.values().Encode(),
-		pick:   func(ctx context.Context) ([]int64, error) { return h.deadSelect(ctx, q) },
+		name:    name,
+		badForm: err,
+		back:    h.cfg.Prefix + "/dead?" + q.values().Encode(),
+		pick:    func(ctx context.Context) ([]picked, error) { return h.deadSelect(ctx, q) },
 		do: func(ctx context.Context, ids []int64) (int64, error) {
 			res, err := inspect.ReplayDead(ctx, h.cfg.DB, ids, inspect.ReplayConfig{Again: again})
 			var n int64

@@ -2,7 +2,8 @@
 // mounts on its own mux (or `relay run --console-addr` serves) that shows
 // what is stuck and fixes it from a browser, safely.
 //
-// Pages: the overview (outbox backlog per topic and lane, relay instances
+// Pages: the overview (outbox backlog per topic and lane, the last hour's
+// backlog and publish rate per topic as an SVG chart, relay instances
 // and their lanes, parked and dead-letter counts, each consumer's inbox keys
 // against their cleanup cutoff, and warnings wherever the dedup guarantee is
 // at risk); parked rows and dead letters, filtered by topic, key and error,
@@ -24,14 +25,22 @@
 //     request is an anonymous viewer.
 //   - Every action is a POST from the console's own origin
 //     (http.CrossOriginProtection) carrying a CSRF token bound to the
-//     person, checks the operator role, touches at most
-//     Config.MaxActionRows rows (and exactly as many as the operator
-//     confirmed), and is recorded in the table pgbox_console_audit
-//     (migration 00090) before it runs and in the log; the audit page
-//     shows the trail.
+//     person (signed with a key all consoles on the database share, table
+//     pgbox_console_secret), checks the operator role, touches at most
+//     Config.MaxActionRows rows and exactly the rows the operator
+//     confirmed (the confirmation lists them; its form carries their ids),
+//     and is recorded in the table pgbox_console_audit (migration 00090),
+//     with how the person authenticated, before it runs and in the log;
+//     the audit page shows the trail.
+//   - Failed logins are logged, audited and, past five per user name or
+//     source address, slowed (per process).
+//   - Bad parameters get a 400 naming them; bidi controls in keys, errors
+//     and names are shown escaped.
 //   - Pages are server-rendered by html/template (payloads are escaped,
 //     never interpreted), with a Content-Security-Policy that allows no
 //     script at all, frame-ancestors 'none', and Cache-Control: no-store.
 //     Config.HidePayloads keeps keys, values and header values off the
-//     pages. No setting is ever rendered, so no secret can be.
+//     pages, and what derives from them (keys in error texts, a handler's
+//     error text, typed keys in the audit trail). No setting is ever
+//     rendered, so no secret can be.
 package console

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -29,11 +30,103 @@ func ageText(sec float64) string {
 	return fmt.Sprintf("%.1fd", d.Hours()/24)
 }
 
+// countText shows a count with thousands separators; "~" marks a planner
+// estimate.
 func countText(n int64, estimated bool) string {
 	if estimated {
-		return "~" + strconv.FormatInt(n, 10)
+		return "~" + thousands(n)
 	}
-	return strconv.FormatInt(n, 10)
+	return thousands(n)
+}
+
+// cappedText shows a count that stopped at a limit as a lower bound
+// ("≥ 1,000"), as `relay status` does.
+func cappedText(n int64, capped bool) string {
+	if capped {
+		return "≥ " + thousands(n)
+	}
+	return thousands(n)
+}
+
+func thousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	if neg {
+		b.WriteByte('-')
+	}
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// bidi are the Unicode controls that reorder or hide the text around them
+// (embeddings, overrides, isolates, marks): shown escaped, so a key, an
+// error or a name cannot make the page read differently from what it holds.
+func bidi(r rune) bool {
+	switch {
+	case r == '\u061c', r == '\u200e', r == '\u200f':
+		return true
+	case r >= '\u202a' && r <= '\u202e', r >= '\u2066' && r <= '\u2069':
+		return true
+	}
+	return false
+}
+
+// vis shows s with every bidi control escaped as \uXXXX.
+func vis(s string) string {
+	if !strings.ContainsFunc(s, bidi) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if bidi(r) {
+			fmt.Fprintf(&b, "\\u%04X", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// inboxErrRe reads the error text the inbox records for a dead letter
+// (inbox.MessageError): consumer, message position, the optional key, and
+// the cause; "handler: " starts a handler's own error.
+var inboxErrRe = regexp.MustCompile(`(?s)^inbox: consumer ("(?:[^"\\]|\\.)*"), message (\S+?)(, key "(?:[^"\\]|\\.)*")?: (.*)$`)
+
+// quotedRe matches a Go-quoted string (%q), the form pgbox's errors give
+// keys and header values in.
+var quotedRe = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+
+// errText shows an error text: a handler's own error first, pgbox's
+// context (consumer, message, key) after it. With HidePayloads the
+// handler's text (which may carry a card number) and every quoted value (a
+// key, a header) are hidden; pgbox's context without the key stays.
+func (h *Handler) errText(s string) string {
+	m := inboxErrRe.FindStringSubmatch(s)
+	hide := h.cfg.HidePayloads
+	if m == nil {
+		if hide {
+			return vis(quotedRe.ReplaceAllString(s, `"(hidden)"`))
+		}
+		return vis(s)
+	}
+	where := "inbox: consumer " + m[1] + ", message " + m[2]
+	cause, handler := strings.CutPrefix(m[4], "handler: ")
+	switch {
+	case hide && handler:
+		return vis(fmt.Sprintf("handler error (%d characters, hidden) — %s", utf8.RuneCountInString(cause), where))
+	case hide:
+		return vis(quotedRe.ReplaceAllString(cause, `"(hidden)"`) + " — " + where)
+	case handler:
+		return vis(cause + " — handler, " + where + m[3])
+	}
+	return vis(cause + " — " + where + m[3])
 }
 
 // payload is a byte string shown three ways.
@@ -86,7 +179,7 @@ func (h *Handler) keyText(b []byte) string {
 	case b == nil:
 		return "(no key)"
 	case printable(b):
-		return string(b)
+		return vis(string(b))
 	}
 	return "0x" + hex.EncodeToString(b)
 }
@@ -115,6 +208,9 @@ func (h *Handler) funcs() template.FuncMap {
 			return ageText(time.Since(t).Seconds()) + " ago"
 		},
 		"count":   countText,
+		"capped":  cappedText,
+		"vis":     vis,
+		"err":     h.errText,
 		"neg":     func(f *float64) bool { return f != nil && *f < 0 },
 		"int64":   func(n int) int64 { return int64(n) },
 		"ts":      func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
@@ -147,37 +243,7 @@ func (h *Handler) funcs() template.FuncMap {
 			}
 			return string([]rune(s)[:n-1]) + "…"
 		},
-		"join": func(ids []int64) string {
-			var b strings.Builder
-			for i, id := range ids {
-				if i > 0 {
-					b.WriteString(",")
-				}
-				b.WriteString(strconv.FormatInt(id, 10))
-			}
-			return b.String()
-		},
+		"join": joinIDs,
+		"rows": rowsText,
 	}
-}
-
-func parseID(s string) (int64, bool) {
-	id, err := strconv.ParseInt(s, 10, 64)
-	return id, err == nil && id > 0
-}
-
-// parseIDs reads a comma-separated id list ("" is none).
-func parseIDs(s string) ([]int64, error) {
-	var ids []int64
-	for f := range strings.SplitSeq(s, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
-		}
-		id, ok := parseID(f)
-		if !ok {
-			return nil, fmt.Errorf("%q is not a row id", f)
-		}
-		ids = append(ids, id)
-	}
-	return ids, nil
 }

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"embed"
+	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"net/http"
-	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -20,13 +22,14 @@ var assets embed.FS
 type Handler struct {
 	cfg   Config
 	auth  *authenticator
-	csrf  csrf
+	csrf  *csrf
 	mux   *http.ServeMux
 	pages map[string]*template.Template
 	cross *http.CrossOriginProtection
 
 	rateMu   sync.Mutex
 	rateLast rateSample
+	logins   loginFailures
 }
 
 // New validates cfg and returns the console's handler.
@@ -35,7 +38,7 @@ func New(cfg Config) (*Handler, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	h := &Handler{cfg: cfg, auth: newAuthenticator(cfg.Auth), csrf: newCSRF(cfg.CSRFKey), mux: http.NewServeMux(),
+	h := &Handler{cfg: cfg, auth: newAuthenticator(cfg.Auth), csrf: &csrf{fixed: cfg.CSRFKey, db: cfg.DB}, mux: http.NewServeMux(),
 		pages: map[string]*template.Template{}, cross: http.NewCrossOriginProtection()}
 	h.cross.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusForbidden, "cross-origin request refused")
@@ -91,18 +94,48 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, h.cfg.Prefix+"/", http.StatusSeeOther)
 		return
 	}
-	id, err := h.auth.identify(r)
-	if err != nil {
-		if len(h.cfg.Auth.Users) > 0 {
-			hd.Set("WWW-Authenticate", `Basic realm="pgbox console", charset="UTF-8"`)
-		}
-		http.Error(w, "authentication required", http.StatusUnauthorized)
+	id, ok := h.login(w, r)
+	if !ok {
 		return
 	}
 	r2 := r.Clone(context.WithValue(r.Context(), identityKey{}, id))
 	r2.URL.Path = path
 	r2.URL.RawPath = ""
 	h.mux.ServeHTTP(w, r2)
+}
+
+// login authenticates r, or answers it: 401 without or with wrong
+// credentials, 429 while the claimed user or the source address waits after
+// repeated failures. A failed login is logged and audited (action "login",
+// the claimed name and method, the source address).
+func (h *Handler) login(w http.ResponseWriter, r *http.Request) (Identity, bool) {
+	now := time.Now()
+	name, _, _ := r.BasicAuth()
+	keys := loginKeys(name, r)
+	if wait := h.logins.wait(now, keys); wait > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Round(time.Second)/time.Second)+1))
+		http.Error(w, "too many failed logins: try again later", http.StatusTooManyRequests)
+		return Identity{}, false
+	}
+	id, err := h.auth.identify(r)
+	if err == nil {
+		if id.Method == "basic" {
+			h.logins.succeed(keys)
+		}
+		return id, true
+	}
+	if errors.Is(err, errBadCredentials) {
+		src := sourceAddr(r)
+		throttled := h.logins.fail(now, keys)
+		h.cfg.Logger.WarnContext(r.Context(), "console login failed", "user", id.Name, "auth", id.Method, "source", src,
+			"method", r.Method, "path", r.URL.Path, "throttled", throttled)
+		h.refused(r.Context(), id, "login", fmt.Sprintf("source=%q method=%q path=%q", src, r.Method, r.URL.Path), "wrong credentials")
+	}
+	if len(h.cfg.Auth.Users) > 0 {
+		w.Header().Set("WWW-Authenticate", `Basic realm="pgbox console", charset="UTF-8"`)
+	}
+	http.Error(w, "authentication required", http.StatusUnauthorized)
+	return Identity{}, false
 }
 
 // action wraps a POST action: a same-origin request, a valid CSRF token,
@@ -115,18 +148,24 @@ func (h *Handler) action(name string, act func(w http.ResponseWriter, r *http.Re
 			h.fail(w, r, http.StatusForbidden, "cross-origin request refused")
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+		// The confirmed ids ride in the form: room for MaxActionRows of them.
+		r.Body = http.MaxBytesReader(w, r.Body, int64(64<<10+20*h.cfg.MaxActionRows))
 		if err := r.ParseForm(); err != nil {
 			h.fail(w, r, http.StatusBadRequest, "unreadable form: "+err.Error())
 			return
 		}
-		if !h.csrf.valid(who, r.PostForm.Get("csrf")) {
+		ok, err := h.csrf.valid(r.Context(), who, r.PostForm.Get("csrf"))
+		if err != nil {
+			h.failErr(w, r, err)
+			return
+		}
+		if !ok {
 			h.cfg.Logger.WarnContext(r.Context(), "console action refused", "actor", who.Name, "action", name, "reason", "missing or wrong CSRF token")
 			h.fail(w, r, http.StatusForbidden, "missing or wrong CSRF token: reload the page and try again")
 			return
 		}
 		if !who.Operator() {
-			h.refused(r.Context(), who, name, targetOf(r), "needs the operator role")
+			h.refused(r.Context(), who, name, h.target(r.PostForm), "needs the operator role")
 			h.fail(w, r, http.StatusForbidden, "this action needs the operator role ("+who.Name+" is a "+string(who.Role)+")")
 			return
 		}
@@ -155,7 +194,12 @@ type page struct {
 
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, name, title string, data any, start time.Time) {
 	who, _ := IdentityFrom(r.Context())
-	p := page{Title: title, Nav: name, Prefix: h.cfg.Prefix, Who: who, CSRF: h.csrf.token(who), Hide: h.cfg.HidePayloads, Data: data,
+	tok, err := h.csrf.token(r.Context(), who)
+	if err != nil {
+		// The page still shows; its forms are refused until the key is readable.
+		h.cfg.Logger.ErrorContext(r.Context(), "console: page served without a CSRF token", "page", name, "err", err)
+	}
+	p := page{Title: title, Nav: name, Prefix: h.cfg.Prefix, Who: who, CSRF: tok, Hide: h.cfg.HidePayloads, Data: data,
 		Took: time.Since(start).Round(time.Millisecond)}
 	if done := r.URL.Query().Get("done"); done != "" {
 		ctx, cancel := h.ctx(r)
@@ -188,21 +232,15 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 	_, _ = w.Write(buf.Bytes())
 }
 
-// failErr logs err and shows it (errors name what failed; no secret is in
-// them: the DSN never reaches an inspect error).
+// failErr shows err: a bad parameter as a 400 naming it; anything else is
+// logged and a 500 (errors name what failed; no secret is in them: the DSN
+// never reaches an inspect error).
 func (h *Handler) failErr(w http.ResponseWriter, r *http.Request, err error) {
+	var bad *badParam
+	if errors.As(err, &bad) {
+		h.fail(w, r, http.StatusBadRequest, bad.Error())
+		return
+	}
 	h.cfg.Logger.ErrorContext(r.Context(), "console: page failed", "path", r.URL.Path, "err", err)
 	h.fail(w, r, http.StatusInternalServerError, err.Error())
-}
-
-// targetOf describes what a refused request asked for: its form without
-// the token.
-func targetOf(r *http.Request) string {
-	v := url.Values{}
-	for k, vs := range r.PostForm {
-		if k != "csrf" {
-			v[k] = vs
-		}
-	}
-	return r.URL.Path + "?" + v.Encode()
 }

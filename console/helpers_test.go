@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"encoding/json"
+	"html"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -155,4 +156,32 @@ func deadRow(t *testing.T, db *testdb.DB, topic, key, value string, offset int64
 		(consumer, topic, partition, "offset", key, attempts, error, dlq_topic, record_stored, record_key, record_value, record_headers)
 		VALUES ('svc', $1, 0, $4, $2, 3, 'account closed', $1 || '.dlq', true, $2::text::bytea, $3::text::bytea, $5)
 		RETURNING id`, topic, key, value, offset, string(hs))
+}
+
+var hiddenRe = regexp.MustCompile(`<input type="hidden" name="([^"]+)" value="([^"]*)">`)
+
+// formOf reads the hidden fields of the (one) form on page.
+func formOf(t *testing.T, page string) url.Values {
+	t.Helper()
+	f := url.Values{}
+	for _, m := range hiddenRe.FindAllStringSubmatch(page, -1) {
+		f.Add(m[1], html.UnescapeString(m[2]))
+	}
+	require.NotEmpty(t, f.Get("csrf"), "no form on the page")
+	return f
+}
+
+// confirmForm is the form a confirmation page (path) posts when its "Yes"
+// button is pressed.
+func (c *client) confirmForm(t *testing.T, path string) url.Values {
+	t.Helper()
+	return formOf(t, c.get(t, path))
+}
+
+// token is the CSRF token of name, authenticated by method.
+func (b *bundle) token(t *testing.T, name, method string) string {
+	t.Helper()
+	tok, err := b.h.CSRFTokenFor(context.Background(), console.Identity{Name: name, Method: method})
+	require.NoError(t, err)
+	return tok
 }

@@ -1,11 +1,14 @@
 package console
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inspect"
 )
 
@@ -20,19 +23,39 @@ type overviewData struct {
 	Snap     *inspect.Snapshot
 	Warnings []string
 	// Rate is rows published per second by this process's relay since the
-	// previous overview; nil when unknown.
-	Rate      *float64
-	LanesHeld map[string]int
-	Sleeping  map[string]bool
+	// previous overview; HasRate is false when unknown.
+	Rate      float64
+	HasRate   bool
+	Instances []instanceRow
 	Parked    int64
 	Dead      int64
+	// Kafka says why the Kafka-derived parts (inbox windows) are missing:
+	// Kafka did not answer within Config.KafkaWait; "" when it did.
+	Kafka string
+	Chart *chart
+	// ChartErr says why there is no chart.
+	ChartErr string
+}
+
+// instanceRow is a relay instance as the overview shows it: the state
+// `relay status` prints, and whether it is a problem.
+type instanceRow struct {
+	inspect.Instance
+	State string
+	Bad   bool
+	Lanes int
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ctx, cancel := h.ctx(r)
 	defer cancel()
-	snap, err := inspect.Read(ctx, h.cfg.DB, h.cfg.Inspect)
+	// The database's sections first, within QueryTimeout; Kafka's after,
+	// within KafkaWait: a Kafka that hangs costs the page a note, not the
+	// page.
+	opts := h.cfg.Inspect
+	opts.Cutoffs = nil
+	snap, err := inspect.Read(ctx, h.cfg.DB, opts)
 	if err != nil {
 		h.failErr(w, r, err)
 		return
@@ -42,22 +65,74 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		h.failErr(w, r, err)
 		return
 	}
-	d := overviewData{Snap: snap, Rate: h.rate(), LanesHeld: map[string]int{}, Sleeping: sleeping, Parked: snap.Outbox.Parked, Warnings: warnings(snap, h.cfg.Cleaner)}
-	for _, l := range snap.Lanes {
-		if l.Held {
-			d.LanesHeld[l.Owner]++
-		}
+	d := overviewData{Snap: snap, Parked: snap.Outbox.Parked}
+	d.Rate, d.HasRate = h.rate()
+	if d.Chart, err = h.readChart(ctx); err != nil {
+		d.ChartErr = err.Error()
 	}
+	d.Instances = instanceRows(snap, sleeping)
 	for _, c := range snap.Dead {
 		d.Dead += c.Count
 	}
+	if h.cfg.Inspect.Cutoffs != nil {
+		reps, down := h.kafkaPlan(r.Context(), snap)
+		if down != "" {
+			d.Kafka = down
+			snap.Cutoffs = "unknown: " + down
+		} else {
+			snap.ApplyCutoffs(reps, "from Kafka topic configs and log start offsets (time window: retention.ms + segment.ms + buffer)")
+		}
+	} else {
+		snap.Cutoffs = "unknown: no Kafka admin to read topic configs from"
+	}
+	d.Warnings = warnings(snap, h.cfg.Cleaner)
 	h.render(w, r, "overview", "Overview", d, start)
 }
 
-// rate is the publish rate of this process's relay since the last call.
-func (h *Handler) rate() *float64 {
+// kafkaPlan reads the cleanup rule of every inbox topic of snap from Kafka,
+// waiting at most KafkaWait; down says Kafka did not answer in time.
+func (h *Handler) kafkaPlan(ctx context.Context, snap *inspect.Snapshot) (reps []cleanup.TopicReport, down string) {
+	kctx, cancel := context.WithTimeout(ctx, h.cfg.KafkaWait)
+	defer cancel()
+	reps, err := inspect.CleanupPlan(kctx, snap, *h.cfg.Inspect.Cutoffs)
+	switch {
+	case errors.Is(kctx.Err(), context.DeadlineExceeded):
+		return nil, fmt.Sprintf("Kafka is not answering (no answer within %v)", h.cfg.KafkaWait)
+	case err != nil:
+		return nil, err.Error()
+	}
+	return reps, ""
+}
+
+// instanceRows gives each instance the state relay status prints.
+func instanceRows(snap *inspect.Snapshot, sleeping map[string]bool) []instanceRow {
+	held := map[string]int{}
+	for _, l := range snap.Lanes {
+		if l.Held {
+			held[l.Owner]++
+		}
+	}
+	var out []instanceRow
+	for _, i := range snap.Instances {
+		row := instanceRow{Instance: i, State: snap.InstanceState(i), Lanes: held[i.Instance]}
+		row.Bad = !i.Live || i.KafkaDownSince != nil || !i.KafkaReady
+		if !row.Bad {
+			if sleeping[i.Instance] {
+				row.State += ", asleep (waits for a NOTIFY)"
+			} else {
+				row.State += ", awake"
+			}
+		}
+		out = append(out, row)
+	}
+	return out
+}
+
+// rate is the publish rate of this process's relay since the last call;
+// ok is false when unknown (no relay here, or the first reading).
+func (h *Handler) rate() (perSec float64, ok bool) {
 	if h.cfg.Published == nil {
-		return nil
+		return 0, false
 	}
 	now := rateSample{at: time.Now(), published: h.cfg.Published()}
 	h.rateMu.Lock()
@@ -66,10 +141,9 @@ func (h *Handler) rate() *float64 {
 	h.rateMu.Unlock()
 	el := now.at.Sub(last.at).Seconds()
 	if last.at.IsZero() || el <= 0 || now.published < last.published {
-		return nil
+		return 0, false
 	}
-	v := float64(now.published-last.published) / el
-	return &v
+	return float64(now.published-last.published) / el, true
 }
 
 // warnings lists where the dedup guarantee is at risk or work is stuck.
@@ -99,7 +173,7 @@ func warnings(s *inspect.Snapshot, cl CleanerStats) []string {
 	}
 	out = append(out, horizonWarnings(s)...)
 	if s.Outbox.Parked > 0 {
-		out = append(out, fmt.Sprintf("Outbox: %s parked rows hold back their keys until retried or discarded.", countText(s.Outbox.Parked, s.Outbox.ParkedCapped)))
+		out = append(out, fmt.Sprintf("Outbox: %s parked rows hold back their keys until retried or discarded.", cappedText(s.Outbox.Parked, s.Outbox.ParkedCapped)))
 	}
 	live := 0
 	for _, i := range s.Instances {

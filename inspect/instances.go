@@ -29,3 +29,9 @@ func InstancesSleeping(ctx context.Context, db Querier) (map[string]bool, error)
 	}
 	return out, nil
 }
+
+// InstanceState says whether instance i of s runs and reaches Kafka, in the
+// words `relay status` prints: "live", "running, connecting to Kafka",
+// "running, Kafka unreachable since …" or "expired". The console shows the
+// same words.
+func (s *Snapshot) InstanceState(i Instance) string { return instanceState(s, i) }

@@ -40,7 +40,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{"missing brokers", db, []string{"run"}, []string{"KAFKA_BROKERS", "--kafka-brokers"}},
 		{"broker without port", append(db, "KAFKA_BROKERS=kafka1"), []string{"cleanup"}, []string{`"kafka1"`, "host:port"}},
 		{"bad kafka version", append(db, "KAFKA_BROKERS=k:9092", "PGBOX_KAFKA_VERSION=banana"), []string{"cleanup"},
-			[]string{"PGBOX_KAFKA_VERSION", "like 2.8.0"}},
+			[]string{"PGBOX_KAFKA_VERSION", "like 0.11.0, 2.8"}},
 		{"sasl mechanism unknown", append(db, "KAFKA_BROKERS=k:9092", "PGBOX_KAFKA_SASL_MECHANISM=GSSAPI"), []string{"cleanup"},
 			[]string{"PGBOX_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512"}},
 		{"sasl without password", append(db, "KAFKA_BROKERS=k:9092", "PGBOX_KAFKA_SASL_MECHANISM=PLAIN", "PGBOX_KAFKA_SASL_USER=u"), []string{"cleanup"},

@@ -29,6 +29,7 @@ type consoleOptions struct {
 	Token        string
 	Operators    []string
 	ProxyHeader  string
+	ProxyOps     []string
 	HidePayloads bool
 }
 
@@ -39,13 +40,15 @@ func (o *consoleOptions) bind(s *settings, has map[string]bool) {
 	s.str(&o.Addr, groupConsole, "console-addr", "PGBOX_CONSOLE_ADDR", "",
 		"listen address of the operator console (empty: no console); loopback only unless a user, token or proxy header is set")
 	s.csv(&o.Users, groupConsole, "console-users", "PGBOX_CONSOLE_USERS", "",
-		"console basic-auth logins, comma-separated name:bcrypt-hash (htpasswd -nbB name password); viewers unless in --console-operators").secret = true
+		"console basic-auth logins, comma-separated name:bcrypt-hash (htpasswd -nbB -C 12 name password); viewers unless in --console-operators").secret = true
 	s.str(&o.Token, groupConsole, "console-token", "PGBOX_CONSOLE_TOKEN", "",
 		"console bearer token (at least 16 characters; never printed; prefer the environment variable); its holder is named \"token\"").secret = true
 	s.csv(&o.Operators, groupConsole, "console-operators", "PGBOX_CONSOLE_OPERATORS", "",
-		"console users (basic-auth, \"token\", proxy users) with the operator role: retry, discard, replay")
+		"basic-auth users and \"token\" with the console's operator role: retry, discard, replay (proxy users: --console-proxy-operators)")
 	s.str(&o.ProxyHeader, groupConsole, "console-proxy-header", "PGBOX_CONSOLE_PROXY_HEADER", "",
 		"request header naming the user, set by a reverse proxy on loopback that authenticated them (empty: none)")
+	s.csv(&o.ProxyOps, groupConsole, "console-proxy-operators", "PGBOX_CONSOLE_PROXY_OPERATORS", "",
+		"users named by --console-proxy-header with the console's operator role (a list of its own: a proxy user is never taken for a basic-auth user or the token)")
 	s.boolean(&o.HidePayloads, groupConsole, "console-hide-payloads", "PGBOX_CONSOLE_HIDE_PAYLOADS", false,
 		"the console shows no message keys, values or header values (PII)")
 }
@@ -71,7 +74,7 @@ func (o *consoleOptions) auth() (console.Auth, error) {
 	}
 	if o.ProxyHeader != "" {
 		a.ProxyHeader = o.ProxyHeader
-		a.ProxyOperators = o.Operators
+		a.ProxyOperators = o.ProxyOps
 	}
 	return a, nil
 }
@@ -81,6 +84,9 @@ func (o *consoleOptions) validate() error {
 	a, err := o.auth()
 	if err != nil {
 		return usageError("%v", err)
+	}
+	if o.ProxyHeader == "" && len(o.ProxyOps) > 0 {
+		return usageError("PGBOX_CONSOLE_PROXY_OPERATORS (--console-proxy-operators) is set without PGBOX_CONSOLE_PROXY_HEADER (--console-proxy-header)")
 	}
 	if o.Token != "" && len(o.Token) < 16 {
 		return usageError("PGBOX_CONSOLE_TOKEN (--console-token) must be at least 16 characters")

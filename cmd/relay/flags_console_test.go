@@ -18,12 +18,13 @@ import (
 // The console's settings, each observed through what the console serves.
 func init() {
 	for name, c := range map[string]flagCheck{
-		"console-addr":          {check: checkConsoleAddr, bad: "not-an-address"},
-		"console-users":         {check: checkConsoleUsers, bad: "otto-without-hash"},
-		"console-token":         {check: checkConsoleToken, bad: "short"},
-		"console-operators":     {check: checkConsoleOperators},
-		"console-proxy-header":  {check: checkConsoleProxyHeader},
-		"console-hide-payloads": {check: checkConsoleHidePayloads, bad: "maybe"},
+		"console-addr":            {check: checkConsoleAddr, bad: "not-an-address"},
+		"console-users":           {check: checkConsoleUsers, bad: "otto-without-hash"},
+		"console-token":           {check: checkConsoleToken, bad: "short"},
+		"console-operators":       {check: checkConsoleOperators},
+		"console-proxy-header":    {check: checkConsoleProxyHeader},
+		"console-proxy-operators": {check: checkConsoleProxyOperators},
+		"console-hide-payloads":   {check: checkConsoleHidePayloads, bad: "maybe"},
 	} {
 		flagChecks[name] = c
 	}
@@ -148,5 +149,19 @@ func checkConsoleHidePayloads(t *testing.T, set setFn) {
 	require.NotContains(t, body, "4111111111111111")
 	require.NotContains(t, body, "card-key")
 	require.Contains(t, body, "payload display is off")
+	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+// Proxy users have an operator list of their own: --console-operators
+// naming "olga" does not make the proxy user olga an operator.
+func checkConsoleProxyOperators(t *testing.T, set setFn) {
+	p, base, _ := startConsole(t, set, "olga", []string{"PGBOX_CONSOLE_ADDR=127.0.0.1:0", "PGBOX_CONSOLE_PROXY_HEADER=X-Auth-User",
+		"PGBOX_CONSOLE_OPERATORS=token,vic"})
+	_, body := consoleGet(t, base+"/", map[string]string{"X-Auth-User": "olga"})
+	require.Contains(t, body, `olga · <span class="role role-operator">operator`)
+	_, body = consoleGet(t, base+"/", map[string]string{"X-Auth-User": "token"})
+	require.Contains(t, body, `token · <span class="role role-viewer">viewer`, "a proxy user named token is not the token's holder")
+	_, body = consoleGet(t, base+"/", map[string]string{"X-Auth-User": "vic"})
+	require.Contains(t, body, `vic · <span class="role role-viewer">viewer`)
 	require.Equal(t, 0, p.stop(t), p.Output())
 }

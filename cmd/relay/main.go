@@ -58,7 +58,7 @@ func init() {
 			doc:    migrateDoc,
 			groups: []string{groupDB, groupMigrate, groupLog}, run: cmdMigrate},
 		{name: "cleanup", synopsis: "cleanup [--dry-run]", summary: "Run one cleanup pass and print its report.",
-			doc:    "Run one cleanup pass and print its report: inbox keys past their topic's\nretention window (retention.ms + segment.ms + buffer), published outbox rows.",
+			doc:    "Run one cleanup pass and print its report: inbox keys Kafka can no longer\nredeliver (the partition's log start offset past the key's offset, and older\nthan --cleanup-buffer; retention.ms + segment.ms + buffer for keys of unknown\nposition), dead letters past --keep-dead-letters, attempt rows past --keep-attempts.",
 			groups: []string{groupDB, groupKafka, groupCleanup, groupCleanupOnce, groupLog}, run: cmdCleanup},
 		{name: "status", synopsis: "status [--json]", summary: "Print the outbox backlog, parked rows, lane owners and inbox key ages.",
 			doc:    "Print the outbox backlog per topic and lane, the oldest unpublished row, parked\nrows, lane owners, and inbox keys per consumer and topic. With Kafka brokers\nset, each topic's oldest key is compared with its cleanup cutoff.",

@@ -104,7 +104,7 @@ func (o *options) bind(s *settings, groups ...string) {
 		s.csv(&k.Brokers, g, "kafka-brokers", "KAFKA_BROKERS", "", brokersDoc)
 		s.str(&k.Version, g, "kafka-version", "PGBOX_KAFKA_VERSION", kafkaVersionDefault, "Kafka protocol version the client speaks (the oldest broker's version or lower)")
 		s.str(&k.ClientID, g, "kafka-client-id", "PGBOX_KAFKA_CLIENT_ID", kafkaClientIDDefault, "client.id sent to the brokers")
-		s.duration(&k.Timeout, g, "kafka-timeout", "PGBOX_KAFKA_TIMEOUT", kafkaTimeoutDefault, time.Millisecond, "Kafka dial timeout, and how long a cleanup pass waits for the topics' configs (reads and writes wait at least 10s)")
+		s.duration(&k.Timeout, g, "kafka-timeout", "PGBOX_KAFKA_TIMEOUT", kafkaTimeoutDefault, time.Millisecond, "Kafka dial timeout, and how long a cleanup pass waits for the topics' configs and log start offsets (reads and writes wait at least 10s)")
 		s.enum(&k.SASLMechanism, g, "kafka-sasl-mechanism", "PGBOX_KAFKA_SASL_MECHANISM", "", "SASL mechanism (empty: no SASL)", "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 		s.str(&k.SASLUser, g, "kafka-sasl-user", "PGBOX_KAFKA_SASL_USER", "", "SASL user name")
 		s.str(&k.SASLPassword, g, "kafka-sasl-password", "PGBOX_KAFKA_SASL_PASSWORD", "", "SASL password (never printed; prefer the environment variable)").secret = true
@@ -124,7 +124,7 @@ func (o *options) bind(s *settings, groups ...string) {
 	}
 	if has[groupCleanup] || has[groupRelay] || has[groupCleanupOnce] {
 		s.duration(&o.CleanupBuffer, groupCleanup, "cleanup-buffer", "PGBOX_CLEANUP_BUFFER", cleanupBufferDefault, 0,
-			"kept beyond each topic's retention.ms + segment.ms before an inbox key is deleted (0s: no buffer)")
+			"how old an inbox key must be before it is deleted, even once Kafka's log start has passed it (the time rule adds it to retention.ms + segment.ms) (0s: no buffer)")
 		s.duration(&o.CleanupWindow, groupCleanup, "cleanup-window", "PGBOX_CLEANUP_WINDOW", 0, 0,
 			"forced window for topics whose Kafka config gives none (retention.ms=-1, compact, unreadable); 0 never prunes them")
 		s.integer(&o.CleanupBatchSize, groupCleanup, "cleanup-batch-size", "PGBOX_CLEANUP_BATCH_SIZE", cleanupBatchDefault, 1, cleanup.BatchSizeMax,

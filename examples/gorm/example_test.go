@@ -12,7 +12,6 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/pgbox/pgbox/inbox"
-	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -42,9 +41,12 @@ func sqlTx(gtx *gorm.DB) (*sql.Tx, error) {
 // GORM and the reply event with the outbox, in the same transaction.
 func Example() {
 	ctx := context.Background()
-	schema, drop := testdb.Example(ctx) // a migrated schema of its own on DATABASE_URL
+	dsn, drop, err := database(ctx) // a migrated schema of its own on DATABASE_URL (database_test.go)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer drop()
-	db, err := gorm.Open(postgres.Open(schema.URL), &gorm.Config{Logger: logger.Discard})
+	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		log.Fatal(err)
 	}

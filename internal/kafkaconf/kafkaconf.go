@@ -37,14 +37,34 @@ type Options struct {
 // ParseVersion parses a Kafka version that the relay's idempotent producer
 // can use (0.11.0 or newer).
 func ParseVersion(v string) (sarama.KafkaVersion, error) {
-	kv, err := sarama.ParseKafkaVersion(v)
+	kv, err := sarama.ParseKafkaVersion(normalVersion(v))
 	if err != nil {
-		return kv, fmt.Errorf("must be a Kafka version like 2.8.0 or 3.6.0")
+		return kv, fmt.Errorf("must be a Kafka version like 0.11.0, 2.8, 2.8.0 or 3.6.1")
 	}
 	if !kv.IsAtLeast(sarama.V0_11_0_0) {
 		return kv, fmt.Errorf("must be 0.11.0 or newer (the relay's idempotent producer needs it)")
 	}
 	return kv, nil
+}
+
+// normalVersion writes a Kafka version the way users write it (0.11,
+// 0.11.0, 0.11.0.2, 2.8, 2.8.1, v3.6.0, 3.6-IV2 as in
+// inter.broker.protocol.version) in the form sarama parses: four numbers
+// before 1.0 (0.11.0.0), three from 1.0 on (2.8.0).
+func normalVersion(v string) string {
+	v = strings.TrimPrefix(strings.TrimSpace(v), "v")
+	if base, iv, ok := strings.Cut(v, "-IV"); ok && iv != "" {
+		v = base
+	}
+	parts := strings.Split(v, ".")
+	want := 3
+	if parts[0] == "0" {
+		want = 4
+	}
+	for len(parts) < want && len(parts) >= 2 {
+		parts = append(parts, "0")
+	}
+	return strings.Join(parts, ".")
 }
 
 // Sarama builds the client configuration every Kafka client of the
