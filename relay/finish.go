@@ -14,6 +14,7 @@ import (
 // tally is a sent batch's outcome, as the finish statement takes it.
 type tally struct {
 	okIDs, badIDs, badEpochs []int64
+	okTopics                 map[string]uint64 // published rows per topic
 	badErrs                  []string
 	badWaits                 []bool // the topic does not exist: parked after UnknownTopicWindow
 	res                      passResult
@@ -31,6 +32,10 @@ func (r *Relay) tally(rows []row, outcome map[int]error) tally {
 		case !tried: // held back behind a failed row of its key, or stopping
 		case e == nil:
 			t.okIDs = append(t.okIDs, rows[i].id)
+			if t.okTopics == nil {
+				t.okTopics = map[string]uint64{}
+			}
+			t.okTopics[rows[i].topic]++
 		case classify(e).fate != fateTransient:
 			waits := r.cfg.UnknownTopicWindow > 0 && classify(e).fate == fateMissingTopic
 			t.badIDs = append(t.badIDs, rows[i].id)
@@ -118,6 +123,7 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) (int64, error) {
 	r.log.Debug("batch", "rows", b.rows, "published", len(b.okIDs), "claim", b.claimed.Sub(b.start), "send", b.sent.Sub(b.claimed), "finish", time.Since(b.sent))
 	parked := len(parkedIDs)
 	r.published.Add(uint64(len(b.okIDs)))
+	r.countPublished(b.okTopics)
 	r.retried.Add(uint64(len(b.badIDs) - parked))
 	r.parked.Add(uint64(parked))
 	r.batches.Add(1)

@@ -22,7 +22,9 @@ func TestRecordHistory(t *testing.T) {
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, `INSERT INTO pgbox_relay_history (at, topic, backlog, published) VALUES (now() - interval '3 hours', 'old', 1, 1)`)
 	require.NoError(t, err)
-	require.NoError(t, r.recordHistory(ctx, map[string]uint64{"a": 7, "c": 3}))
+	backlog, err := r.recordHistory(ctx, map[string]uint64{"a": 7, "c": 3})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, backlog, "the whole backlog, parked rows excluded")
 	rows, err := db.Pool.Query(ctx, `SELECT topic, backlog, published FROM pgbox_relay_history ORDER BY topic`)
 	require.NoError(t, err)
 	type sample struct {

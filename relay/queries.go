@@ -21,7 +21,7 @@ const createLanesSQL = `INSERT INTO pgbox_relay_lanes (lane, lanes) SELECT g, $1
 // releases owned lanes outside that share, renews or takes the lanes inside
 // it that are free, expired or already its own (a new owner gets a new
 // epoch) and prunes long-dead instance rows. It stays cheap whatever the
-// backlog: counting the backlog is a statement of its own (backlogSQL),
+// backlog: counting the backlog is a statement of its own (historySQL),
 // which took seconds on a loaded server with 200k rows waiting and must not
 // delay a lease renewal.
 //
@@ -68,9 +68,6 @@ const heartbeatSQL = `WITH me AS (
 SELECT (SELECT count(*) FROM held)::int,
        (SELECT count(*) FROM released)::int,
        (SELECT count(*) FROM live)::int`
-
-// backlogSQL counts unpublished, unparked rows, up to $1 (backlogCap).
-const backlogSQL = `SELECT count(*) FROM (SELECT 1 FROM pgbox_outbox WHERE parked_at IS NULL LIMIT $1) b`
 
 // releaseSQL gives up every lane and the instance row on shutdown, so the
 // others take over at their next heartbeat instead of after LeaseTTL.

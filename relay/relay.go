@@ -69,8 +69,10 @@ type Relay struct {
 
 	published, retried, parked, batches atomic.Uint64
 	failures                            atomic.Uint64 // permanent send failures since the last summary
-	summaryAt                           time.Time     // the last summary; owned by the heartbeat goroutine
-	summaryParked                       uint64        // parked at the last summary; likewise
+	pubMu                               sync.Mutex
+	pubByTopic                          map[string]uint64 // published per topic since the last history sample
+	summaryAt                           time.Time         // the last summary; owned by the heartbeat goroutine
+	summaryParked                       uint64            // parked at the last summary; likewise
 	latLast, latMax, latTotal           atomic.Int64
 	backlog                             atomic.Int64
 	lanes, instances                    atomic.Int64
@@ -345,13 +347,16 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 // backlogEvery-th after it (every 10 s by default).
 const backlogEvery = 5
 
-// countBacklog refreshes Stats.Backlog, after the lease statement, so a slow
-// count never delays a renewal.
+// countBacklog refreshes Stats.Backlog and writes the console's history
+// sample (recordHistory), after the lease statement, so a slow count never
+// delays a renewal.
 func (r *Relay) countBacklog(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.HeartbeatInterval)
 	defer cancel()
-	var backlog int64
-	if err := r.cfg.Pool.QueryRow(cctx, backlogSQL, backlogCap).Scan(&backlog); err != nil {
+	published := r.takePublished()
+	backlog, err := r.recordHistory(cctx, published)
+	if err != nil {
+		r.countPublished(published) // for the next sample
 		if ctx.Err() == nil {
 			r.log.WarnContext(ctx, "counting the backlog failed", "error", err)
 		}
