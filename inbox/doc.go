@@ -136,7 +136,8 @@
 // HTTP handler, uses it the same way. For a ready-made consumer that runs
 // this loop (offsets, batches, retries, dead letters, topic ids), see package
 // inbox/inboxsarama (a sarama consumer-group handler) or inbox/inboxfranz (a
-// franz-go group consumer); they share one loop. Permanent and
-// ConsumerStats are theirs, kept here so a handler and a metrics exporter
-// work with either.
+// franz-go group consumer); they share one loop, and everything a user names
+// of it lives here, once, for both: ConsumerConfig with its defaults and
+// NoXxx sentinels, Permanent, ConsumerStats and the HeaderDLQ* headers, so a
+// handler, its settings and a metrics exporter work with either client.
 package inbox

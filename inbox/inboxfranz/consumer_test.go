@@ -68,15 +68,6 @@ func TestNewConsumerValidates(t *testing.T) {
 	c.Close()
 }
 
-func TestPermanent(t *testing.T) {
-	t.Parallel()
-	require.NoError(t, inboxfranz.Permanent(nil))
-	err := inboxfranz.Permanent(context.DeadlineExceeded)
-	require.ErrorIs(t, err, inboxfranz.ErrPermanent)
-	require.ErrorIs(t, err, inbox.ErrPermanent, "one sentinel for both adapters")
-	require.ErrorIs(t, err, context.DeadlineExceeded)
-}
-
 func TestMessage(t *testing.T) {
 	t.Parallel()
 	at := time.Unix(1700000000, 0)

@@ -35,7 +35,8 @@
 // inbox.ErrNeedsOperator that names the fix; any other error of fn counts
 // as an attempt (pgbox_consumer_attempts, shared with sarama members), is
 // retried with backoff up to Config.MaxAttempts, then dead-lettered through
-// the outbox (inbox.HeaderDLQ* headers). Permanent dead-letters at once.
+// the outbox (inbox.HeaderDLQ* headers). inbox.Permanent dead-letters at
+// once.
 //
 // # Example
 //

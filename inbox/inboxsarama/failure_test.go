@@ -99,13 +99,13 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	require.Equal(t, poison, string(dl[0].Key))
 	require.Equal(t, "payload of "+poison, string(dl[0].Value))
 	require.Equal(t, poison, dl[0].Headers[eventHeader], "original headers kept")
-	require.Contains(t, dl[0].Headers[inboxsarama.HeaderDLQError], "account closed")
-	require.Equal(t, "3", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
-	require.Equal(t, "events", dl[0].Headers[inboxsarama.HeaderDLQSourceTopic])
-	require.Equal(t, "0", dl[0].Headers[inboxsarama.HeaderDLQSourcePart])
-	require.Equal(t, "4", dl[0].Headers[inboxsarama.HeaderDLQSourceOffset])
-	require.Equal(t, "svc", dl[0].Headers[inboxsarama.HeaderDLQConsumer])
-	require.Equal(t, poison, dl[0].Headers[inboxsarama.HeaderDLQKey])
+	require.Contains(t, dl[0].Headers[inbox.HeaderDLQError], "account closed")
+	require.Equal(t, "3", dl[0].Headers[inbox.HeaderDLQAttempts])
+	require.Equal(t, "events", dl[0].Headers[inbox.HeaderDLQSourceTopic])
+	require.Equal(t, "0", dl[0].Headers[inbox.HeaderDLQSourcePart])
+	require.Equal(t, "4", dl[0].Headers[inbox.HeaderDLQSourceOffset])
+	require.Equal(t, "svc", dl[0].Headers[inbox.HeaderDLQConsumer])
+	require.Equal(t, poison, dl[0].Headers[inbox.HeaderDLQKey])
 
 	// The key is recorded: a resend of the poison event is a duplicate.
 	b.ProduceEvents(t, poison, "e-after")
@@ -127,9 +127,9 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	for _, h := range got[0].Headers {
 		hs[string(h.Key)] = string(h.Value)
 	}
-	require.Equal(t, "3", hs[inboxsarama.HeaderDLQAttempts])
-	require.Equal(t, "4", hs[inboxsarama.HeaderDLQSourceOffset])
-	require.Contains(t, hs[inboxsarama.HeaderDLQError], "account closed")
+	require.Equal(t, "3", hs[inbox.HeaderDLQAttempts])
+	require.Equal(t, "4", hs[inbox.HeaderDLQSourceOffset])
+	require.Contains(t, hs[inbox.HeaderDLQError], "account closed")
 	require.NotEmpty(t, hs[relay.EventIDHeader])
 }
 
@@ -164,7 +164,7 @@ func TestConsumerMaxAttemptsInBatch(t *testing.T) {
 	require.EqualValues(t, 3, st.Failures)
 	dl := b.OutboxDLQ(t, "svc.dead")
 	require.Len(t, dl, 1)
-	require.Equal(t, "3", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
+	require.Equal(t, "3", dl[0].Headers[inbox.HeaderDLQAttempts])
 }
 
 // A message the inbox cannot key (ByHeader, header missing) can never

@@ -2,8 +2,6 @@ package inboxsarama_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -172,17 +170,6 @@ func TestNewHandlerValidates(t *testing.T) {
 	}
 	_, err := inboxsarama.NewHandler(db.Pool, ib, effect, inboxsarama.Config{})
 	require.NoError(t, err)
-}
-
-func TestPermanent(t *testing.T) {
-	t.Parallel()
-	require.NoError(t, inboxsarama.Permanent(nil))
-	base := errors.New("bad payload")
-	err := fmt.Errorf("handler: %w", inboxsarama.Permanent(base))
-	require.ErrorIs(t, err, inboxsarama.ErrPermanent)
-	require.ErrorIs(t, err, base)
-	require.Equal(t, "handler: bad payload", err.Error())
-	require.NotErrorIs(t, base, inboxsarama.ErrPermanent)
 }
 
 // The documented fallback: a client that cannot ask for topic ids (protocol
