@@ -309,6 +309,7 @@ func TestLibraryDefaults(t *testing.T) {
 		"inbox.DeadLetterSuffixDefault":    inbox.DeadLetterSuffixDefault,
 		"inbox.DrainTimeoutDefault":        inbox.DrainTimeoutDefault,
 		"inboxfranz.CommitIntervalDefault": inboxfranz.CommitIntervalDefault,
+		"inboxfranz.LeaveTimeoutDefault":   inboxfranz.LeaveTimeoutDefault,
 		"cleanup.BufferDefault":            cleanup.BufferDefault,
 		"cleanup.BatchSizeDefault":         cleanup.BatchSizeDefault,
 		"cleanup.PauseDefault":             cleanup.PauseDefault,

@@ -1,0 +1,304 @@
+package consume_test
+
+// The loop's behaviour, shown for every adapter: what was once inboxsarama's
+// own tests (attempts in a batch, unkeyable messages, missing tables, the
+// drain of a transaction in flight) runs here against each client.
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/internal/consumetest"
+	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/internal/testutil"
+)
+
+// firstError waits for the first error m's Consume (Run) returned.
+func firstError(t *testing.T, m *member) error {
+	t.Helper()
+	select {
+	case err := <-m.errs:
+		return err
+	case <-time.After(2 * time.Minute): // liveness only
+		t.Fatal("the adapter reported no error")
+		return nil
+	}
+}
+
+// requireOperatorError checks what the service sees: the sentinel, the
+// server's error for errors.As, and a message naming the fix.
+func requireOperatorError(t *testing.T, err error, code, fix string) {
+	t.Helper()
+	require.ErrorIs(t, err, inbox.ErrNeedsOperator)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, code, pgErr.Code)
+	require.ErrorContains(t, err, fix)
+}
+
+// MaxAttempts counts every run of the handler, the one inside a batch too:
+// a batch with a failing message falls back to one by one, and the failing
+// message's handler runs exactly MaxAttempts times in all.
+func TestSuiteMaxAttemptsInBatch(t *testing.T) {
+	t.Parallel()
+	forEach(t, false, func(t *testing.T, a adapter) {
+		b := setup(t, 1)
+		evs := events("e", 20)
+		poison := evs[6]
+		b.ProduceEvents(t, evs...)
+		var calls atomic.Int64
+		fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+			if ev, _ := m.Header(eventHeader); string(ev) == poison {
+				calls.Add(1)
+				return errors.New("account closed")
+			}
+			return effect(ctx, tx, m)
+		}
+		s := settingsOf(b, newInbox(t, inbox.ByHeader(eventHeader)), fn)
+		s.batch, s.batchWait, s.maxAttempts, s.deadLetterTopic = 10, 200*time.Millisecond, 3, "svc.dead"
+		m := a.start(t, b, s)
+		testutil.Eventually(t, 60*time.Second, "past the poison message", func() bool { return b.Committed(t, "svc", 0) == 20 })
+		m.stop()
+		require.EqualValues(t, 3, calls.Load(), "the handler ran MaxAttempts times, the batch run included")
+		rows, distinct := b.Effects(t)
+		require.Equal(t, 19, rows)
+		require.Equal(t, 19, distinct)
+		st := m.stats()
+		require.EqualValues(t, 1, st.DeadLettered)
+		require.EqualValues(t, 3, st.Failures)
+		require.Positive(t, st.BatchFallbacks)
+		dl := b.OutboxDLQ(t, "svc.dead")
+		require.Len(t, dl, 1)
+		require.Equal(t, "3", dl[0].Headers[inbox.HeaderDLQAttempts])
+	})
+}
+
+// A message the inbox cannot key (ByHeader, header missing) can never
+// succeed: it is dead-lettered at once, without an inbox key, and the
+// messages around it are processed.
+func TestSuiteInvalidMessageDeadLettered(t *testing.T) {
+	t.Parallel()
+	forEach(t, false, func(t *testing.T, a adapter) {
+		b := setup(t, 1)
+		b.ProduceEvents(t, "a")
+		bad := consumetest.Record(b.Topic, "no-header")
+		bad.Headers = nil
+		b.Produce(t, bad)
+		b.ProduceEvents(t, "b")
+		m := a.start(t, b, settingsOf(b, newInbox(t, inbox.ByHeader(eventHeader)), effect))
+		testutil.Eventually(t, 60*time.Second, "past the invalid message", func() bool { return b.Committed(t, "svc", 0) == 3 })
+		m.stop()
+		requireEffects(t, b, 2)
+		st := m.stats()
+		require.EqualValues(t, 1, st.DeadLettered)
+		require.EqualValues(t, 1, st.Failures, "dead-lettered after its first run, not retried")
+		var key *string
+		var errText string
+		require.NoError(t, b.DB.Pool.QueryRow(context.Background(),
+			`SELECT key, error FROM pgbox_consumer_dead WHERE "offset" = 1`).Scan(&key, &errText))
+		require.Nil(t, key)
+		require.Contains(t, errText, "invalid message")
+		require.Contains(t, errText, eventHeader)
+		require.Len(t, b.OutboxDLQ(t, "events.dlq"), 1)
+	})
+}
+
+func requireEffects(t *testing.T, b *bundle, n int) {
+	t.Helper()
+	rows, distinct := b.Effects(t)
+	require.Equal(t, n, distinct, "every event's effect")
+	require.Equal(t, n, rows, "no event applied twice")
+}
+
+// Started against a schema where pgbox's migrations were not run, the
+// adapter ends Consume (Run) with an error that names the fix, logged at
+// ERROR; nothing is processed or counted as an attempt.
+func TestSuiteMigrationsNotRun(t *testing.T) {
+	t.Parallel()
+	forEach(t, false, func(t *testing.T, a adapter) {
+		db := testdb.Empty(t)
+		consumetest.CreateEffects(t, db)
+		c := kafkatest.New(t, kfake.SeedTopics(1, "events"), kfake.BrokerConfigs(map[string]string{"group.min.session.timeout.ms": "500"}))
+		b := &bundle{DB: db, Kafka: c, Addrs: c.ListenAddrs(), Topic: "events"}
+		b.ProduceEvents(t, events("e", 5)...)
+		var logs testutil.SyncBuffer
+		s := settingsOf(b, newInbox(t, inbox.ByOffset()), effect)
+		s.logger = slog.New(slog.NewTextHandler(&logs, nil))
+		m := a.start(t, b, s)
+		err := firstError(t, m)
+		m.stop()
+		requireOperatorError(t, err, "42P01", "relay migrate up")
+		require.Contains(t, logs.String(), "level=ERROR")
+		require.Contains(t, logs.String(), "relay migrate up")
+		require.Zero(t, b.Count(t, `SELECT count(*) FROM effects`))
+		require.Positive(t, m.stats().OperatorErrors)
+		require.Zero(t, m.stats().Failures)
+	})
+}
+
+// A deploy whose migration did not run: the handler's business table is
+// missing. Every message fails the same way, through no fault of its own:
+// the claim ends with the error, nothing is dead-lettered or counted; once
+// the table is back, every message is processed exactly once. One by one
+// and in batches.
+func TestSuiteBusinessTableMissing(t *testing.T) {
+	t.Parallel()
+	forEach(t, false, func(t *testing.T, a adapter) {
+		for _, batch := range []int{1, 20} {
+			b := setup(t, 1)
+			ctx := context.Background()
+			_, err := b.DB.Pool.Exec(ctx, `ALTER TABLE effects RENAME TO effects_elsewhere`)
+			require.NoError(t, err)
+			b.ProduceEvents(t, events("e", 40)...)
+			var logs testutil.SyncBuffer
+			s := settingsOf(b, newInbox(t, inbox.ByHeader(eventHeader)), effect)
+			s.batch, s.maxAttempts, s.logger = batch, 1, slog.New(slog.NewTextHandler(&logs, nil))
+			m := a.start(t, b, s)
+			err = firstError(t, m)
+			requireOperatorError(t, err, "42P01", "apply the service's migrations")
+			require.Contains(t, logs.String(), "level=ERROR")
+			require.NotContains(t, logs.String(), "dead-lettered")
+			st := m.stats()
+			require.Zero(t, st.DeadLettered, "batch %d", batch)
+			require.Zero(t, st.Failures, "batch %d", batch)
+			require.Positive(t, st.OperatorErrors)
+			require.Zero(t, b.Count(t, `SELECT count(*) FROM pgbox_consumer_attempts`))
+			require.Zero(t, b.Count(t, `SELECT count(*) FROM pgbox_outbox`))
+
+			_, err = b.DB.Pool.Exec(ctx, `ALTER TABLE effects_elsewhere RENAME TO effects`)
+			require.NoError(t, err)
+			testutil.Eventually(t, 60*time.Second, "every event once the table is back", func() bool { _, d := b.Effects(t); return d == 40 })
+			m.stop()
+			requireExactlyOnce(t, b, 40, 1)
+			require.Zero(t, m.stats().DeadLettered)
+		}
+	})
+}
+
+// A transaction in flight when the member stops (sarama's session ends,
+// franz-go's Run returns) finishes within DrainTimeout: it commits, its
+// offset is committed as the member leaves, and nothing starts after it, so
+// the next member sees no redelivery.
+func TestSuiteStopFinishesInFlight(t *testing.T) {
+	t.Parallel()
+	forEach(t, false, func(t *testing.T, a adapter) {
+		b := setup(t, 1)
+		b.ProduceEvents(t, events("e", 5)...)
+		started, release := make(chan struct{}), make(chan struct{})
+		var once atomic.Bool
+		fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+			if m.Offset == 2 && once.CompareAndSwap(false, true) {
+				close(started)
+				<-release
+			}
+			return effect(ctx, tx, m)
+		}
+		ib := newInbox(t, inbox.ByOffset())
+		s := settingsOf(b, ib, fn)
+		s.drainTimeout = 5 * time.Minute
+		m := a.start(t, b, s)
+		<-started
+		m.cancel() // the member stops while offset 2's transaction is open
+		time.Sleep(100 * time.Millisecond)
+		close(release)
+		<-m.done
+		require.Equal(t, 3, b.Count(t, `SELECT count(*) FROM effects`), "offsets 0-2 committed, nothing started after")
+		require.EqualValues(t, 3, b.Committed(t, "svc", 0), "offset 2 committed after its transaction")
+
+		m2 := a.start(t, b, settingsOf(b, ib, effect))
+		testutil.Eventually(t, 60*time.Second, "the rest", func() bool { n, _ := b.Effects(t); return n == 5 })
+		m2.stop()
+		require.Zero(t, m2.stats().Duplicates, "nothing redelivered")
+	})
+}
+
+// Past DrainTimeout the transaction in flight is rolled back and its offset
+// is not committed: the next member processes the message, once. Shown for
+// both ways a partition is taken away: the member stopping, and a rebalance
+// revoking it while the member runs on (franz-go's own
+// OnPartitionsRevoked path; eager and cooperative). A cancelled attempt is
+// not a failure.
+func TestSuiteDrainTimeoutRollsBack(t *testing.T) {
+	t.Parallel()
+	forEach(t, true, func(t *testing.T, a adapter) {
+		t.Run("stop", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			b.ProduceEvents(t, events("e", 5)...)
+			started := make(chan struct{})
+			var once atomic.Bool
+			fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+				if err := effect(ctx, tx, m); err != nil {
+					return err
+				}
+				if m.Offset == 2 && once.CompareAndSwap(false, true) {
+					close(started)
+					<-ctx.Done() // stuck until the drain timeout cancels it
+					return ctx.Err()
+				}
+				return nil
+			}
+			ib := newInbox(t, inbox.ByOffset())
+			s := settingsOf(b, ib, fn)
+			s.drainTimeout = 100 * time.Millisecond
+			m := a.start(t, b, s)
+			<-started
+			m.stop()
+			require.Equal(t, 2, b.Count(t, `SELECT count(*) FROM effects`), "offset 2's effect rolled back")
+			require.EqualValues(t, 2, b.Committed(t, "svc", 0), "offset 2 not committed")
+			require.Zero(t, m.stats().Failures, "a cancelled attempt is not a failure")
+
+			m2 := a.start(t, b, settingsOf(b, ib, effect))
+			testutil.Eventually(t, 60*time.Second, "the rest", func() bool { n, _ := b.Effects(t); return n == 5 })
+			m2.stop()
+			requireExactlyOnce(t, b, 5, 1)
+		})
+		t.Run("revoked", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 2)
+			b.ProduceEvents(t, events("e", 40)...)
+			var stuck [2]atomic.Bool   // per partition: its first record got stuck once
+			var cancelled atomic.Int32 // stuck transactions the drain timeout cancelled
+			var stopping atomic.Bool   // set before the first member is stopped
+			var whileRunning atomic.Int32
+			fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+				if err := effect(ctx, tx, m); err != nil {
+					return err
+				}
+				if stuck[m.Partition].CompareAndSwap(false, true) {
+					<-ctx.Done() // stuck until the drain timeout cancels it
+					cancelled.Add(1)
+					if !stopping.Load() {
+						whileRunning.Add(1)
+					}
+					return ctx.Err()
+				}
+				return nil
+			}
+			s := settingsOf(b, newInbox(t, inbox.ByHeader(eventHeader)), fn)
+			s.drainTimeout = 100 * time.Millisecond
+			m1 := a.start(t, b, s)
+			testutil.Eventually(t, 60*time.Second, "both partitions stuck", func() bool { return stuck[0].Load() && stuck[1].Load() })
+			m2 := a.start(t, b, s) // the rebalance takes at least one partition from m1
+			testutil.Eventually(t, 60*time.Second, "a revoked transaction rolled back", func() bool { return whileRunning.Load() >= 1 })
+			stopping.Store(true)
+			m1.stop()
+			testutil.Eventually(t, 60*time.Second, "every event", func() bool { _, d := b.Effects(t); return d == 40 })
+			m2.stop()
+			requireExactlyOnce(t, b, 40, 2)
+			require.Zero(t, m1.stats().Failures+m2.stats().Failures, "a cancelled attempt is not a failure")
+			require.Zero(t, m1.stats().DeadLettered+m2.stats().DeadLettered)
+		})
+	})
+}
