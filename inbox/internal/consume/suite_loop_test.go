@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
@@ -300,5 +301,98 @@ func TestSuiteDrainTimeoutRollsBack(t *testing.T) {
 			require.Zero(t, m1.stats().Failures+m2.stats().Failures, "a cancelled attempt is not a failure")
 			require.Zero(t, m1.stats().DeadLettered+m2.stats().DeadLettered)
 		})
+	})
+}
+
+// The members' database connections are killed (pg_terminate_backend) over
+// and over while they work, at any point of their transactions, commits
+// included: every event still gets exactly one business row, and a killed
+// connection is never counted against a message. One member one by one, one
+// in batches.
+func TestSuiteDatabaseConnectionsKilled(t *testing.T) {
+	t.Parallel()
+	forEach(t, false, func(t *testing.T, a adapter) {
+		ctx := context.Background()
+		b := setup(t, 3)
+		const n = 1500
+		b.ProduceEvents(t, events("e", n)...)
+		app := "pgbox-kill-" + b.DB.Schema
+		s := settingsOf(b, newInbox(t, inbox.ByOffset()), effect)
+		s.pool = consumetest.PoolWithAppName(t, b.DB, app, 8)
+		s.retryBackoff = 5 * time.Millisecond
+		m1 := a.start(t, b, s)
+		s.batch = 25
+		m2 := a.start(t, b, s)
+		killed := 0
+		// Kill every 20-60 ms; while a kill finds the members without
+		// progress since the previous one (a loaded machine reconnects
+		// slowly), the pause doubles up to a second, so kills keep landing
+		// at every point of a transaction without starving the members.
+		last, pause, stalled := -1, time.Duration(0), time.Now()
+		for {
+			rows, _ := b.Effects(t)
+			if rows >= n {
+				break
+			}
+			if rows > last {
+				last, pause, stalled = rows, time.Duration(20+killed%5*10)*time.Millisecond, time.Now()
+			} else {
+				pause = min(2*pause, time.Second)
+			}
+			if time.Since(stalled) > 2*time.Minute { // liveness only
+				t.Fatalf("no progress for 2 minutes under connection kills (%d of %d rows, %d backends killed)", rows, n, killed)
+			}
+			var k int
+			require.NoError(t, b.DB.Pool.QueryRow(ctx,
+				`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&k))
+			killed += k
+			time.Sleep(pause)
+		}
+		m1.stop()
+		m2.stop()
+		requireEffects(t, b, n)
+		st := addStats(m1.stats(), m2.stats())
+		require.Positive(t, st.TransientErrors, "the kills hit the members")
+		require.Zero(t, st.DeadLettered)
+		require.Zero(t, st.Failures, "killed connections never count as handler failures")
+	})
+}
+
+// A topic deleted and recreated under the same name restarts its offsets at
+// 0; with topic ids in the keys (inboxsarama's Config.Client, inboxfranz's
+// Config.TopicIDs) its messages are new, not duplicates.
+func TestSuiteTopicRecreatedIsNotDuplicate(t *testing.T) {
+	t.Parallel()
+	forEach(t, false, func(t *testing.T, a adapter) {
+		b := setup(t, 1)
+		s := settingsOf(b, newInbox(t, inbox.ByOffset()), effect)
+		s.topicIDs = true
+		b.ProduceEvents(t, "old-0", "old-1")
+		m := a.start(t, b, s)
+		testutil.Eventually(t, 60*time.Second, "old effects", func() bool { n, _ := b.Effects(t); return n == 2 })
+		m.stop()
+
+		admin, err := sarama.NewClusterAdmin(b.Addrs, kafkatest.Config())
+		require.NoError(t, err)
+		defer admin.Close()
+		require.NoError(t, admin.DeleteTopic(b.Topic))
+		testutil.Eventually(t, 10*time.Second, "topic deleted", func() bool {
+			ts, err := admin.ListTopics()
+			require.NoError(t, err)
+			_, ok := ts[b.Topic]
+			return !ok
+		})
+		require.NoError(t, admin.CreateTopic(b.Topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false))
+		// The group's committed offset (2) is past the new topic's end: start over.
+		require.NoError(t, admin.DeleteConsumerGroup("svc"))
+		b.ProduceEvents(t, "new-0", "new-1")
+
+		m = a.start(t, b, s)
+		testutil.Eventually(t, 60*time.Second, "new effects", func() bool { n, _ := b.Effects(t); return n == 4 })
+		m.stop()
+		requireEffects(t, b, 4)
+		require.Zero(t, m.stats().Duplicates)
+		require.Equal(t, 2, b.Count(t, `SELECT count(DISTINCT split_part(split_part(key, '@', 2), '/', 1)) FROM pgbox_inbox`),
+			"keys of the two incarnations carry different topic ids")
 	})
 }

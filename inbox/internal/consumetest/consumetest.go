@@ -9,11 +9,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -45,6 +47,24 @@ func Setup(t testing.TB, partitions int32, moreTopics ...string) *World {
 	c := kafkatest.New(t, kfake.SeedTopics(partitions, append([]string{"events"}, moreTopics...)...),
 		kfake.BrokerConfigs(map[string]string{"group.min.session.timeout.ms": "500"}))
 	return &World{DB: db, Kafka: c, Addrs: c.ListenAddrs(), Topic: "events"}
+}
+
+// PoolWithAppName opens a pool on db's schema whose connections carry
+// application_name app, so a test can find (and kill) exactly them.
+func PoolWithAppName(t testing.TB, db *testdb.DB, app string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(db.URL)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	cfg, err := pgxpool.ParseConfig(u.String())
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // CreateEffects creates the business table Effect writes to in db.
