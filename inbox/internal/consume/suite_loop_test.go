@@ -372,19 +372,7 @@ func TestSuiteTopicRecreatedIsNotDuplicate(t *testing.T) {
 		testutil.Eventually(t, 60*time.Second, "old effects", func() bool { n, _ := b.Effects(t); return n == 2 })
 		m.stop()
 
-		admin, err := sarama.NewClusterAdmin(b.Addrs, kafkatest.Config())
-		require.NoError(t, err)
-		defer admin.Close()
-		require.NoError(t, admin.DeleteTopic(b.Topic))
-		testutil.Eventually(t, 10*time.Second, "topic deleted", func() bool {
-			ts, err := admin.ListTopics()
-			require.NoError(t, err)
-			_, ok := ts[b.Topic]
-			return !ok
-		})
-		require.NoError(t, admin.CreateTopic(b.Topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false))
-		// The group's committed offset (2) is past the new topic's end: start over.
-		require.NoError(t, admin.DeleteConsumerGroup("svc"))
+		recreateTopic(t, b)
 		b.ProduceEvents(t, "new-0", "new-1")
 
 		m = a.start(t, b, s)
@@ -394,5 +382,86 @@ func TestSuiteTopicRecreatedIsNotDuplicate(t *testing.T) {
 		require.Zero(t, m.stats().Duplicates)
 		require.Equal(t, 2, b.Count(t, `SELECT count(DISTINCT split_part(split_part(key, '@', 2), '/', 1)) FROM pgbox_inbox`),
 			"keys of the two incarnations carry different topic ids")
+	})
+}
+
+// recreateTopic deletes b's topic and creates it again, empty, under the same
+// name, and deletes the group "svc" (its committed offset is past the new
+// topic's end).
+func recreateTopic(t *testing.T, b *bundle) {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(b.Addrs, kafkatest.Config())
+	require.NoError(t, err)
+	defer admin.Close()
+	require.NoError(t, admin.DeleteTopic(b.Topic))
+	testutil.Eventually(t, 10*time.Second, "topic deleted", func() bool {
+		ts, err := admin.ListTopics()
+		require.NoError(t, err)
+		_, ok := ts[b.Topic]
+		return !ok
+	})
+	require.NoError(t, admin.CreateTopic(b.Topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false))
+	require.NoError(t, admin.DeleteConsumerGroup("svc"))
+}
+
+func newWatermarkInbox(t *testing.T) *inbox.Inbox {
+	t.Helper()
+	ib, err := inbox.New(inbox.Config{Consumer: "svc", Dedup: inbox.DedupWatermark})
+	require.NoError(t, err)
+	return ib
+}
+
+// Watermark mode: the group's offset reset forwards, past records never
+// processed, is logged and counted, not silent. (Reset backwards, it
+// reprocesses nothing: TestSuiteWatermarkRewind.)
+func TestSuiteWatermarkOffsetResets(t *testing.T) {
+	t.Parallel()
+	forEach(t, false, func(t *testing.T, a adapter) {
+		b := setup(t, 1)
+		var logs testutil.SyncBuffer
+		s := settingsOf(b, newWatermarkInbox(t), effect)
+		s.batch, s.logger = 10, slog.New(slog.NewTextHandler(&logs, nil))
+		b.ProduceEvents(t, events("a", 100)...)
+		m := a.start(t, b, s)
+		testutil.Eventually(t, 60*time.Second, "first pass", func() bool { return b.Committed(t, "svc", 0) == 100 })
+		m.stop()
+		require.Equal(t, 100, b.Count(t, `SELECT count(*) FROM effects`))
+
+		// Jump forward past 50 records nobody processed.
+		b.ProduceEvents(t, events("b", 60)...)
+		b.ResetOffset(t, "svc", 150)
+		m = a.start(t, b, s)
+		testutil.Eventually(t, 60*time.Second, "after the jump", func() bool { return b.Committed(t, "svc", 0) == 160 })
+		m.stop()
+		require.EqualValues(t, 10, m.stats().Processed)
+		require.EqualValues(t, 1, m.stats().Gaps)
+		require.Contains(t, logs.String(), "level=WARN")
+		require.Contains(t, logs.String(), "gap=50 first_skipped_offset=100")
+		require.Equal(t, 110, b.Count(t, `SELECT count(*) FROM effects`))
+	})
+}
+
+// Watermark mode: a topic deleted and recreated under the same name restarts
+// its offsets at 0; with topic ids the watermark row starts over for the new
+// topic instead of taking its records for duplicates.
+func TestSuiteWatermarkTopicRecreated(t *testing.T) {
+	t.Parallel()
+	forEach(t, false, func(t *testing.T, a adapter) {
+		b := setup(t, 1)
+		s := settingsOf(b, newWatermarkInbox(t), effect)
+		s.topicIDs = true
+		b.ProduceEvents(t, "old-0", "old-1", "old-2")
+		m := a.start(t, b, s)
+		testutil.Eventually(t, 60*time.Second, "old effects", func() bool { n, _ := b.Effects(t); return n == 3 })
+		m.stop()
+		recreateTopic(t, b)
+		b.ProduceEvents(t, "new-0", "new-1")
+		m = a.start(t, b, s)
+		testutil.Eventually(t, 60*time.Second, "new effects", func() bool { n, _ := b.Effects(t); return n == 5 })
+		m.stop()
+		requireEffects(t, b, 5)
+		require.Zero(t, m.stats().Duplicates)
+		require.Zero(t, m.stats().Gaps)
+		require.Equal(t, 1, b.Count(t, `SELECT count(*) FROM pgbox_inbox_watermark WHERE "offset" = 1 AND topic_id <> ''`))
 	})
 }
