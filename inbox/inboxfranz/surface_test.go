@@ -111,7 +111,14 @@ func TestRunEndsWhenNoBalancerIsShared(t *testing.T) {
 	// The sarama member (range, sarama's default) forms the group first.
 	h, err := inboxsarama.NewHandler(w.DB.Pool, ib, consumetest.Effect, inboxsarama.Config{})
 	require.NoError(t, err)
-	cg, err := sarama.NewConsumerGroup(w.Addrs, "svc", consumetest.GroupConfig())
+	// Generous group timings: the sarama member must stay in the group on a
+	// loaded machine (were it dropped, the franz-go member would form the
+	// group alone and the sarama one be the member refused).
+	cfg := consumetest.GroupConfig()
+	cfg.Consumer.Group.Session.Timeout = 60 * time.Second
+	cfg.Consumer.Group.Heartbeat.Interval = time.Second
+	cfg.Consumer.Group.Rebalance.Timeout = 60 * time.Second
+	cg, err := sarama.NewConsumerGroup(w.Addrs, "svc", cfg)
 	require.NoError(t, err)
 	sctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
