@@ -26,7 +26,6 @@ const eventHeader = consumetest.EventHeader
 var (
 	cgSetup      = consumetest.Setup
 	cgConfig     = consumetest.GroupConfig
-	record       = consumetest.Record
 	effect       = consumetest.Effect
 	events       = consumetest.Events
 	newTestInbox = consumetest.NewInbox

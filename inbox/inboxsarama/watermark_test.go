@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/inbox/internal/consumetest"
 	"github.com/pgbox/pgbox/internal/testutil"
 )
 
@@ -50,7 +51,7 @@ func TestConsumerWatermarkRebalances(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := cgSetup(t, 4)
-			msgs, unique := sends(b.Topic, "ev", 6000, rand.New(rand.NewPCG(3, 4)))
+			msgs, unique := consumetest.Resends(b.Topic, "ev", 6000, rand.New(rand.NewPCG(3, 4)))
 			ib := newWatermarkInbox(t, "svc")
 			if withKeys {
 				ib = newWatermarkInbox(t, "svc", inbox.ByHeader(eventHeader))

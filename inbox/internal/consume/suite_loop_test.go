@@ -7,7 +7,10 @@ package consume_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -463,5 +466,107 @@ func TestSuiteWatermarkTopicRecreated(t *testing.T) {
 		require.Zero(t, m.stats().Duplicates)
 		require.Zero(t, m.stats().Gaps)
 		require.Equal(t, 1, b.Count(t, `SELECT count(*) FROM pgbox_inbox_watermark WHERE "offset" = 1 AND topic_id <> ''`))
+	})
+}
+
+// Members join and leave one group while records are produced, a fifth of
+// them resends of an earlier event id, batch sizes alternating so both paths
+// meet in one group: every event has exactly one business row, and every
+// resend is a duplicate. Eager and cooperative.
+func TestSuiteRebalancesWithResends(t *testing.T) {
+	t.Parallel()
+	forEach(t, true, func(t *testing.T, a adapter) {
+		b := setup(t, 4)
+		msgs, unique := consumetest.Resends(b.Topic, "ev", 4000, rand.New(rand.NewPCG(1, 2)))
+		ib := newInbox(t, inbox.ByHeader(eventHeader))
+		var members []*member
+		join := func() *member {
+			s := settingsOf(b, ib, effect)
+			s.batch = []int{50, 1, 20}[len(members)%3]
+			m := a.start(t, b, s)
+			members = append(members, m)
+			return m
+		}
+		chunk := func(i int) { b.Produce(t, msgs[i*400:(i+1)*400]...) }
+		m1 := join()
+		chunk(0)
+		chunk(1)
+		m2 := join() // rebalance: m1 and m2 share the partitions
+		chunk(2)
+		chunk(3)
+		m1.stop() // rebalance: m2 takes everything, mid-stream
+		chunk(4)
+		m3 := join()
+		chunk(5)
+		chunk(6)
+		m2.stop()
+		m4 := join()
+		chunk(7)
+		chunk(8)
+		m3.stop()
+		chunk(9)
+		testutil.Eventually(t, 2*time.Minute, "every event processed", func() bool { _, d := b.Effects(t); return d == unique })
+		m4.stop()
+		requireEffects(t, b, unique)
+		var st inbox.ConsumerStats
+		for _, m := range members {
+			st = addStats(st, m.stats())
+		}
+		require.EqualValues(t, unique, st.Processed)
+		require.GreaterOrEqual(t, st.Duplicates, uint64(len(msgs)-unique), "every resend was a duplicate")
+	})
+}
+
+// The loop runs Process and ProcessBatch without their savepoint (it owns
+// the transaction, and BEGIN goes out with the dedup step): a handler that
+// wrote and then failed must still leave nothing behind, and no message's
+// effect may commit twice, in keyed and watermark mode, one by one and in
+// batches. Every third message's handler writes its effect, then fails once;
+// a savepoint the handler opens itself still works.
+func TestSuiteHandlerErrorRollsBackWholeTx(t *testing.T) {
+	t.Parallel()
+	forEach(t, false, func(t *testing.T, a adapter) {
+		for _, mode := range []inbox.Dedup{inbox.DedupKeys, inbox.DedupWatermark} {
+			for _, batch := range []int{1, 10} {
+				b := setup(t, 2)
+				b.ProduceEvents(t, events("e", 60)...)
+				var mu sync.Mutex
+				failed := map[string]bool{}
+				fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+					// A savepoint of the handler's own, rolled back: its write goes.
+					sp, err := tx.Begin(ctx)
+					if err != nil {
+						return err
+					}
+					if err := effect(ctx, sp, m); err != nil {
+						return err
+					}
+					if err := sp.Rollback(ctx); err != nil {
+						return err
+					}
+					if err := effect(ctx, tx, m); err != nil {
+						return err
+					}
+					ev, _ := m.Header(eventHeader)
+					mu.Lock()
+					defer mu.Unlock()
+					if m.Offset%3 == 0 && !failed[string(ev)] {
+						failed[string(ev)] = true
+						return fmt.Errorf("transient failure of %s", ev)
+					}
+					return nil
+				}
+				ib, err := inbox.New(inbox.Config{Consumer: "svc", Dedup: mode})
+				require.NoError(t, err)
+				s := settingsOf(b, ib, fn)
+				s.batch = batch
+				m := a.start(t, b, s)
+				testutil.Eventually(t, 60*time.Second, "every message processed", func() bool { _, d := b.Effects(t); return d == 60 })
+				m.stop()
+				requireEffects(t, b, 60)
+				require.NotZero(t, m.stats().Failures, "%v, batch %d", mode, batch)
+				require.EqualValues(t, 60, m.stats().Processed, "%v, batch %d", mode, batch)
+			}
+		}
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"testing"
 	"time"
@@ -112,6 +113,27 @@ func (w *World) Produce(t testing.TB, msgs ...*sarama.ProducerMessage) {
 		require.NoError(t, p.SendMessages(msgs[:n]))
 		msgs = msgs[n:]
 	}
+}
+
+// Resends builds n records of which about a fifth resend an earlier event id
+// (same payload, a different record key, so resends land on other partitions
+// and race their originals across members). It returns the records and the
+// number of distinct events.
+func Resends(topic, prefix string, n int, rng *rand.Rand) ([]*sarama.ProducerMessage, int) {
+	msgs := make([]*sarama.ProducerMessage, n)
+	unique := 0
+	for i := range msgs {
+		ev := fmt.Sprintf("%s-%05d", prefix, unique)
+		if unique > 0 && rng.IntN(5) == 0 {
+			ev = fmt.Sprintf("%s-%05d", prefix, rng.IntN(unique))
+		} else {
+			unique++
+		}
+		m := Record(topic, ev)
+		m.Key = sarama.StringEncoder(fmt.Sprintf("send-%d", i))
+		msgs[i] = m
+	}
+	return msgs, unique
 }
 
 // ProduceEvents sends one Record per event to Topic.
