@@ -368,24 +368,31 @@ func TestSuiteTopicRecreatedIsNotDuplicate(t *testing.T) {
 	t.Parallel()
 	forEach(t, false, func(t *testing.T, a adapter) {
 		b := setup(t, 1)
-		s := settingsOf(b, newInbox(t, inbox.ByOffset()), effect)
-		s.topicIDs = true
-		b.ProduceEvents(t, "old-0", "old-1")
-		m := a.start(t, b, s)
-		testutil.Eventually(t, 60*time.Second, "old effects", func() bool { n, _ := b.Effects(t); return n == 2 })
-		m.stop()
-
-		recreateTopic(t, b)
-		b.ProduceEvents(t, "new-0", "new-1")
-
-		m = a.start(t, b, s)
-		testutil.Eventually(t, 60*time.Second, "new effects", func() bool { n, _ := b.Effects(t); return n == 4 })
-		m.stop()
+		m := acrossRecreation(t, a, b, newInbox(t, inbox.ByOffset()), 2)
 		requireEffects(t, b, 4)
 		require.Zero(t, m.stats().Duplicates)
 		require.Equal(t, 2, b.Count(t, `SELECT count(DISTINCT split_part(split_part(key, '@', 2), '/', 1)) FROM pgbox_inbox`),
 			"keys of the two incarnations carry different topic ids")
 	})
+}
+
+// acrossRecreation has a member with topic ids on consume old events, then,
+// after the topic was recreated, two new ones; it returns that member,
+// stopped.
+func acrossRecreation(t *testing.T, a adapter, b *bundle, ib *inbox.Inbox, old int) *member {
+	t.Helper()
+	s := settingsOf(b, ib, effect)
+	s.topicIDs = true
+	b.ProduceEvents(t, events("old", old)...)
+	m := a.start(t, b, s)
+	testutil.Eventually(t, 60*time.Second, "old effects", func() bool { n, _ := b.Effects(t); return n == old })
+	m.stop()
+	recreateTopic(t, b)
+	b.ProduceEvents(t, events("new", 2)...)
+	m = a.start(t, b, s)
+	testutil.Eventually(t, 60*time.Second, "new effects", func() bool { n, _ := b.Effects(t); return n == old+2 })
+	m.stop()
+	return m
 }
 
 // recreateTopic deletes b's topic and creates it again, empty, under the same
@@ -451,17 +458,7 @@ func TestSuiteWatermarkTopicRecreated(t *testing.T) {
 	t.Parallel()
 	forEach(t, false, func(t *testing.T, a adapter) {
 		b := setup(t, 1)
-		s := settingsOf(b, newWatermarkInbox(t), effect)
-		s.topicIDs = true
-		b.ProduceEvents(t, "old-0", "old-1", "old-2")
-		m := a.start(t, b, s)
-		testutil.Eventually(t, 60*time.Second, "old effects", func() bool { n, _ := b.Effects(t); return n == 3 })
-		m.stop()
-		recreateTopic(t, b)
-		b.ProduceEvents(t, "new-0", "new-1")
-		m = a.start(t, b, s)
-		testutil.Eventually(t, 60*time.Second, "new effects", func() bool { n, _ := b.Effects(t); return n == 5 })
-		m.stop()
+		m := acrossRecreation(t, a, b, newWatermarkInbox(t), 3)
 		requireEffects(t, b, 5)
 		require.Zero(t, m.stats().Duplicates)
 		require.Zero(t, m.stats().Gaps)
