@@ -50,7 +50,7 @@ type ConsumerStats struct {
 	Processed       uint64 // messages whose handler ran and whose transaction committed
 	Duplicates      uint64 // messages skipped as already processed, committed
 	Failures        uint64 // handler attempts that failed (each counts toward MaxAttempts)
-	TransientErrors uint64 // attempts that failed on a retryable database error (not counted as attempts)
+	TransientErrors uint64 // database errors retried, in any step (a claim's start, a message, a batch, recording an attempt, a dead letter); never counted as attempts
 	OperatorErrors  uint64 // database errors that need an operator and ended a claim (not counted as attempts)
 	Retries         uint64 // attempts repeated after a failure of either kind
 	DeadLettered    uint64 // messages dead-lettered
