@@ -143,7 +143,7 @@ func startPayments(t *testing.T, db *testdb.DB, addrs []string) *payments {
 	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 		ev, _ := m.Header("event-id")
 		if _, bad := p.broken.Load(string(ev)); bad {
-			return inboxsarama.Permanent(fmt.Errorf("charge %s: card processor rejected the currency", ev))
+			return inbox.Permanent(fmt.Errorf("charge %s: card processor rejected the currency", ev))
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO charges (event, inbox_offset) VALUES ($1, $2)`, string(ev), m.Offset)
 		return err

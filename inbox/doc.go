@@ -53,7 +53,7 @@
 // The replay is therefore processed (once: its own redeliveries are
 // duplicates), and a rewind that delivers the original record again still
 // finds the original key and skips it. This holds for Process, ProcessBatch
-// and the sarama adapter alike.
+// and both consumer adapters alike.
 //
 // # Offset watermarks: dedup without per-message state
 //
@@ -64,8 +64,8 @@
 // record at or below it is a duplicate. State is O(partitions), updated in
 // place, and cleanup has nothing to do for such a consumer.
 //
-// Choose it when the consumer processes each partition in offset order (the
-// inboxsarama adapter does, at any batch size) and duplicates come from
+// Choose it when the consumer processes each partition in offset order (both
+// consumer adapters do, at any batch size) and duplicates come from
 // redelivery (crash before the offset commit, rebalance, rewind). Keep
 // DedupKeys when messages of a partition are processed out of order or in
 // parallel (a watermark would take a skipped-over message for a duplicate),
@@ -136,7 +136,8 @@
 // HTTP handler, uses it the same way. For a ready-made consumer that runs
 // this loop (offsets, batches, retries, dead letters, topic ids), see package
 // inbox/inboxsarama (a sarama consumer-group handler) or inbox/inboxfranz (a
-// franz-go group consumer); they share one loop. Permanent and
-// ConsumerStats are theirs, kept here so a handler and a metrics exporter
-// work with either.
+// franz-go group consumer); they share one loop, and everything a user names
+// of it lives here, once, for both: ConsumerConfig with its defaults and
+// NoXxx sentinels, Permanent, ConsumerStats and the HeaderDLQ* headers, so a
+// handler, its settings and a metrics exporter work with either client.
 package inbox

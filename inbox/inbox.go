@@ -137,8 +137,9 @@ const (
 	DedupKeys Dedup = iota
 	// DedupWatermark records, per (consumer, topic, partition), the highest
 	// offset processed, in pgbox_inbox_watermark; a record at or below it is
-	// a duplicate. Requires processing each partition in offset order (the
-	// inboxsarama adapter does). O(partitions) rows, nothing to clean up.
+	// a duplicate. Requires processing each partition in offset order (both
+	// consumer adapters, inboxsarama and inboxfranz, do). O(partitions) rows,
+	// nothing to clean up.
 	DedupWatermark
 	// DedupWatermarkAndKeys is DedupWatermark for redeliveries plus keyed
 	// dedup with Config.Key (an event id) for duplicates a producer sent
@@ -240,7 +241,7 @@ type Result struct {
 	// records deleted by retention before the consumer got to them), and
 	// also when the group's offset was reset forward past records: the
 	// message is processed, the gap is counted in Stats.Gaps, and the
-	// inboxsarama adapter logs it, so a skip is never silent. 0 otherwise.
+	// consumer adapters log it, so a skip is never silent. 0 otherwise.
 	Gap int64
 }
 

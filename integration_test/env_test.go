@@ -256,7 +256,7 @@ func pay(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 	s, _ := m.Header(seqHeader)
 	seq, err := strconv.Atoi(string(s))
 	if err != nil {
-		return inboxsarama.Permanent(fmt.Errorf("event %s: bad seq header %q", id, s))
+		return inbox.Permanent(fmt.Errorf("event %s: bad seq header %q", id, s))
 	}
 	key := string(m.Key)
 	if _, err := tx.Exec(ctx, `INSERT INTO payments (event_id, key, seq) VALUES ($1, $2, $3)`, string(id), key, seq); err != nil {

@@ -67,7 +67,7 @@ func startConsumer(t *testing.T, db *testdb.DB, brokers []string, fixed *atomic.
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO effects (value) VALUES ($1)`, string(m.Value))
 		return err
-	}, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{MaxAttempts: 2, RetryBackoff: inboxsarama.NoRetryBackoff}})
+	}, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{MaxAttempts: 2, RetryBackoff: inbox.NoRetryBackoff}})
 	require.NoError(t, err)
 	group, err := sarama.NewConsumerGroup(brokers, "payments-svc", kafkatest.Config())
 	require.NoError(t, err)

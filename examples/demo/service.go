@@ -85,7 +85,7 @@ func (s paymentService) newConsumer(pool *pgxpool.Pool, dedupKey string, log *sl
 func (s paymentService) charge(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
 	var o harness.Order
 	if err := json.Unmarshal(m.Value, &o); err != nil {
-		return inboxsarama.Permanent(fmt.Errorf("order at %s/%d@%d is not JSON: %w", m.Topic, m.Partition, m.Offset, err))
+		return inbox.Permanent(fmt.Errorf("order at %s/%d@%d is not JSON: %w", m.Topic, m.Partition, m.Offset, err))
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO demo_charges (order_id, customer, amount_cents) VALUES ($1, $2, $3)`,
 		o.OrderID, o.Customer, o.AmountCents); err != nil {

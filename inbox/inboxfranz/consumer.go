@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgbox/pgbox/inbox"
@@ -22,12 +24,14 @@ const pollMax = 10000
 // inbox. NewConsumer makes one; Run consumes until its ctx ends; Close
 // leaves the group.
 type Consumer struct {
-	cl   *kgo.Client
-	loop *consume.Loop
-	cfg  Config
-	log  *slog.Logger
+	cl    *kgo.Client
+	loop  *consume.Loop
+	cfg   Config
+	log   *slog.Logger
+	group string
 
-	ran atomic.Bool
+	ran     atomic.Bool
+	closing atomic.Bool // Close was called: a revocation commits nothing more
 
 	// mu guards parts and marks.
 	mu    sync.Mutex
@@ -48,9 +52,9 @@ type tp struct {
 
 // NewConsumer returns a Consumer over a new kgo client built from opts, which
 // name the brokers, the group and its topics: kgo.SeedBrokers,
-// kgo.ConsumerGroup, kgo.ConsumeTopics, and kgo.DisableAutoCommit, because
-// the Consumer commits each offset itself, only after the transaction of
-// its record committed:
+// kgo.ConsumerGroup, kgo.ConsumeTopics. The Consumer commits each offset
+// itself, only after the transaction of its record committed, so it adds
+// kgo.DisableAutoCommit to opts (passing it too is harmless):
 //
 //	BEGIN; ib.Process(msg, fn) or ib.ProcessBatch(msgs, fn); COMMIT; mark; commit the offset
 //
@@ -60,7 +64,7 @@ type tp struct {
 // NewHandler handles them (the two adapters share one loop): retryable
 // database errors retry uncounted, errors that need an operator end Run,
 // handler errors count as attempts and are dead-lettered after
-// Config.MaxAttempts (at once for Permanent).
+// Config.MaxAttempts (at once for inbox.Permanent).
 //
 // The Consumer installs kgo.OnPartitionsRevoked, kgo.OnPartitionsLost and
 // kgo.BlockRebalanceOnPoll (opts must not rely on their own hooks; the
@@ -71,11 +75,16 @@ type tp struct {
 // committed to Kafka, and only then does the rebalance go on; an offset past
 // what committed in PostgreSQL is never committed. Both eager and
 // cooperative balancers work; in a group shared with sarama members (a
-// migration), use a balancer both offer, such as kgo.RangeBalancer.
+// migration), pass a balancer both offer, kgo.Balancers(kgo.RangeBalancer()):
+// kgo's default (cooperative-sticky) shares none with sarama's, so the group
+// never forms, and Run logs that once at ERROR and returns an error wrapping
+// kerr.InconsistentGroupProtocol.
 //
-// It refuses, naming the setting: a nil pool, inbox or fn, a client whose
-// autocommit is on (no kgo.DisableAutoCommit), no kgo.ConsumerGroup, and
-// an invalid Config.
+// It refuses, naming the setting: a nil pool, inbox or fn, no
+// kgo.ConsumerGroup, an invalid Config, and options that ask for the
+// autocommit the Consumer turns off (kgo.GreedyAutoCommit,
+// kgo.AutoCommitMarks, an kgo.AutoCommitInterval other than kgo's default:
+// use Config.CommitInterval or Config.CommitOffsets).
 func NewConsumer(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, cfg Config, opts ...kgo.Opt) (*Consumer, error) {
 	loop, err := consume.New(pool, ib, fn, cfg.core(), "NewConsumer")
 	if err != nil {
@@ -87,12 +96,17 @@ func NewConsumer(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, cfg 
 	if cfg.CommitInterval == 0 {
 		cfg.CommitInterval = CommitIntervalDefault
 	}
+	if cfg.LeaveTimeout == 0 {
+		cfg.LeaveTimeout = LeaveTimeoutDefault
+	}
 	c := &Consumer{
 		loop: loop, cfg: cfg, log: loop.Config().Logger,
 		parts: map[tp]*part{}, marks: map[tp]*mark{},
 		fatal: make(chan error, 1),
 	}
 	all := append(append([]kgo.Opt(nil), opts...),
+		// Offsets are committed by the Consumer, after each transaction.
+		kgo.DisableAutoCommit(),
 		// A poll and the queuing of its records is one step to a
 		// rebalance: records polled before a revocation are never
 		// queued after it (AllowRebalance follows each poll at once).
@@ -102,14 +116,17 @@ func NewConsumer(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, cfg 
 	)
 	cl, err := kgo.NewClient(all...)
 	if err != nil {
-		// kgo refuses group settings without kgo.ConsumerGroup itself.
-		return nil, fmt.Errorf("inboxfranz: NewConsumer: %w (the Consumer needs a group consumer: kgo.ConsumerGroup(name), kgo.ConsumeTopics(...), kgo.DisableAutoCommit())", err)
+		// kgo refuses group settings without kgo.ConsumerGroup, and
+		// autocommit modes beside kgo.DisableAutoCommit, itself.
+		return nil, fmt.Errorf("inboxfranz: NewConsumer: %w (the Consumer needs a group consumer, kgo.ConsumerGroup(name) and kgo.ConsumeTopics(...), "+
+			"and commits offsets itself: leave out kgo.GreedyAutoCommit and kgo.AutoCommitMarks)", err)
 	}
 	if err := checkClient(cl); err != nil {
 		cl.Close()
 		return nil, err
 	}
 	c.cl = cl
+	c.group, _ = cl.OptValue(kgo.ConsumerGroup).(string)
 	return c, nil
 }
 
@@ -118,19 +135,23 @@ func checkClient(cl *kgo.Client) error {
 	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g == "" {
 		return errors.New("inboxfranz: NewConsumer: no consumer group: pass kgo.ConsumerGroup(name) (offsets are committed to a group)")
 	}
-	if off, _ := cl.OptValue(kgo.DisableAutoCommit).(bool); !off {
-		return errors.New("inboxfranz: NewConsumer: the client's autocommit is on: pass kgo.DisableAutoCommit() " +
-			"(autocommit would commit offsets of records whose transaction has not committed; the Consumer commits each offset after its transaction)")
+	if d, _ := cl.OptValue(kgo.AutoCommitInterval).(time.Duration); d != kgoAutoCommitInterval {
+		return fmt.Errorf("inboxfranz: NewConsumer: kgo.AutoCommitInterval(%v) asks for autocommit, which the Consumer turns off "+
+			"(it commits each offset after its transaction): leave it out and set Config.CommitInterval instead", d)
 	}
 	return nil
 }
+
+// kgoAutoCommitInterval is kgo's default kgo.AutoCommitInterval: any other
+// value was set by the caller (TestNewConsumerAutocommit keeps it true).
+const kgoAutoCommitInterval = 5 * time.Second
 
 // Client is the kgo client the Consumer consumes with (to read its
 // settings, or to produce): do not poll it, commit with it or close it.
 func (c *Consumer) Client() *kgo.Client { return c.cl }
 
 // Stats returns the counters so far.
-func (c *Consumer) Stats() Stats { return c.loop.Stats() }
+func (c *Consumer) Stats() inbox.ConsumerStats { return c.loop.Stats() }
 
 // Run consumes until ctx ends (then it returns nil) or a database error that
 // needs an operator ends a partition's processing (then it returns that
@@ -184,6 +205,10 @@ func (c *Consumer) queue(ctx context.Context, cancel context.CancelFunc, fs kgo.
 		return
 	}
 	fs.EachError(func(topic string, partition int32, err error) {
+		if errors.Is(err, kerr.InconsistentGroupProtocol) {
+			c.noCommonBalancer(ctx, cancel, err)
+			return
+		}
 		if !errors.Is(err, context.Canceled) {
 			c.log.WarnContext(ctx, "pgbox: fetch failed (the client retries)", "topic", topic, "partition", partition, "error", err)
 		}
@@ -195,8 +220,37 @@ func (c *Consumer) queue(ctx context.Context, cancel context.CancelFunc, fs kgo.
 	})
 }
 
-// Close leaves the group (committing the offsets of committed transactions
-// on the way out) and closes the client. Call it after Run returned.
+// noCommonBalancer ends Run: the group's members share no balancer (kgo's
+// default, cooperative-sticky, beside sarama members offering range), so
+// this member can never join, and kgo would retry the join forever.
+func (c *Consumer) noCommonBalancer(ctx context.Context, cancel context.CancelFunc, err error) {
+	err = fmt.Errorf("inboxfranz: the group's members share no partition balancer, so this member cannot join (sarama members offer range by default; "+
+		"pass kgo.Balancers(kgo.RangeBalancer()), or another balancer every member offers): %w", err)
+	select {
+	case c.fatal <- err:
+		c.log.ErrorContext(ctx, "pgbox: consumer group has no balancer in common, ending Run: pass kgo.Balancers(kgo.RangeBalancer())",
+			"group", c.group, "error", err)
+		cancel()
+	default: // Run is ending already
+	}
+}
+
+// Close leaves the group and closes the client. Call it after Run returned
+// (Run committed the offsets of committed transactions). It waits at most
+// Config.LeaveTimeout for the group to be left (see there), so it returns
+// within that bound even while a rebalance is under way or the broker does
+// not answer.
 func (c *Consumer) Close() {
+	c.closing.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.LeaveTimeout)
+	defer cancel()
+	// Past the bound kgo stops waiting and gives the leave up; Close then
+	// returns at once (kgo.Client.Close waits for a leave only once).
+	if err := c.cl.LeaveGroupContext(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		c.log.WarnContext(ctx, "pgbox: leaving the consumer group failed (the group notices after its session timeout)", "error", err)
+	} else if err != nil {
+		c.log.WarnContext(ctx, "pgbox: leaving the consumer group timed out (the group notices after its session timeout)",
+			"leave_timeout", c.cfg.LeaveTimeout)
+	}
 	c.cl.Close()
 }

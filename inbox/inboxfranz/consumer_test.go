@@ -24,7 +24,7 @@ func TestNewConsumerValidates(t *testing.T) {
 	require.NoError(t, err)
 	// No broker needs to answer: every check runs before the first request.
 	base := []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1"), kgo.ConsumeTopics("events")}
-	good := append([]kgo.Opt{kgo.ConsumerGroup("svc"), kgo.DisableAutoCommit()}, base...)
+	good := append([]kgo.Opt{kgo.ConsumerGroup("svc")}, base...)
 	for _, tc := range []struct {
 		name string
 		mk   func() (*inboxfranz.Consumer, error)
@@ -51,11 +51,8 @@ func TestNewConsumerValidates(t *testing.T) {
 		{"bad dlq topic", func() (*inboxfranz.Consumer, error) {
 			return inboxfranz.NewConsumer(db.Pool, ib, noop, inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{DeadLetterTopic: "dead letters"}}, good...)
 		}, `Config.DeadLetterTopic "dead letters"`},
-		{"autocommit on", func() (*inboxfranz.Consumer, error) {
-			return inboxfranz.NewConsumer(db.Pool, ib, noop, inboxfranz.Config{}, append([]kgo.Opt{kgo.ConsumerGroup("svc")}, base...)...)
-		}, "kgo.DisableAutoCommit()"},
 		{"no group", func() (*inboxfranz.Consumer, error) {
-			return inboxfranz.NewConsumer(db.Pool, ib, noop, inboxfranz.Config{}, append([]kgo.Opt{kgo.DisableAutoCommit()}, base...)...)
+			return inboxfranz.NewConsumer(db.Pool, ib, noop, inboxfranz.Config{}, base...)
 		}, "kgo.ConsumerGroup"},
 	} {
 		c, err := tc.mk()
@@ -66,15 +63,6 @@ func TestNewConsumerValidates(t *testing.T) {
 	c, err := inboxfranz.NewConsumer(db.Pool, ib, noop, inboxfranz.Config{}, good...)
 	require.NoError(t, err)
 	c.Close()
-}
-
-func TestPermanent(t *testing.T) {
-	t.Parallel()
-	require.NoError(t, inboxfranz.Permanent(nil))
-	err := inboxfranz.Permanent(context.DeadlineExceeded)
-	require.ErrorIs(t, err, inboxfranz.ErrPermanent)
-	require.ErrorIs(t, err, inbox.ErrPermanent, "one sentinel for both adapters")
-	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
 func TestMessage(t *testing.T) {

@@ -19,8 +19,10 @@
 //
 // Marked offsets are committed to Kafka every Config.CommitInterval (or
 // after each transaction with Config.CommitOffsets), when a partition is
-// revoked, and when Run returns. The client's own autocommit must be off
-// (kgo.DisableAutoCommit): NewConsumer refuses a client without it. A
+// revoked, and when Run returns. The client's own autocommit is turned off
+// by NewConsumer (kgo.DisableAutoCommit); options that ask for it
+// (kgo.GreedyAutoCommit, kgo.AutoCommitMarks, kgo.AutoCommitInterval) are
+// refused. A
 // partition revoked mid-transaction lets the transaction commit within
 // Config.DrainTimeout, commits its offset, and only then lets the rebalance
 // go on; a partition lost (the member fenced) commits nothing. Either way no
@@ -35,14 +37,15 @@
 // inbox.ErrNeedsOperator that names the fix; any other error of fn counts
 // as an attempt (pgbox_consumer_attempts, shared with sarama members), is
 // retried with backoff up to Config.MaxAttempts, then dead-lettered through
-// the outbox (inbox.HeaderDLQ* headers). Permanent dead-letters at once.
+// the outbox (inbox.HeaderDLQ* headers). inbox.Permanent dead-letters at
+// once.
 //
 // # Example
 //
 //	ib, _ := inbox.New(inbox.Config{Consumer: "payments-svc", Key: inbox.ByHeader("pgbox-event-id")})
 //	c, err := inboxfranz.NewConsumer(pool, ib, fn, inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 100}},
 //		kgo.SeedBrokers(brokers...), kgo.ConsumerGroup("payments-svc"),
-//		kgo.ConsumeTopics("payments.v1"), kgo.DisableAutoCommit())
+//		kgo.ConsumeTopics("payments.v1"))
 //	defer c.Close()
 //	if err := c.Run(ctx); errors.Is(err, inbox.ErrNeedsOperator) {
 //		return err // page someone: retrying will not help

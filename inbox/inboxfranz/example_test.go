@@ -39,7 +39,6 @@ func ExampleNewConsumer() {
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumerGroup("payments-svc"),
 		kgo.ConsumeTopics("orders.v1"),
-		kgo.DisableAutoCommit(), // the Consumer commits each offset after its transaction
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 	)
 	if err != nil {

@@ -165,7 +165,9 @@ func (c *Consumer) revoke(ctx context.Context, m map[string][]int32, commit bool
 	}
 	c.commitMu.Lock()
 	defer c.commitMu.Unlock()
-	if commit {
+	// Once Close was called, Run has committed what it could; a commit
+	// here would only stretch Close past Config.LeaveTimeout.
+	if commit && !c.closing.Load() {
 		c.commitLocked(ctx, ks)
 	}
 	c.mu.Lock()

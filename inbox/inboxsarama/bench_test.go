@@ -223,7 +223,7 @@ func (h *plainHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 			sess.MarkMessage(batch[0], "")
 			continue
 		}
-		timer := time.NewTimer(inboxsarama.BatchWaitDefault)
+		timer := time.NewTimer(inbox.BatchWaitDefault)
 	fill:
 		for len(batch) < h.batch {
 			select {

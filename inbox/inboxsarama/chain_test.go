@@ -91,7 +91,7 @@ func TestConsumerChainAcrossServices(t *testing.T) {
 	hB := mustHandler(t, dbB.Pool, ibB, effect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 20}})
 
 	rng := rand.New(rand.NewPCG(3, 4))
-	msgs, unique := sends("orders", "order", 1200, rng)
+	msgs, unique := consumetest.Resends("orders", "order", 1200, rng)
 	newA := func() (*inboxsarama.Handler, *member) {
 		h := mustHandler(t, dbA.Pool, ibA, handlerA, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 10}})
 		return h, startMember(t, addrs, "svc-a", []string{"orders"}, h)

@@ -39,15 +39,15 @@
 //     grant, failed authentication): the claim ends and Consume returns the
 //     error, which wraps inbox.ErrNeedsOperator and names the fix (for
 //     pgbox's own tables, "run `relay migrate up`"). It is logged at
-//     ERROR and counted in Stats.OperatorErrors; the message is neither
-//     counted as an attempt nor dead-lettered, and its offset does not move,
+//     ERROR and counted in inbox.ConsumerStats.OperatorErrors; the message is
+//     neither counted as an attempt nor dead-lettered, and its offset does not move,
 //     so the next Consume after the fix carries on where this one stopped.
 //
 // Any other error of fn is the message's: it counts as an attempt (in
 // pgbox_consumer_attempts, surviving restarts), is retried with backoff up to
 // Config.MaxAttempts runs in all (a run inside a batch included), and is then
-// dead-lettered through the outbox (HeaderDLQ* headers say why). Permanent
-// dead-letters at once.
+// dead-lettered through the outbox (inbox.HeaderDLQ* headers say why).
+// inbox.Permanent dead-letters at once.
 //
 // # Example
 //

@@ -2,9 +2,7 @@ package inboxsarama_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -99,13 +97,13 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	require.Equal(t, poison, string(dl[0].Key))
 	require.Equal(t, "payload of "+poison, string(dl[0].Value))
 	require.Equal(t, poison, dl[0].Headers[eventHeader], "original headers kept")
-	require.Contains(t, dl[0].Headers[inboxsarama.HeaderDLQError], "account closed")
-	require.Equal(t, "3", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
-	require.Equal(t, "events", dl[0].Headers[inboxsarama.HeaderDLQSourceTopic])
-	require.Equal(t, "0", dl[0].Headers[inboxsarama.HeaderDLQSourcePart])
-	require.Equal(t, "4", dl[0].Headers[inboxsarama.HeaderDLQSourceOffset])
-	require.Equal(t, "svc", dl[0].Headers[inboxsarama.HeaderDLQConsumer])
-	require.Equal(t, poison, dl[0].Headers[inboxsarama.HeaderDLQKey])
+	require.Contains(t, dl[0].Headers[inbox.HeaderDLQError], "account closed")
+	require.Equal(t, "3", dl[0].Headers[inbox.HeaderDLQAttempts])
+	require.Equal(t, "events", dl[0].Headers[inbox.HeaderDLQSourceTopic])
+	require.Equal(t, "0", dl[0].Headers[inbox.HeaderDLQSourcePart])
+	require.Equal(t, "4", dl[0].Headers[inbox.HeaderDLQSourceOffset])
+	require.Equal(t, "svc", dl[0].Headers[inbox.HeaderDLQConsumer])
+	require.Equal(t, poison, dl[0].Headers[inbox.HeaderDLQKey])
 
 	// The key is recorded: a resend of the poison event is a duplicate.
 	b.ProduceEvents(t, poison, "e-after")
@@ -127,70 +125,8 @@ func TestConsumerPoisonMessageDeadLettered(t *testing.T) {
 	for _, h := range got[0].Headers {
 		hs[string(h.Key)] = string(h.Value)
 	}
-	require.Equal(t, "3", hs[inboxsarama.HeaderDLQAttempts])
-	require.Equal(t, "4", hs[inboxsarama.HeaderDLQSourceOffset])
-	require.Contains(t, hs[inboxsarama.HeaderDLQError], "account closed")
+	require.Equal(t, "3", hs[inbox.HeaderDLQAttempts])
+	require.Equal(t, "4", hs[inbox.HeaderDLQSourceOffset])
+	require.Contains(t, hs[inbox.HeaderDLQError], "account closed")
 	require.NotEmpty(t, hs[relay.EventIDHeader])
-}
-
-// MaxAttempts counts every run of the handler, the one inside a batch too:
-// a batch with a failing message falls back to one by one, and the failing
-// message's handler runs exactly MaxAttempts times in all (it used to run
-// once more).
-func TestConsumerMaxAttemptsInBatch(t *testing.T) {
-	t.Parallel()
-	b := cgSetup(t, 1)
-	evs := events("e", 20)
-	poison := evs[6]
-	b.ProduceEvents(t, evs...)
-
-	var calls atomic.Int64
-	fn := func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
-		if ev, _ := m.Header(eventHeader); string(ev) == poison {
-			calls.Add(1)
-			return errors.New("account closed")
-		}
-		return effect(ctx, tx, m)
-	}
-	h := mustHandler(t, b.DB.Pool, newTestInbox(t, "svc", inbox.ByHeader(eventHeader)), fn, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 10, BatchWait: 200 * time.Millisecond, MaxAttempts: 3, RetryBackoff: 10 * time.Millisecond, DeadLetterTopic: "svc.dead"}})
-	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
-	testutil.Eventually(t, 30*time.Second, "all other effects", func() bool { n, _ := b.Effects(t); return n == 19 })
-	testutil.Eventually(t, 10*time.Second, "offset committed", func() bool { return b.Committed(t, "svc", 0) == 20 })
-	m.stop()
-
-	require.EqualValues(t, 3, calls.Load(), "the handler ran MaxAttempts times, the batch run included")
-	st := h.Stats()
-	require.EqualValues(t, 1, st.DeadLettered)
-	require.EqualValues(t, 3, st.Failures)
-	dl := b.OutboxDLQ(t, "svc.dead")
-	require.Len(t, dl, 1)
-	require.Equal(t, "3", dl[0].Headers[inboxsarama.HeaderDLQAttempts])
-}
-
-// A message the inbox cannot key (ByHeader, header missing) can never
-// succeed: it is dead-lettered at once, without an inbox key.
-func TestConsumerInvalidMessageDeadLettered(t *testing.T) {
-	t.Parallel()
-	b := cgSetup(t, 1)
-	msgs := []string{"a", "b"}
-	b.ProduceEvents(t, msgs[0])
-	bad := record(b.Topic, "no-header")
-	bad.Headers = nil
-	b.Produce(t, bad)
-	b.ProduceEvents(t, msgs[1])
-
-	ib := newTestInbox(t, "svc", inbox.ByHeader(eventHeader))
-	h := mustHandler(t, b.DB.Pool, ib, effect, inboxsarama.Config{})
-	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
-	testutil.Eventually(t, 30*time.Second, "effects", func() bool { n, _ := b.Effects(t); return n == 2 })
-	m.stop()
-	require.EqualValues(t, 1, h.Stats().DeadLettered)
-	var key *string
-	var errText string
-	require.NoError(t, b.DB.Pool.QueryRow(context.Background(),
-		`SELECT key, error FROM pgbox_consumer_dead WHERE "offset" = 1`).Scan(&key, &errText))
-	require.Nil(t, key)
-	require.Contains(t, errText, "invalid message")
-	require.True(t, strings.Contains(errText, eventHeader))
-	require.Len(t, b.OutboxDLQ(t, "events.dlq"), 1)
 }

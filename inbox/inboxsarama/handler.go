@@ -3,7 +3,6 @@ package inboxsarama
 import (
 	"context"
 	"sync"
-	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -12,54 +11,14 @@ import (
 	"github.com/pgbox/pgbox/inbox/internal/consume"
 )
 
-// Defaults of Config.
-const (
-	// BatchSizeDefault is Config.BatchSize's default: one message per
-	// transaction.
-	BatchSizeDefault = consume.BatchSizeDefault
-	// BatchWaitDefault is Config.BatchWait's default.
-	BatchWaitDefault = consume.BatchWaitDefault
-	// MaxAttemptsDefault is Config.MaxAttempts's default. With the default
-	// backoff (RetryBackoffDefault doubling to MaxRetryBackoffDefault) the 24
-	// waits between the first and the last attempt add up to about three
-	// minutes: long enough to ride out a downstream
-	// service's restart or a failover before a healthy message is
-	// dead-lettered. The price: a poison message holds its partition that
-	// long (the partitions of other claims go on). A handler that knows an
-	// error cannot pass returns Permanent(err) and skips the wait.
-	MaxAttemptsDefault = consume.MaxAttemptsDefault
-	// RetryBackoffDefault is Config.RetryBackoff's default.
-	RetryBackoffDefault = consume.RetryBackoffDefault
-	// MaxRetryBackoffDefault is Config.MaxRetryBackoff's default.
-	MaxRetryBackoffDefault = consume.MaxRetryBackoffDefault
-	// DeadLetterSuffixDefault is appended to the source topic's name to make
-	// the dead-letter topic when Config.DeadLetterTopic is empty.
-	DeadLetterSuffixDefault = consume.DeadLetterSuffixDefault
-	// DrainTimeoutDefault is Config.DrainTimeout's default.
-	DrainTimeoutDefault = consume.DrainTimeoutDefault
-)
-
-// Sentinels for the Config durations whose zero is a meaningful value (a
-// zero field means the default).
-const (
-	// NoBatchWait asks Config.BatchWait for no wait: a batch is what is
-	// already buffered.
-	NoBatchWait time.Duration = -1
-	// NoRetryBackoff asks Config.RetryBackoff for no wait between retries.
-	NoRetryBackoff time.Duration = -1
-	// NoDrainTimeout asks Config.DrainTimeout for none: a transaction in
-	// flight when its session ends is rolled back at once.
-	NoDrainTimeout time.Duration = -1
-)
-
 // Config configures NewHandler. The zero value is usable: one message per
 // transaction, 25 attempts over about three minutes, dead letters to
 // "<topic>.dlq", no topic ids, offsets left to sarama's auto-commit.
 //
 // The settings both adapters share (BatchSize, BatchWait, MaxAttempts,
 // RetryBackoff, MaxRetryBackoff, DeadLetterTopic, DrainTimeout, Logger) are
-// [inbox.ConsumerConfig]'s, documented there; their defaults are this
-// package's XxxDefault constants.
+// [inbox.ConsumerConfig]'s, documented there with their defaults
+// (inbox.BatchSizeDefault…) and sentinels (inbox.NoBatchWait…).
 type Config struct {
 	inbox.ConsumerConfig
 
@@ -85,10 +44,6 @@ type Config struct {
 func (o Config) core() consume.Config {
 	return consume.Config{Name: "inboxsarama", ConsumerConfig: o.ConsumerConfig}
 }
-
-// Stats counts what a Handler did since it was made.
-// Processed and Duplicates count committed transactions only.
-type Stats = inbox.ConsumerStats
 
 // Handler is the sarama.ConsumerGroupHandler that
 // NewHandler returns. It is safe for the concurrent use sarama
@@ -135,8 +90,8 @@ var _ sarama.ConsumerGroupHandler = (*Handler)(nil)
 //     dead-lettered: one transaction records its key in the inbox (a
 //     redelivery is a duplicate), records it in pgbox_consumer_dead with the
 //     error, and writes a dead-letter record to the outbox (original key,
-//     value and headers plus the HeaderDLQ* headers) for the relay to
-//     publish; then the offset advances. Wrap an error in Permanent to
+//     value and headers plus the inbox.HeaderDLQ* headers) for the relay to
+//     publish; then the offset advances. Wrap an error in inbox.Permanent to
 //     dead-letter at once; inbox.ErrInvalidMessage and
 //     inbox.ErrFingerprintMismatch are permanent too. fn's own context
 //     deadline (or statement_timeout) is its fault, and counts.
@@ -151,7 +106,7 @@ func NewHandler(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, opts 
 }
 
 // Stats returns the counters so far.
-func (h *Handler) Stats() Stats { return h.loop.Stats() }
+func (h *Handler) Stats() inbox.ConsumerStats { return h.loop.Stats() }
 
 // Setup implements sarama.ConsumerGroupHandler. It does nothing: per-claim
 // state (topic ids, pending attempts) is read when each claim starts.

@@ -2,9 +2,6 @@ package inboxsarama_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"net/url"
 	"testing"
 	"time"
 
@@ -16,7 +13,6 @@ import (
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
 	"github.com/pgbox/pgbox/inbox/internal/consumetest"
-	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/internal/testutil"
 )
@@ -30,7 +26,6 @@ const eventHeader = consumetest.EventHeader
 var (
 	cgSetup      = consumetest.Setup
 	cgConfig     = consumetest.GroupConfig
-	record       = consumetest.Record
 	effect       = consumetest.Effect
 	events       = consumetest.Events
 	newTestInbox = consumetest.NewInbox
@@ -83,70 +78,7 @@ func mustHandler(t testing.TB, pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.Han
 	return h
 }
 
-// poolWithAppName opens a pool on the test's schema whose connections carry
-// application_name, so a test can find (and kill) exactly them.
-func poolWithAppName(t testing.TB, db *testdb.DB, app string, maxConns int32) *pgxpool.Pool {
-	t.Helper()
-	u, err := url.Parse(db.URL)
-	require.NoError(t, err)
-	q := u.Query()
-	q.Set("application_name", app)
-	u.RawQuery = q.Encode()
-	cfg, err := pgxpool.ParseConfig(u.String())
-	require.NoError(t, err)
-	cfg.MaxConns = maxConns
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
-}
-
 // --- tests ---
-
-// A topic deleted and recreated under the same name restarts its offsets at
-// 0; with topic ids in the keys its messages are new, not duplicates.
-func TestConsumerTopicRecreatedIsNotDuplicate(t *testing.T) {
-	t.Parallel()
-	b := cgSetup(t, 1)
-	ctx := context.Background()
-	client, err := sarama.NewClient(b.Addrs, cgConfig())
-	require.NoError(t, err)
-	defer client.Close()
-	ib := newTestInbox(t, "svc", inbox.ByOffset())
-	h := mustHandler(t, b.DB.Pool, ib, effect, inboxsarama.Config{Client: client})
-
-	b.ProduceEvents(t, "old-0", "old-1")
-	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
-	testutil.Eventually(t, 30*time.Second, "old effects", func() bool { n, _ := b.Effects(t); return n == 2 })
-	m.stop()
-
-	admin, err := sarama.NewClusterAdmin(b.Addrs, kafkatest.Config())
-	require.NoError(t, err)
-	defer admin.Close()
-	require.NoError(t, admin.DeleteTopic(b.Topic))
-	testutil.Eventually(t, 10*time.Second, "topic deleted", func() bool {
-		ts, err := admin.ListTopics()
-		require.NoError(t, err)
-		_, ok := ts[b.Topic]
-		return !ok
-	})
-	require.NoError(t, admin.CreateTopic(b.Topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false))
-	// The group's committed offset (2) is past the new topic's end: start over.
-	require.NoError(t, admin.DeleteConsumerGroup("svc"))
-	b.ProduceEvents(t, "new-0", "new-1")
-
-	m = startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
-	testutil.Eventually(t, 30*time.Second, "new effects", func() bool { n, _ := b.Effects(t); return n == 4 })
-	m.stop()
-	rows, distinct := b.Effects(t)
-	require.Equal(t, 4, rows)
-	require.Equal(t, 4, distinct)
-	require.Zero(t, h.Stats().Duplicates)
-	var ids int
-	require.NoError(t, b.DB.Pool.QueryRow(ctx,
-		`SELECT count(DISTINCT split_part(split_part(key, '@', 2), '/', 1)) FROM pgbox_inbox`).Scan(&ids))
-	require.Equal(t, 2, ids, "keys of the two incarnations carry different topic ids")
-}
 
 func TestNewHandlerValidates(t *testing.T) {
 	t.Parallel()
@@ -172,17 +104,6 @@ func TestNewHandlerValidates(t *testing.T) {
 	}
 	_, err := inboxsarama.NewHandler(db.Pool, ib, effect, inboxsarama.Config{})
 	require.NoError(t, err)
-}
-
-func TestPermanent(t *testing.T) {
-	t.Parallel()
-	require.NoError(t, inboxsarama.Permanent(nil))
-	base := errors.New("bad payload")
-	err := fmt.Errorf("handler: %w", inboxsarama.Permanent(base))
-	require.ErrorIs(t, err, inboxsarama.ErrPermanent)
-	require.ErrorIs(t, err, base)
-	require.Equal(t, "handler: bad payload", err.Error())
-	require.NotErrorIs(t, base, inboxsarama.ErrPermanent)
 }
 
 // The documented fallback: a client that cannot ask for topic ids (protocol

@@ -2,17 +2,15 @@ package inboxsarama_test
 
 import (
 	"context"
-	"log/slog"
 	"math/rand/v2"
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inbox/inboxsarama"
-	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/inbox/internal/consumetest"
 	"github.com/pgbox/pgbox/internal/testutil"
 )
 
@@ -53,7 +51,7 @@ func TestConsumerWatermarkRebalances(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := cgSetup(t, 4)
-			msgs, unique := sends(b.Topic, "ev", 6000, rand.New(rand.NewPCG(3, 4)))
+			msgs, unique := consumetest.Resends(b.Topic, "ev", 6000, rand.New(rand.NewPCG(3, 4)))
 			ib := newWatermarkInbox(t, "svc")
 			if withKeys {
 				ib = newWatermarkInbox(t, "svc", inbox.ByHeader(eventHeader))
@@ -133,75 +131,4 @@ func TestConsumerWatermarkRebalances(t *testing.T) {
 			}
 		})
 	}
-}
-
-// The group's offset reset forwards, past records never processed, is
-// logged and counted, not silent. (Reset backwards, it reprocesses
-// nothing: inbox/internal/consume.TestSuiteWatermarkRewind.)
-func TestConsumerWatermarkOffsetResets(t *testing.T) {
-	t.Parallel()
-	b := cgSetup(t, 1)
-	ib := newWatermarkInbox(t, "svc")
-	var logs testutil.SyncBuffer
-	opts := inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: 10, Logger: slog.New(slog.NewTextHandler(&logs, nil))}}
-	b.ProduceEvents(t, events("a", 100)...)
-	h := mustHandler(t, b.DB.Pool, ib, effect, opts)
-	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
-	testutil.Eventually(t, 30*time.Second, "first pass", func() bool { return b.Committed(t, "svc", 0) == 100 })
-	m.stop()
-	require.Equal(t, 100, b.Count(t, `SELECT count(*) FROM effects`))
-
-	// Jump forward past 50 records nobody processed.
-	b.ProduceEvents(t, events("b", 60)...)
-	b.ResetOffset(t, "svc", 150)
-	h = mustHandler(t, b.DB.Pool, ib, effect, opts)
-	m = startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
-	testutil.Eventually(t, 30*time.Second, "after the jump", func() bool { return b.Committed(t, "svc", 0) == 160 })
-	m.stop()
-	require.EqualValues(t, 10, h.Stats().Processed)
-	require.EqualValues(t, 1, h.Stats().Gaps)
-	require.Contains(t, logs.String(), "level=WARN")
-	require.Contains(t, logs.String(), "gap=50 first_skipped_offset=100")
-	require.Equal(t, 110, b.Count(t, `SELECT count(*) FROM effects`))
-}
-
-// A topic deleted and recreated under the same name restarts its offsets at
-// 0; with topic ids (Config.Client) the watermark row starts over for the
-// new topic instead of taking its records for duplicates.
-func TestConsumerWatermarkTopicRecreated(t *testing.T) {
-	t.Parallel()
-	b := cgSetup(t, 1)
-	client, err := sarama.NewClient(b.Addrs, cgConfig())
-	require.NoError(t, err)
-	defer client.Close()
-	h := mustHandler(t, b.DB.Pool, newWatermarkInbox(t, "svc"), effect, inboxsarama.Config{Client: client})
-
-	b.ProduceEvents(t, "old-0", "old-1", "old-2")
-	m := startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
-	testutil.Eventually(t, 30*time.Second, "old effects", func() bool { n, _ := b.Effects(t); return n == 3 })
-	m.stop()
-
-	admin, err := sarama.NewClusterAdmin(b.Addrs, kafkatest.Config())
-	require.NoError(t, err)
-	defer admin.Close()
-	require.NoError(t, admin.DeleteTopic(b.Topic))
-	testutil.Eventually(t, 10*time.Second, "topic deleted", func() bool {
-		ts, err := admin.ListTopics()
-		require.NoError(t, err)
-		_, ok := ts[b.Topic]
-		return !ok
-	})
-	require.NoError(t, admin.CreateTopic(b.Topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false))
-	require.NoError(t, admin.DeleteConsumerGroup("svc"))
-	b.ProduceEvents(t, "new-0", "new-1")
-
-	m = startMember(t, b.Addrs, "svc", []string{b.Topic}, h)
-	testutil.Eventually(t, 30*time.Second, "new effects", func() bool { n, _ := b.Effects(t); return n == 5 })
-	m.stop()
-	rows, distinct := b.Effects(t)
-	require.Equal(t, 5, rows)
-	require.Equal(t, 5, distinct)
-	require.Zero(t, h.Stats().Duplicates)
-	require.Zero(t, h.Stats().Gaps)
-	require.Equal(t, 1, b.Count(t, `SELECT count(*) FROM pgbox_inbox_watermark WHERE "offset" = 1 AND topic_id <> ''`))
 }

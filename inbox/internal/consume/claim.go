@@ -90,24 +90,8 @@ func (c *claimRun[R]) run() {
 // start reads the topic id and the partition's pending attempts, retrying
 // until it succeeds or the session ends.
 func (c *claimRun[R]) start() bool {
-	topic, partition := c.claim.Topic(), c.claim.Partition()
-	for n := 1; ; n++ {
-		err := c.load()
-		if err == nil {
-			return true
-		}
-		if c.stopped() {
-			return false
-		}
-		if classify(err, nil) == errOperator {
-			return c.fail(inbox.Message{Topic: topic, Partition: partition, Offset: c.claim.InitialOffset()}, err, "starting the claim")
-		}
-		c.l.log.ErrorContext(c.work, "pgbox: starting claim failed, retrying",
-			"topic", topic, "partition", partition, "attempt", n, "error", err)
-		if !c.sleep(c.l.backoff(n)) {
-			return false
-		}
-	}
+	m := inbox.Message{Topic: c.claim.Topic(), Partition: c.claim.Partition(), Offset: c.claim.InitialOffset()}
+	return c.retry(m, "starting the claim", func() (error, error) { return c.load(), nil }, nil)
 }
 
 func (c *claimRun[R]) load() error {
@@ -230,10 +214,7 @@ func (c *claimRun[R]) handle(batch []R) bool {
 		// attempts row is maintained.
 		return c.handleEach(batch, msgs)
 	}
-	for n := 1; ; n++ {
-		if c.stopped() {
-			return false
-		}
+	return c.retry(msgs[0], fmt.Sprintf("batch of %d", len(msgs)), func() (error, error) {
 		var herr error
 		var res []inbox.Result
 		err := c.inTx(func(tx pgx.Tx) error {
@@ -246,20 +227,11 @@ func (c *claimRun[R]) handle(batch []R) bool {
 				c.count(msgs[i], r)
 			}
 			c.claim.Mark(batch[len(batch)-1])
-			return true
 		}
-		if c.work.Err() != nil {
-			return false
-		}
-		kind := classify(err, herr)
-		if kind == errRetry || kind == errUnknown || kind == errOperator {
-			if !c.infraError(kind, msgs[0], n, err, fmt.Sprintf("batch of %d", len(msgs))) {
-				return false
-			}
-			continue
-		}
-		return c.fallBack(batch, msgs, err, herr, kind)
-	}
+		return err, herr
+	}, func(err, herr error, kind errKind) (done, ok bool) {
+		return true, c.fallBack(batch, msgs, err, herr, kind)
+	})
 }
 
 func (c *claimRun[R]) anyAttempted(msgs []inbox.Message) bool {
@@ -307,11 +279,7 @@ func (c *claimRun[R]) countAttempt(m inbox.Message, cause error) (attempts int, 
 	if c.work.Err() != nil {
 		return 0, false
 	}
-	kind := classify(err, nil)
-	if kind == errHandler || kind == errPermanent {
-		kind = errUnknown
-	}
-	return 0, c.infraError(kind, m, 1, err, "recording the attempt")
+	return 0, c.infraError(infraKind(err), m, 1, err, "recording the attempt")
 }
 
 func (c *claimRun[R]) handleEach(batch []R, msgs []inbox.Message) bool {
@@ -331,32 +299,17 @@ func (c *claimRun[R]) handleOne(sm R, m inbox.Message) bool {
 		delete(c.exhausted, m.Offset)
 		return c.deadLetter(sm, m, x.cause, x.attempts)
 	}
-	for n := 1; ; n++ {
-		if c.stopped() {
-			return false
-		}
+	return c.retry(m, "message", func() (error, error) {
 		res, err, herr := c.processOne(m)
 		if err == nil {
 			delete(c.attempted, m.Offset)
 			c.count(m, res)
 			c.claim.Mark(sm)
-			return true
 		}
-		if c.work.Err() != nil {
-			return false
-		}
-		kind := classify(err, herr)
-		if kind == errRetry || kind == errUnknown || kind == errOperator {
-			if !c.infraError(kind, m, n, err, "") {
-				return false
-			}
-			continue
-		}
-		done, ok := c.failed(sm, m, err, kind)
-		if !ok || done {
-			return ok
-		}
-	}
+		return err, herr
+	}, func(err, _ error, kind errKind) (done, ok bool) {
+		return c.failed(sm, m, err, kind)
+	})
 }
 
 // processOne runs one transaction: Process, and the deletion of m's attempts
@@ -402,9 +355,6 @@ func (c *claimRun[R]) failed(sm R, m inbox.Message, err error, kind errKind) (do
 // retryable one waits and returns true; one that needs an operator ends the
 // claim with it (false).
 func (c *claimRun[R]) infraError(kind errKind, m inbox.Message, n int, err error, what string) bool {
-	if what == "" {
-		what = "message"
-	}
 	if kind == errOperator {
 		return c.fail(m, err, what)
 	}
@@ -417,6 +367,16 @@ func (c *claimRun[R]) infraError(kind errKind, m inbox.Message, n int, err error
 	c.l.log.Log(c.work, level, msg,
 		"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "what", what, "retry", n, "error", err)
 	return c.sleep(c.l.backoff(n))
+}
+
+// infraKind classifies the error of a step whose failure is never the
+// message's fault (reading the claim's state, recording an attempt,
+// dead-lettering): what classify would blame on the message is unknown here.
+func infraKind(err error) errKind {
+	if k := classify(err, nil); k != errHandler && k != errPermanent {
+		return k
+	}
+	return errUnknown
 }
 
 // fail ends the claim with err, an error retrying cannot fix: Run returns
@@ -444,10 +404,7 @@ func (c *claimRun[R]) recordAttempt(m inbox.Message, cause error) (int, error) {
 // deadLetter dead-letters m, retrying database errors until it commits;
 // false when the claim must stop first.
 func (c *claimRun[R]) deadLetter(sm R, m inbox.Message, cause error, attempts int) bool {
-	for n := 1; ; n++ {
-		if c.stopped() {
-			return false
-		}
+	return c.retry(m, "dead-lettering", func() (error, error) {
 		var dup, written bool
 		var dlq string
 		err := c.inTx(func(tx pgx.Tx) error {
@@ -455,31 +412,57 @@ func (c *claimRun[R]) deadLetter(sm R, m inbox.Message, cause error, attempts in
 			dup, written, dlq, err = c.writeDeadLetter(tx, m, cause, attempts)
 			return err
 		})
+		if err != nil {
+			return err, nil
+		}
+		delete(c.attempted, m.Offset)
+		switch {
+		case dup:
+			c.l.stats.duplicates.Add(1)
+		case written:
+			c.l.stats.dead.Add(1)
+			c.l.log.ErrorContext(c.work, "pgbox: message dead-lettered",
+				"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+				"attempts", attempts, "dead_letter_topic", dlq, "error", cause)
+		}
+		c.claim.Mark(sm)
+		return nil, nil
+	}, nil)
+}
+
+// retry is the one retry skeleton of a claim: it runs try (which applies its
+// own success) until try returns nil, the claim stops, or an error ends the
+// claim. Errors that are not the message's fault (the database, the network)
+// go to infraError: retried with backoff, never counted, or the claim ends
+// when one needs an operator. An error of the message or its handler (herr is
+// the handler's own error) goes to fault, which says whether the step is done
+// (and ok whether the claim goes on); a step without a fault (nil) treats
+// such an error as unknown, retried like the database's. retry returns false
+// when the claim must stop.
+func (c *claimRun[R]) retry(m inbox.Message, what string, try func() (err, herr error), fault func(err, herr error, kind errKind) (done, ok bool)) bool {
+	for n := 1; ; n++ {
+		if c.stopped() {
+			return false
+		}
+		err, herr := try()
 		if err == nil {
-			delete(c.attempted, m.Offset)
-			switch {
-			case dup:
-				c.l.stats.duplicates.Add(1)
-			case written:
-				c.l.stats.dead.Add(1)
-				c.l.log.ErrorContext(c.work, "pgbox: message dead-lettered",
-					"topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
-					"attempts", attempts, "dead_letter_topic", dlq, "error", cause)
-			}
-			c.claim.Mark(sm)
 			return true
 		}
 		if c.work.Err() != nil {
 			return false
 		}
-		if classify(err, nil) == errOperator {
-			return c.fail(m, err, "dead-lettering")
+		kind := classify(err, herr)
+		if fault == nil {
+			kind = infraKind(err)
 		}
-		c.l.stats.retries.Add(1)
-		c.l.log.ErrorContext(c.work, "pgbox: dead-lettering failed, retrying",
-			"topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempt", n, "error", err)
-		if !c.sleep(c.l.backoff(n)) {
-			return false
+		if kind == errRetry || kind == errUnknown || kind == errOperator {
+			if !c.infraError(kind, m, n, err, what) {
+				return false
+			}
+			continue
+		}
+		if done, ok := fault(err, herr, kind); !ok || done {
+			return ok
 		}
 	}
 }

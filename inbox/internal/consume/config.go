@@ -17,22 +17,8 @@ import (
 	"github.com/pgbox/pgbox/outbox"
 )
 
-// Defaults of the adapters' settings; each adapter re-exports them.
-const (
-	BatchSizeDefault        = 1
-	BatchWaitDefault        = 10 * time.Millisecond
-	MaxAttemptsDefault      = 25
-	RetryBackoffDefault     = 100 * time.Millisecond
-	MaxRetryBackoffDefault  = 10 * time.Second
-	DeadLetterSuffixDefault = ".dlq"
-	DrainTimeoutDefault     = 5 * time.Second
-)
-
-// No is the sentinel (-1) of the durations whose zero is meaningful.
-const No time.Duration = -1
-
 // Config is the loop's share of an adapter's Config, as the user set it
-// (zero: the default; No: none).
+// (zero: the default; inbox.NoXxx: none).
 type Config struct {
 	// Name prefixes errors: the adapter's package name.
 	Name string
@@ -40,32 +26,32 @@ type Config struct {
 	inbox.ConsumerConfig
 }
 
-// WithDefaults fills zero settings and maps the No sentinels to zero.
+// WithDefaults fills zero settings and maps the inbox.NoXxx sentinels to zero.
 func (o Config) WithDefaults() Config {
 	if o.BatchSize == 0 {
-		o.BatchSize = BatchSizeDefault
+		o.BatchSize = inbox.BatchSizeDefault
 	}
-	o.BatchWait = durationOr(o.BatchWait, BatchWaitDefault)
+	o.BatchWait = durationOr(o.BatchWait, inbox.BatchWaitDefault)
 	if o.MaxAttempts == 0 {
-		o.MaxAttempts = MaxAttemptsDefault
+		o.MaxAttempts = inbox.MaxAttemptsDefault
 	}
-	o.RetryBackoff = durationOr(o.RetryBackoff, RetryBackoffDefault)
+	o.RetryBackoff = durationOr(o.RetryBackoff, inbox.RetryBackoffDefault)
 	if o.MaxRetryBackoff == 0 {
-		o.MaxRetryBackoff = MaxRetryBackoffDefault
+		o.MaxRetryBackoff = inbox.MaxRetryBackoffDefault
 	}
-	o.DrainTimeout = durationOr(o.DrainTimeout, DrainTimeoutDefault)
+	o.DrainTimeout = durationOr(o.DrainTimeout, inbox.DrainTimeoutDefault)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
 	return o
 }
 
-// durationOr maps 0 to def and the No sentinel (-1) to zero.
+// durationOr maps 0 to def and the NoXxx sentinel (-1) to zero.
 func durationOr(d, def time.Duration) time.Duration {
 	switch d {
 	case 0:
 		return def
-	case No:
+	case -1: // inbox.NoBatchWait, NoRetryBackoff, NoDrainTimeout
 		return 0
 	}
 	return d
@@ -78,15 +64,15 @@ func (o Config) Validate() error {
 	case o.BatchSize < 0:
 		return fmt.Errorf("%s: Config.BatchSize is negative (%d): use 1 for a transaction per message, or more to batch", o.Name, o.BatchSize)
 	case o.BatchWait < -1:
-		return fmt.Errorf("%s: Config.BatchWait is negative (%v): use NoBatchWait for no wait, 0 for the default", o.Name, o.BatchWait)
+		return fmt.Errorf("%s: Config.BatchWait is negative (%v): use inbox.NoBatchWait for no wait, 0 for the default", o.Name, o.BatchWait)
 	case o.MaxAttempts < 0:
 		return fmt.Errorf("%s: Config.MaxAttempts is negative (%d): use 1 to dead-letter on the first failure (no retries), 0 for the default", o.Name, o.MaxAttempts)
 	case o.RetryBackoff < -1:
-		return fmt.Errorf("%s: Config.RetryBackoff is negative (%v): use NoRetryBackoff for no wait, 0 for the default", o.Name, o.RetryBackoff)
+		return fmt.Errorf("%s: Config.RetryBackoff is negative (%v): use inbox.NoRetryBackoff for no wait, 0 for the default", o.Name, o.RetryBackoff)
 	case o.MaxRetryBackoff < 0:
-		return fmt.Errorf("%s: Config.MaxRetryBackoff is negative (%v): use NoRetryBackoff for no wait at all, 0 for the default", o.Name, o.MaxRetryBackoff)
+		return fmt.Errorf("%s: Config.MaxRetryBackoff is negative (%v): use inbox.NoRetryBackoff for no wait at all, 0 for the default", o.Name, o.MaxRetryBackoff)
 	case o.DrainTimeout < -1:
-		return fmt.Errorf("%s: Config.DrainTimeout is negative (%v): use NoDrainTimeout to roll back at once, 0 for the default", o.Name, o.DrainTimeout)
+		return fmt.Errorf("%s: Config.DrainTimeout is negative (%v): use inbox.NoDrainTimeout to roll back at once, 0 for the default", o.Name, o.DrainTimeout)
 	}
 	if o.DeadLetterTopic != "" {
 		if err := outbox.ValidateTopic(o.DeadLetterTopic); err != nil {

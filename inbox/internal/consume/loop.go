@@ -106,5 +106,5 @@ func (l *Loop) deadLetterTopic(source string) string {
 	if l.cfg.DeadLetterTopic != "" {
 		return l.cfg.DeadLetterTopic
 	}
-	return source + DeadLetterSuffixDefault
+	return source + inbox.DeadLetterSuffixDefault
 }

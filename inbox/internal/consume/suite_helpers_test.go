@@ -133,9 +133,10 @@ func startSarama(t testing.TB, b *bundle, s settings) *member {
 	return m
 }
 
-// franzOpts are the kgo options of a test member of the adapter.
+// franzOpts are the kgo options of a test member of the adapter: no
+// kgo.DisableAutoCommit, which is the adapter's job.
 func franzOpts(addrs []string, group, topic string, balancer kgo.GroupBalancer) []kgo.Opt {
-	return append(franzGroupOpts(addrs, group, topic, balancer), kgo.DisableAutoCommit())
+	return franzGroupOpts(addrs, group, topic, balancer)
 }
 
 // franzGroupOpts are the kgo options of a group member with short timings.

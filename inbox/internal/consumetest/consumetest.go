@@ -9,11 +9,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
+	"net/url"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -45,6 +48,24 @@ func Setup(t testing.TB, partitions int32, moreTopics ...string) *World {
 	c := kafkatest.New(t, kfake.SeedTopics(partitions, append([]string{"events"}, moreTopics...)...),
 		kfake.BrokerConfigs(map[string]string{"group.min.session.timeout.ms": "500"}))
 	return &World{DB: db, Kafka: c, Addrs: c.ListenAddrs(), Topic: "events"}
+}
+
+// PoolWithAppName opens a pool on db's schema whose connections carry
+// application_name app, so a test can find (and kill) exactly them.
+func PoolWithAppName(t testing.TB, db *testdb.DB, app string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(db.URL)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	cfg, err := pgxpool.ParseConfig(u.String())
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // CreateEffects creates the business table Effect writes to in db.
@@ -92,6 +113,27 @@ func (w *World) Produce(t testing.TB, msgs ...*sarama.ProducerMessage) {
 		require.NoError(t, p.SendMessages(msgs[:n]))
 		msgs = msgs[n:]
 	}
+}
+
+// Resends builds n records of which about a fifth resend an earlier event id
+// (same payload, a different record key, so resends land on other partitions
+// and race their originals across members). It returns the records and the
+// number of distinct events.
+func Resends(topic, prefix string, n int, rng *rand.Rand) ([]*sarama.ProducerMessage, int) {
+	msgs := make([]*sarama.ProducerMessage, n)
+	unique := 0
+	for i := range msgs {
+		ev := fmt.Sprintf("%s-%05d", prefix, unique)
+		if unique > 0 && rng.IntN(5) == 0 {
+			ev = fmt.Sprintf("%s-%05d", prefix, rng.IntN(unique))
+		} else {
+			unique++
+		}
+		m := Record(topic, ev)
+		m.Key = sarama.StringEncoder(fmt.Sprintf("send-%d", i))
+		msgs[i] = m
+	}
+	return msgs, unique
 }
 
 // ProduceEvents sends one Record per event to Topic.

@@ -1,9 +1,10 @@
 // Package owntx lets a caller that owns a transaction outright tell
 // inbox.Process and inbox.ProcessBatch so, without widening the inbox's
-// public API. The inbox's own consumer adapter (inboxsarama) begins each
-// transaction itself and rolls the whole of it back on any error the inbox
-// returns: the savepoint that lets other callers carry on after an error
-// would only cost it a statement and a subtransaction per call.
+// public API. The inbox's own consumer loop (inbox/internal/consume, which
+// inboxsarama and inboxfranz drive) begins each transaction itself and rolls
+// the whole of it back on any error the inbox returns: the savepoint that
+// lets other callers carry on after an error would only cost it a statement
+// and a subtransaction per call.
 package owntx
 
 import (

@@ -22,7 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/pgbox/pgbox/inbox/inboxsarama"
+	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -66,7 +66,7 @@ type Config struct {
 // Service is what the harness watches of the service under test.
 type Service struct {
 	Pool     *pgxpool.Pool
-	Consumer interface{ Stats() inboxsarama.Stats }
+	Consumer interface{ Stats() inbox.ConsumerStats }
 	Relay    interface{ Stats() outbox.RelayStats }
 }
 
@@ -119,7 +119,7 @@ func (h *Harness) StartKafka(brokers []string) (where string, stop func(), err e
 	h.Orders, h.Payments, h.Group = h.cfg.OrderTopic, h.cfg.PaymentTopic, "demo-payments-svc"
 	if len(brokers) == 0 {
 		c, err := kfake.NewCluster(kfake.NumBrokers(1),
-			kfake.SeedTopics(int32(h.cfg.Partitions), h.Orders, h.Payments, h.Orders+inboxsarama.DeadLetterSuffixDefault))
+			kfake.SeedTopics(int32(h.cfg.Partitions), h.Orders, h.Payments, h.Orders+inbox.DeadLetterSuffixDefault))
 		if err != nil {
 			return "", nil, fmt.Errorf("start embedded Kafka broker: %w", err)
 		}
@@ -144,7 +144,7 @@ func (h *Harness) createTopics() error {
 		return fmt.Errorf("kafka admin (%s): %w", h.kdesc, err)
 	}
 	defer admin.Close()
-	for _, t := range []string{h.Orders, h.Payments, h.Orders + inboxsarama.DeadLetterSuffixDefault} {
+	for _, t := range []string{h.Orders, h.Payments, h.Orders + inbox.DeadLetterSuffixDefault} {
 		err := admin.CreateTopic(t, &sarama.TopicDetail{NumPartitions: int32(h.cfg.Partitions), ReplicationFactor: -1}, false)
 		if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 			return fmt.Errorf("create topic %s: %w", t, err)
