@@ -36,6 +36,9 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	if _, err := pool.Exec(ctx, checkSchemaSQL); err != nil {
 		return schemaHint(fmt.Errorf("check pgbox tables: %w", err))
 	}
+	if err := refuseOlderSchema(ctx, pool); err != nil {
+		return err
+	}
 
 	kcfg, err := a.opts.Kafka.Sarama()
 	if err != nil {
