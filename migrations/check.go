@@ -16,7 +16,7 @@ import (
 
 // ErrSchemaBehind is what errors.Is finds in [Check]'s error when a
 // migration this build of pgbox ships is not applied to the database.
-var ErrSchemaBehind = errors.New("the pgbox schema is older than this build of pgbox")
+var ErrSchemaBehind = errors.New("the pgbox schema is older than this code")
 
 // Check returns nil when every migration this build ships is applied to the
 // database (in the first schema of the connection's search_path), and writes
@@ -48,10 +48,10 @@ func Check(ctx context.Context, db *sql.DB) error {
 	if len(missing) == 0 {
 		return nil
 	}
-	schema := fmt.Sprintf("at version %d", at)
+	schema := fmt.Sprintf("it is at version %d", at)
 	if at == 0 {
-		schema = "not migrated"
+		schema = "it was never migrated"
 	}
-	return fmt.Errorf("migrations: %w: the schema is %s, pgbox %s needs version %d (%s not applied): run `relay migrate up` (or migrations.Up) against this database before starting it: %w",
+	return fmt.Errorf("migrations: %w: %s, pgbox %s needs version %d (%s not applied): run `relay migrate up` (or migrations.Up) against this database, then start again: %w",
 		ErrSchemaBehind, schema, pgbox.Version, newest, strings.Join(missing, ", "), pgerr.ErrNeedsOperator)
 }

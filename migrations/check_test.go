@@ -30,7 +30,7 @@ func TestCheck(t *testing.T) {
 	err = migrations.Check(ctx, sqlDB)
 	require.ErrorIs(t, err, migrations.ErrSchemaBehind)
 	require.ErrorIs(t, err, pgerr.ErrNeedsOperator)
-	require.ErrorContains(t, err, "not migrated")
+	require.ErrorContains(t, err, "never migrated")
 	require.ErrorContains(t, err, "run `relay migrate up`")
 	require.Empty(t, pgboxTables(t, db), "Check writes nothing")
 
