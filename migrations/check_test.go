@@ -6,6 +6,7 @@ import (
 	"path"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -51,4 +52,23 @@ func TestCheck(t *testing.T) {
 	_, err = sqlDB.ExecContext(ctx, `INSERT INTO pgbox_migrations (version_id, is_applied) VALUES (99999, true)`)
 	require.NoError(t, err)
 	require.NoError(t, migrations.Check(ctx, sqlDB))
+}
+
+// Check takes no lock: it answers while a migrator holds the migrations'
+// session lock (a `relay migrate up` running beneath the relays).
+func TestCheckDoesNotWaitForMigrator(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrations.LockIDDefault)
+	require.NoError(t, err)
+	defer conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, migrations.LockIDDefault) //nolint:errcheck
+
+	// A hang would end with the deadline's error.
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.NoError(t, migrations.Check(cctx, db.SQL(t)))
 }
