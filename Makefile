@@ -12,7 +12,7 @@ BENCHTIME ?= 1x
 
 
 .PHONY: bench-remote
-.PHONY: demo test test-short bench bench-against vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios pressure screenshots
+.PHONY: demo test test-short bench bench-against vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios pressure screenshots upgrade
 
 demo: ## run the orders→payments demo on an embedded Kafka broker
 	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) run ./examples/demo $(DEMO_ARGS)
@@ -21,8 +21,8 @@ demo: ## run the orders→payments demo on an embedded Kafka broker
 # pgbox's go.mod); the whole suite runs their tests too.
 EXAMPLE_MODULES := examples/gorm
 
-test: ## the whole suite, with the race detector, against real PostgreSQL
-	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) test -race -count=1 -timeout 40m $(PKG) && \
+test: ## the whole suite, with the race detector, against real PostgreSQL (the upgrade test is `make upgrade`)
+	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) test -race -count=1 -timeout 40m -skip '^TestUpgrade$$' $(PKG) && \
 	if [ "$(PKG)" = "./..." ]; then for m in $(EXAMPLE_MODULES); do \
 		(cd $$m && DATABASE_URL="$$url" $(GO) test -race -count=1 -timeout 10m ./...) || exit 1; done; fi
 
@@ -48,6 +48,18 @@ chaos: ## the large chaos run, report as a table
 # (durations) reshape it. The small version is part of `make test`.
 pressure: ## the relay under a held snapshot, dead rows and bursts; writes docs/pressure.md
 	PRESSURE_SCALE=large PRESSURE_DOC=$(CURDIR)/docs/pressure.md $(GO) test -count=1 -run '^TestPressure$$' -timeout 120m -v ./integration_test/
+
+# The upgrade test (integration_test.TestUpgrade; .ci/run runs it after
+# `make test`): the relay, writer and consumer built from the upgrade baseline
+# CHANGELOG.md names (a git worktree of this clone's history: a shallow clone
+# fails it) run the chain on their schema under load; this tree's
+# `relay migrate up` runs beneath them; each is then killed and replaced by
+# this tree's build; `relay migrate down` goes back to the baseline's schema
+# and the baseline's binaries run again. 0 lost, 0 duplicate effects, 0
+# inversions. Its own PostgreSQL cluster and broker, like `make chaos`;
+# CHAOS_KEEP=1 keeps the logs of a passing run.
+upgrade: ## upgrade from the baseline in CHANGELOG.md to this tree under load, then back
+	@$(DEVDB) url >/dev/null && $(GO) test -count=1 -run '^TestUpgrade$$' -timeout 45m -v ./integration_test/
 
 # The operator's-world scenarios on the same harness (also part of `make
 # test`): a bad deploy (business

@@ -15,4 +15,10 @@ const (
 	liveInstancesSQL = `SELECT instance FROM %s WHERE expires_at > now() ORDER BY instance`
 
 	countRowsSQL = `SELECT count(*) FROM %s`
+
+	// appliedVersionsSQL reads goose's version table (TableName) directly:
+	// goose's own Status takes the migrations' session lock, which would
+	// make a starting relay wait for a running `migrate up`, and which a
+	// pooler in transaction mode (pgbouncer) cannot hold.
+	appliedVersionsSQL = `SELECT DISTINCT version_id FROM %s WHERE is_applied`
 )

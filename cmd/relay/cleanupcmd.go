@@ -73,6 +73,9 @@ func cmdCleanup(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	if err := refuseOlderSchema(ctx, pool); err != nil {
+		return err
+	}
 	kcfg, err := a.opts.Kafka.Sarama()
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgbox/pgbox/internal/dbconf"
+	"github.com/pgbox/pgbox/migrations"
 )
 
 // openPool connects to --database-url (--schema as search_path) and checks
@@ -43,3 +44,12 @@ const schemaExistsSQL = `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname
 
 // sqlDB wraps a pool as a *sql.DB for goose.
 func sqlDB(pool *pgxpool.Pool) *sql.DB { return stdlib.OpenDBFromPool(pool) }
+
+// refuseOlderSchema refuses, before a command that works on pgbox's tables
+// starts, a schema that lacks a migration this binary ships: the error says
+// to run `relay migrate up` (migrations.Check). A newer schema passes.
+func refuseOlderSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	db := sqlDB(pool)
+	defer db.Close()
+	return migrations.Check(ctx, db)
+}

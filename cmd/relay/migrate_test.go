@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/migrations"
 )
@@ -130,4 +131,28 @@ func migrationVersions(t *testing.T) []int64 {
 	}
 	slices.Sort(vs)
 	return vs
+}
+
+// `relay run` and `relay cleanup` refuse a schema one migration behind the
+// binary's, saying to run `relay migrate up` and naming the migration
+// missing; after `relay migrate up` the same cleanup runs.
+func TestRefuseOlderSchema(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	names, err := fs.Glob(migrations.FS(), "*.sql")
+	require.NoError(t, err)
+	sort.Strings(names)
+	rollBackTo(t, db, names[len(names)-2])
+	c := kafkatest.New(t)
+	env := []string{"DATABASE_URL=" + db.URL, "KAFKA_BROKERS=" + strings.Join(c.ListenAddrs(), ","), "PGBOX_HTTP_ADDR="}
+	for _, args := range [][]string{{"run"}, {"cleanup", "--dry-run"}} {
+		r := runRelay(t, time.Minute, env, args...)
+		require.Equal(t, 1, r.Code, "%v: %s", args, r.Stderr)
+		require.Contains(t, r.Stderr, "run `relay migrate up`", args)
+		require.Contains(t, r.Stderr, names[len(names)-1]+" not applied", args)
+	}
+	r := runRelay(t, time.Minute, env, "migrate", "up")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	r = runRelay(t, time.Minute, env, "cleanup", "--dry-run")
+	require.Equal(t, 0, r.Code, r.Stderr)
 }

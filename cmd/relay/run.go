@@ -7,17 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/pressly/goose/v3"
 
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inspect"
-	"github.com/pgbox/pgbox/migrations"
 	"github.com/pgbox/pgbox/pgboxprom"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -40,7 +36,7 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	if _, err := pool.Exec(ctx, checkSchemaSQL); err != nil {
 		return schemaHint(fmt.Errorf("check pgbox tables: %w", err))
 	}
-	if err := checkMigrated(ctx, pool); err != nil {
+	if err := refuseOlderSchema(ctx, pool); err != nil {
 		return err
 	}
 
@@ -165,27 +161,4 @@ func (a *app) runParts(pool *pgxpool.Pool, lk *lazyKafka) (*relay.Relay, *cleanu
 	exp, err := newMetrics(pgboxprom.Config{Relay: r, Cleaner: cl, DB: pool,
 		Inspect: inspect.Config{Lanes: a.opts.Relay.Lanes}, Logger: a.log.With("component", "metrics")})
 	return r, cl, exp, err
-}
-
-// checkMigrated refuses a schema missing a migration this binary ships
-// (the console's tables, a column the relay reads), so that the relay does
-// not start and then fail when the missing part is first used. A schema
-// newer than the binary is fine: a release only adds.
-func checkMigrated(ctx context.Context, pool *pgxpool.Pool) error {
-	db := sqlDB(pool)
-	defer db.Close()
-	st, err := migrations.Status(ctx, db)
-	if err != nil {
-		return fmt.Errorf("check pgbox migrations: %w", err)
-	}
-	var pending []string
-	for _, s := range st {
-		if s.State == goose.StatePending {
-			pending = append(pending, filepath.Base(s.Source.Path))
-		}
-	}
-	if len(pending) > 0 {
-		return fmt.Errorf("the schema lacks migration(s) %s: run `relay migrate up` (%w)", strings.Join(pending, ", "), inspect.ErrSchemaMissing)
-	}
-	return nil
 }

@@ -5,25 +5,12 @@ import (
 	"fmt"
 	"io/fs"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"strings"
 
+	"github.com/pgbox/pgbox"
 	"github.com/pgbox/pgbox/migrations"
 )
-
-// version is set at build time: go build -ldflags "-X main.version=v1.2.3".
-var version = ""
-
-func binaryVersion() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
-}
 
 // schemaVersion is the newest migration the binary ships.
 func schemaVersion() string {
@@ -40,6 +27,6 @@ func cmdVersion(_ context.Context, a *app, args []string) error {
 		return usageError("version takes no arguments (got %q)", args)
 	}
 	fmt.Fprintf(a.stdout, "relay %s\nschema %s (migrations in table %s)\n%s %s/%s\n",
-		binaryVersion(), schemaVersion(), migrations.TableName, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		pgbox.Version, schemaVersion(), migrations.TableName, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	return nil
 }

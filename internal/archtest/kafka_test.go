@@ -41,6 +41,7 @@ func kafkaClientOf(dep string) string {
 // examples, the end-to-end harness and the test helpers link the embedded
 // broker; the production binary never does.
 var kafkaClients = map[string][]string{
+	"":                              nil, // the root package: pgbox.Version
 	"cleanup":                       nil,
 	"cleanup/internal/cleanupadmin": nil,
 	"cleanup/cleanupkgo":            {clientFranz},

@@ -330,6 +330,7 @@ func TestLibraryDefaults(t *testing.T) {
 		"inspect.StoryLimitDefault":        inspect.StoryLimitDefault,
 		"console.MaxActionRowsDefault":     console.MaxActionRowsDefault,
 		"console.QueryTimeoutDefault":      console.QueryTimeoutDefault,
+		"console.KafkaWaitDefault":         console.KafkaWaitDefault,
 		"pgboxprom.ScrapeTimeoutDefault":   pgboxprom.ScrapeTimeoutDefault,
 		"pgboxprom.LatencyPollDefault":     pgboxprom.LatencyPollDefault,
 	}

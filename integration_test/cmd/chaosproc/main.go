@@ -16,6 +16,11 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgbox/pgbox/migrations"
 )
 
 func main() {
@@ -41,4 +46,13 @@ func main() {
 		log.Error("chaosproc "+os.Args[1]+" failed", "err", err)
 		os.Exit(1)
 	}
+}
+
+// checkSchema is what a service embedding pgbox does at start-up: refuse a
+// database whose pgbox schema is older than the pgbox it was built with
+// ("run `relay migrate up`"), before it writes or consumes anything.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	return migrations.Check(ctx, db)
 }

@@ -63,6 +63,9 @@ func runOrders(ctx context.Context, log *slog.Logger, args []string) error {
 		return fmt.Errorf("orders: pool: %w", err)
 	}
 	defer pool.Close()
+	if err := checkSchema(ctx, pool); err != nil {
+		return fmt.Errorf("orders: %w", err)
+	}
 	s := &ordersService{log: log, pool: pool, topics: strings.Split(*topic, ","), accounts: *accounts}
 	rng := rand.New(rand.NewPCG(*seed, 7))
 	for !s.reload(ctx) {

@@ -64,6 +64,9 @@ func runPayments(ctx context.Context, log *slog.Logger, args []string) error {
 		return fmt.Errorf("payments: pool: %w", err)
 	}
 	defer pool.Close()
+	if err := checkSchema(ctx, pool); err != nil {
+		return fmt.Errorf("payments: %w", err)
+	}
 	icfg := inbox.Config{Consumer: ConsumerName, Key: inbox.ByHeader(relay.EventIDHeader)}
 	switch *dedup {
 	case "keys":

@@ -32,13 +32,19 @@ type Binaries struct {
 	Proc  string // chaosproc
 }
 
-// Build compiles the relay binary and chaosproc into dir (with the race
-// detector when race is true).
+// Build compiles the relay binary and chaosproc from the working tree into
+// dir (with the race detector when race is true).
 func Build(ctx context.Context, dir string, race bool) (Binaries, error) {
 	root, err := ModuleRoot()
 	if err != nil {
 		return Binaries{}, err
 	}
+	return buildFrom(ctx, root, dir, race)
+}
+
+// buildFrom compiles the relay binary and chaosproc of the module checked
+// out at root into dir.
+func buildFrom(ctx context.Context, root, dir string, race bool) (Binaries, error) {
 	b := Binaries{Relay: filepath.Join(dir, "relay"), Proc: filepath.Join(dir, "chaosproc")}
 	for pkg, out := range map[string]string{RelayPkg: b.Relay, ProcPkg: b.Proc} {
 		args := []string{"build", "-o", out}

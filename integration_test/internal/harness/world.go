@@ -85,6 +85,10 @@ type Options struct {
 	CleanupBuffer time.Duration
 	// Race builds the processes with the race detector.
 	Race bool
+	// Bin are the executables to run (BuildBaseline's, say), which also
+	// migrate the databases (their relay's `migrate up`). Defaults to
+	// building them from the working tree (Build).
+	Bin Binaries
 	// Logf receives progress lines. Defaults to discarding them.
 	Logf func(format string, args ...any)
 
@@ -177,8 +181,11 @@ func NewWorld(ctx context.Context, opts Options) (w *World, err error) {
 		}
 	}()
 	opts.Logf("chaos: working directory %s", w.Dir)
-	if w.Bin, err = Build(ctx, filepath.Join(w.Dir, "bin"), opts.Race); err != nil {
-		return w, err
+	w.Bin = opts.Bin
+	if w.Bin == (Binaries{}) {
+		if w.Bin, err = Build(ctx, filepath.Join(w.Dir, "bin"), opts.Race); err != nil {
+			return w, err
+		}
 	}
 	w.PG, err = pgcluster.Start(ctx, pgcluster.Config{Dir: filepath.Join(w.Dir, "pg"),
 		// fsync off: the faults crash processes, never the OS, so WAL in the
