@@ -181,7 +181,9 @@ type pgxBatchKind struct {
 	bh BatchHandlerFunc
 }
 
-func (k pgxBatchKind) handleBatch(ctx context.Context, ms []Message) error { return k.bh(ctx, k.Tx, ms) }
+func (k pgxBatchKind) handleBatch(ctx context.Context, ms []Message) error {
+	return k.bh(ctx, k.Tx, ms)
+}
 
 type sqlBatchKind struct {
 	sqlKind
