@@ -167,10 +167,15 @@ func (ib *Inbox) ProcessBatchAtOnceSQL(ctx context.Context, tx *sql.Tx, ms []Mes
 	return processBatchAtOnce(ctx, ib, sqlBatchKind{sqlKind: sqlKind{tx: tx}, bh: h}, ms, false)
 }
 
+// deduper is what the dedup step needs of a kind of transaction.
+type deduper interface {
+	dedup(ctx context.Context, fn func(querier) error) error
+}
+
 // batchKind is a kind of caller's transaction with a batch handler.
 type batchKind interface {
 	execer
-	dedup(ctx context.Context, fn func(querier) error) error
+	deduper
 	handleBatch(ctx context.Context, ms []Message) error
 }
 

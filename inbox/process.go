@@ -283,9 +283,7 @@ func processBatch[T txKind](ctx context.Context, ib *Inbox, tx T, ms []Message, 
 
 // dedupBatchOf plans ms and runs the dedup step in tx; nil for no messages.
 // It is the part of ProcessBatch that ProcessBatchAtOnce shares.
-func dedupBatchOf[T interface {
-	dedup(context.Context, func(querier) error) error
-}](ctx context.Context, ib *Inbox, tx T, ms []Message, owned bool) (*batchPlan, error) {
+func dedupBatchOf[T deduper](ctx context.Context, ib *Inbox, tx T, ms []Message, owned bool) (*batchPlan, error) {
 	if len(ms) == 0 {
 		return nil, nil
 	}
