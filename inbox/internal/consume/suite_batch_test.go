@@ -20,10 +20,6 @@ import (
 	"github.com/pgbox/pgbox/internal/testutil"
 )
 
-// insertEffects writes one effects row per message in one statement.
-const insertEffects = `INSERT INTO effects (event, topic, partition, "offset")
-	SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[])`
-
 // batchEffect is the batch handler: the effects of all its messages in one
 // INSERT … SELECT … FROM unnest.
 func batchEffect(ctx context.Context, tx pgx.Tx, ms []inbox.Message) error {
@@ -33,7 +29,7 @@ func batchEffect(ctx context.Context, tx pgx.Tx, ms []inbox.Message) error {
 		ev, _ := m.Header(eventHeader)
 		evs[i], topics[i], parts[i], offs[i] = string(ev), m.Topic, m.Partition, m.Offset
 	}
-	_, err := tx.Exec(ctx, insertEffects, evs, topics, parts, offs)
+	_, err := tx.Exec(ctx, benchInsertMany, evs, topics, parts, offs)
 	return err
 }
 
