@@ -67,7 +67,7 @@ type Stats = inbox.ConsumerStats
 // transaction, 25 attempts over about three minutes, dead letters to
 // "<topic>.dlq", no topic ids, offsets committed every second.
 //
-// The settings both adapters share (BatchSize, BatchWait, MaxAttempts,
+// The settings both adapters share (BatchSize, BatchHandler, BatchWait, MaxAttempts,
 // RetryBackoff, MaxRetryBackoff, DeadLetterTopic, DrainTimeout, Logger) are
 // [inbox.ConsumerConfig]'s, documented there; their defaults are this
 // package's XxxDefault constants, the same as inboxsarama's.
