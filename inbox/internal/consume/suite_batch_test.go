@@ -110,18 +110,8 @@ func TestSuiteBatchHandlerRebalanceMidBatch(t *testing.T) {
 		}
 		s := batchSettings(b, newInbox(t, inbox.ByHeader(eventHeader)), slow, 10)
 		s.drainTimeout = 200 * time.Millisecond
-		watched := watchCommitted(t, b, 4)
-		m1 := a.start(t, b, s)
-		testutil.Eventually(t, 30*time.Second, "the first member under way", func() bool { _, d := b.Effects(t); return d >= 100 })
-		m2 := a.start(t, b, s)
-		testutil.Eventually(t, 30*time.Second, "half done", func() bool { _, d := b.Effects(t); return d >= n/2 })
-		m1.stop()
-		testutil.Eventually(t, 60*time.Second, "all effects", func() bool { _, d := b.Effects(t); return d >= n })
-		m2.stop()
-		requireExactlyOnce(t, b, n, 4)
+		rebalanceMidBatch(t, a, b, s, n)
 		requireInOrder(t, b)
-		require.Empty(t, watched(), "a committed offset ran ahead of the effects committed in PostgreSQL")
-		require.Zero(t, m1.stats().DeadLettered+m2.stats().DeadLettered)
 	})
 }
 
