@@ -54,7 +54,7 @@ type ConsumerStats struct {
 	OperatorErrors  uint64 // database errors that need an operator and ended a claim (not counted as attempts)
 	Retries         uint64 // attempts repeated after a failure of either kind
 	DeadLettered    uint64 // messages dead-lettered
-	BatchFallbacks  uint64 // batches retried message by message after a failure
+	BatchFallbacks  uint64 // batches retried in parts after a failure: message by message, or cut at the message a batch handler failed
 	Gaps            uint64 // watermark modes: committed messages that came after offsets never processed (logged)
 }
 
@@ -114,6 +114,21 @@ type ConsumerConfig struct {
 	// message, so one poison message cannot hold back the others. Defaults to
 	// BatchSizeDefault (1: Process, one transaction per message).
 	BatchSize int
+
+	// BatchHandler, when set, does the business work of each batch at once:
+	// the adapter calls it once per transaction with the batch's new
+	// messages (Inbox.ProcessBatchAtOnce), instead of a per-message handler,
+	// which must then be nil (NewHandler(pool, ib, nil, cfg),
+	// NewConsumer(pool, ib, nil, cfg, …)). A batch is up to BatchSize
+	// messages of one partition: set BatchSize too. When it returns a
+	// *BatchError, the batch is cut at the first message it names: the
+	// messages before it commit, that message is retried alone (its attempt
+	// counted; dead-lettered after MaxAttempts, or at once for Permanent),
+	// then the messages after it go on as a new batch, so a partition's
+	// messages commit in offset order. Any other error fails the batch,
+	// whose messages are then handled one by one (each as a batch of one).
+	// Defaults to nil (the per-message handler).
+	BatchHandler BatchHandlerFunc
 
 	// BatchWait is how long a batch waits to fill up after its first message
 	// arrived; messages already buffered never wait. NoBatchWait means no

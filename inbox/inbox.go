@@ -307,6 +307,9 @@ type resultSlotKey struct{}
 // replaces the value. It returns an error when ctx is not a handler's.
 func SetResult(ctx context.Context, result []byte) error {
 	s, ok := ctx.Value(resultSlotKey{}).(*resultSlot)
+	if _, batch := ctx.Value(batchSlotsKey{}).(*batchSlots); !ok && batch {
+		return errors.New("inbox: SetResult called in a batch handler (call SetBatchResult(ctx, i, result) with the message's position in the batch)")
+	}
 	if !ok {
 		return errors.New("inbox: SetResult called with a context that is not an inbox handler's (pass the ctx the handler received)")
 	}

@@ -49,6 +49,19 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, ms []Message, h Ha
 // processBatch is ProcessBatch and ProcessBatchSQL, for each kind of
 // transaction.
 func processBatch[T txKind](ctx context.Context, ib *Inbox, tx T, ms []Message, owned bool) ([]Result, error) {
+	p, err := dedupBatchOf(ctx, ib, tx, ms, owned)
+	if err != nil || p == nil {
+		return nil, err
+	}
+	if err := runBatch(ctx, ib, tx, ms, p, owned); err != nil {
+		return nil, err
+	}
+	return p.results, nil
+}
+
+// dedupBatchOf plans ms and runs the dedup step in tx; nil for no messages.
+// It is the part of ProcessBatch that ProcessBatchAtOnce shares.
+func dedupBatchOf[T deduper](ctx context.Context, ib *Inbox, tx T, ms []Message, owned bool) (*batchPlan, error) {
 	if len(ms) == 0 {
 		return nil, nil
 	}
@@ -63,10 +76,7 @@ func processBatch[T txKind](ctx context.Context, ib *Inbox, tx T, ms []Message, 
 	if err != nil {
 		return nil, err
 	}
-	if err := runBatch(ctx, ib, tx, ms, p, owned); err != nil {
-		return nil, err
-	}
-	return p.results, nil
+	return p, nil
 }
 
 // dedupBatchStep is ProcessBatch's dedup step: it moves the watermarks,
@@ -388,15 +398,31 @@ func (ib *Inbox) checkStored(ms []Message, p *batchPlan) error {
 // stores the results handlers set. On error it has rolled back to the
 // savepoint (unless the caller owns tx).
 func runBatch[T txKind](ctx context.Context, ib *Inbox, tx T, ms []Message, p *batchPlan, owned bool) error {
+	fresh, dups := ib.triage(ms, p)
 	slot := &resultSlot{}
 	hctx := handlerCtx(ctx, slot, owned)
-	var setKeys []string
-	var setResults [][]byte
-	processed, dups := 0, 0
-	for i, m := range ms {
+	for _, i := range fresh {
+		*slot = resultSlot{}
+		if err := tx.handle(hctx, ms[i]); err != nil {
+			ib.stats.handlerErrors.Add(1)
+			return undo(ctx, tx, owned, ib.msgErr(i, ms[i], p.results[i].Key, fmt.Errorf("handler: %w", err)))
+		}
+		if slot.set {
+			p.results[i].Stored = slot.b
+		}
+	}
+	return ib.finishBatch(ctx, tx, p, fresh, dups, owned)
+}
+
+// triage marks every message of ms that needs no handler (a later copy
+// within the batch, at or below its partition's watermark, a key processed
+// before) as a duplicate and returns the positions of the others, in input
+// order, with the number of duplicates.
+func (ib *Inbox) triage(ms []Message, p *batchPlan) (fresh []int, dups int) {
+	for i := range ms {
 		res := &p.results[i]
-		if j := p.first[res.Key]; j != i { // a later copy within the batch
-			res.Duplicate, res.Stored = true, p.results[j].Stored
+		if p.first[res.Key] != i { // a later copy within the batch: Stored is set by finishBatch
+			res.Duplicate = true
 			dups++
 			continue
 		}
@@ -414,16 +440,21 @@ func runBatch[T txKind](ctx context.Context, ib *Inbox, tx T, ms []Message, p *b
 			dups++
 			continue
 		}
-		*slot = resultSlot{}
-		if err := tx.handle(hctx, m); err != nil {
-			ib.stats.handlerErrors.Add(1)
-			return undo(ctx, tx, owned, ib.msgErr(i, m, res.Key, fmt.Errorf("handler: %w", err)))
-		}
-		processed++
-		if slot.set {
-			res.Stored = slot.b
-			setKeys = append(setKeys, res.Key)
-			setResults = append(setResults, slot.b)
+		fresh = append(fresh, i)
+	}
+	return fresh, dups
+}
+
+// finishBatch stores the results the handlers of the fresh messages set,
+// hands them to later copies within the batch, and counts. On error it has
+// rolled back to the savepoint (unless the caller owns tx).
+func (ib *Inbox) finishBatch(ctx context.Context, tx execer, p *batchPlan, fresh []int, dups int, owned bool) error {
+	var setKeys []string
+	var setResults [][]byte
+	for _, i := range fresh {
+		if r := p.results[i]; r.Stored != nil {
+			setKeys = append(setKeys, r.Key)
+			setResults = append(setResults, r.Stored)
 		}
 	}
 	if len(setKeys) > 0 {
@@ -431,7 +462,12 @@ func runBatch[T txKind](ctx context.Context, ib *Inbox, tx T, ms []Message, p *b
 			return undo(ctx, tx, owned, fmt.Errorf("inbox: consumer %q: store results: %w", ib.consumer, err))
 		}
 	}
-	ib.stats.processed.Add(uint64(processed))
+	for i := range p.results {
+		if j := p.first[p.results[i].Key]; j != i {
+			p.results[i].Stored = p.results[j].Stored
+		}
+	}
+	ib.stats.processed.Add(uint64(len(fresh)))
 	ib.stats.duplicates.Add(uint64(dups))
 	return nil
 }

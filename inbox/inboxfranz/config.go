@@ -23,7 +23,7 @@ const LeaveTimeoutDefault = 10 * time.Second
 // transaction, 25 attempts over about three minutes, dead letters to
 // "<topic>.dlq", no topic ids, offsets committed every second.
 //
-// The settings both adapters share (BatchSize, BatchWait, MaxAttempts,
+// The settings both adapters share (BatchSize, BatchHandler, BatchWait, MaxAttempts,
 // RetryBackoff, MaxRetryBackoff, DeadLetterTopic, DrainTimeout, Logger) are
 // [inbox.ConsumerConfig]'s, documented there with their defaults
 // (inbox.BatchSizeDefault…) and sentinels (inbox.NoBatchWait…), the same

@@ -64,7 +64,9 @@ type tp struct {
 // NewHandler handles them (the two adapters share one loop): retryable
 // database errors retry uncounted, errors that need an operator end Run,
 // handler errors count as attempts and are dead-lettered after
-// Config.MaxAttempts (at once for inbox.Permanent).
+// Config.MaxAttempts (at once for inbox.Permanent). With Config.BatchHandler
+// set, fn must be nil and each batch goes to the batch handler at once, as
+// with inboxsarama.
 //
 // The Consumer installs kgo.OnPartitionsRevoked, kgo.OnPartitionsLost and
 // kgo.BlockRebalanceOnPoll (opts must not rely on their own hooks; the

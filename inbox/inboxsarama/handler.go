@@ -15,7 +15,7 @@ import (
 // transaction, 25 attempts over about three minutes, dead letters to
 // "<topic>.dlq", no topic ids, offsets left to sarama's auto-commit.
 //
-// The settings both adapters share (BatchSize, BatchWait, MaxAttempts,
+// The settings both adapters share (BatchSize, BatchHandler, BatchWait, MaxAttempts,
 // RetryBackoff, MaxRetryBackoff, DeadLetterTopic, DrainTimeout, Logger) are
 // [inbox.ConsumerConfig]'s, documented there with their defaults
 // (inbox.BatchSizeDefault…) and sentinels (inbox.NoBatchWait…).
@@ -71,6 +71,11 @@ var _ sarama.ConsumerGroupHandler = (*Handler)(nil)
 // events it produces, commit together with the inbox key, so a redelivered
 // message is skipped as a duplicate and consume→process→produce is
 // exactly-once in effect.
+//
+// With opts.BatchHandler set, fn must be nil: the batch handler gets each
+// batch's new messages at once (ib.ProcessBatchAtOnce), and a batch it fails
+// in part (an inbox.BatchError) is cut at the first failed message: the
+// messages before it commit, it is retried alone, then the rest follow.
 //
 // Failures:
 //   - Database errors that retrying can fix (connection lost, failover,

@@ -31,10 +31,12 @@ type handmade struct {
 }
 
 // handmade is the hand-written consumer of kind: "handwritten",
-// "handwritten-batchwrite" or "price-of-exactly-once".
+// "handwritten-batchwrite", "price-of-exactly-once" or
+// "nodedup-batchwrite" (no dedup, a batch's rows in one statement).
 func (env *benchEnv) handmade(kind, group string, batch int) *handmade {
 	return &handmade{env: env, group: group, batch: batch,
-		dedup: kind != "price-of-exactly-once", batchWrite: kind == "handwritten-batchwrite"}
+		dedup:      kind != "price-of-exactly-once" && kind != "nodedup-batchwrite",
+		batchWrite: kind == "handwritten-batchwrite" || kind == "nodedup-batchwrite"}
 }
 
 // rec is a record of either client, as the hand-written consumer uses it.

@@ -60,11 +60,11 @@ const (
 //     round trips, so the ratio cannot go far above 1.
 //   - <client>/handwritten-batchwrite/batch100: what a team that batches by
 //     hand writes: the same dedup, then the batch's business rows in ONE
-//     statement (INSERT … SELECT FROM unnest). The adapters cannot do that
-//     (their handler sees one message at a time, in the batch's transaction,
-//     with no hook at the end of the batch), so pgbox's side is the same as
-//     in the row above: this row is the price of the per-message handler API,
-//     not of the dedup.
+//     statement (INSERT … SELECT FROM unnest). A per-message handler cannot
+//     do that (it sees one message at a time), so pgbox's side is the same
+//     as in the row above: this row is the price of the per-message handler
+//     API, not of the dedup. BenchmarkConsumerBatchHandler measures the
+//     batch handler (ConsumerConfig.BatchHandler), which can.
 //   - <client>/price-of-exactly-once/batch1|100: the same business INSERTs
 //     with no dedup at all (one autocommit INSERT per message at batch 1; one
 //     transaction per batch with one INSERT per message at batch 100).
@@ -93,34 +93,41 @@ func BenchmarkConsumer(b *testing.B) {
 			{"price-of-exactly-once", 1}, {"price-of-exactly-once", 100},
 		} {
 			b.Run(fmt.Sprintf("%s/%s/batch%d", client, row.vs, row.batch), func(b *testing.B) {
-				var tp, tb time.Duration
-				var rp, rb int64
-				for i := range b.N {
-					pg := func() {
-						d, rt := env.consumeOnce(b, client, "pgbox", row.batch)
-						tp, rp = tp+d, rp+rt
-					}
-					base := func() {
-						d, rt := env.consumeOnce(b, client, row.vs, row.batch)
-						tb, rb = tb+d, rb+rt
-					}
-					if i%2 == 0 {
-						pg()
-						base()
-					} else {
-						base()
-						pg()
-					}
-				}
-				n := float64(b.N * benchRecords)
-				b.ReportMetric(n/tp.Seconds(), "pgbox-msgs/s")
-				b.ReportMetric(n/tb.Seconds(), "baseline-msgs/s")
-				b.ReportMetric(tb.Seconds()/tp.Seconds(), "x-baseline")
-				b.ReportMetric(float64(rp)/n, "pgbox-rt/msg")
-				b.ReportMetric(float64(rb)/n, "baseline-rt/msg")
+				env.interleave(b, client, "pgbox", row.vs, row.batch)
 			})
 		}
 	}
+}
+
+// interleave runs pgbox's side of kind pg and the baseline of kind vs on
+// client, b.N times each, alternating which goes first, and reports both
+// rates, their ratio and both sides' round trips per record.
+func (env *benchEnv) interleave(b *testing.B, client, pg, vs string, batch int) {
+	var tp, tb time.Duration
+	var rp, rb int64
+	for i := range b.N {
+		pgbox := func() {
+			d, rt := env.consumeOnce(b, client, pg, batch)
+			tp, rp = tp+d, rp+rt
+		}
+		base := func() {
+			d, rt := env.consumeOnce(b, client, vs, batch)
+			tb, rb = tb+d, rb+rt
+		}
+		if i%2 == 0 {
+			pgbox()
+			base()
+		} else {
+			base()
+			pgbox()
+		}
+	}
+	n := float64(b.N * benchRecords)
+	b.ReportMetric(n/tp.Seconds(), "pgbox-msgs/s")
+	b.ReportMetric(n/tb.Seconds(), "baseline-msgs/s")
+	b.ReportMetric(tb.Seconds()/tp.Seconds(), "x-baseline")
+	b.ReportMetric(float64(rp)/n, "pgbox-rt/msg")
+	b.ReportMetric(float64(rb)/n, "baseline-rt/msg")
 }
 
 // benchCommitInterval is how often every consumer of the benchmark commits
@@ -243,10 +250,11 @@ func (env *benchEnv) start(tb testing.TB, client, kind, group string, batch int)
 	switch {
 	case client == "sarama":
 		var h sarama.ConsumerGroupHandler = env.handmade(kind, group, batch)
-		if kind == "pgbox" {
-			ib, err := inbox.New(inbox.Config{Consumer: group, Key: inbox.ByHeader(eventHeader)})
+		if isPgbox(kind) {
+			icfg, fn, cc := pgboxSide(kind, group, batch)
+			ib, err := inbox.New(icfg)
 			require.NoError(tb, err)
-			h, err = inboxsarama.NewHandler(env.pool, ib, benchEffect, inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch}})
+			h, err = inboxsarama.NewHandler(env.pool, ib, fn, inboxsarama.Config{ConsumerConfig: cc})
 			require.NoError(tb, err)
 		}
 		cfg := consumetest.GroupConfig()
@@ -262,10 +270,11 @@ func (env *benchEnv) start(tb testing.TB, client, kind, group string, batch int)
 				}
 			}
 		})
-	case kind == "pgbox":
-		ib, err := inbox.New(inbox.Config{Consumer: group, Key: inbox.ByHeader(eventHeader)})
+	case isPgbox(kind):
+		icfg, fn, cc := pgboxSide(kind, group, batch)
+		ib, err := inbox.New(icfg)
 		require.NoError(tb, err)
-		c, err := inboxfranz.NewConsumer(env.pool, ib, benchEffect, inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: batch}, CommitInterval: benchCommitInterval},
+		c, err := inboxfranz.NewConsumer(env.pool, ib, fn, inboxfranz.Config{ConsumerConfig: cc, CommitInterval: benchCommitInterval},
 			franzOpts(env.b.Addrs, group, env.b.Topic, kgo.CooperativeStickyBalancer())...)
 		require.NoError(tb, err)
 		wg.Go(func() {

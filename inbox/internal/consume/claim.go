@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgbox/pgbox/inbox"
-	"github.com/pgbox/pgbox/inbox/internal/owntx"
 	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
@@ -219,7 +218,7 @@ func (c *claimRun[R]) handle(batch []R) bool {
 		var res []inbox.Result
 		err := c.inTx(func(tx pgx.Tx) error {
 			var err error
-			res, err = c.l.ib.ProcessBatch(owntx.With(c.work, tx), tx, msgs, c.wrap(&herr))
+			res, err = c.processBatch(tx, msgs, &herr)
 			return err
 		})
 		if err == nil {
@@ -230,6 +229,9 @@ func (c *claimRun[R]) handle(batch []R) bool {
 		}
 		return err, herr
 	}, func(err, herr error, kind errKind) (done, ok bool) {
+		if k, cut := c.cutAt(len(msgs), err, herr); cut {
+			return true, c.cut(batch, msgs, k, err, kind)
+		}
 		return true, c.fallBack(batch, msgs, err, herr, kind)
 	})
 }
@@ -253,16 +255,8 @@ func (c *claimRun[R]) fallBack(batch []R, msgs []inbox.Message, err, herr error,
 		"topic", msgs[0].Topic, "partition", msgs[0].Partition, "first_offset", msgs[0].Offset,
 		"size", len(msgs), "error", err)
 	var me *inbox.MessageError
-	if herr != nil && errors.As(err, &me) && me.Index >= 0 && me.Index < len(msgs) {
-		m := msgs[me.Index]
-		c.l.stats.failures.Add(1)
-		attempts, ok := c.countAttempt(m, err)
-		if !ok {
-			return false
-		}
-		if attempts > 0 && (kind == errPermanent || attempts >= c.l.cfg.MaxAttempts) {
-			c.exhausted[m.Offset] = exhausted{cause: err, attempts: attempts}
-		}
+	if herr != nil && errors.As(err, &me) && me.Index >= 0 && me.Index < len(msgs) && !c.batchAttempt(msgs[me.Index], err, kind) {
+		return false
 	}
 	return c.handleEach(batch, msgs)
 }
@@ -318,7 +312,7 @@ func (c *claimRun[R]) processOne(m inbox.Message) (res inbox.Result, err, herr e
 	_, hadAttempts := c.attempted[m.Offset]
 	err = c.inTx(func(tx pgx.Tx) error {
 		var err error
-		res, err = c.l.ib.Process(owntx.With(c.work, tx), tx, m, c.wrap(&herr))
+		res, err = c.processOneIn(tx, m, &herr)
 		if err == nil && hadAttempts {
 			_, err = tx.Exec(c.work, sqlDeleteAttempts, c.l.ib.Consumer(), m.Topic, m.TopicID, m.Partition, m.Offset)
 			if err != nil {

@@ -57,8 +57,8 @@ func New(pool *pgxpool.Pool, ib *inbox.Inbox, fn inbox.HandlerFunc, cfg Config, 
 	if ib == nil {
 		return nil, fmt.Errorf("%s: %s: nil *inbox.Inbox (make one with inbox.New)", cfg.Name, ctor)
 	}
-	if fn == nil {
-		return nil, fmt.Errorf("%s: %s: nil HandlerFunc (pass the func that does each message's business work)", cfg.Name, ctor)
+	if err := handlerOf(fn, cfg, ctor); err != nil {
+		return nil, err
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err

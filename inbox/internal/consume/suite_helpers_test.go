@@ -41,6 +41,7 @@ type settings struct {
 	pool            *pgxpool.Pool
 	ib              *inbox.Inbox
 	fn              inbox.HandlerFunc
+	batchFn         inbox.BatchHandlerFunc // with fn nil: ConsumerConfig.BatchHandler
 	group           string
 	batch           int
 	batchWait       time.Duration
@@ -107,7 +108,7 @@ func (m *member) report(err error) {
 
 func startSarama(t testing.TB, b *bundle, s settings) *member {
 	t.Helper()
-	cfg := inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: s.batch, BatchWait: s.batchWait, MaxAttempts: s.maxAttempts, RetryBackoff: s.retryBackoff, DrainTimeout: s.drainTimeout, DeadLetterTopic: s.deadLetterTopic, Logger: s.logger}, CommitOffsets: s.commitOffsets}
+	cfg := inboxsarama.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: s.batch, BatchWait: s.batchWait, MaxAttempts: s.maxAttempts, RetryBackoff: s.retryBackoff, DrainTimeout: s.drainTimeout, DeadLetterTopic: s.deadLetterTopic, Logger: s.logger, BatchHandler: s.batchFn}, CommitOffsets: s.commitOffsets}
 	if s.topicIDs {
 		client, err := sarama.NewClient(b.Addrs, consumetest.GroupConfig())
 		require.NoError(t, err)
@@ -153,7 +154,7 @@ func franzGroupOpts(addrs []string, group, topic string, balancer kgo.GroupBalan
 func startFranz(balancer kgo.GroupBalancer) func(t testing.TB, b *bundle, s settings) *member {
 	return func(t testing.TB, b *bundle, s settings) *member {
 		t.Helper()
-		cfg := inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: s.batch, BatchWait: s.batchWait, MaxAttempts: s.maxAttempts, RetryBackoff: s.retryBackoff, DrainTimeout: s.drainTimeout, DeadLetterTopic: s.deadLetterTopic, Logger: s.logger}, CommitOffsets: s.commitOffsets, TopicIDs: s.topicIDs, CommitInterval: 100 * time.Millisecond}
+		cfg := inboxfranz.Config{ConsumerConfig: inbox.ConsumerConfig{BatchSize: s.batch, BatchWait: s.batchWait, MaxAttempts: s.maxAttempts, RetryBackoff: s.retryBackoff, DrainTimeout: s.drainTimeout, DeadLetterTopic: s.deadLetterTopic, Logger: s.logger, BatchHandler: s.batchFn}, CommitOffsets: s.commitOffsets, TopicIDs: s.topicIDs, CommitInterval: 100 * time.Millisecond}
 		var mu sync.Mutex
 		var total inbox.ConsumerStats // of the consumers that ended
 		var cur *inboxfranz.Consumer

@@ -80,18 +80,26 @@ func TestSuiteRebalanceMidBatch(t *testing.T) {
 		}
 		s := settingsOf(b, newInbox(t, inbox.ByHeader(eventHeader)), slow)
 		s.batch, s.drainTimeout = 10, 200*time.Millisecond
-		watched := watchCommitted(t, b, 4)
-		m1 := a.start(t, b, s)
-		testutil.Eventually(t, 30*time.Second, "the first member under way", func() bool { _, d := b.Effects(t); return d >= 50 })
-		m2 := a.start(t, b, s)
-		testutil.Eventually(t, 30*time.Second, "half done", func() bool { _, d := b.Effects(t); return d >= n/2 })
-		m1.stop()
-		testutil.Eventually(t, 60*time.Second, "all effects", func() bool { _, d := b.Effects(t); return d >= n })
-		m2.stop()
-		requireExactlyOnce(t, b, n, 4)
-		require.Empty(t, watched(), "a committed offset ran ahead of the effects committed in PostgreSQL")
-		require.Zero(t, m1.stats().DeadLettered+m2.stats().DeadLettered)
+		rebalanceMidBatch(t, a, b, s, n)
 	})
+}
+
+// rebalanceMidBatch runs a member with s until n/8 events took effect,
+// starts a second, stops the first at half, and checks the end: every event
+// once, no committed offset ahead of the effects, nothing dead-lettered.
+func rebalanceMidBatch(t *testing.T, a adapter, b *bundle, s settings, n int) {
+	t.Helper()
+	watched := watchCommitted(t, b, 4)
+	m1 := a.start(t, b, s)
+	testutil.Eventually(t, 30*time.Second, "the first member under way", func() bool { _, d := b.Effects(t); return d >= n/8 })
+	m2 := a.start(t, b, s)
+	testutil.Eventually(t, 30*time.Second, "half done", func() bool { _, d := b.Effects(t); return d >= n/2 })
+	m1.stop()
+	testutil.Eventually(t, 60*time.Second, "all effects", func() bool { _, d := b.Effects(t); return d >= n })
+	m2.stop()
+	requireExactlyOnce(t, b, n, 4)
+	require.Empty(t, watched(), "a committed offset ran ahead of the effects committed in PostgreSQL")
+	require.Zero(t, m1.stats().DeadLettered+m2.stats().DeadLettered)
 }
 
 // A poison message fails MaxAttempts times and is dead-lettered once, with
