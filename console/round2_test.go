@@ -1,14 +1,12 @@
 package console_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,6 +20,7 @@ import (
 	"github.com/pgbox/pgbox/console"
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testutil"
 )
 
 // Issue 27, item 1: a confirmed bulk action touches exactly the rows its
@@ -63,29 +62,11 @@ func joinIDs(ids []int64) string {
 	return strings.Join(s, ",")
 }
 
-// syncBuffer is a log destination several handlers write at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // Item 2: failed logins are logged and audited (user, source, method) and,
 // past a few, refused for a while, even with the right password.
 func TestFailedLoginsLoggedAuditedThrottled(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	b := setup(t, func(c *console.Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	guess := b.as("otto", "guess")
 	for range 5 {
