@@ -150,18 +150,20 @@ func (f *floorState) claimed(c *claimed, perSlot, batch int, at time.Time) {
 		lastSlot = c.rows[len(c.rows)-1].slot
 	}
 	f.owned = slotSet{}
+	var probed slotSet
 	reached := true
 	for i, s := range m.slots {
 		f.owned.add(int(s))
 		f.floor[s], f.epoch[s] = m.floors[i], m.epochs[i]
 		if reached {
 			f.probed[s] = at
+			probed.add(int(s))
 		}
 		if s == lastSlot {
 			reached = false
 		}
 	}
-	c.move = floorMove{bound: f.bound, perSlot: perSlot, truncated: lastSlot}
+	c.move = floorMove{bound: f.bound, perSlot: perSlot, truncated: lastSlot, probed: probed}
 }
 
 // floorMove is what a claim lets the floors rise to once its batch is
@@ -171,7 +173,8 @@ func (f *floorState) claimed(c *claimed, perSlot, batch int, at time.Time) {
 type floorMove struct {
 	bound     int64
 	perSlot   int
-	truncated int16 // the slot the full batch ended in (its rows may go on); -1: none
+	truncated int16   // the slot the full batch ended in (its rows may go on); -1: none
+	probed    slotSet // the slots the claim read
 }
 
 // recorded notes that the statement recording c's batch ran as
@@ -211,11 +214,12 @@ func (f *floorState) moved(c *claimed, published map[int64]bool) {
 		if f.epoch[slot] != c.meta.epochs[i] || f.floor[slot] != c.meta.floors[i] {
 			continue // a later claim (or forget) has been here
 		}
+		if !c.move.probed.has(int(slot)) {
+			continue
+		}
 		to := c.move.bound + 1
 		s := per[slot]
 		switch {
-		case s == nil && c.move.truncated >= 0 && !reachedBefore(c.meta.slots, slot, c.move.truncated):
-			continue // not probed
 		case s == nil:
 		case s.firstBad != 0:
 			to = min(to, s.firstBad)
@@ -224,17 +228,4 @@ func (f *floorState) moved(c *claimed, published map[int64]bool) {
 		}
 		f.floor[slot] = max(f.floor[slot], to)
 	}
-}
-
-// reachedBefore reports whether slot comes before last in slots' order.
-func reachedBefore(slots []int16, slot, last int16) bool {
-	for _, s := range slots {
-		if s == last {
-			return false
-		}
-		if s == slot {
-			return true
-		}
-	}
-	return false
 }
