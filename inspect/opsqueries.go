@@ -64,8 +64,17 @@ SELECT (SELECT max(id) FROM b), (SELECT count(*) FROM u)`
 // above them (relay/floor.go); a rewind record makes the next claim of the
 // slot start no later than the parked row again, so the row (retried) or
 // the rows it held (both) are claimed in id order.
+//
+// The statement's ROW EXCLUSIVE lock on pgbox_outbox_rewinds (taken before
+// it runs) conflicts with the SHARE lock every claim takes first, so the
+// action commits before a claim starts or after it ends, never between the
+// claim's reads (migration 00120). Rewinds older than an hour go in the
+// same statement: a relay that has not claimed for ten minutes forgets its
+// floors anyway (relay/floor.go).
 const sqlRewind = `rw AS (
 	INSERT INTO pgbox_outbox_rewinds (slot, from_id) SELECT u.slot, min(u.id) FROM u GROUP BY u.slot
+), rwgone AS (
+	DELETE FROM pgbox_outbox_rewinds WHERE created_at < now() - interval '1 hour'
 )`
 
 // deadWhere selects dead letters: $1 consumer (” any), $2 topic (” any),

@@ -54,4 +54,13 @@ type RelayStats struct {
 	Lanes int
 	// Instances is how many live relay instances the last heartbeat saw.
 	Instances int
+	// RowsBelowFloor counts committed rows the relay's sweep found below
+	// their slot's floor (relay.Config.SweepInterval): each one a hole in
+	// the floor's rule, published late rather than lost. Anything but 0 is
+	// a bug to report.
+	RowsBelowFloor uint64
+	// FloorOff says why claims do not start at the floors ("cache": the
+	// outbox id sequence caches values; "privilege": the relay's role may
+	// not read it; "marker": nor write pgbox_relay_marker), "" when they do.
+	FloorOff string
 }

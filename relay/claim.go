@@ -39,17 +39,25 @@ type claimed struct {
 	move floorMove
 }
 
-// claimMeta is the first part of pgbox_outbox_claim's result: the owned
+// claimMeta is the first part of pgbox_outbox_claim2's result: the owned
 // slots among those asked for, in the order probed, with the epoch and floor
-// each was probed under, and the sequence read and snapshot bounds the
-// floor's rule needs.
+// each was probed under, and what the claim says of the sequence, the
+// server and the snapshot its rows were read with (claim2SQL).
 type claimMeta struct {
-	slots     []int16
-	epochs    []int64
-	floors    []int64
-	seqLast   *int64 // NULL: the sequence caches values per session, or cannot be read
-	xmin      int64  // the rows' snapshot's
-	dbStarted int64  // when the server started, µs since the epoch
+	slots      []int16
+	epochs     []int64
+	floors     []int64
+	seqLast    *int64 // nil: the floor is off (seqOff says why)
+	seqOff     string // "cache", "privilege", "marker" or ""
+	ident      string
+	reset      bool // floors were reset to 0 before the rows were read
+	rewindSeen int64
+	rwSlots    []int32
+	rwFrom     []int64
+	rescan     bool // a long writer ended: slots started at rescanFrom, the settled bound + 1
+	rescanFrom int64
+	snap       string // the rows' snapshot, pg_snapshot's text form
+	sweep      bool   // every slot was read from its start
 }
 
 // takeBatch claims from every owned slot, or from only the ones in only,
@@ -62,48 +70,68 @@ func (r *Relay) takeBatch(ctx context.Context, only *slotSet) (claimed, int64, e
 	// The claim sees every row, late commits too, once the previous batch's
 	// rows are gone and its floors moved (waitFinish).
 	r.waitFinish()
-	slots := r.floors.order(only)
 	start := time.Now()
-	c, err := r.claim(ctx, slots)
+	if !r.floors.lastClaim.IsZero() && start.Sub(r.floors.lastClaim) > rewindGap {
+		r.floors.forget() // a rewind this relay never read may have been deleted since
+	}
+	sweep := only == nil && r.floors.sweepDue(start, r.cfg.SweepInterval)
+	a := r.floors.args(r.floors.order(only), sweep)
+	c, err := r.claim(ctx, &a)
 	if err != nil {
-		// A rewind the claim consumed may be lost with the answer: forget
-		// every floor (the next claims start at the slots' first rows).
+		// Forget every floor: the next claims start at the slots' first rows.
 		r.floors.forget()
 		return claimed{}, gen, err
 	}
-	r.floors.claimed(&c, r.claimPerSlot(), r.cfg.BatchSize, start)
-	if c.meta.seqLast == nil && len(c.meta.slots) > 0 {
-		r.warnNoFloor(ctx)
+	wasOff := r.floors.off
+	r.floors.claimed(&c, r.claimPerSlot(), r.cfg.BatchSize, start, only == nil)
+	if len(c.meta.slots) > 0 {
+		r.sayFloor(ctx, wasOff, start)
+		off := r.floors.off
+		r.floorOff.Store(&off)
+	}
+	if below := c.belowFloor(); len(below) > 0 {
+		r.rowsBelowFloor.Add(uint64(len(below)))
+		ids := make([]int64, 0, min(len(below), 10))
+		for _, x := range below[:min(len(below), 10)] {
+			ids = append(ids, x.id)
+		}
+		r.log.ErrorContext(ctx, "the sweep found committed rows below their slot's floor: the floor's rule let them pass; "+
+			"they are published now, in order (please report this: docs/relay.md, The floor)",
+			"rows", len(below), "first_ids", ids)
 	}
 	return c, gen, nil
 }
 
-// claim runs pgbox_outbox_claim over slots with their remembered floors.
-func (r *Relay) claim(ctx context.Context, slots []int32) (claimed, error) {
-	floors, epochs := r.floors.args(slots)
-	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.id, r.cfg.Lanes, slots, floors, epochs, r.claimPerSlot(), r.cfg.BatchSize)
+// claim runs pgbox_outbox_claim2 with a's arguments.
+func (r *Relay) claim(ctx context.Context, a *claimArgs) (claimed, error) {
+	a.instance, a.lanes, a.perSlot, a.batch = r.id, r.cfg.Lanes, r.claimPerSlot(), r.cfg.BatchSize
+	rows, err := r.cfg.Pool.Query(ctx, claimSQL, a.sql()...)
 	if err != nil {
 		return claimed{}, err
 	}
 	defer rows.Close()
-	var c claimed
+	c := claimed{meta: claimMeta{sweep: a.sweep, rescanFrom: a.settled + 1}}
 	for rows.Next() {
 		var (
-			x                      row
-			id, floor, seq, lo, hi *int64
-			eventID                *outbox.EventID
-			topic                  *string
-			createdAt              *time.Time
-			attempts               *int32
+			x                       row
+			id, floor, seq, rwSeen  *int64
+			eventID                 *outbox.EventID
+			topic, off, ident, snap *string
+			createdAt               *time.Time
+			attempts                *int32
+			reset, rescan           *bool
+			rwSlots                 []int32
+			rwFrom                  []int64
 		)
 		if err := rows.Scan(&id, &eventID, &x.slot, &topic, &x.key, &x.value, &x.headers, &createdAt, &attempts, &x.epoch,
-			&floor, &seq, &lo, &hi); err != nil {
+			&floor, &seq, &off, &ident, &reset, &rwSeen, &rwSlots, &rwFrom, &rescan, &snap); err != nil {
 			return claimed{}, err
 		}
 		if id == nil { // a probed slot
 			m := &c.meta
 			m.slots, m.epochs, m.floors = append(m.slots, x.slot), append(m.epochs, x.epoch), append(m.floors, *floor)
-			m.seqLast, m.xmin, m.dbStarted = seq, *lo, *hi
+			m.seqLast, m.seqOff, m.ident, m.reset = seq, deref(off), deref(ident), deref(reset)
+			m.rewindSeen, m.rwSlots, m.rwFrom, m.rescan, m.snap = deref(rwSeen), rwSlots, rwFrom, deref(rescan), deref(snap)
 			continue
 		}
 		x.id, x.eventID, x.topic, x.createdAt, x.attempts = *id, *eventID, *topic, *createdAt, *attempts
@@ -112,13 +140,46 @@ func (r *Relay) claim(ctx context.Context, slots []int32) (claimed, error) {
 	return c, rows.Err()
 }
 
-// warnNoFloor says once why claims start at each slot's first row.
-func (r *Relay) warnNoFloor(ctx context.Context) {
-	if r.floors.warned {
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// floorOffSayEvery is how often the relay repeats, while floors are off,
+// why they are.
+const floorOffSayEvery = 15 * time.Minute
+
+// sayFloor logs when the floor turns off or on, and every floorOffSayEvery
+// while it stays off, naming the cause and the fix.
+func (r *Relay) sayFloor(ctx context.Context, wasOff string, now time.Time) {
+	off := r.floors.off
+	switch {
+	case off == "" && wasOff != "":
+		r.log.InfoContext(ctx, "claims start at each slot's floor again", "was_off", wasOff)
+		return
+	case off == "":
+		return
+	case off == wasOff && now.Sub(r.floors.offSaid) < floorOffSayEvery:
 		return
 	}
-	r.floors.warned = true
-	r.log.WarnContext(ctx, "the outbox id sequence caches values per session (or the relay may not read it): "+
-		"claims start at each slot's first row, so a held xmin horizon slows them; "+
-		"ALTER SEQUENCE ... CACHE 1 (docs/relay.md, The floor)")
+	r.floors.offSaid = now
+	r.log.WarnContext(ctx, floorOffText(off)+": claims start at each slot's first row, so a held xmin horizon slows them "+
+		"(docs/relay.md, The floor)", "floor_off", off)
+}
+
+// floorOffText names why the floor is off, and the fix.
+func floorOffText(off string) string {
+	switch off {
+	case "cache":
+		return "the outbox id sequence (pgbox_outbox_id_seq) caches values per session, so ids are not handed out in order; " +
+			"ALTER SEQUENCE pgbox_outbox_id_seq CACHE 1"
+	case "privilege":
+		return "the relay's role may not read the outbox id sequence; GRANT SELECT ON SEQUENCE pgbox_outbox_id_seq TO <the relay's role>"
+	case "marker":
+		return "the relay's role may not write pgbox_relay_marker; GRANT SELECT, INSERT ON pgbox_relay_marker TO <the relay's role>"
+	}
+	return "the floor is off (" + off + ")"
 }

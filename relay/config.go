@@ -38,6 +38,8 @@ const (
 	UnknownTopicWindowDefault = 5 * time.Minute
 	// KafkaOutageAlertDefault is Config.KafkaOutageAlert's default.
 	KafkaOutageAlertDefault = time.Minute
+	// SweepIntervalDefault is Config.SweepInterval's default.
+	SweepIntervalDefault = time.Minute
 )
 
 // NoUnknownTopicWindow, as Config.UnknownTopicWindow, treats a topic that does
@@ -146,6 +148,16 @@ type Config struct {
 	// and `relay status` show it from the first failure. Defaults to
 	// [KafkaOutageAlertDefault] (1m).
 	KafkaOutageAlert time.Duration
+	// SweepInterval is how often one claim reads every owned slot from its
+	// start instead of its floor: the floor's second line of defence. A
+	// committed row it finds below a floor is published at once, in order,
+	// counted (outbox.RelayStats.RowsBelowFloor,
+	// pgbox_relay_rows_below_floor_total) and logged at ERROR: a hole in
+	// the floor's rule becomes a delay of at most SweepInterval and an
+	// alarm, never a lost row. Each sweep walks the dead index entries a
+	// held xmin horizon keeps (once per interval, not per claim). There is
+	// no way to turn it off. Defaults to [SweepIntervalDefault] (1m).
+	SweepInterval time.Duration
 	// MaxBackoff caps the exponential backoff after failed passes. Defaults to
 	// [MaxBackoffDefault] (10s).
 	MaxBackoff time.Duration
@@ -211,6 +223,7 @@ func (c Config) withDefaults() Config {
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, MaxBackoffDefault)
 	c.UnknownTopicWindow = cmp.Or(c.UnknownTopicWindow, UnknownTopicWindowDefault)
 	c.KafkaOutageAlert = cmp.Or(c.KafkaOutageAlert, KafkaOutageAlertDefault)
+	c.SweepInterval = cmp.Or(c.SweepInterval, SweepIntervalDefault)
 	c.Channel = cmp.Or(c.Channel, outbox.ChannelDefault)
 	c.StopTimeout = cmp.Or(c.StopTimeout, StopTimeoutDefault)
 	if c.Logger == nil {
@@ -244,7 +257,8 @@ func (c Config) validate() error {
 		name string
 		v    time.Duration
 	}{{"PollInterval", c.PollInterval}, {"BusyPollInterval", c.BusyPollInterval}, {"HeartbeatInterval", c.HeartbeatInterval},
-		{"LeaseTTL", c.LeaseTTL}, {"MaxBackoff", c.MaxBackoff}, {"StopTimeout", c.StopTimeout}, {"KafkaOutageAlert", c.KafkaOutageAlert}} {
+		{"LeaseTTL", c.LeaseTTL}, {"MaxBackoff", c.MaxBackoff}, {"StopTimeout", c.StopTimeout}, {"KafkaOutageAlert", c.KafkaOutageAlert},
+		{"SweepInterval", c.SweepInterval}} {
 		if d.v < 0 {
 			return fmt.Errorf("relay: Config.%s is %s: use a positive duration, or 0 for the default", d.name, d.v)
 		}

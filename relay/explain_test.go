@@ -99,9 +99,7 @@ func TestClaimQueryUsesIndex(t *testing.T) {
 	ownAllLanes(t, db, 4)
 
 	r := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 500, Lanes: 16}, id: "me"}
-	slots := r.floors.order(nil)
-	floors, epochs := r.floors.args(slots)
-	plans := claimPlans(t, db, 7, "me", 16, slots, floors, epochs, 62, 500)
+	plans := claimPlans(t, db, 7, r.testClaimArgs(nil, 62, 500)...)
 	t.Log("\n" + plans[len(plans)-1])
 	requireIndexPlans(t, "300k rows, a third parked", plans)
 	require.Contains(t, plans[0], "Index Scan using pgbox_outbox_parked_key_idx on pgbox_outbox p",
@@ -110,7 +108,7 @@ func TestClaimQueryUsesIndex(t *testing.T) {
 	// And the claim returns the right rows: only owned lanes, unparked, oldest first per slot.
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	got, err := r.claim(cctx, slots)
+	got, err := r.claimSlots(cctx, r.floors.order(nil))
 	require.NoError(t, err)
 	require.Len(t, got.rows, 500)
 	require.Len(t, got.meta.slots, 64, "every slot of the 4 owned lanes is described")
@@ -174,9 +172,7 @@ func TestClaimPlanCannotFlip(t *testing.T) {
 			}
 			ownAllLanes(t, db, 16)
 			r := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 2000, Lanes: 16}, id: "me"}
-			slots := r.floors.order(nil)
-			floors, epochs := r.floors.args(slots)
-			requireIndexPlans(t, st.name, claimPlans(t, db, 7, "me", 16, slots, floors, epochs, 500, 2000))
+			requireIndexPlans(t, st.name, claimPlans(t, db, 7, r.testClaimArgs(nil, 500, 2000)...))
 		})
 	}
 }

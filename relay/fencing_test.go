@@ -33,7 +33,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	}
 	old := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, id: "old"}
 	heartbeat("old")
-	c, err := old.claim(ctx, old.floors.order(nil))
+	c, err := old.claimSlots(ctx, old.floors.order(nil))
 	require.NoError(t, err)
 	claimed := c.rows
 	require.Len(t, claimed, 2)
@@ -56,14 +56,14 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox WHERE attempts = 0 AND parked_at IS NULL`).Scan(&n))
 	require.Equal(t, 1, n)
-	again, err := old.claim(ctx, old.floors.order(nil))
+	again, err := old.claimSlots(ctx, old.floors.order(nil))
 	require.NoError(t, err)
 	require.Empty(t, again.rows, "a stale instance claims nothing")
 	require.Empty(t, again.meta.slots, "and owns no slot")
 
 	// The new owner settles them under its own epoch.
 	fresh := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, id: "new"}
-	c, err = fresh.claim(ctx, fresh.floors.order(nil))
+	c, err = fresh.claimSlots(ctx, fresh.floors.order(nil))
 	require.NoError(t, err)
 	mine := c.rows
 	require.Len(t, mine, 1)

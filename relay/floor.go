@@ -2,6 +2,8 @@ package relay
 
 import (
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pgbox/pgbox/internal/slot"
@@ -15,48 +17,68 @@ import (
 // walked every one of them, so its cost grew for as long as the hold
 // lasted. Each slot's claim starts at its floor instead: every row of the
 // slot below the floor is published, parked, or held back by a parked row,
-// and no row below it can still appear.
+// and no row below it can still appear, except rows of the long writers
+// the floors passed (below).
 //
 // That last part is the sequence-gap race: ids are taken at insert, rows
 // appear at commit, so a row with a low id can appear after rows with
 // higher ids were published. The floor passes an id only once every
-// transaction that could hold such an id has ended:
+// transaction that could hold such an id has ended or is watched:
 //
-//   - outbox.Write takes its transaction id before the row takes its id
-//     from the sequence;
+//   - every writer takes its transaction id before its rows take ids from
+//     the sequence: a statement-level trigger does it before any row of an
+//     INSERT, INSERT ... SELECT or COPY is computed (migration 00120), so
+//     no writer has to know;
 //   - each claim reads the sequence's last value V; the statement that then
 //     records the claim's batch (finishSQL) gets its transaction id F after
 //     that read, so every transaction holding an id up to V has a
 //     transaction id below F (transaction ids are handed out in order);
-//   - F has committed, so any of them still running would be listed in a
-//     later claim's snapshot; once that snapshot's xmin is above F, all of
-//     them have ended and their rows are visible to that claim: V is
-//     settled, and that claim may raise floors up to V+1 (seqSample, bound).
+//   - F has committed, so a later claim's snapshot lists every one of them
+//     still running (F is below that snapshot's xmax). If it lists none, V
+//     is settled: every row up to V is visible or never will be.
+//   - If it lists some, and all of them were already running at the oldest
+//     unsettled sample (long writers: an idle-in-transaction session, a
+//     batch job), V is settled but for them: the floors may pass V
+//     provisionally, and the claim is told those writers (p_writers). The
+//     first claim whose rows' snapshot sees any of them ended starts every
+//     slot at the settled bound again, in the same statement that reads
+//     the ended writer's rows: one rescan per long writer, and its rows go
+//     out in id order with the rows after them. A long writer costs a
+//     rescan when it ends, not a walk per claim while it runs.
 //
-// (A snapshot's xmax will not do for F: it is the newest completed
-// transaction id plus one, and a transaction that took its id later and
-// still runs is in no snapshot's list below it.)
-//
-// A server restart (or a failover) may hand out sequence values again
-// (the sequence's last WAL record may not have been flushed), and a floor
-// could then pass a new row: the claim reports when the server started, and
-// a change forgets every floor and every sample.
+// The claim function checks, before it reads any row, that nothing under
+// the relay changed (claim2SQL): the crash marker (crash recovery and a
+// promotion empty it; they may hand out sequence values and transaction
+// ids again), the database, the sequence's file node, the server's start,
+// and a sequence read lower than one already seen (setval, RESTART,
+// TRUNCATE ... RESTART IDENTITY, a restore). Any of them resets every floor
+// to 0 in that very claim, and the relay forgets its samples.
 //
 // Read-only snapshot holders (pg_dump) have no transaction id and do not
-// hold xmin back here: the floor moves on while VACUUM is held. A long
-// writing transaction does hold it: floors stop at the ids taken when it
-// began, and claims walk the rows deleted since, until it ends.
+// hold xmin back here: the floor moves on while VACUUM is held.
 //
 // A floor may pass rows a parked row holds back. Retrying or discarding a
-// parked row (inspect) writes a rewind record; the claim function lowers
-// that slot's floor to the parked row's id. A floor established under
-// another lane epoch counts as 0 (the function checks), and every floor is
-// forgotten when a claim's answer is lost (it may have consumed a rewind).
+// parked row (inspect) writes a rewind record in the same statement; the
+// claim takes a lock that statement conflicts with, so the two never
+// interleave, and lowers the slot's floor to the parked row's id. A floor
+// established under another lane epoch counts as 0 (the function checks),
+// and every floor is forgotten when a claim's answer is lost.
+//
+// The second line of defence (sweep): every SweepInterval one claim reads
+// every owned slot from its start. A row it finds below where the floor
+// would have started is a hole in the rule above: it is published like
+// any other (in id order, so in key order) and counted, and the relay logs
+// an ERROR (pgbox_relay_rows_below_floor_total).
 
-// maxSamples bounds the sequence reads waiting to settle (a long writing
-// transaction stops them settling); while it is full new reads are dropped,
-// which only delays floors.
+// maxSamples bounds the sequence reads waiting to settle; samples whose
+// writers are the same are merged, so it is only reached with that many
+// distinct long writers, and new reads are then dropped (floors wait).
 const maxSamples = 64
+
+// rewindGap: a relay that has not claimed for this long forgets its floors:
+// operator actions delete rewinds older than an hour (inspect), and a relay
+// must not miss one.
+const rewindGap = 10 * time.Minute
 
 // seqSample is one claim's sequence read and the transaction id of the
 // statement that recorded its batch.
@@ -65,29 +87,66 @@ type seqSample struct{ last, xid int64 }
 // floorState is the work loop's memory of the slots; only the work loop
 // goroutine touches it (finish's results are applied by waitFinish).
 type floorState struct {
-	floor   [slot.Count]int64
-	epoch   [slot.Count]int64 // the lane epoch floor was established under; 0: none
-	probed  [slot.Count]time.Time
-	owned   slotSet // the owned slots among those the last claim asked for
+	floor  [slot.Count]int64
+	epoch  [slot.Count]int64 // the lane epoch floor was established under; 0: none
+	probed [slot.Count]time.Time
+	owned  slotSet // the owned slots, as the last claim of every slot found them
+
 	pending []seqSample
-	bound   int64 // the newest settled sequence value
-	started int64 // the server's start time the floors were established under
-	warned  bool  // warnNoFloor said its piece
+	settled int64   // no row with an id up to settled can still appear
+	prov    int64   // nor up to prov, except rows of writers
+	writers []int64 // the long writers prov passes
+
+	ident      string // what the floors were established under (claim2SQL)
+	seqSeen    int64  // the highest sequence value read since ident
+	rewindSeen int64  // the newest rewind applied
+	lastClaim  time.Time
+	off        string    // why floors are off ("": they are on), as the last claim said
+	offSaid    time.Time // when off was last logged
+
+	sweepAt time.Time // the last sweep
+	// hook, when set (tests), runs after the floors moved: a test that
+	// breaks the floor's rule on purpose shows the sweep catches it.
+	hook func(*floorState)
 }
 
-// args returns the remembered floor and its epoch for each slot.
-func (f *floorState) args(slots []int32) (floors, epochs []int64) {
-	floors, epochs = make([]int64, len(slots)), make([]int64, len(slots))
-	for i, s := range slots {
-		floors[i], epochs[i] = f.floor[s], f.epoch[s]
+// claimArgs are pgbox_outbox_claim2's arguments beyond the instance and
+// lanes: see claim2SQL.
+type claimArgs struct {
+	slots            []int32
+	floors, epochs   []int64
+	ident            string
+	seqSeen, rewinds int64
+	settled          int64
+	writers          []int64
+	sweep            bool
+	perSlot, batch   int
+	instance         string
+	lanes            int
+}
+
+func (a *claimArgs) sql() []any {
+	return []any{a.instance, a.lanes, a.slots, a.floors, a.epochs, a.ident, a.seqSeen, a.rewinds,
+		a.settled + 1, a.writers, a.sweep, a.perSlot, a.batch}
+}
+
+// args returns the claim's arguments for slots.
+func (f *floorState) args(slots []int32, sweep bool) claimArgs {
+	a := claimArgs{slots: slots, floors: make([]int64, len(slots)), epochs: make([]int64, len(slots)),
+		ident: f.ident, seqSeen: f.seqSeen, rewinds: f.rewindSeen, settled: f.settled,
+		writers: f.writers, sweep: sweep}
+	if a.writers == nil {
+		a.writers = []int64{}
 	}
-	return floors, epochs
+	for i, s := range slots {
+		a.floors[i], a.epochs[i] = f.floor[s], f.epoch[s]
+	}
+	return a
 }
 
-// forget drops every floor, and with everything a restarted server may
-// have invalidated, every sample.
+// forget drops every floor and every sample.
 func (f *floorState) forget() {
-	f.epoch, f.pending, f.bound = [slot.Count]int64{}, nil, 0
+	f.epoch, f.pending, f.settled, f.prov, f.writers = [slot.Count]int64{}, nil, 0, 0, nil
 }
 
 // order lists the slots to probe (all, or only's), least recently probed
@@ -105,6 +164,8 @@ func (f *floorState) order(only *slotSet) []int32 {
 }
 
 // stale reports whether an owned slot went unprobed for longer than d.
+// owned is what the last claim that asked for every slot found, so a
+// slot no recent pass named still counts.
 func (f *floorState) stale(now time.Time, d time.Duration) bool {
 	for s := range slot.Count {
 		if f.owned.has(s) && now.Sub(f.probed[s]) > d {
@@ -114,47 +175,149 @@ func (f *floorState) stale(now time.Time, d time.Duration) bool {
 	return false
 }
 
-// claimed records a claim: the floors and epochs it used, which slots it
-// probed, and the sequence read that may settle later. It leaves in c what
-// moving the floors after the batch is recorded needs (floorMove).
-func (f *floorState) claimed(c *claimed, perSlot, batch int, at time.Time) {
-	m := &c.meta
-	if len(m.slots) == 0 {
-		f.owned = slotSet{}
-		return
+// sweepDue reports whether the next full claim should sweep.
+func (f *floorState) sweepDue(now time.Time, every time.Duration) bool {
+	return every > 0 && now.Sub(f.sweepAt) >= every
+}
+
+// snapshot is a pg_snapshot: xmin, xmax and the running transaction ids.
+type snapshot struct {
+	xmin, xmax int64
+	xip        []int64 // sorted
+}
+
+// parseSnapshot reads pg_snapshot's text form, "xmin:xmax:xip,xip,...".
+func parseSnapshot(s string) (snapshot, bool) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return snapshot{}, false
 	}
-	if m.dbStarted != f.started {
-		// A new server, or the first claim: nothing remembered holds.
-		f.forget()
-		f.started = m.dbStarted
-		for i := range m.floors {
-			m.floors[i] = 0
+	var sn snapshot
+	var err error
+	if sn.xmin, err = strconv.ParseInt(parts[0], 10, 64); err != nil {
+		return snapshot{}, false
+	}
+	if sn.xmax, err = strconv.ParseInt(parts[1], 10, 64); err != nil {
+		return snapshot{}, false
+	}
+	if parts[2] != "" {
+		for x := range strings.SplitSeq(parts[2], ",") {
+			v, err := strconv.ParseInt(x, 10, 64)
+			if err != nil {
+				return snapshot{}, false
+			}
+			sn.xip = append(sn.xip, v)
 		}
 	}
-	// Settle what this snapshot's xmin allows.
+	slices.Sort(sn.xip)
+	return sn, true
+}
+
+// runningBelow is how many transactions the snapshot lists as running
+// with an id below xid (the first that many of xip).
+func (s *snapshot) runningBelow(xid int64) int {
+	n, _ := slices.BinarySearch(s.xip, xid)
+	return n
+}
+
+// settle moves settled and prov as far as snapshot sn allows (see the
+// package comment above): a sample no running transaction is below is
+// settled; the newest sample whose running transactions are exactly the
+// oldest sample's (the long writers) is settled but for them.
+func (f *floorState) settle(sn snapshot) {
 	kept := f.pending[:0]
 	for _, p := range f.pending {
-		if p.xid < m.xmin {
-			f.bound = max(f.bound, p.last)
-		} else {
+		if p.xid >= sn.xmax { // not possible for a committed F; keep it safe
 			kept = append(kept, p)
+			continue
 		}
+		if sn.runningBelow(p.xid) == 0 {
+			f.settled = max(f.settled, p.last)
+			continue
+		}
+		kept = append(kept, p)
 	}
 	f.pending = kept
+	f.prov, f.writers = f.settled, nil
+	if len(f.pending) == 0 {
+		return
+	}
+	long := sn.runningBelow(f.pending[0].xid)
+	f.writers = slices.Clone(sn.xip[:long])
+	// Samples whose writers are the same settle together: keep the newest.
+	merged := f.pending[:0]
+	for i, p := range f.pending {
+		n := sn.runningBelow(p.xid)
+		if n == long {
+			f.prov = max(f.prov, p.last)
+		}
+		if i+1 < len(f.pending) && sn.runningBelow(f.pending[i+1].xid) == n {
+			continue
+		}
+		merged = append(merged, p)
+	}
+	f.pending = merged
+}
+
+// claimed records a claim: the floors and epochs it used, which slots it
+// probed, and what it says of the server and the sequence. It leaves in c
+// what moving the floors after the batch is recorded needs (floorMove).
+func (f *floorState) claimed(c *claimed, perSlot, batch int, at time.Time, full bool) {
+	m := &c.meta
+	f.lastClaim = at
+	if full {
+		f.owned = slotSet{}
+		for _, s := range m.slots {
+			f.owned.add(int(s))
+		}
+	}
+	if m.sweep {
+		f.sweepAt = at
+	}
+	if len(m.slots) == 0 {
+		return
+	}
+	f.off = m.seqOff
+	if m.reset || m.ident != f.ident {
+		f.forget()
+		f.ident, f.seqSeen = m.ident, 0
+	}
+	if m.seqLast != nil {
+		f.seqSeen = max(f.seqSeen, *m.seqLast)
+	}
+	f.rewindSeen = max(f.rewindSeen, m.rewindSeen)
+	for i, s := range m.rwSlots {
+		if s >= 0 && s < slot.Count {
+			f.floor[s] = min(f.floor[s], m.rwFrom[i])
+		}
+	}
+	if m.rescan {
+		// A long writer ended: its rows may lie below the floors of slots
+		// this claim did not probe too (the probed ones started at
+		// rescanFrom already). Once it leaves writers, nothing else
+		// would bring those slots back to its rows.
+		for s := range slot.Count {
+			f.floor[s] = min(f.floor[s], m.rescanFrom)
+		}
+	}
+	if sn, ok := parseSnapshot(m.snap); ok {
+		f.settle(sn)
+	}
 
 	// A slot was probed unless the batch filled up before the claim reached
 	// it: after the last row's slot, nothing was read.
-	full := len(c.rows) >= batch
 	var lastSlot int16 = -1
-	if full {
+	if len(c.rows) >= batch {
 		lastSlot = c.rows[len(c.rows)-1].slot
 	}
-	f.owned = slotSet{}
 	var probed slotSet
 	reached := true
 	for i, s := range m.slots {
-		f.owned.add(int(s))
-		f.floor[s], f.epoch[s] = m.floors[i], m.epochs[i]
+		start := m.floors[i]
+		if m.sweep {
+			start = 0
+		}
+		f.floor[s], f.epoch[s] = start, m.epochs[i]
 		if reached {
 			f.probed[s] = at
 			probed.add(int(s))
@@ -163,13 +326,35 @@ func (f *floorState) claimed(c *claimed, perSlot, batch int, at time.Time) {
 			reached = false
 		}
 	}
-	c.move = floorMove{bound: f.bound, perSlot: perSlot, truncated: lastSlot, probed: probed}
+	c.move = floorMove{bound: f.prov, perSlot: perSlot, truncated: lastSlot, probed: probed}
+	if m.seqLast == nil {
+		c.move.bound = 0 // floors are off: nothing to move
+	}
+}
+
+// belowFloor counts the rows of a sweep that lie below where their slot's
+// claim would have started: each one a row the floor's rule let pass.
+func (c *claimed) belowFloor() []row {
+	if !c.meta.sweep {
+		return nil
+	}
+	start := make(map[int16]int64, len(c.meta.slots))
+	for i, s := range c.meta.slots {
+		start[s] = c.meta.floors[i]
+	}
+	var out []row
+	for _, x := range c.rows {
+		if x.id < start[x.slot] {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // floorMove is what a claim lets the floors rise to once its batch is
 // recorded: for each probed slot, the first row not published, or past the
-// last row claimed (or to the settled bound when the slot gave fewer rows
-// than it could), never past bound+1.
+// last row claimed (or to the bound when the slot gave fewer rows than it
+// could), never past bound+1.
 type floorMove struct {
 	bound     int64
 	perSlot   int
@@ -180,7 +365,8 @@ type floorMove struct {
 // recorded notes that the statement recording c's batch ran as
 // transaction xid (after c's sequence read), and raises the floors.
 func (f *floorState) recorded(c *claimed, xid int64, published map[int64]bool) {
-	if c.meta.seqLast != nil && c.meta.dbStarted == f.started && len(f.pending) < maxSamples {
+	if c.meta.seqLast != nil && c.meta.ident == f.ident && len(f.pending) < maxSamples &&
+		(len(f.pending) == 0 || f.pending[len(f.pending)-1].xid < xid) {
 		f.pending = append(f.pending, seqSample{last: *c.meta.seqLast, xid: xid})
 	}
 	f.moved(c, published)
@@ -189,7 +375,12 @@ func (f *floorState) recorded(c *claimed, xid int64, published map[int64]bool) {
 // moved raises the floors of the slots a claim probed, once its batch is
 // recorded; published is the set of ids now gone.
 func (f *floorState) moved(c *claimed, published map[int64]bool) {
-	if len(c.meta.slots) == 0 {
+	defer func() {
+		if f.hook != nil {
+			f.hook(f)
+		}
+	}()
+	if len(c.meta.slots) == 0 || c.meta.ident != f.ident {
 		return
 	}
 	type slotRows struct {
@@ -210,22 +401,26 @@ func (f *floorState) moved(c *claimed, published map[int64]bool) {
 			s.firstBad = x.id
 		}
 	}
-	for i, slot := range c.meta.slots {
-		if f.epoch[slot] != c.meta.epochs[i] || f.floor[slot] != c.meta.floors[i] {
-			continue // a later claim (or forget) has been here
+	for i, sl := range c.meta.slots {
+		start := c.meta.floors[i]
+		if c.meta.sweep {
+			start = 0
 		}
-		if !c.move.probed.has(int(slot)) {
+		if f.epoch[sl] != c.meta.epochs[i] || f.floor[sl] != start {
+			continue // a later claim (or forget, or a rewind) has been here
+		}
+		if !c.move.probed.has(int(sl)) {
 			continue
 		}
 		to := c.move.bound + 1
-		s := per[slot]
+		s := per[sl]
 		switch {
 		case s == nil:
 		case s.firstBad != 0:
 			to = min(to, s.firstBad)
-		case s.n >= c.move.perSlot || slot == c.move.truncated:
+		case s.n >= c.move.perSlot || sl == c.move.truncated:
 			to = min(to, s.last+1)
 		}
-		f.floor[slot] = max(f.floor[slot], to)
+		f.floor[sl] = max(f.floor[sl], to)
 	}
 }

@@ -76,15 +76,24 @@ const releaseSQL = `WITH rel AS (
 )
 DELETE FROM pgbox_relay_instances WHERE instance = $1`
 
-// claimSQL is the claim: pgbox_outbox_claim (migration 00100) reads, for
+// claimSQL is the claim: pgbox_outbox_claim2 (migration 00120) reads, for
 // every slot in $3 that belongs to a lane this instance owns right now, the
 // slot's oldest unparked rows from its floor ($4, under epoch $5) in id
 // order that no parked row holds back: one index range scan of
 // pgbox_outbox_claim_idx per slot, positioned at the floor, so its cost
 // depends neither on the table, nor on other lanes' backlogs, nor on how
 // many deleted rows a held xmin horizon keeps behind the floor (floor.go).
-// At most $6 rows come from one slot, so a batch of $7 spans several slots
-// when the backlog does.
+// At most $12 rows come from one slot, so a batch of $13 spans several
+// slots when the backlog does.
+//
+// Before it reads a row it checks what the floors were established under
+// ($6, $7: the crash marker, the database, the sequence's file node and
+// last value, the server's start) and resets every floor when any changed;
+// it lowers floors to the rewinds newer than $8; when any long writer of
+// $10 has ended, slots start no later than $9 (the settled bound); with
+// $11 every slot is read from its start (the sweep). It takes a lock that
+// operator actions on parked rows conflict with, so none commits between
+// its reads. See the function's comment in migrations/00120 and floor.go.
 //
 // It is a function so that its planner settings travel with it: it plans
 // with sequential and bitmap scans off, so no ANALYZE (a bloated heap, an
@@ -94,8 +103,11 @@ DELETE FROM pgbox_relay_instances WHERE instance = $1`
 //
 // Its first rows describe the probed slots (id NULL): see claimMeta.
 //
-// $1 instance, $2 lane count, $3 slots, $4 floors, $5 their epochs, $6 rows per slot, $7 batch size.
-const claimSQL = `SELECT * FROM pgbox_outbox_claim($1, $2, $3::int[], $4::bigint[], $5::bigint[], $6, $7)`
+// $1 instance, $2 lane count, $3 slots, $4 floors, $5 their epochs, $6 ident,
+// $7 highest sequence value seen, $8 newest rewind applied, $9 settled
+// bound + 1, $10 long writers, $11 sweep, $12 rows per slot, $13 batch size.
+const claimSQL = `SELECT * FROM pgbox_outbox_claim2($1, $2, $3::int[], $4::bigint[], $5::bigint[], $6, $7, $8, $9,
+	$10::bigint[], $11, $12, $13)`
 
 // finishSQL records a batch's outcome in one round trip: published rows are
 // deleted; rows that failed permanently get attempts + 1 and their error, and

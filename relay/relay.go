@@ -68,7 +68,9 @@ type Relay struct {
 	kafkaAlerted atomic.Bool
 
 	published, retried, parked, batches atomic.Uint64
-	failures                            atomic.Uint64 // permanent send failures since the last summary
+	failures                            atomic.Uint64          // permanent send failures since the last summary
+	rowsBelowFloor                      atomic.Uint64          // rows sweeps found below their slot's floor
+	floorOff                            atomic.Pointer[string] // why floors are off (floorState.off), for Stats
 	pubMu                               sync.Mutex
 	pubByTopic                          map[string]uint64 // published per topic since the last history sample
 	summaryAt                           time.Time         // the last summary; owned by the heartbeat goroutine
@@ -116,6 +118,8 @@ func (r *Relay) Stats() outbox.RelayStats {
 		Backlog:           r.backlog.Load(),
 		Lanes:             int(r.lanes.Load()),
 		Instances:         int(r.instances.Load()),
+		RowsBelowFloor:    r.rowsBelowFloor.Load(),
+		FloorOff:          deref(r.floorOff.Load()),
 	}
 }
 
