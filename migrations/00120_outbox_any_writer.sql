@@ -28,6 +28,50 @@ CREATE TRIGGER pgbox_outbox_xid_first BEFORE INSERT ON pgbox_outbox
     FOR EACH STATEMENT EXECUTE FUNCTION pgbox_outbox_xid_first();
 ALTER TABLE pgbox_outbox ENABLE ALWAYS TRIGGER pgbox_outbox_xid_first;
 
+-- 1b. A plain INSERT from any language needs only topic, key and value.
+--
+-- outbox.Write computes a row's slot (fnv1a32(key) % 256, internal/slot:
+-- every row of one key in one slot, so one lane, so in order) and its
+-- event id (a UUIDv7). A writer in another language, psql or a trigger on
+-- a business table may leave both out: event_id defaults to a UUIDv7 made
+-- here, and a row trigger fills in a missing slot with the same formula
+-- (its WHEN clause costs writers that give a slot nothing measurable).
+-- docs/outbox-sql.md shows the INSERT and an example trigger.
+-- +goose StatementBegin
+CREATE FUNCTION pgbox_outbox_slot(p_key bytea, p_event_id uuid) RETURNS smallint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $fn$
+DECLARE
+    b bytea  := coalesce(p_key, substring(uuid_send(p_event_id) FROM 9 FOR 8)); -- keyless: the id's random half
+    h bigint := 2166136261;                                                      -- FNV-1a, 32 bits
+BEGIN
+    FOR i IN 0 .. length(b) - 1 LOOP
+        h := ((h # get_byte(b, i)) * 16777619) & 4294967295;
+    END LOOP;
+    RETURN (h % 256)::smallint;
+END
+$fn$;
+-- +goose StatementEnd
+-- +goose StatementBegin
+CREATE FUNCTION pgbox_outbox_event_id() RETURNS uuid LANGUAGE sql VOLATILE AS $fn$
+    -- A UUIDv7: 48 bits of Unix milliseconds, version 7, the rest random.
+    SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+               PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+               FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
+$fn$;
+-- +goose StatementEnd
+-- +goose StatementBegin
+CREATE FUNCTION pgbox_outbox_fill_slot() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    NEW.slot := pgbox_outbox_slot(NEW.key, NEW.event_id);
+    RETURN NEW;
+END
+$fn$;
+-- +goose StatementEnd
+ALTER TABLE pgbox_outbox ALTER COLUMN event_id SET DEFAULT pgbox_outbox_event_id();
+CREATE TRIGGER pgbox_outbox_fill_slot BEFORE INSERT ON pgbox_outbox
+    FOR EACH ROW WHEN (NEW.slot IS NULL) EXECUTE FUNCTION pgbox_outbox_fill_slot();
+ALTER TABLE pgbox_outbox ENABLE ALWAYS TRIGGER pgbox_outbox_fill_slot;
+
 -- 2. A marker that crash recovery erases.
 --
 -- After one backend crashes (the OOM killer, a SIGKILL) the postmaster
@@ -209,5 +253,10 @@ DROP FUNCTION pgbox_outbox_claim2(text, int, int[], bigint[], bigint[], text, bi
                                   boolean, int, int);
 DROP INDEX pgbox_outbox_rewinds_created_idx;
 DROP TABLE pgbox_relay_marker;
+DROP TRIGGER pgbox_outbox_fill_slot ON pgbox_outbox;
+DROP FUNCTION pgbox_outbox_fill_slot();
+ALTER TABLE pgbox_outbox ALTER COLUMN event_id DROP DEFAULT;
+DROP FUNCTION pgbox_outbox_event_id();
+DROP FUNCTION pgbox_outbox_slot(bytea, uuid);
 DROP TRIGGER pgbox_outbox_xid_first ON pgbox_outbox;
 DROP FUNCTION pgbox_outbox_xid_first();

@@ -137,16 +137,12 @@ func Write(ctx context.Context, tx Execer, msgs ...Message) error {
 
 // insertSQL inserts every message in one round trip: one array per column.
 //
-// The transaction gets its id (pg_current_xact_id, in a subquery the planner
-// may not flatten) before the first row takes an id from the outbox
-// sequence: the relay's floor relies on it. A row whose id was taken before
-// the relay read the sequence then belongs to a transaction the relay's
-// next snapshot lists as running (or as ended), never to one that had no
-// transaction id yet (see docs/relay.md, "The floor").
+// It is a plain INSERT: the relay's floor needs every writer's transaction
+// to take its transaction id before its rows take ids, and the outbox's
+// statement trigger does that for every writer, this one included (see
+// docs/relay.md, "The floor", and migration 00120).
 const insertSQL = `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value, headers)
-SELECT m.* FROM (SELECT pg_current_xact_id() AS xid OFFSET 0) x,
-	unnest($1::uuid[], $2::smallint[], $3::text[], $4::bytea[], $5::bytea[], $6::jsonb[]) AS m
-WHERE x.xid IS NOT NULL`
+SELECT * FROM unnest($1::uuid[], $2::smallint[], $3::text[], $4::bytea[], $5::bytea[], $6::jsonb[])`
 
 // sleepingSQL finds a live relay instance waiting for a notification (see
 // Config.Notify). The INSERT in the WITH clause runs whether or not the

@@ -214,6 +214,10 @@ func (c *Collector) collectRelay(ch chan<- prometheus.Metric) {
 	gauge(ch, dRelayBack, float64(s.Backlog))
 	gauge(ch, dLanesHeld, float64(s.Lanes))
 	gauge(ch, dInstances, float64(s.Instances))
+	counter(ch, dBelow, float64(s.RowsBelowFloor))
+	if s.FloorOff != "" {
+		gauge(ch, dFloorOff, 1, s.FloorOff)
+	}
 }
 
 func (c *Collector) collectCleaner(ch chan<- prometheus.Metric) {

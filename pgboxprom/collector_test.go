@@ -184,7 +184,8 @@ func TestRelayMetricsFromARelay(t *testing.T) {
 	r, err := relay.New(relay.Config{Pool: db.Pool, Brokers: []string{"127.0.0.1:1"}})
 	require.NoError(t, err)
 	got := gather(t, newCollector(t, pgboxprom.Config{Relay: r}))
-	for _, name := range []string{"pgbox_relay_published_total", "pgbox_relay_retried_total", "pgbox_relay_parked_total", "pgbox_relay_batches_total"} {
+	for _, name := range []string{"pgbox_relay_published_total", "pgbox_relay_retried_total", "pgbox_relay_parked_total", "pgbox_relay_batches_total",
+		"pgbox_relay_rows_below_floor_total"} {
 		v, ok := got[name]
 		require.True(t, ok, name)
 		require.Zero(t, v, name)

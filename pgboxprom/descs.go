@@ -25,6 +25,8 @@ var (
 	dRelayBack = desc("pgbox_relay_backlog_rows", "Unpublished, unparked outbox rows at the relay's last heartbeat (counted up to 100,000).")
 	dLanesHeld = desc("pgbox_relay_lanes_held", "Lanes this instance held at its last heartbeat.")
 	dInstances = desc("pgbox_relay_instances", "Live relay instances seen at the last heartbeat.")
+	dBelow     = desc("pgbox_relay_rows_below_floor_total", "Committed outbox rows the relay's sweep found below their slot's floor and published late: a hole in the floor's rule. Anything but 0 is a bug to report.")
+	dFloorOff  = desc("pgbox_relay_floor_off", "1 while the relay's claims cannot start at their floors, by reason (cache: the outbox id sequence caches values; privilege: the relay may not read it; marker: nor write pgbox_relay_marker): a held xmin horizon then slows every claim.", "reason")
 
 	dCleanDeleted = desc("pgbox_cleanup_deleted_total", "Rows deleted by cleanup, all tables.")
 	dCleanTopic   = desc("pgbox_cleanup_inbox_deleted_total", "Inbox keys deleted by cleanup, by source topic.", "topic")
@@ -71,7 +73,7 @@ var (
 )
 
 var allDescs = []*prometheus.Desc{
-	dPublished, dRetried, dParked, dBatches, dLatMax, dRelayBack, dLanesHeld, dInstances,
+	dPublished, dRetried, dParked, dBatches, dLatMax, dRelayBack, dLanesHeld, dInstances, dBelow, dFloorOff,
 	dCleanDeleted, dCleanTopic, dCleanPasses, dCleanLocked, dCleanErrors, dCleanSkipped, dCleanLast, dCleanMargin,
 	dInboxProcessed, dInboxDup,
 	dConsProcessed, dConsDup, dConsFailures, dConsTransient, dConsOperator, dConsDead, dConsRetries,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -99,7 +100,31 @@ func (r *Relay) takeBatch(ctx context.Context, only *slotSet) (claimed, int64, e
 			"they are published now, in order (please report this: docs/relay.md, The floor)",
 			"rows", len(below), "first_ids", ids)
 	}
+	r.checkSlots(ctx, c.rows, start)
 	return c, gen, nil
+}
+
+// checkSlots logs, at most once a minute, a keyed row whose slot is not the
+// one its key hashes to (internal/slot): a writer that gave the slot itself
+// and got it wrong. Its rows and the key's other rows may then sit in two
+// lanes, owned by two instances, and overtake each other. The row is
+// published all the same; the fix is in the writer (leave slot out: the
+// outbox's trigger fills it in, docs/outbox-sql.md).
+func (r *Relay) checkSlots(ctx context.Context, rows []row, now time.Time) {
+	if now.Sub(r.floors.slotSaid) < time.Minute {
+		return
+	}
+	for _, x := range rows {
+		if x.key == nil {
+			continue
+		}
+		if want := slot.Of(x.key, x.eventID); want != int(x.slot) {
+			r.floors.slotSaid = now
+			r.log.ErrorContext(ctx, "an outbox row's slot is not its key's: its writer set slot itself, and rows of one key in two slots may overtake each other; "+
+				"leave slot out of the INSERT (docs/outbox-sql.md)", "row_id", x.id, "topic", x.topic, "slot", x.slot, "key_slot", want)
+			return
+		}
+	}
 }
 
 // claim runs pgbox_outbox_claim2 with a's arguments.

@@ -184,16 +184,22 @@
 // gives one short index range scan per owned slot, from the slot's floor
 // (floor.go): every row below it is published, parked or held by a parked
 // row, and the floor passes an id only once no transaction that could commit
-// a row below it is running. So a claim's cost depends neither on the table
-// size nor on how many deleted rows a held xmin horizon (a pg_dump, a long
-// report) keeps behind the floor. The claim is the function
-// pgbox_outbox_claim (migration 00100), which plans with sequential and
-// bitmap scans off, so no ANALYZE flips it off the index. Each probe, with
+// a row below it is running, or the relay watches it (a long writer: one
+// rescan when it ends). The database makes every writer, whatever its
+// language, take its transaction id before its rows take ids; a crash
+// recovery, a promotion or a sequence that went back resets the floors at
+// the next claim; and a sweep every Config.SweepInterval reads every slot
+// from its start, so a hole in the rule is a delay and an ERROR, never a
+// loss. So a claim's cost depends neither on the table size nor on how many
+// deleted rows a held xmin horizon (a pg_dump, a long report) keeps behind
+// the floor. The claim is the function pgbox_outbox_claim2 (migration
+// 00120), which plans with sequential and bitmap scans off, so no ANALYZE
+// flips it off the index. Each probe, with
 // some row parked (300k rows, a third parked):
 //
 //	->  Limit
 //	      ->  Index Scan using pgbox_outbox_claim_idx on pgbox_outbox c
-//	            Index Cond: ((ROW(slot, id) >= ROW((s.s)::smallint, s.f)) AND (slot <= s.s))
+//	            Index Cond: ((ROW(slot, id) >= ROW((st_1.s)::smallint, st_1.f)) AND (slot <= st_1.s))
 //	            Filter: ((key IS NULL) OR (NOT (SubPlan 1)))
 //	            SubPlan 1
 //	              ->  Index Scan using pgbox_outbox_parked_key_idx on pgbox_outbox p

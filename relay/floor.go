@@ -104,7 +104,8 @@ type floorState struct {
 	off        string    // why floors are off ("": they are on), as the last claim said
 	offSaid    time.Time // when off was last logged
 
-	sweepAt time.Time // the last sweep
+	sweepAt  time.Time // the last sweep
+	slotSaid time.Time // when checkSlots last logged
 	// hook, when set (tests), runs after the floors moved: a test that
 	// breaks the floor's rule on purpose shows the sweep catches it.
 	hook func(*floorState)

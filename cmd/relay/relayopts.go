@@ -23,6 +23,7 @@ type relayOptions struct {
 	MaxAttempts       int
 	UnknownTopicWait  time.Duration
 	KafkaOutageAlert  time.Duration
+	SweepInterval     time.Duration
 	MaxBackoff        time.Duration
 	NoListen          bool
 	Channel           string
@@ -50,6 +51,8 @@ func (r *relayOptions) bind(s *settings) {
 		"how long a row whose topic does not exist is retried before it is parked (0: parked after max-attempts)")
 	s.duration(&r.KafkaOutageAlert, g, "kafka-outage-alert", "PGBOX_KAFKA_OUTAGE_ALERT", relay.KafkaOutageAlertDefault, time.Millisecond,
 		"how long Kafka may be unreachable before the relay logs it at ERROR (status shows it from the start)")
+	s.duration(&r.SweepInterval, g, "sweep-interval", "PGBOX_SWEEP_INTERVAL", relay.SweepIntervalDefault, time.Millisecond,
+		"how often one claim reads every owned slot from its start, the floor's second line of defence: a committed row found below a floor is published, counted and logged at ERROR")
 	s.duration(&r.MaxBackoff, g, "max-backoff", "PGBOX_MAX_BACKOFF", relay.MaxBackoffDefault, time.Millisecond, "cap of the backoff after failed passes")
 	s.boolean(&r.NoListen, g, "no-listen", "PGBOX_NO_LISTEN", false, "poll only, no LISTEN (needed behind pgbouncer in transaction mode)")
 	s.str(&r.Channel, g, "channel", "PGBOX_CHANNEL", outbox.ChannelDefault, "LISTEN channel; must match the writers' outbox.Config.Channel")
@@ -119,6 +122,7 @@ func (a *app) relayConfig(pool *pgxpool.Pool) (relay.Config, error) {
 		MaxAttempts:        o.Relay.MaxAttempts,
 		UnknownTopicWindow: unknownTopic,
 		KafkaOutageAlert:   o.Relay.KafkaOutageAlert,
+		SweepInterval:      o.Relay.SweepInterval,
 		MaxBackoff:         o.Relay.MaxBackoff,
 		MaxMessageBytes:    o.Relay.MaxMessageBytes,
 		NoListen:           o.Relay.NoListen,
