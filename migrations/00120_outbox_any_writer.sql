@@ -124,7 +124,8 @@ CREATE INDEX pgbox_outbox_rewinds_created_idx ON pgbox_outbox_rewinds (created_a
 --     still appear): one rescan, in the same statement that sees the
 --     writer's rows, so they come out in id order with the rows after.
 --   * p_sweep: every slot is read from its start (the relay's second line
---     of defence); floor still reports where the claim would have started.
+--     of defence, once pgbox_outbox_below_floor below found a row under a
+--     floor); floor still reports where the claim would have started.
 --
 -- Result: first one row per probed slot (id NULL) with its epoch and the
 -- floor as above, the sequence's last value (NULL when off), why the floor
@@ -248,7 +249,40 @@ END
 $fn$;
 -- +goose StatementEnd
 
+-- pgbox_outbox_below_floor is the sweep's look, off the claim's path (the
+-- relay runs it on its own connection every SweepInterval): the slots
+-- among p_slots with a committed, unparked row below their floor
+-- (p_floors) that no parked row holds back. Only when it names one does
+-- the relay's next claim read every slot from its start (p_sweep). Planner
+-- settings as the claim's: one index range scan per slot below its floor.
+-- +goose StatementBegin
+CREATE FUNCTION pgbox_outbox_below_floor(p_slots int[], p_floors bigint[]) RETURNS int[]
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $fn$
+DECLARE
+    v_parked boolean := EXISTS (SELECT 1 FROM pgbox_outbox p WHERE p.parked_at IS NOT NULL AND p.key IS NOT NULL);
+    v_out    int[];
+BEGIN
+    SELECT coalesce(array_agg(u.s ORDER BY u.s), '{}') INTO v_out
+      FROM unnest(p_slots, p_floors) AS u(s, f)
+     WHERE u.f > 0 AND EXISTS (
+           SELECT 1 FROM pgbox_outbox c
+            WHERE (c.slot, c.id) >= (u.s::smallint, 0) AND (c.slot, c.id) < (u.s::smallint, u.f)
+              AND c.parked_at IS NULL
+              AND (NOT v_parked OR c.key IS NULL OR NOT EXISTS (
+                   SELECT 1 FROM pgbox_outbox p
+                    WHERE p.parked_at IS NOT NULL AND p.key IS NOT NULL
+                      AND p.topic = c.topic AND sha256(p.key) = sha256(c.key) AND p.key = c.key AND p.id < c.id)));
+    RETURN v_out;
+END
+$fn$;
+-- +goose StatementEnd
+
 -- +goose Down
+DROP FUNCTION pgbox_outbox_below_floor(int[], bigint[]);
 DROP FUNCTION pgbox_outbox_claim2(text, int, int[], bigint[], bigint[], text, bigint, bigint, bigint, bigint[],
                                   boolean, int, int);
 DROP INDEX pgbox_outbox_rewinds_created_idx;

@@ -75,7 +75,7 @@ func (r *Relay) takeBatch(ctx context.Context, only *slotSet) (claimed, int64, e
 	if !r.floors.lastClaim.IsZero() && start.Sub(r.floors.lastClaim) > rewindGap {
 		r.floors.forget() // a rewind this relay never read may have been deleted since
 	}
-	sweep := only == nil && r.floors.sweepDue(start, r.cfg.SweepInterval)
+	sweep := only == nil && r.sweepWanted.Swap(false)
 	a := r.floors.args(r.floors.order(only), sweep)
 	c, err := r.claim(ctx, &a)
 	if err != nil {
@@ -85,6 +85,9 @@ func (r *Relay) takeBatch(ctx context.Context, only *slotSet) (claimed, int64, e
 	}
 	wasOff := r.floors.off
 	r.floors.claimed(&c, r.claimPerSlot(), r.cfg.BatchSize, start, only == nil)
+	if only == nil {
+		r.offerLook(start)
+	}
 	if len(c.meta.slots) > 0 {
 		r.sayFloor(ctx, wasOff, start)
 		off := r.floors.off

@@ -64,11 +64,13 @@ import (
 // established under another lane epoch counts as 0 (the function checks),
 // and every floor is forgotten when a claim's answer is lost.
 //
-// The second line of defence (sweep): every SweepInterval one claim reads
-// every owned slot from its start. A row it finds below where the floor
-// would have started is a hole in the rule above: it is published like
-// any other (in id order, so in key order) and counted, and the relay logs
-// an ERROR (pgbox_relay_rows_below_floor_total).
+// The second line of defence (sweep.go): every SweepInterval a look on its
+// own connection checks every owned slot below its floor; when it finds a
+// row, one claim reads every owned slot from its start. A row that claim
+// finds below where the floor would have started is a hole in the rule
+// above: it is published like any other (in id order, so in key order)
+// and counted, and the relay logs an ERROR
+// (pgbox_relay_rows_below_floor_total).
 
 // maxSamples bounds the sequence reads waiting to settle; samples whose
 // writers are the same are merged, so it is only reached with that many
@@ -104,7 +106,7 @@ type floorState struct {
 	off        string    // why floors are off ("": they are on), as the last claim said
 	offSaid    time.Time // when off was last logged
 
-	sweepAt  time.Time // the last sweep
+	sweepAt  time.Time // the last look offered (sweep.go)
 	slotSaid time.Time // when checkSlots last logged
 	// hook, when set (tests), runs after the floors moved: a test that
 	// breaks the floor's rule on purpose shows the sweep catches it.
@@ -176,7 +178,7 @@ func (f *floorState) stale(now time.Time, d time.Duration) bool {
 	return false
 }
 
-// sweepDue reports whether the next full claim should sweep.
+// sweepDue reports whether the sweep's look is due.
 func (f *floorState) sweepDue(now time.Time, every time.Duration) bool {
 	return every > 0 && now.Sub(f.sweepAt) >= every
 }
@@ -271,9 +273,6 @@ func (f *floorState) claimed(c *claimed, perSlot, batch int, at time.Time, full 
 		for _, s := range m.slots {
 			f.owned.add(int(s))
 		}
-	}
-	if m.sweep {
-		f.sweepAt = at
 	}
 	if len(m.slots) == 0 {
 		return

@@ -71,6 +71,8 @@ type Relay struct {
 	failures                            atomic.Uint64          // permanent send failures since the last summary
 	rowsBelowFloor                      atomic.Uint64          // rows sweeps found below their slot's floor
 	floorOff                            atomic.Pointer[string] // why floors are off (floorState.off), for Stats
+	looks                               chan lookRequest       // the work loop's floors for the sweep's look (sweep.go)
+	sweepWanted                         atomic.Bool            // a look found rows below a floor: the next full claim sweeps
 	pubMu                               sync.Mutex
 	pubByTopic                          map[string]uint64 // published per topic since the last history sample
 	summaryAt                           time.Time         // the last summary; owned by the heartbeat goroutine
@@ -97,7 +99,7 @@ func New(cfg Config) (*Relay, error) {
 	_, _ = crand.Read(b)
 	id := cfg.Instance + "#" + hex.EncodeToString(b)
 	return &Relay{cfg: cfg, id: id, log: cfg.Logger.With("instance", id), wake: make(chan struct{}, 1),
-		beat: make(chan struct{}, 1), t0: time.Now(), summaryAt: time.Now()}, nil
+		beat: make(chan struct{}, 1), looks: make(chan lookRequest, 1), t0: time.Now(), summaryAt: time.Now()}, nil
 }
 
 // Instance returns the name this relay registers under in the lease tables:
@@ -165,6 +167,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if !r.cfg.NoListen {
 			wg.Go(func() { r.listenLoop(runCtx, cancel) })
 		}
+		wg.Go(func() { r.sweepLoop(runCtx) })
 		r.workLoop(runCtx, prod, cancel)
 	}
 	fatal := context.Cause(runCtx)
