@@ -170,7 +170,8 @@ BEGIN
       JOIN pgbox_relay_lanes l ON l.lane = g.s % l.lanes
      WHERE l.owner = p_instance AND l.expires_at > now() AND l.lanes = p_lanes;
 
-    -- The sequence: every row with an id up to v_seq had its transaction
+    -- The sequence (pgbox_outbox_id_seq, the id's identity sequence; grant
+    -- the relay's role SELECT on it): every row with an id up to v_seq had its transaction
     -- id before this read (the trigger above), so below the transaction id
     -- of any statement that starts after it (relay/floor.go).
     v_seqrel := pg_get_serial_sequence('pgbox_outbox', 'id')::regclass;

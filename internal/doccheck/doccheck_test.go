@@ -298,6 +298,7 @@ func TestLibraryDefaults(t *testing.T) {
 		"relay.MaxBackoffDefault":          relay.MaxBackoffDefault,
 		"relay.UnknownTopicWindowDefault":  relay.UnknownTopicWindowDefault,
 		"relay.KafkaOutageAlertDefault":    relay.KafkaOutageAlertDefault,
+		"relay.SweepIntervalDefault":       relay.SweepIntervalDefault,
 		"relay.StopTimeoutDefault":         relay.StopTimeoutDefault,
 		"relay.MaxMessageBytesDefault":     relay.MaxMessageBytesDefault,
 		"outbox.MaxBytesDefault":           outbox.MaxBytesDefault,
