@@ -58,22 +58,20 @@ const sqlParkedDiscard = `WITH b AS (
 ), ` + sqlRewind + `
 SELECT (SELECT max(id) FROM b), (SELECT count(*) FROM u)`
 
-// sqlRewind tells the relay that the rows in u (retried or discarded
-// parked rows, with their slots) release what they held: the relay's claim
-// passes rows a parked row holds back, and starts each slot at a floor
-// above them (relay/floor.go); a rewind record makes the next claim of the
-// slot start no later than the parked row again, so the row (retried) or
-// the rows it held (both) are claimed in id order.
+// sqlRewind: unparking or deleting a parked row records a rewind (the
+// outbox's triggers, migration 00120, whoever runs the statement): the
+// relay's claim passes rows a parked row holds back, and starts each slot
+// at a floor above them (relay/floor.go); the rewind makes the next claim
+// of the slot start no later than the parked row again, so the row
+// (retried) or the rows it held (both) are claimed in id order.
 //
-// The statement's ROW EXCLUSIVE lock on pgbox_outbox_rewinds (taken before
-// it runs) conflicts with the SHARE lock every claim takes first, so the
-// action commits before a claim starts or after it ends, never between the
-// claim's reads (migration 00120). Rewinds older than an hour go in the
+// Naming pgbox_outbox_rewinds here takes its ROW EXCLUSIVE lock before the
+// statement runs; it conflicts with the SHARE lock every claim takes
+// first, so the action commits before a claim starts or after it ends,
+// never between the claim's reads. Rewinds older than an hour go in the
 // same statement: a relay that has not claimed for ten minutes forgets its
 // floors anyway (relay/floor.go).
-const sqlRewind = `rw AS (
-	INSERT INTO pgbox_outbox_rewinds (slot, from_id) SELECT u.slot, min(u.id) FROM u GROUP BY u.slot
-), rwgone AS (
+const sqlRewind = `rwgone AS (
 	DELETE FROM pgbox_outbox_rewinds WHERE created_at < now() - interval '1 hour'
 )`
 

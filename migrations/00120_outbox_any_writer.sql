@@ -90,7 +90,28 @@ CREATE UNLOGGED TABLE pgbox_relay_marker (
 -- 3. Rewinds are read, not consumed, so operator actions and claims can
 -- share one lock (pgbox_outbox_claim2 below). A relay remembers the newest
 -- rewind it applied; operator actions delete rewinds older than an hour.
+--
+-- And they are written by the database: a parked row unparked or deleted
+-- by any statement (relay parked retry|discard, the console, a
+-- hand-written UPDATE in psql, an older release's binary) records its
+-- rewind here, in its own transaction, so the rows it held are claimed
+-- again. The WHEN clauses cost the relay's own deletes and parking
+-- nothing measurable (they never match them).
 CREATE INDEX pgbox_outbox_rewinds_created_idx ON pgbox_outbox_rewinds (created_at);
+-- +goose StatementBegin
+CREATE FUNCTION pgbox_outbox_rewind() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    INSERT INTO pgbox_outbox_rewinds (slot, from_id) VALUES (OLD.slot, OLD.id);
+    RETURN NULL;
+END
+$fn$;
+-- +goose StatementEnd
+CREATE TRIGGER pgbox_outbox_rewind_unparked AFTER UPDATE OF parked_at ON pgbox_outbox
+    FOR EACH ROW WHEN (OLD.parked_at IS NOT NULL AND NEW.parked_at IS NULL) EXECUTE FUNCTION pgbox_outbox_rewind();
+CREATE TRIGGER pgbox_outbox_rewind_deleted AFTER DELETE ON pgbox_outbox
+    FOR EACH ROW WHEN (OLD.parked_at IS NOT NULL) EXECUTE FUNCTION pgbox_outbox_rewind();
+ALTER TABLE pgbox_outbox ENABLE ALWAYS TRIGGER pgbox_outbox_rewind_unparked;
+ALTER TABLE pgbox_outbox ENABLE ALWAYS TRIGGER pgbox_outbox_rewind_deleted;
 
 -- pgbox_outbox_claim2 is the relay's claim from this release on
 -- (pgbox_outbox_claim, 00100, stays for the previous release's relays
@@ -99,12 +120,13 @@ CREATE INDEX pgbox_outbox_rewinds_created_idx ON pgbox_outbox_rewinds (created_a
 --
 -- What it adds to 00100's claim:
 --
---   * It takes SHARE on pgbox_outbox_rewinds first. Every operator action
---     that unparks or deletes a parked row writes a rewind in the same
---     statement (ROW EXCLUSIVE, taken before the statement runs), so a
---     retry or discard commits either before the claim starts or after it
---     ends: never between the claim's reads of rewinds, parked rows and
---     rows, each of which has its own snapshot under READ COMMITTED.
+--   * It takes SHARE on pgbox_outbox_rewinds first. A statement that
+--     unparks or deletes a parked row writes a rewind in its transaction
+--     (the triggers above: ROW EXCLUSIVE on the rewinds, held to its
+--     commit), so a retry or discard commits either before the claim
+--     starts or after it ends: never between the claim's reads of rewinds,
+--     parked rows and rows, each of which has its own snapshot under READ
+--     COMMITTED.
 --   * The server, database and sequence it reads: the crash marker's
 --     token, the database's oid, the sequence's file node (RESTART and
 --     TRUNCATE ... RESTART IDENTITY give it a new one) and the server's
@@ -284,6 +306,9 @@ $fn$;
 
 -- +goose Down
 DROP FUNCTION pgbox_outbox_below_floor(int[], bigint[]);
+DROP TRIGGER pgbox_outbox_rewind_unparked ON pgbox_outbox;
+DROP TRIGGER pgbox_outbox_rewind_deleted ON pgbox_outbox;
+DROP FUNCTION pgbox_outbox_rewind();
 DROP FUNCTION pgbox_outbox_claim2(text, int, int[], bigint[], bigint[], text, bigint, bigint, bigint, bigint[],
                                   boolean, int, int);
 DROP INDEX pgbox_outbox_rewinds_created_idx;
