@@ -32,6 +32,7 @@ func (r *Report) Print(out io.Writer) {
 	fmt.Fprintf(tw, "DUPLICATE business effects\t%d\t%s\n", v.DuplicateEffects, mark(v.DuplicateEffects))
 	fmt.Fprintf(tw, "per-key ORDER INVERSIONS\t%d\t%s\n", v.OrderInversions, mark(v.OrderInversions))
 	fmt.Fprintf(tw, "dead letters / parked outbox rows\t%d / %d\t%s\n", v.DeadLetters, v.Parked, mark(v.DeadLetters+v.Parked))
+	fmt.Fprintf(tw, "rows the relays' sweeps found below a floor\t%d\t%s\n", v.BelowFloor, mark(v.BelowFloor))
 	fmt.Fprintf(tw, "downstream records (payments topic)\t%d\t\n", v.DownstreamRecs)
 	fmt.Fprintf(tw, "duplicate Kafka records (allowed)\t%d\t\n", v.DuplicateRecords)
 	fmt.Fprintf(tw, "inbox keys deleted by cleanup\t%d\t\n", r.InboxDeleted)

@@ -3,8 +3,13 @@ package harness
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +30,10 @@ type Verdict struct {
 	DuplicateRecords int64 // downstream records beyond the first per order
 	DeadLetters      int64 // pgbox_consumer_dead rows (must be 0: nothing here is poison)
 	Parked           int64 // parked outbox rows in either database (must be 0)
+	// BelowFloor counts rows the relays' sweeps found below their slot's
+	// floor (their ERROR log lines): published late, not lost, but each a
+	// hole in the floor's rule (must be 0).
+	BelowFloor int64
 	// ByClient counts the business effects per Kafka client of the payments
 	// member that committed them (sarama, franz).
 	ByClient map[string]int64
@@ -34,7 +43,8 @@ type Verdict struct {
 
 // OK reports whether the guarantees held.
 func (v Verdict) OK() bool {
-	return v.Lost == 0 && v.DuplicateEffects == 0 && v.OrderInversions == 0 && v.DeadLetters == 0 && v.Parked == 0
+	return v.Lost == 0 && v.DuplicateEffects == 0 && v.OrderInversions == 0 && v.DeadLetters == 0 && v.Parked == 0 &&
+		v.BelowFloor == 0
 }
 
 func (v *Verdict) violation(format string, args ...any) {
@@ -74,7 +84,34 @@ func (w *World) Verify(ctx context.Context) (Verdict, error) {
 	if err := w.checkDownstream(ctx, &v, byOrder); err != nil {
 		return v, err
 	}
+	if err := w.countBelowFloor(&v); err != nil {
+		return v, err
+	}
 	return v, w.countLeftovers(ctx, &v)
+}
+
+// belowFloorRe matches the relay's log line when its sweep found rows
+// below a floor (relay/claim.go), and takes the row count.
+var belowFloorRe = regexp.MustCompile(`the sweep found committed rows below their slot.s floor.*?\brows"?[=:](\d+)`)
+
+// countBelowFloor sums the rows the relays' sweeps found below their
+// floors, from the relays' logs.
+func (w *World) countBelowFloor(v *Verdict) error {
+	for _, p := range w.Relays {
+		b, err := os.ReadFile(p.LogPath)
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			return err
+		}
+		for _, m := range belowFloorRe.FindAllStringSubmatch(string(b), -1) {
+			n, _ := strconv.ParseInt(m[1], 10, 64)
+			v.BelowFloor += n
+			v.violation("%s: its sweep found %d rows below their slot's floor (the floor's rule let them pass)", p.Name, n)
+		}
+	}
+	return nil
 }
 
 // byClient counts effects by the client their member ran on (the member
