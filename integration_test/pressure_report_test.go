@@ -33,10 +33,12 @@ type windowRow struct {
 	ClaimKnown bool
 }
 
-// phaseSpan is when a phase ran.
+// phaseSpan is when a phase ran, and the machine's load average
+// (/proc/loadavg) when it started and ended.
 type phaseSpan struct {
-	Name       string
-	Start, End time.Time
+	Name               string
+	Start, End         time.Time
+	LoadStart, LoadEnd string
 }
 
 // claimTotals are pg_stat_statements' cumulative figures of the claim.
@@ -135,12 +137,13 @@ func (s *sampler) cut(ctx context.Context, next string) {
 		fmt.Println(row.text())
 	}
 	if s.phase != next {
+		load := loadAverage()
 		if n := len(s.spans); n > 0 && s.spans[n-1].End.IsZero() {
-			s.spans[n-1].End = now
+			s.spans[n-1].End, s.spans[n-1].LoadEnd = now, load
 		}
 		if next != "" {
-			s.spans = append(s.spans, phaseSpan{Name: next, Start: now})
-			fmt.Printf("pressure: %s — phase %q\n", now.Sub(s.p.rep.Started).Round(time.Second), next)
+			s.spans = append(s.spans, phaseSpan{Name: next, Start: now, LoadStart: load})
+			fmt.Printf("pressure: %s — phase %q (load average %s)\n", now.Sub(s.p.rep.Started).Round(time.Second), next, load)
 		}
 	}
 	s.phase, s.since, s.comAt, s.pubAt = next, now, committed, published
@@ -225,6 +228,9 @@ type phaseStats struct {
 	Published int64
 	P50, P99  time.Duration
 	Max       time.Duration
+	// LoadStart and LoadEnd: /proc/loadavg's three figures when the phase
+	// started and ended.
+	LoadStart, LoadEnd string
 }
 
 func (ps *phaseStats) WriteRate() float64   { return rate(ps.Written, ps.Dur) }
@@ -234,6 +240,22 @@ type burstResult struct {
 	Phase   string
 	Rows    int
 	Drained time.Duration
+}
+
+// longResult is the long writer's row: when it was written and committed,
+// and how it arrived among the watched key's rows.
+type longResult struct {
+	Key                string
+	Seq, Xid           int64
+	Open               time.Duration // idle in transaction after its row
+	began, commitStart time.Time
+	committed          time.Time
+	Arrived            bool
+	Latency            time.Duration // COMMIT returned → the consumer received it
+	KeyBefore          int           // the key's rows that arrived before it
+	WhileOpen          int           // the key's rows written and committed while it was open (higher ids, committed first)
+	WhileOpenBefore    int           // of those, how many arrived before it
+	CommitTook         time.Duration // its COMMIT
 }
 
 type pressureReport struct {
@@ -251,8 +273,15 @@ type pressureReport struct {
 	Bursts     []burstResult
 	Duplicates int64
 	Lost       string // events that never arrived, when some did not
-	Commit     string // the checkout measured, when the run started
-	Postgres   string
+	Written    int64  // events committed, the whole run
+	Published  int64  // distinct events the consumer received, the whole run
+	Long       *longResult
+	// KeyChecked rows of the watched key had their order checked
+	// (meter.keyOrder); KeyInversions are the first out of order.
+	KeyChecked    int
+	KeyInversions []string
+	Commit        string // the checkout measured, when the run started
+	Postgres      string
 	// LoadStart and LoadEnd are /proc/loadavg's three figures: the machine
 	// may be shared.
 	LoadStart, LoadEnd string
@@ -288,6 +317,17 @@ func (r *pressureReport) finish(m *meter, s *sampler) {
 	r.Rows, r.Duplicates, r.Bursts, r.LoadEnd = s.rows, m.duplicateCount(), m.burstResults(), loadAverage()
 	spans := slices.Clone(s.spans)
 	s.mu.Unlock()
+	r.Written, r.Published = m.totals()
+	r.KeyInversions, r.KeyChecked = m.keyOrder()
+	if lw := r.Long; lw != nil {
+		var at time.Time
+		lw.KeyBefore, at, lw.Arrived = m.keyPosition(lw.Seq)
+		if lw.Arrived {
+			lw.Latency = at.Sub(lw.committed)
+		}
+		lw.WhileOpen, lw.WhileOpenBefore = m.keyRowsBetween(lw.began, lw.commitStart, lw.Seq)
+		lw.CommitTook = lw.committed.Sub(lw.commitStart)
+	}
 	ctx := context.Background()
 	r.ClaimSQL = s.claimStatement(ctx)
 	_ = s.conn.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&r.Postgres)
@@ -301,7 +341,7 @@ func (r *pressureReport) finish(m *meter, s *sampler) {
 		}
 	}
 	for i, sp := range spans {
-		ps := &phaseStats{Name: sp.Name, Dur: sp.End.Sub(sp.Start), Written: int64(len(lats[i]))}
+		ps := &phaseStats{Name: sp.Name, Dur: sp.End.Sub(sp.Start), Written: int64(len(lats[i])), LoadStart: sp.LoadStart, LoadEnd: sp.LoadEnd}
 		for _, row := range r.Rows {
 			if row.Phase == sp.Name {
 				ps.Published += row.Published
@@ -319,16 +359,42 @@ func (r *pressureReport) finish(m *meter, s *sampler) {
 func (r *pressureReport) print(w io.Writer) {
 	fmt.Fprintf(w, "\n== pressure: %d tx/s over %d keys, %d dead rows under the hold ==\n", r.Scale.Rate, r.Scale.Keys, r.DeadMade)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "phase\tavg written/s\tpublished/s\tp50\tp99\tmax\t")
+	fmt.Fprintln(tw, "phase\tavg written/s\tpublished/s\tp50\tp99\tmax\tload at start\tload at end\t")
 	for _, ps := range r.Phases {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%s\t%s\t%s\t\n", ps.Name, ps.WriteRate(), ps.PublishRate(), ms(ps.P50), ms(ps.P99), ms(ps.Max))
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%s\t\n", ps.Name, ps.WriteRate(), ps.PublishRate(), ms(ps.P50), ms(ps.P99), ms(ps.Max), ps.LoadStart, ps.LoadEnd)
 	}
 	_ = tw.Flush()
+	fmt.Fprintln(w, r.longLine())
 	for _, b := range r.Bursts {
 		fmt.Fprintf(w, "burst (%s): %d rows drained in %s (%.0f rows/s)\n", b.Phase, b.Rows, b.Drained.Round(time.Millisecond), float64(b.Rows)/b.Drained.Seconds())
 	}
-	fmt.Fprintf(w, "dead rows: %d made in %s; n_dead_tup at the end of the hold %d; VACUUM ANALYZE after the hold took %s; duplicate records %d%s\n",
-		r.DeadMade, r.DeadTook.Round(time.Millisecond), r.DeadAtHold, r.VacuumTook.Round(time.Millisecond), r.Duplicates, lostLine(r.Lost))
+	fmt.Fprintf(w, "dead rows: %d made in %s; n_dead_tup at the end of the hold %d; VACUUM ANALYZE after the hold took %s; duplicate records %d; events written %d, published %d%s\n",
+		r.DeadMade, r.DeadTook.Round(time.Millisecond), r.DeadAtHold, r.VacuumTook.Round(time.Millisecond), r.Duplicates, r.Written, r.Published, lostLine(r.Lost))
+	fmt.Fprintf(w, "load average at the start %s, at the end %s\n", r.LoadStart, r.LoadEnd)
+}
+
+// longLine says what became of the long writer's row and of the watched
+// key's order.
+func (r *pressureReport) longLine() string {
+	lw := r.Long
+	if lw == nil {
+		return "long writer: did not run"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "long writer: transaction %d wrote seq %d on key %s and stayed idle in transaction %s; ", lw.Xid, lw.Seq, lw.Key, lw.Open)
+	if lw.Arrived {
+		fmt.Fprintf(&b, "its row arrived %s after its COMMIT returned (COMMIT took %s), after %d rows of its key; %d rows of the key were written and committed while it was open (higher ids), %d of them arrived before it",
+			ms(lw.Latency), ms(lw.CommitTook), lw.KeyBefore, lw.WhileOpen, lw.WhileOpenBefore)
+	} else {
+		b.WriteString("its row NEVER ARRIVED")
+	}
+	fmt.Fprintf(&b, ". Key order (%s, %d rows checked: a row committed before another began arrives first): ", pressureHotKey, r.KeyChecked)
+	if len(r.KeyInversions) == 0 {
+		b.WriteString("no inversion")
+	} else {
+		b.WriteString("INVERSIONS: " + strings.Join(r.KeyInversions, "; "))
+	}
+	return b.String()
 }
 
 // markdown is docs/pressure.md: how the run was made, its windows and its
@@ -357,17 +423,24 @@ received the record, never the relay's own counters. Phases:
    (a steady hold brings no such load): the run waits until the backlog is under half a second
    of writes (at most the held phase's length) before it measures the hold.
 4. **held**: %s of steady load under the hold.
+5. **held, long writer open**: still under the hold, one transaction writes one outbox row
+   (outbox.Write) on key %s, which the writers also use (one transaction in %d), and stays
+   idle in transaction for %s, as an idle-in-transaction session or a batch job would.
+6. **held, long writer committed**: it commits; %s more under the hold.
 `, sc.Rate, pressureValueBytes, sc.Keys, pressurePartitions, sc.Baseline, sc.Warmup, r.DeadMade,
-		(time.Duration(r.DeadMade/max(1, sc.Rate)) * time.Second), sc.Hold)
+		(time.Duration(r.DeadMade/max(1, sc.Rate)) * time.Second), sc.Hold, pressureHotKey, pressureHotEvery, sc.Long, sc.AfterLong)
+	n := 7
 	if sc.Burst > 0 {
-		fmt.Fprintf(&b, "5. **held, burst**: %d rows committed in one INSERT, then %s more under the hold.\n", sc.Burst, sc.AfterBurst)
+		fmt.Fprintf(&b, "%d. **held, burst**: %d rows committed in one INSERT, then %s more under the hold.\n", n, sc.Burst, sc.AfterBurst)
+		n++
 	}
-	fmt.Fprintf(&b, `6. **released, VACUUM ANALYZE**: the snapshot is released and VACUUM (ANALYZE) runs on the
+	fmt.Fprintf(&b, `%d. **released, VACUUM ANALYZE**: the snapshot is released and VACUUM (ANALYZE) runs on the
    outbox (what autovacuum does next; autovacuum stays on too).
-7. **after hold**: %s of steady load.
-`, sc.After)
+%d. **after hold**: %s of steady load.
+`, n, n+1, sc.After)
+	n += 2
 	if sc.Burst > 0 {
-		fmt.Fprintf(&b, "8. **after hold, burst**: another %d-row burst on the vacuumed, analyzed table, then %s.\n", sc.Burst, sc.AfterBurst)
+		fmt.Fprintf(&b, "%d. **after hold, burst**: another %d-row burst on the vacuumed, analyzed table, then %s.\n", n, sc.Burst, sc.AfterBurst)
 	}
 	fmt.Fprintf(&b, `
 Then the writers stop and the run waits until every committed event has arrived.
@@ -383,20 +456,21 @@ shared buffers hit or read per call).
 - %s; PostgreSQL %s; %d CPUs (%s/%s); measured commit: %s
 - load average (1, 5, 15 min) at the start: %s; at the end: %s
 - dead rows made in %s; the relay caught up %s after; n_dead_tup at the end of the hold: %d; VACUUM ANALYZE after the hold: %s
-- duplicate records seen: %d%s
+- events written %d, published %d; duplicate records seen: %d%s
 - claim statement matched (`+"`%s`"+`): `+"`%s`"+`
 
 ### Per phase
 
 Latencies here belong to the phase in which the event committed, so an event that arrived
-late counts against the phase that wrote it.
+late counts against the phase that wrote it. The load average (1, 5, 15 min, /proc/loadavg)
+when the phase started and ended: the machine may be shared.
 
-| phase | written/s | published/s | p50 | p99 | max |
-|---|---:|---:|---:|---:|---:|
+| phase | written/s | published/s | p50 | p99 | max | load at start | load at end |
+|---|---:|---:|---:|---:|---:|---|---|
 `, r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Postgres, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, r.Commit, r.LoadStart, r.LoadEnd,
-		r.DeadTook.Round(time.Millisecond), r.CaughtUp.Round(time.Millisecond), r.DeadAtHold, r.VacuumTook.Round(time.Millisecond), r.Duplicates, lostLine(r.Lost), r.ClaimRe, r.ClaimSQL)
+		r.DeadTook.Round(time.Millisecond), r.CaughtUp.Round(time.Millisecond), r.DeadAtHold, r.VacuumTook.Round(time.Millisecond), r.Written, r.Published, r.Duplicates, lostLine(r.Lost), r.ClaimRe, r.ClaimSQL)
 	for _, ps := range r.Phases {
-		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %s | %s | %s |\n", ps.Name, ps.WriteRate(), ps.PublishRate(), ms(ps.P50), ms(ps.P99), ms(ps.Max))
+		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %s | %s | %s | %s | %s |\n", ps.Name, ps.WriteRate(), ps.PublishRate(), ms(ps.P50), ms(ps.P99), ms(ps.Max), ps.LoadStart, ps.LoadEnd)
 	}
 	for _, bu := range r.Bursts {
 		fmt.Fprintf(&b, "\nBurst (%s): %d rows drained in %s (%.0f rows/s).\n", bu.Phase, bu.Rows, bu.Drained.Round(time.Millisecond), float64(bu.Rows)/bu.Drained.Seconds())
@@ -405,6 +479,11 @@ late counts against the phase that wrote it.
 		fmt.Fprintf(&b, "\nUnder the hold: published/written %.2f, p99 %.1f× the unheld p99 (the issue's bound: ≥ 1.0 and ≤ 2×).\n",
 			held.PublishRate()/held.WriteRate(), float64(held.P99)/float64(base.P99))
 	}
+	if base, long := r.phase(phaseBaseline), r.phase(phaseLong); base != nil && long != nil && base.P99 > 0 && long.WriteRate() > 0 {
+		fmt.Fprintf(&b, "\nWith the long writer open: published/written %.2f, p99 %.1f× the unheld p99 (the issue's bound: within 2×).\n",
+			long.PublishRate()/long.WriteRate(), float64(long.P99)/float64(base.P99))
+	}
+	fmt.Fprintf(&b, "\n%s.\n", strings.TrimSuffix(r.longLine(), "."))
 	fmt.Fprintf(&b, "\n### Every %s\n\n| t | phase | written/s | published/s | p50 | p99 | backlog | dead rows | heap MB | claims | ms/claim | buffers/claim |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", sc.Window)
 	for _, row := range r.Rows {
 		calls, cms, bufs := "–", "–", "–"

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/pgbox/pgbox/integration_test/internal/harness"
 	"github.com/pgbox/pgbox/internal/pgcluster"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 // Knobs of the pressure scenario (issue 26); `make pressure` sets
@@ -29,6 +31,7 @@ const (
 	envPressureBaseline = "PRESSURE_BASELINE" // how long the unheld baseline runs (Go duration)
 	envPressureHold     = "PRESSURE_HOLD"     // how long the held phase runs once the dead rows exist
 	envPressureAfter    = "PRESSURE_AFTER"    // how long the phase after the hold runs
+	envPressureLong     = "PRESSURE_LONG"     // how long the long writer stays idle in transaction after writing its row
 	envPressureDoc      = "PRESSURE_DOC"      // write the report as markdown to this file
 	envPressureClaim    = "PRESSURE_CLAIM"    // regular expression (PostgreSQL ~*) naming the claim statement in pg_stat_statements
 )
@@ -44,6 +47,8 @@ type pressureScale struct {
 	Hold       time.Duration // held, once the dead rows exist (before the burst)
 	AfterBurst time.Duration // held, after the burst
 	After      time.Duration // after the hold, VACUUM ANALYZE run
+	Long       time.Duration // held, the long writer's transaction open
+	AfterLong  time.Duration // held, after the long writer committed
 	Window     time.Duration // one table row
 	Drain      time.Duration // how long every committed event may take to arrive once the writers stop
 }
@@ -64,12 +69,19 @@ const pressureClaimDefault = `cross join lateral|claim\w*\s*\(`
 // with what that one large transaction delayed, then steady load under the
 // hold; a burst of PRESSURE_BURST rows committed at once, still held; the
 // hold released, VACUUM ANALYZE (what autovacuum does next), steady load
-// and a second burst. Every 10 s and at every phase change it prints a row:
-// write and publish rate, p50/p99, backlog, dead rows, the claim statement's
-// calls, time and buffers (pg_stat_statements).
+// and a second burst. Still under the hold, before the burst, a long
+// writer (issue 32): one transaction writes one outbox row on the watched
+// key (pressureHotKey, which the writers use too) and stays idle in
+// transaction for PRESSURE_LONG, then commits. Every 10 s and at every
+// phase change it prints a row: write and publish rate, p50/p99, backlog,
+// dead rows, the claim statement's calls, time and buffers
+// (pg_stat_statements); every phase change prints the load average.
 //
-// It checks, as ratios measured in the same run, that under the hold the
-// relay publishes as fast as the writers write (≥ 0.95×) and that p99 stays
+// It checks that every committed event arrived (published = written), that
+// the long writer's row arrived, and the watched key's order over the whole
+// run (keyOrder: a row committed before another began arrives first); and,
+// as ratios measured in the same run, that under the hold the relay
+// publishes as fast as the writers write (≥ 0.95×) and that p99 stays
 // within 2× the unheld p99. The small version is part of `make test`; `make
 // pressure` runs the large one and writes docs/pressure.md.
 func TestPressure(t *testing.T) {
@@ -78,13 +90,13 @@ func TestPressure(t *testing.T) {
 	}
 	sc := pressureScale{Rate: 500, Keys: 1000, Dead: 200_000, Warmup: 5 * time.Second,
 		Baseline: 15 * time.Second, Hold: 30 * time.Second, AfterBurst: 10 * time.Second, After: 10 * time.Second,
-		Window: 10 * time.Second, Drain: 2 * time.Minute}
+		Long: 25 * time.Second, AfterLong: 10 * time.Second, Window: 10 * time.Second, Drain: 2 * time.Minute}
 	switch v := os.Getenv(envPressureScale); v {
 	case "", "small":
 	case "large":
 		sc = pressureScale{Rate: 1000, Keys: 1000, Dead: 1_500_000, Burst: 200_000, Warmup: 10 * time.Second,
 			Baseline: 60 * time.Second, Hold: 180 * time.Second, AfterBurst: 60 * time.Second, After: 120 * time.Second,
-			Window: 10 * time.Second, Drain: 5 * time.Minute}
+			Long: 10 * time.Minute, AfterLong: 60 * time.Second, Window: 10 * time.Second, Drain: 5 * time.Minute}
 	default:
 		t.Fatalf("%s=%q: want small or large", envPressureScale, v)
 	}
@@ -95,6 +107,7 @@ func TestPressure(t *testing.T) {
 	envDuration(t, envPressureBaseline, &sc.Baseline)
 	envDuration(t, envPressureHold, &sc.Hold)
 	envDuration(t, envPressureAfter, &sc.After)
+	envDuration(t, envPressureLong, &sc.Long)
 	claimRe := pressureClaimDefault
 	if v := os.Getenv(envPressureClaim); v != "" {
 		claimRe = v
@@ -111,6 +124,12 @@ func TestPressure(t *testing.T) {
 	}
 
 	require.Empty(t, rep.Lost)
+	require.Equal(t, rep.Written, rep.Published, "published ≠ written: %d events committed, %d distinct events arrived", rep.Written, rep.Published)
+	lw := rep.Long
+	require.NotNil(t, lw)
+	require.True(t, lw.Arrived, "the long writer's row (seq %d, key %s) never arrived", lw.Seq, lw.Key)
+	require.Positive(t, rep.KeyChecked, "no row of the watched key was checked")
+	require.Empty(t, rep.KeyInversions, "key %s out of order", pressureHotKey)
 	base, held := rep.phase(phaseBaseline), rep.phase(phaseHeld)
 	require.NotNil(t, base)
 	require.NotNil(t, held)
@@ -142,6 +161,8 @@ const (
 	phaseMakeDead   = "held, making dead rows"
 	phaseCatchUp    = "held, catching up"
 	phaseHeld       = "held"
+	phaseLong       = "held, long writer open"
+	phaseLongDone   = "held, long writer committed"
 	phaseBurst      = "held, burst"
 	phaseRelease    = "released, VACUUM ANALYZE"
 	phaseAfter      = "after hold"
@@ -276,6 +297,10 @@ func (p *pressure) run(ctx context.Context) *pressureReport {
 	s.enter(phaseHeld)
 	p.sleep(ctx, sc.Hold)
 	p.rep.DeadAtHold = s.deadRows(ctx)
+	// The long writer, still under the hold.
+	s.enter(phaseLong)
+	p.rep.Long = p.longWriter(ctx, s)
+	p.sleep(ctx, sc.AfterLong)
 	if sc.Burst > 0 {
 		s.enter(phaseBurst)
 		p.burst(ctx, phaseBurst)
@@ -305,6 +330,32 @@ func (p *pressure) run(ctx context.Context) *pressureReport {
 	s.enter("")
 	p.rep.finish(p.m, s)
 	return p.rep
+}
+
+// longWriter writes one outbox row on the watched key in a transaction it
+// then leaves idle for sc.Long, as an idle-in-transaction session or a
+// batch job would, and commits it at the start of phaseLongDone.
+func (p *pressure) longWriter(ctx context.Context, s *sampler) *longResult {
+	t := p.t
+	conn, err := pgx.Connect(ctx, withParam(t, p.url, "application_name", "long writer"))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	r := &longResult{Key: pressureHotKey, Seq: p.w.reserve(1), Open: p.sc.Long}
+	began := time.Now()
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(context.Background()) //nolint:errcheck // committed below
+	require.NoError(t, outbox.Write(ctx, tx, outbox.Message{Topic: pressureTopic, Key: []byte(r.Key), Value: pressureValue(r.Seq)}))
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&r.Xid))
+	p.sleep(ctx, p.sc.Long)
+	s.enter(phaseLongDone)
+	r.commitStart = time.Now()
+	require.NoError(t, tx.Commit(ctx), "the long writer's COMMIT")
+	r.committed = time.Now()
+	r.began = began
+	p.m.committed(r.Seq, r.committed)
+	p.m.keyCommitted(r.Seq, began, r.committed)
+	return r
 }
 
 // catchUp waits until the backlog is under half a second of writes, or
@@ -374,9 +425,15 @@ func (p *pressure) makeDead(ctx context.Context) time.Duration {
 func (p *pressure) burst(ctx context.Context, phase string) {
 	keys, slots := p.keyArrays()
 	b := p.m.watchBurst(phase, p.w.reserve(int64(p.sc.Burst)), int64(p.sc.Burst))
+	began := time.Now()
 	_, err := p.conn.Exec(ctx, bulkRowsSQL, p.sc.Burst, keys, slots, pressureTopic, b.first)
 	require.NoError(p.t, err, "burst of %d rows", p.sc.Burst)
-	p.m.committedRange(b, time.Now())
+	at := time.Now()
+	p.m.committedRange(b, at)
+	hot := int64(slices.Index(keys, pressureHotKey)) // bulkRowsSQL gives row g key g % len(keys)
+	for g := hot; hot >= 0 && g < int64(p.sc.Burst); g += int64(len(keys)) {
+		p.m.keyCommitted(b.first+g, began, at)
+	}
 }
 
 // bulkRowsSQL inserts $1 rows for topic $4 whose values carry sequence
