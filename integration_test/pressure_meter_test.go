@@ -129,20 +129,24 @@ func startWriters(ctx context.Context, t *testing.T, url string, sc pressureScal
 	})
 	for range pressureWriters {
 		w.wg.Go(func() {
+			// A transaction runs to its end once begun: cancelled at its
+			// COMMIT, it might commit unrecorded and arrive unwritten.
+			txCtx := context.WithoutCancel(ctx)
 			for range tokens {
+				if ctx.Err() != nil {
+					continue // stopping: drop the schedule's leftovers
+				}
 				seq := w.seq.Add(1)
 				key := pressureKey(rand.IntN(sc.Keys))
 				if rand.IntN(pressureHotEvery) == 0 {
 					key = pressureHotKey
 				}
 				began := time.Now()
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					return outbox.Write(ctx, tx, outbox.Message{Topic: pressureTopic, Key: []byte(key), Value: pressureValue(seq)})
+				err := pgx.BeginFunc(txCtx, pool, func(tx pgx.Tx) error {
+					return outbox.Write(txCtx, tx, outbox.Message{Topic: pressureTopic, Key: []byte(key), Value: pressureValue(seq)})
 				})
 				if err != nil {
-					if ctx.Err() == nil {
-						w.errs.Add(1)
-					}
+					w.errs.Add(1)
 					continue
 				}
 				at := time.Now()

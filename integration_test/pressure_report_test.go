@@ -275,6 +275,7 @@ type pressureReport struct {
 	Lost       string // events that never arrived, when some did not
 	Written    int64  // events committed, the whole run
 	Published  int64  // distinct events the consumer received, the whole run
+	WriteErrs  int64  // writer transactions that failed (not counted as written)
 	Long       *longResult
 	// KeyChecked rows of the watched key had their order checked
 	// (meter.keyOrder); KeyInversions are the first out of order.
@@ -368,8 +369,8 @@ func (r *pressureReport) print(w io.Writer) {
 	for _, b := range r.Bursts {
 		fmt.Fprintf(w, "burst (%s): %d rows drained in %s (%.0f rows/s)\n", b.Phase, b.Rows, b.Drained.Round(time.Millisecond), float64(b.Rows)/b.Drained.Seconds())
 	}
-	fmt.Fprintf(w, "dead rows: %d made in %s; n_dead_tup at the end of the hold %d; VACUUM ANALYZE after the hold took %s; duplicate records %d; events written %d, published %d%s\n",
-		r.DeadMade, r.DeadTook.Round(time.Millisecond), r.DeadAtHold, r.VacuumTook.Round(time.Millisecond), r.Duplicates, r.Written, r.Published, lostLine(r.Lost))
+	fmt.Fprintf(w, "dead rows: %d made in %s; n_dead_tup at the end of the hold %d; VACUUM ANALYZE after the hold took %s; duplicate records %d; events written %d, published %d, writer errors %d%s\n",
+		r.DeadMade, r.DeadTook.Round(time.Millisecond), r.DeadAtHold, r.VacuumTook.Round(time.Millisecond), r.Duplicates, r.Written, r.Published, r.WriteErrs, lostLine(r.Lost))
 	fmt.Fprintf(w, "load average at the start %s, at the end %s\n", r.LoadStart, r.LoadEnd)
 }
 
@@ -456,7 +457,7 @@ shared buffers hit or read per call).
 - %s; PostgreSQL %s; %d CPUs (%s/%s); measured commit: %s
 - load average (1, 5, 15 min) at the start: %s; at the end: %s
 - dead rows made in %s; the relay caught up %s after; n_dead_tup at the end of the hold: %d; VACUUM ANALYZE after the hold: %s
-- events written %d, published %d; duplicate records seen: %d%s
+- events written %d, published %d (writer transactions failed: %d); duplicate records seen: %d%s
 - claim statement matched (`+"`%s`"+`): `+"`%s`"+`
 
 ### Per phase
@@ -468,7 +469,7 @@ when the phase started and ended: the machine may be shared.
 | phase | written/s | published/s | p50 | p99 | max | load at start | load at end |
 |---|---:|---:|---:|---:|---:|---|---|
 `, r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Postgres, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, r.Commit, r.LoadStart, r.LoadEnd,
-		r.DeadTook.Round(time.Millisecond), r.CaughtUp.Round(time.Millisecond), r.DeadAtHold, r.VacuumTook.Round(time.Millisecond), r.Written, r.Published, r.Duplicates, lostLine(r.Lost), r.ClaimRe, r.ClaimSQL)
+		r.DeadTook.Round(time.Millisecond), r.CaughtUp.Round(time.Millisecond), r.DeadAtHold, r.VacuumTook.Round(time.Millisecond), r.Written, r.Published, r.WriteErrs, r.Duplicates, lostLine(r.Lost), r.ClaimRe, r.ClaimSQL)
 	for _, ps := range r.Phases {
 		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %s | %s | %s | %s | %s |\n", ps.Name, ps.WriteRate(), ps.PublishRate(), ms(ps.P50), ms(ps.P99), ms(ps.Max), ps.LoadStart, ps.LoadEnd)
 	}

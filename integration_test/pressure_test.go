@@ -124,7 +124,7 @@ func TestPressure(t *testing.T) {
 	}
 
 	require.Empty(t, rep.Lost)
-	require.Equal(t, rep.Written, rep.Published, "published ≠ written: %d events committed, %d distinct events arrived", rep.Written, rep.Published)
+	require.Equal(t, rep.Written, rep.Published, "published ≠ written: %d events committed, %d distinct events arrived (%d writer transactions failed)", rep.Written, rep.Published, rep.WriteErrs)
 	lw := rep.Long
 	require.NotNil(t, lw)
 	require.True(t, lw.Arrived, "the long writer's row (seq %d, key %s) never arrived", lw.Seq, lw.Key)
@@ -323,6 +323,7 @@ func (p *pressure) run(ctx context.Context) *pressureReport {
 
 	s.enter(phaseDrain)
 	p.w.stop()
+	p.rep.WriteErrs = p.w.errs.Load()
 	if !p.m.waitAll(ctx, sc.Drain) {
 		p.rep.Lost = fmt.Sprintf("not every committed event reached Kafka within %v of the writers stopping: %d missing; the outbox still holds %s",
 			sc.Drain, p.m.missing(), p.unpublished(ctx))
