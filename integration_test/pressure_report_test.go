@@ -30,6 +30,7 @@ type windowRow struct {
 	ClaimCalls int64
 	ClaimMs    float64 // mean execution time per claim
 	ClaimBufs  float64 // shared buffers hit + read per claim
+	ClaimMaxMs float64 // the slowest claim
 	ClaimKnown bool
 }
 
@@ -41,27 +42,30 @@ type phaseSpan struct {
 	LoadStart, LoadEnd string
 }
 
-// claimTotals are pg_stat_statements' cumulative figures of the claim.
+// claimTotals are pg_stat_statements' figures of the claim since the last
+// read (each read resets the entries it read).
 type claimTotals struct {
 	calls int64
 	ms    float64
 	bufs  int64
+	maxMs float64
+	query string // the busiest entry's text
 }
 
 // sampler cuts the run into windows and reads the database's side of each.
 type sampler struct {
-	p     *pressure
-	conn  *pgx.Conn // its own: the driver uses p.conn meanwhile
-	mu    sync.Mutex
-	phase string
-	since time.Time
-	pubAt int64 // totals at the last cut
-	comAt int64
-	claim claimTotals
-	rows  []windowRow
-	spans []phaseSpan
-	stopC chan struct{}
-	done  chan struct{}
+	p        *pressure
+	conn     *pgx.Conn // its own: the driver uses p.conn meanwhile
+	mu       sync.Mutex
+	phase    string
+	since    time.Time
+	pubAt    int64 // totals at the last cut
+	comAt    int64
+	claimSQL string // the busiest claim statement's text, as last read
+	rows     []windowRow
+	spans    []phaseSpan
+	stopC    chan struct{}
+	done     chan struct{}
 }
 
 func newSampler(p *pressure) *sampler {
@@ -70,7 +74,7 @@ func newSampler(p *pressure) *sampler {
 		p.t.Fatalf("pressure: sampler connection: %v", err)
 	}
 	s := &sampler{p: p, conn: conn, stopC: make(chan struct{}), done: make(chan struct{})}
-	s.claim = s.readClaim(context.Background())
+	s.readClaim(context.Background()) // the windows count from here
 	return s
 }
 
@@ -126,12 +130,12 @@ func (s *sampler) cut(ctx context.Context, next string) {
 		if s.p.claimRe != "" {
 			c := s.readClaim(ctx)
 			row.ClaimKnown = true
-			row.ClaimCalls = c.calls - s.claim.calls
+			row.ClaimCalls = c.calls
 			if row.ClaimCalls > 0 {
-				row.ClaimMs = (c.ms - s.claim.ms) / float64(row.ClaimCalls)
-				row.ClaimBufs = float64(c.bufs-s.claim.bufs) / float64(row.ClaimCalls)
+				row.ClaimMs = c.ms / float64(row.ClaimCalls)
+				row.ClaimBufs = float64(c.bufs) / float64(row.ClaimCalls)
+				row.ClaimMaxMs = c.maxMs
 			}
-			s.claim = c
 		}
 		s.rows = append(s.rows, row)
 		fmt.Println(row.text())
@@ -165,35 +169,38 @@ func (s *sampler) deadRows(ctx context.Context) int64 {
 	return d
 }
 
+// readClaim reads the claim's entries in pg_stat_statements and resets
+// them, so each window has its own slowest claim (max_exec_time); a claim
+// that ends between the read and the reset, in the same statement, is not
+// counted.
 func (s *sampler) readClaim(ctx context.Context) claimTotals {
 	var c claimTotals
 	if s.p.claimRe == "" {
 		return c
 	}
-	err := s.conn.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_exec_time), 0)::float8,
-		coalesce(sum(shared_blks_hit + shared_blks_read), 0)::bigint
-		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND query ~* $1`,
-		s.p.claimRe).Scan(&c.calls, &c.ms, &c.bufs)
+	var reset int64
+	err := s.conn.QueryRow(ctx, `WITH m AS MATERIALIZED (
+			SELECT userid, dbid, queryid, calls, total_exec_time, max_exec_time, shared_blks_hit + shared_blks_read AS bufs, query
+			FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND query ~* $1),
+		r AS MATERIALIZED (SELECT pg_stat_statements_reset(userid, dbid, queryid) FROM m)
+		SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_exec_time), 0)::float8, coalesce(sum(bufs), 0)::bigint,
+			coalesce(max(max_exec_time), 0)::float8,
+			coalesce((SELECT regexp_replace(left(query, 160), '\s+', ' ', 'g') FROM m ORDER BY calls DESC LIMIT 1), ''),
+			(SELECT count(*) FROM r)
+		FROM m`, s.p.claimRe).Scan(&c.calls, &c.ms, &c.bufs, &c.maxMs, &c.query, &reset)
 	if err != nil {
 		s.p.t.Logf("pressure: pg_stat_statements: %v", err)
 	}
+	if c.query != "" {
+		s.claimSQL = c.query
+	}
 	return c
-}
-
-// claimStatement is the text of the busiest statement the claim pattern
-// matched, for the report.
-func (s *sampler) claimStatement(ctx context.Context) string {
-	var q string
-	_ = s.conn.QueryRow(ctx, `SELECT regexp_replace(left(query, 160), '\s+', ' ', 'g') FROM pg_stat_statements
-		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND query ~* $1
-		ORDER BY calls DESC LIMIT 1`, s.p.claimRe).Scan(&q)
-	return q
 }
 
 func (r windowRow) text() string {
 	claim := "-"
 	if r.ClaimKnown && r.ClaimCalls > 0 {
-		claim = fmt.Sprintf("%d calls %.2f ms %.0f bufs", r.ClaimCalls, r.ClaimMs, r.ClaimBufs)
+		claim = fmt.Sprintf("%d calls %.2f ms (max %.0f ms) %.0f bufs", r.ClaimCalls, r.ClaimMs, r.ClaimMaxMs, r.ClaimBufs)
 	}
 	return fmt.Sprintf("pressure: %6s %-26s written %6.0f/s published %6.0f/s p50 %8s p99 %8s backlog %7d dead %8d heap %6.1f MB claim %s",
 		r.At.Round(time.Second), r.Phase, rate(r.Written, r.Dur), rate(r.Published, r.Dur), ms(r.P50), ms(r.P99),
@@ -330,7 +337,7 @@ func (r *pressureReport) finish(m *meter, s *sampler) {
 		lw.CommitTook = lw.committed.Sub(lw.commitStart)
 	}
 	ctx := context.Background()
-	r.ClaimSQL = s.claimStatement(ctx)
+	r.ClaimSQL = s.claimSQL
 	_ = s.conn.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&r.Postgres)
 	lats := make([][]time.Duration, len(spans))
 	for _, smp := range m.samples() {
@@ -449,8 +456,9 @@ Then the writers stop and the run waits until every committed event has arrived.
 Columns: written and published per second (published: events the consumer saw for the
 first time in the window), commit→Kafka p50 and p99 of the events that arrived in the window,
 the backlog (committed, not yet seen) at the window's end, pgbox_outbox's n_dead_tup and size,
-and the claim statement from pg_stat_statements (calls in the window, mean execution time,
-shared buffers hit or read per call).
+and the claim statement from pg_stat_statements (calls in the window, mean and slowest
+execution time, shared buffers hit or read per call; the sampler resets the claim's entries
+after reading them each window).
 
 ## This run
 
@@ -485,17 +493,17 @@ when the phase started and ended: the machine may be shared.
 			long.PublishRate()/long.WriteRate(), float64(long.P99)/float64(base.P99))
 	}
 	fmt.Fprintf(&b, "\n%s.\n", strings.TrimSuffix(r.longLine(), "."))
-	fmt.Fprintf(&b, "\n### Every %s\n\n| t | phase | written/s | published/s | p50 | p99 | backlog | dead rows | heap MB | claims | ms/claim | buffers/claim |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", sc.Window)
+	fmt.Fprintf(&b, "\n### Every %s\n\n| t | phase | written/s | published/s | p50 | p99 | backlog | dead rows | heap MB | claims | ms/claim | slowest claim ms | buffers/claim |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", sc.Window)
 	for _, row := range r.Rows {
-		calls, cms, bufs := "–", "–", "–"
+		calls, cms, cmax, bufs := "–", "–", "–", "–"
 		if row.ClaimKnown {
 			calls = fmt.Sprint(row.ClaimCalls)
 			if row.ClaimCalls > 0 {
-				cms, bufs = fmt.Sprintf("%.2f", row.ClaimMs), fmt.Sprintf("%.0f", row.ClaimBufs)
+				cms, cmax, bufs = fmt.Sprintf("%.2f", row.ClaimMs), fmt.Sprintf("%.0f", row.ClaimMaxMs), fmt.Sprintf("%.0f", row.ClaimBufs)
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %s | %s | %d | %d | %.1f | %s | %s | %s |\n", row.At.Round(time.Second), row.Phase,
-			rate(row.Written, row.Dur), rate(row.Published, row.Dur), ms(row.P50), ms(row.P99), row.Backlog, row.DeadRows, row.HeapMB, calls, cms, bufs)
+		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %s | %s | %d | %d | %.1f | %s | %s | %s | %s |\n", row.At.Round(time.Second), row.Phase,
+			rate(row.Written, row.Dur), rate(row.Published, row.Dur), ms(row.P50), ms(row.P99), row.Backlog, row.DeadRows, row.HeapMB, calls, cms, cmax, bufs)
 	}
 	return b.String()
 }
