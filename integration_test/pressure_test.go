@@ -79,11 +79,12 @@ const pressureClaimDefault = `cross join lateral|claim\w*\s*\(`
 //
 // It checks that every committed event arrived (published = written), that
 // the long writer's row arrived, and the watched key's order over the whole
-// run (keyOrder: a row committed before another began arrives first); and,
-// as ratios measured in the same run, that under the hold the relay
-// publishes as fast as the writers write (≥ 0.95×) and that p99 stays
-// within 2× the unheld p99. The small version is part of `make test`; `make
-// pressure` runs the large one and writes docs/pressure.md.
+// run (keyOrder: a row committed before another began arrives first).
+// Timings never decide pass/fail: the report compares the held phase and
+// the long writer's with the unheld baseline (published/written ≥ 0.95,
+// p99 within 2× the unheld p99) and says OVER when a bound is not met. The
+// small version is part of `make test`; `make pressure` runs the large one
+// and writes docs/pressure.md.
 func TestPressure(t *testing.T) {
 	if testing.Short() {
 		t.Skip("pressure run skipped in -short mode")
@@ -135,11 +136,8 @@ func TestPressure(t *testing.T) {
 	require.NotNil(t, held)
 	require.Positive(t, base.Written, "no writes in the baseline: the run measured nothing")
 	require.Positive(t, rep.DeadAtHold, "no dead rows under the hold: the hold did not hold (n_dead_tup 0)")
-	require.GreaterOrEqual(t, held.PublishRate(), 0.95*held.WriteRate(),
-		"under a held snapshot with %d dead rows the relay published %.0f rows/s against %.0f written: it does not keep up", rep.DeadAtHold, held.PublishRate(), held.WriteRate())
-	require.LessOrEqual(t, held.P99, 2*base.P99,
-		"under a held snapshot with %d dead rows commit→Kafka p99 is %v against %v unheld (%.1f×, more than 2×)",
-		rep.DeadAtHold, held.P99, base.P99, float64(held.P99)/float64(base.P99))
+	// The rates and latencies against the baseline are reported (bounds),
+	// never asserted: timings do not decide pass/fail.
 }
 
 func envDuration(t *testing.T, name string, d *time.Duration) {
