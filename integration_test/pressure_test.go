@@ -290,7 +290,7 @@ func (p *pressure) run(ctx context.Context) *pressureReport {
 	// steady hold brings: let the relay catch up with what it delayed
 	// before the held phase is measured (bounded by Hold).
 	s.enter(phaseCatchUp)
-	p.rep.CaughtUp = p.catchUp(ctx, sc.Hold)
+	p.rep.CaughtUp, p.rep.Behind = p.catchUp(ctx, sc.Hold)
 
 	s.enter(phaseHeld)
 	p.sleep(ctx, sc.Hold)
@@ -358,13 +358,17 @@ func (p *pressure) longWriter(ctx context.Context, s *sampler) *longResult {
 }
 
 // catchUp waits until the backlog is under half a second of writes, or
-// for at most limit, and returns how long it waited.
-func (p *pressure) catchUp(ctx context.Context, limit time.Duration) time.Duration {
-	start := time.Now()
-	for p.m.missing() > max(p.sc.Rate/2, 50) && time.Since(start) < limit {
+// for at most limit, and returns how long it waited and the backlog when
+// it gave up (0 when the relay caught up).
+func (p *pressure) catchUp(ctx context.Context, limit time.Duration) (time.Duration, int) {
+	start, enough := time.Now(), max(p.sc.Rate/2, 50)
+	for p.m.missing() > enough {
+		if time.Since(start) >= limit {
+			return time.Since(start), p.m.missing()
+		}
 		p.sleep(ctx, 100*time.Millisecond)
 	}
-	return time.Since(start)
+	return time.Since(start), 0
 }
 
 // unpublished lists the first rows still in the outbox, for a failure
