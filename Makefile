@@ -36,17 +36,22 @@ test: ## the whole suite, with the race detector, against real PostgreSQL (the u
 chaos: ## the large chaos run, report as a table
 	CHAOS_SCALE=large $(GO) test -count=1 -run '^TestChaos$$' -timeout 300m -v ./integration_test/
 
-# The relay under production pressure (issue 26; integration_test.TestPressure):
+# The relay under production pressure (issues 26, 32; integration_test.TestPressure):
 # steady writers (PRESSURE_RATE=1000 tx/s, one 200-byte event each, over
 # PRESSURE_KEYS=1000 keys), an unheld baseline, a read-only REPEATABLE READ
 # snapshot held while PRESSURE_DEAD=1500000 outbox rows are inserted and
-# deleted, a PRESSURE_BURST=200000-row burst, the hold released and VACUUM
-# ANALYZE, another burst. Prints a table per 10 s window (rates, commit→Kafka
-# p50/p99 measured by a separate consumer, backlog, dead rows, the claim from
-# pg_stat_statements) and writes it to docs/pressure.md. Its own PostgreSQL
-# cluster and broker; PRESSURE_BASELINE, PRESSURE_HOLD, PRESSURE_AFTER
-# (durations) reshape it. The small version is part of `make test`.
-pressure: ## the relay under a held snapshot, dead rows and bursts; writes docs/pressure.md
+# deleted, steady load under the hold, a long writer under the hold (one
+# outbox row, then idle in transaction for PRESSURE_LONG=10m, then COMMIT), a
+# PRESSURE_BURST=200000-row burst, the hold released and VACUUM ANALYZE,
+# another burst. Prints a table per 10 s window (rates, commit→Kafka p50/p99
+# measured by a separate consumer, backlog, dead rows, the claim from
+# pg_stat_statements) and the load average at every phase change, and writes
+# them to docs/pressure.md. Fails on a lost event, published ≠ written, the
+# long writer's row missing or a key out of order; never on timings. Its own
+# PostgreSQL cluster and broker; PRESSURE_BASELINE, PRESSURE_HOLD,
+# PRESSURE_AFTER, PRESSURE_LONG (durations) reshape it. The small version
+# (a 25 s long writer) is part of `make test`.
+pressure: ## the relay under a held snapshot, dead rows, a long writer and bursts; writes docs/pressure.md
 	PRESSURE_SCALE=large PRESSURE_DOC=$(CURDIR)/docs/pressure.md $(GO) test -count=1 -run '^TestPressure$$' -timeout 120m -v ./integration_test/
 
 # The upgrade test (integration_test.TestUpgrade; .ci/run runs it after

@@ -35,6 +35,15 @@ const (
 
 func pressureKey(i int) string { return "acct-" + strconv.Itoa(i) }
 
+// The watched key: an ordinary key (the bulk inserts spread rows over it
+// too) that the writers also pick for one transaction in
+// pressureHotEvery, and the long writer writes on. The meter keeps its
+// rows' begin and commit times and the order they arrived in, to check key
+// order at the end.
+const pressureHotEvery = 50
+
+var pressureHotKey = pressureKey(0)
+
 // pressureSlot is the slot of a keyed row (the event id plays no part).
 func pressureSlot(key string) int { return slot.Of([]byte(key), [16]byte{}) }
 
@@ -120,19 +129,31 @@ func startWriters(ctx context.Context, t *testing.T, url string, sc pressureScal
 	})
 	for range pressureWriters {
 		w.wg.Go(func() {
+			// A transaction runs to its end once begun: cancelled at its
+			// COMMIT, it might commit unrecorded and arrive unwritten.
+			txCtx := context.WithoutCancel(ctx)
 			for range tokens {
+				if ctx.Err() != nil {
+					continue // stopping: drop the schedule's leftovers
+				}
 				seq := w.seq.Add(1)
-				key := []byte(pressureKey(rand.IntN(sc.Keys)))
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					return outbox.Write(ctx, tx, outbox.Message{Topic: pressureTopic, Key: key, Value: pressureValue(seq)})
+				key := pressureKey(rand.IntN(sc.Keys))
+				if rand.IntN(pressureHotEvery) == 0 {
+					key = pressureHotKey
+				}
+				began := time.Now()
+				err := pgx.BeginFunc(txCtx, pool, func(tx pgx.Tx) error {
+					return outbox.Write(txCtx, tx, outbox.Message{Topic: pressureTopic, Key: []byte(key), Value: pressureValue(seq)})
 				})
 				if err != nil {
-					if ctx.Err() == nil {
-						w.errs.Add(1)
-					}
+					w.errs.Add(1)
 					continue
 				}
-				m.committed(seq, time.Now())
+				at := time.Now()
+				m.committed(seq, at)
+				if key == pressureHotKey {
+					m.keyCommitted(seq, began, at)
+				}
 			}
 		})
 	}
@@ -169,6 +190,9 @@ type meter struct {
 	window     []time.Duration // latencies seen since the last take
 	all        []sample
 	bursts     []*burstRange
+	keyRows    map[int64]keyRow    // the watched key's committed rows
+	keyArrived []int64             // the watched key's rows, in the order they arrived (one partition: offset order)
+	keyAt      map[int64]time.Time // when each of them arrived
 
 	client   sarama.Client
 	consumer sarama.Consumer
@@ -177,7 +201,19 @@ type meter struct {
 }
 
 func newMeter() *meter {
-	return &meter{pending: map[int64]time.Time{}, early: map[int64]time.Time{}}
+	return &meter{pending: map[int64]time.Time{}, early: map[int64]time.Time{}, keyRows: map[int64]keyRow{}, keyAt: map[int64]time.Time{}}
+}
+
+// keyRow is when a row of the watched key was written: its transaction
+// began (before the row took its id) and its COMMIT returned.
+type keyRow struct{ began, committed time.Time }
+
+// keyCommitted records a committed row of the watched key (besides
+// committed, which counts it).
+func (m *meter) keyCommitted(seq int64, began, at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.keyRows[seq] = keyRow{began: began, committed: at}
 }
 
 // consume reads every partition of the topic from the start, in its own
@@ -202,7 +238,7 @@ func (m *meter) consume(ctx context.Context, t *testing.T, addr string) {
 			for msg := range pc.Messages() {
 				at := time.Now()
 				if seq, ok := parseSeq(msg.Value); ok {
-					m.arrived(seq, at)
+					m.arrived(seq, string(msg.Key) == pressureHotKey, at)
 				}
 			}
 		})
@@ -248,7 +284,7 @@ func (m *meter) commitLocked(seq int64, at time.Time) {
 	m.pending[seq] = at
 }
 
-func (m *meter) arrived(seq int64, at time.Time) {
+func (m *meter) arrived(seq int64, watched bool, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	i, bit := seq/64, uint64(1)<<(seq%64)
@@ -261,6 +297,10 @@ func (m *meter) arrived(seq int64, at time.Time) {
 	}
 	m.seen[i] |= bit
 	m.published++
+	if watched {
+		m.keyArrived = append(m.keyArrived, seq)
+		m.keyAt[seq] = at
+	}
 	for _, b := range m.bursts {
 		if seq >= b.first && seq < b.first+b.n {
 			b.seen++
@@ -346,6 +386,83 @@ func (m *meter) samples() []sample {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return slices.Clone(m.all)
+}
+
+// keyOrder checks the watched key's order: a row whose COMMIT returned
+// before another row's transaction began took the lower id and was
+// visible first, so it must arrive first (rows of overlapping
+// transactions may arrive in either order). It returns up to five
+// inversions found, and how many arrived rows it checked.
+func (m *meter) keyOrder() (inversions []string, checked int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	type arrival struct {
+		seq int64
+		keyRow
+	}
+	var arr []arrival
+	for _, seq := range m.keyArrived {
+		if r, ok := m.keyRows[seq]; ok {
+			arr = append(arr, arrival{seq, r})
+		}
+	}
+	// earliest[i]: the row arriving at i or later whose COMMIT returned
+	// first; a row that began after it returned and arrived before it is
+	// an inversion.
+	earliest := make([]int, len(arr)+1)
+	earliest[len(arr)] = -1
+	for i := len(arr) - 1; i >= 0; i-- {
+		earliest[i] = i
+		if j := earliest[i+1]; j >= 0 && arr[j].committed.Before(arr[i].committed) {
+			earliest[i] = j
+		}
+	}
+	for i, a := range arr {
+		if j := earliest[i+1]; j >= 0 && arr[j].committed.Before(a.began) && len(inversions) < 5 {
+			inversions = append(inversions, fmt.Sprintf("seq %d (began %s after seq %d committed) arrived %d records before it",
+				a.seq, a.began.Sub(arr[j].committed).Round(time.Microsecond), arr[j].seq, j-i))
+		}
+	}
+	return inversions, len(arr)
+}
+
+// keyPosition says where seq, a row of the watched key, arrived among the
+// key's rows (how many arrived before it) and when; ok is false when it
+// never arrived.
+func (m *meter) keyPosition(seq int64) (before int, at time.Time, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i := slices.Index(m.keyArrived, seq)
+	return i, m.keyAt[seq], i >= 0
+}
+
+// keyRowsBetween counts the watched key's rows whose transaction began
+// after from and whose COMMIT returned before to, and how many of those
+// arrived before seq.
+func (m *meter) keyRowsBetween(from, to time.Time, seq int64) (n, arrivedBefore int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	at := make(map[int64]int, len(m.keyArrived))
+	for i, s := range m.keyArrived {
+		at[s] = i
+	}
+	pos, ok := at[seq]
+	for s, r := range m.keyRows {
+		if s == seq || !r.began.After(from) || !r.committed.Before(to) {
+			continue
+		}
+		n++
+		if i, in := at[s]; in && (!ok || i < pos) {
+			arrivedBefore++
+		}
+	}
+	return n, arrivedBefore
+}
+
+func (m *meter) totals() (committed, published int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.committedN, m.published
 }
 
 func (m *meter) duplicateCount() int64 {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/pgbox/pgbox/integration_test/internal/harness"
 	"github.com/pgbox/pgbox/internal/pgcluster"
+	"github.com/pgbox/pgbox/outbox"
 )
 
 // Knobs of the pressure scenario (issue 26); `make pressure` sets
@@ -29,6 +31,7 @@ const (
 	envPressureBaseline = "PRESSURE_BASELINE" // how long the unheld baseline runs (Go duration)
 	envPressureHold     = "PRESSURE_HOLD"     // how long the held phase runs once the dead rows exist
 	envPressureAfter    = "PRESSURE_AFTER"    // how long the phase after the hold runs
+	envPressureLong     = "PRESSURE_LONG"     // how long the long writer stays idle in transaction after writing its row
 	envPressureDoc      = "PRESSURE_DOC"      // write the report as markdown to this file
 	envPressureClaim    = "PRESSURE_CLAIM"    // regular expression (PostgreSQL ~*) naming the claim statement in pg_stat_statements
 )
@@ -44,6 +47,8 @@ type pressureScale struct {
 	Hold       time.Duration // held, once the dead rows exist (before the burst)
 	AfterBurst time.Duration // held, after the burst
 	After      time.Duration // after the hold, VACUUM ANALYZE run
+	Long       time.Duration // held, the long writer's transaction open
+	AfterLong  time.Duration // held, after the long writer committed
 	Window     time.Duration // one table row
 	Drain      time.Duration // how long every committed event may take to arrive once the writers stop
 }
@@ -64,27 +69,35 @@ const pressureClaimDefault = `cross join lateral|claim\w*\s*\(`
 // with what that one large transaction delayed, then steady load under the
 // hold; a burst of PRESSURE_BURST rows committed at once, still held; the
 // hold released, VACUUM ANALYZE (what autovacuum does next), steady load
-// and a second burst. Every 10 s and at every phase change it prints a row:
-// write and publish rate, p50/p99, backlog, dead rows, the claim statement's
-// calls, time and buffers (pg_stat_statements).
+// and a second burst. Still under the hold, before the burst, a long
+// writer (issue 32): one transaction writes one outbox row on the watched
+// key (pressureHotKey, which the writers use too) and stays idle in
+// transaction for PRESSURE_LONG, then commits. Every 10 s and at every
+// phase change it prints a row: write and publish rate, p50/p99, backlog,
+// dead rows, the claim statement's calls, time and buffers
+// (pg_stat_statements); every phase change prints the load average.
 //
-// It checks, as ratios measured in the same run, that under the hold the
-// relay publishes as fast as the writers write (≥ 0.95×) and that p99 stays
-// within 2× the unheld p99. The small version is part of `make test`; `make
-// pressure` runs the large one and writes docs/pressure.md.
+// It checks that every committed event arrived (published = written), that
+// the long writer's row arrived, and the watched key's order over the whole
+// run (keyOrder: a row committed before another began arrives first).
+// Timings never decide pass/fail: the report compares the held phase and
+// the long writer's with the unheld baseline (published/written ≥ 0.95,
+// p99 within 2× the unheld p99) and says OVER when a bound is not met. The
+// small version is part of `make test`; `make pressure` runs the large one
+// and writes docs/pressure.md.
 func TestPressure(t *testing.T) {
 	if testing.Short() {
 		t.Skip("pressure run skipped in -short mode")
 	}
 	sc := pressureScale{Rate: 500, Keys: 1000, Dead: 200_000, Warmup: 5 * time.Second,
 		Baseline: 15 * time.Second, Hold: 30 * time.Second, AfterBurst: 10 * time.Second, After: 10 * time.Second,
-		Window: 10 * time.Second, Drain: 2 * time.Minute}
+		Long: 25 * time.Second, AfterLong: 10 * time.Second, Window: 10 * time.Second, Drain: 2 * time.Minute}
 	switch v := os.Getenv(envPressureScale); v {
 	case "", "small":
 	case "large":
 		sc = pressureScale{Rate: 1000, Keys: 1000, Dead: 1_500_000, Burst: 200_000, Warmup: 10 * time.Second,
 			Baseline: 60 * time.Second, Hold: 180 * time.Second, AfterBurst: 60 * time.Second, After: 120 * time.Second,
-			Window: 10 * time.Second, Drain: 5 * time.Minute}
+			Long: 10 * time.Minute, AfterLong: 60 * time.Second, Window: 10 * time.Second, Drain: 5 * time.Minute}
 	default:
 		t.Fatalf("%s=%q: want small or large", envPressureScale, v)
 	}
@@ -95,6 +108,7 @@ func TestPressure(t *testing.T) {
 	envDuration(t, envPressureBaseline, &sc.Baseline)
 	envDuration(t, envPressureHold, &sc.Hold)
 	envDuration(t, envPressureAfter, &sc.After)
+	envDuration(t, envPressureLong, &sc.Long)
 	claimRe := pressureClaimDefault
 	if v := os.Getenv(envPressureClaim); v != "" {
 		claimRe = v
@@ -111,16 +125,19 @@ func TestPressure(t *testing.T) {
 	}
 
 	require.Empty(t, rep.Lost)
+	require.Equal(t, rep.Written, rep.Published, "published ≠ written: %d events committed, %d distinct events arrived (%d writer transactions failed)", rep.Written, rep.Published, rep.WriteErrs)
+	lw := rep.Long
+	require.NotNil(t, lw)
+	require.True(t, lw.Arrived, "the long writer's row (seq %d, key %s) never arrived", lw.Seq, lw.Key)
+	require.Positive(t, rep.KeyChecked, "no row of the watched key was checked")
+	require.Empty(t, rep.KeyInversions, "key %s out of order", pressureHotKey)
 	base, held := rep.phase(phaseBaseline), rep.phase(phaseHeld)
 	require.NotNil(t, base)
 	require.NotNil(t, held)
 	require.Positive(t, base.Written, "no writes in the baseline: the run measured nothing")
 	require.Positive(t, rep.DeadAtHold, "no dead rows under the hold: the hold did not hold (n_dead_tup 0)")
-	require.GreaterOrEqual(t, held.PublishRate(), 0.95*held.WriteRate(),
-		"under a held snapshot with %d dead rows the relay published %.0f rows/s against %.0f written: it does not keep up", rep.DeadAtHold, held.PublishRate(), held.WriteRate())
-	require.LessOrEqual(t, held.P99, 2*base.P99,
-		"under a held snapshot with %d dead rows commit→Kafka p99 is %v against %v unheld (%.1f×, more than 2×)",
-		rep.DeadAtHold, held.P99, base.P99, float64(held.P99)/float64(base.P99))
+	// The rates and latencies against the baseline are reported (bounds),
+	// never asserted: timings do not decide pass/fail.
 }
 
 func envDuration(t *testing.T, name string, d *time.Duration) {
@@ -142,6 +159,8 @@ const (
 	phaseMakeDead   = "held, making dead rows"
 	phaseCatchUp    = "held, catching up"
 	phaseHeld       = "held"
+	phaseLong       = "held, long writer open"
+	phaseLongDone   = "held, long writer committed"
 	phaseBurst      = "held, burst"
 	phaseRelease    = "released, VACUUM ANALYZE"
 	phaseAfter      = "after hold"
@@ -271,11 +290,15 @@ func (p *pressure) run(ctx context.Context) *pressureReport {
 	// steady hold brings: let the relay catch up with what it delayed
 	// before the held phase is measured (bounded by Hold).
 	s.enter(phaseCatchUp)
-	p.rep.CaughtUp = p.catchUp(ctx, sc.Hold)
+	p.rep.CaughtUp, p.rep.Behind = p.catchUp(ctx, sc.Hold)
 
 	s.enter(phaseHeld)
 	p.sleep(ctx, sc.Hold)
 	p.rep.DeadAtHold = s.deadRows(ctx)
+	// The long writer, still under the hold.
+	s.enter(phaseLong)
+	p.rep.Long = p.longWriter(ctx, s)
+	p.sleep(ctx, sc.AfterLong)
 	if sc.Burst > 0 {
 		s.enter(phaseBurst)
 		p.burst(ctx, phaseBurst)
@@ -298,6 +321,7 @@ func (p *pressure) run(ctx context.Context) *pressureReport {
 
 	s.enter(phaseDrain)
 	p.w.stop()
+	p.rep.WriteErrs = p.w.errs.Load()
 	if !p.m.waitAll(ctx, sc.Drain) {
 		p.rep.Lost = fmt.Sprintf("not every committed event reached Kafka within %v of the writers stopping: %d missing; the outbox still holds %s",
 			sc.Drain, p.m.missing(), p.unpublished(ctx))
@@ -307,14 +331,44 @@ func (p *pressure) run(ctx context.Context) *pressureReport {
 	return p.rep
 }
 
+// longWriter writes one outbox row on the watched key in a transaction it
+// then leaves idle for sc.Long, as an idle-in-transaction session or a
+// batch job would, and commits it at the start of phaseLongDone.
+func (p *pressure) longWriter(ctx context.Context, s *sampler) *longResult {
+	t := p.t
+	conn, err := pgx.Connect(ctx, withParam(t, p.url, "application_name", "long writer"))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	r := &longResult{Key: pressureHotKey, Seq: p.w.reserve(1), Open: p.sc.Long}
+	began := time.Now()
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(context.Background()) //nolint:errcheck // committed below
+	require.NoError(t, outbox.Write(ctx, tx, outbox.Message{Topic: pressureTopic, Key: []byte(r.Key), Value: pressureValue(r.Seq)}))
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&r.Xid))
+	p.sleep(ctx, p.sc.Long)
+	s.enter(phaseLongDone)
+	r.commitStart = time.Now()
+	require.NoError(t, tx.Commit(ctx), "the long writer's COMMIT")
+	r.committed = time.Now()
+	r.began = began
+	p.m.committed(r.Seq, r.committed)
+	p.m.keyCommitted(r.Seq, began, r.committed)
+	return r
+}
+
 // catchUp waits until the backlog is under half a second of writes, or
-// for at most limit, and returns how long it waited.
-func (p *pressure) catchUp(ctx context.Context, limit time.Duration) time.Duration {
-	start := time.Now()
-	for p.m.missing() > max(p.sc.Rate/2, 50) && time.Since(start) < limit {
+// for at most limit, and returns how long it waited and the backlog when
+// it gave up (0 when the relay caught up).
+func (p *pressure) catchUp(ctx context.Context, limit time.Duration) (time.Duration, int) {
+	start, enough := time.Now(), max(p.sc.Rate/2, 50)
+	for p.m.missing() > enough {
+		if time.Since(start) >= limit {
+			return time.Since(start), p.m.missing()
+		}
 		p.sleep(ctx, 100*time.Millisecond)
 	}
-	return time.Since(start)
+	return time.Since(start), 0
 }
 
 // unpublished lists the first rows still in the outbox, for a failure
@@ -374,9 +428,15 @@ func (p *pressure) makeDead(ctx context.Context) time.Duration {
 func (p *pressure) burst(ctx context.Context, phase string) {
 	keys, slots := p.keyArrays()
 	b := p.m.watchBurst(phase, p.w.reserve(int64(p.sc.Burst)), int64(p.sc.Burst))
+	began := time.Now()
 	_, err := p.conn.Exec(ctx, bulkRowsSQL, p.sc.Burst, keys, slots, pressureTopic, b.first)
 	require.NoError(p.t, err, "burst of %d rows", p.sc.Burst)
-	p.m.committedRange(b, time.Now())
+	at := time.Now()
+	p.m.committedRange(b, at)
+	hot := int64(slices.Index(keys, pressureHotKey)) // bulkRowsSQL gives row g key g % len(keys)
+	for g := hot; hot >= 0 && g < int64(p.sc.Burst); g += int64(len(keys)) {
+		p.m.keyCommitted(b.first+g, began, at)
+	}
 }
 
 // bulkRowsSQL inserts $1 rows for topic $4 whose values carry sequence
