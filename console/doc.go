@@ -33,7 +33,10 @@
 //     with how the person authenticated, before it runs and in the log;
 //     the audit page shows the trail.
 //   - Failed logins are logged, audited and, past five per user name or
-//     source address, slowed (per process).
+//     source address, slowed (per process). A success clears only its
+//     user's count; behind the trusted proxy the count is per user name
+//     only, and requests the proxy authenticated are never slowed. A proxy
+//     header with more than one value is refused.
 //   - Bad parameters get a 400 naming them; bidi controls in keys, errors
 //     and names are shown escaped.
 //   - Pages are server-rendered by html/template (payloads are escaped,

@@ -106,12 +106,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // login authenticates r, or answers it: 401 without or with wrong
 // credentials, 429 while the claimed user or the source address waits after
-// repeated failures. A failed login is logged and audited (action "login",
-// the claimed name and method, the source address).
+// repeated failures (loginKeys). A failed login is logged and audited
+// (action "login", the claimed name and method, the source address); a
+// successful basic login clears its user's count, never its address's:
+// one account's logins must not wipe the failures of guesses at others.
 func (h *Handler) login(w http.ResponseWriter, r *http.Request) (Identity, bool) {
 	now := time.Now()
-	name, _, _ := r.BasicAuth()
-	keys := loginKeys(name, r)
+	keys := h.loginKeys(r)
 	if wait := h.logins.wait(now, keys); wait > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Round(time.Second)/time.Second)+1))
 		http.Error(w, "too many failed logins: try again later", http.StatusTooManyRequests)
@@ -120,7 +121,7 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) (Identity, bool)
 	id, err := h.auth.identify(r)
 	if err == nil {
 		if id.Method == "basic" {
-			h.logins.succeed(keys)
+			h.logins.succeed(userKey(id.Name))
 		}
 		return id, true
 	}
