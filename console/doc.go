@@ -31,7 +31,8 @@
 //     confirmed (the confirmation lists them; its form carries their ids),
 //     and is recorded in the table pgbox_console_audit (migration 00090),
 //     with how the person authenticated, before it runs and in the log;
-//     the audit page shows the trail.
+//     the audit page shows the trail. A viewer's attempt is audited as a
+//     role refusal, with or without a CSRF token.
 //   - Failed logins are logged, audited and, past five per user name or
 //     source address, slowed (per process). A success clears only its
 //     user's count; behind the trusted proxy the count is per user name

@@ -139,8 +139,16 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) (Identity, bool)
 	return Identity{}, false
 }
 
-// action wraps a POST action: a same-origin request, a valid CSRF token,
-// the operator role; refusals are logged and (role refusals) audited.
+// action wraps a POST action: a same-origin request, the operator role, a
+// valid CSRF token; refusals are logged and role refusals audited.
+//
+// The role is checked before the token: viewer pages carry no action form,
+// so a viewer's POST never has a token, and checking the token first would
+// leave every viewer's attempt out of the audit. A non-operator's POST can
+// do nothing whatever its token, so it is audited as a role refusal, noting
+// when it came without a valid token (not from the console's page, or
+// forged). A cross-origin POST is refused before either, unaudited: it
+// names nobody reliably.
 func (h *Handler) action(name string, act func(w http.ResponseWriter, r *http.Request, who Identity, name string)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		who, _ := IdentityFrom(r.Context())
@@ -156,6 +164,15 @@ func (h *Handler) action(name string, act func(w http.ResponseWriter, r *http.Re
 			return
 		}
 		ok, err := h.csrf.valid(r.Context(), who, r.PostForm.Get("csrf"))
+		if !who.Operator() {
+			why := "needs the operator role"
+			if !ok && err == nil {
+				why += " (sent without a valid CSRF token)"
+			}
+			h.refused(r.Context(), who, name, h.target(r.PostForm), why)
+			h.fail(w, r, http.StatusForbidden, "this action needs the operator role ("+who.Name+" is a "+string(who.Role)+")")
+			return
+		}
 		if err != nil {
 			h.failErr(w, r, err)
 			return
@@ -163,11 +180,6 @@ func (h *Handler) action(name string, act func(w http.ResponseWriter, r *http.Re
 		if !ok {
 			h.cfg.Logger.WarnContext(r.Context(), "console action refused", "actor", who.Name, "action", name, "reason", "missing or wrong CSRF token")
 			h.fail(w, r, http.StatusForbidden, "missing or wrong CSRF token: reload the page and try again")
-			return
-		}
-		if !who.Operator() {
-			h.refused(r.Context(), who, name, h.target(r.PostForm), "needs the operator role")
-			h.fail(w, r, http.StatusForbidden, "this action needs the operator role ("+who.Name+" is a "+string(who.Role)+")")
 			return
 		}
 		act(w, r, who, name)
