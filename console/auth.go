@@ -230,21 +230,9 @@ func validName(name string) bool {
 	return name != "" && len(name) <= nameMax && utf8.ValidString(name) && !strings.ContainsFunc(name, unicode.IsControl)
 }
 
-// claimedName is a name a failed login claimed, as the audit trail records
-// it: at most nameMax bytes (cut on a character boundary, marked with how
-// much was cut), invalid UTF-8 and NUL bytes (which PostgreSQL's text
-// cannot hold) replaced by U+FFFD.
-func claimedName(name string) string {
-	name = strings.ReplaceAll(strings.ToValidUTF8(name, "\uFFFD"), "\x00", "\uFFFD")
-	if len(name) <= nameMax {
-		return name
-	}
-	cut := nameMax
-	for cut > 0 && !utf8.RuneStart(name[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%s… (%d bytes more)", name[:cut], len(name)-cut)
-}
+// claimedName is a name a failed login claimed, as the audit trail and the
+// log record it: at most nameMax bytes (see bounded).
+func claimedName(name string) string { return bounded(name, nameMax) }
 
 // viaProxy reports whether r comes from a trusted proxy that a proxy
 // header is configured for.

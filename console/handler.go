@@ -126,11 +126,11 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) (Identity, bool)
 		return id, true
 	}
 	if errors.Is(err, errBadCredentials) {
-		src := sourceAddr(r)
+		src, path := sourceAddr(r), bounded(r.URL.Path, targetValueMax)
 		throttled := h.logins.fail(now, keys)
 		h.cfg.Logger.WarnContext(r.Context(), "console login failed", "user", id.Name, "auth", id.Method, "source", src,
-			"method", r.Method, "path", r.URL.Path, "throttled", throttled)
-		h.refused(r.Context(), id, "login", fmt.Sprintf("source=%q method=%q path=%q", src, r.Method, r.URL.Path), "wrong credentials")
+			"method", r.Method, "path", path, "throttled", throttled)
+		h.refused(r.Context(), id, "login", fmt.Sprintf("source=%q method=%q path=%q", src, bounded(r.Method, nameMax), path), "wrong credentials")
 	}
 	if len(h.cfg.Auth.Users) > 0 {
 		w.Header().Set("WWW-Authenticate", `Basic realm="pgbox console", charset="UTF-8"`)
@@ -220,6 +220,9 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, name, title str
 		if id, ok := parseID(done); ok {
 			p.Flash, _ = readAuditOne(ctx, h.cfg.DB, id)
 		}
+		if p.Flash != nil && !ownFlash(p.Flash, who, name) {
+			p.Flash = nil
+		}
 	}
 	var buf bytes.Buffer
 	if err := h.pages[name].ExecuteTemplate(&buf, "layout", p); err != nil {
@@ -229,6 +232,15 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, name, title str
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	_, _ = w.Write(buf.Bytes())
+}
+
+// ownFlash reports whether rec may be shown as the flash of page to who:
+// only the outcome of who's own action (same name, same way of
+// authenticating) on that page's rows. Any audit id can be put in a link's
+// "done", and a failed login records a name its sender chose: shown to
+// someone else as the console's own banner, it would speak for the console.
+func ownFlash(rec *AuditRecord, who Identity, page string) bool {
+	return rec.Actor == who.Name && rec.Method == who.Method && strings.HasPrefix(rec.Action, page+".")
 }
 
 // fail renders an error page with status.

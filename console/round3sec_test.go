@@ -1,6 +1,8 @@
 package console_test
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -108,4 +110,46 @@ func TestViewerActionAttemptsAudited(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, code)
 	unchanged(t, b, p, d)
 	require.Equal(t, 0, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_console_audit WHERE actor = 'otto'`))
+}
+
+// Issue 33 item 10: what a request chooses cannot speak for the console.
+// A failed login's name is cut to 128 bytes and shown quoted, as a claim; a
+// flash shows only the viewer's own action, on its own page; an audit
+// target holds only the console's known form fields.
+func TestAuditAndFlashHoldNoInjectedContent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	lure := "URGENT — console moved, re-enter your password at console.example.net/login"
+	code, _, _ := b.as(lure, "x").do(t, "GET", "/", nil)
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, _, _ = b.as(strings.Repeat("A", 700_000), "x").do(t, "GET", "/", nil)
+	require.Equal(t, http.StatusUnauthorized, code)
+	lureID := scalar[int64](t, b.db, `SELECT id FROM pgbox_console_audit WHERE actor = $1`, lure)
+	require.Equal(t, "1", fmt.Sprint(scalar[int](t, b.db, `SELECT count(*) FROM pgbox_console_audit WHERE length(actor) < 200 AND actor LIKE 'AAAA%… (699872 bytes more)'`)))
+
+	otto, vera := b.as("otto", operatorPass), b.as("vera", viewerPass)
+	require.NotContains(t, otto.get(t, "/dead?done="+fmt.Sprint(lureID)), `id="flash"`, "a failed login is nobody's flash")
+	audit := otto.get(t, "/audit")
+	require.Contains(t, audit, `claimed <code>&#34;URGENT — console moved`, "the claimed name is shown quoted, as data")
+
+	// Made-up field names are left out of the target, however many.
+	p := parkRow(t, b.db, "payments.v1", "pay-1", "v", "boom")
+	form := otto.confirmForm(t, "/parked/confirm?action=discard&ids="+fmt.Sprint(p))
+	form.Set(`topic="nosuchtopic" note`, "x")
+	for i := range 5000 {
+		form.Set(fmt.Sprintf("junk%d", i), "x")
+	}
+	code, _, hdr := otto.do(t, "POST", "/parked/discard", form)
+	require.Equal(t, http.StatusSeeOther, code)
+	rec, err := console.ReadAudit(context.Background(), b.db.Pool, 1)
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf(`confirmed="%d" ids="%d"`, p, p), rec[0].Target)
+	require.Equal(t, "ok", rec[0].Result)
+
+	// The flash is the operator's own, on the page the action returns to.
+	done := "done=" + fmt.Sprint(rec[0].ID)
+	require.Contains(t, hdr.Get("Location"), done)
+	require.Contains(t, otto.get(t, "/parked?"+done), `id="flash"`)
+	require.NotContains(t, otto.get(t, "/dead?"+done), `id="flash"`, "not on another page")
+	require.NotContains(t, vera.get(t, "/parked?"+done), `id="flash"`, "not to another person")
 }
