@@ -47,4 +47,9 @@
 //     pages, and what derives from them (keys in error texts, a handler's
 //     error text, typed keys in the audit trail). No setting is ever
 //     rendered, so no secret can be.
+//   - The http.Server a service mounts the handler on should set
+//     ReadHeaderTimeout, ReadTimeout and IdleTimeout: the handler answers
+//     an unauthenticated POST without reading its body, and a server
+//     without a ReadTimeout waits for that body for ever. `relay run`'s
+//     servers set them and bound each client address's connections.
 package console
