@@ -87,31 +87,6 @@ func TestProxyHeaderWithSeveralValuesRefused(t *testing.T) {
 	require.Equal(t, 2, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_console_audit WHERE actor = 'mallory, olga'`), "the audit names every value")
 }
 
-// Issue 33 item 9: a viewer's action attempt is audited as a role refusal,
-// with or without a CSRF token (viewer pages have no action form, so a
-// viewer's POST has none); the audit notes a missing token.
-func TestViewerActionAttemptsAudited(t *testing.T) {
-	t.Parallel()
-	b := setup(t, nil)
-	p := parkRow(t, b.db, "payments.v1", "pay-1", "v", "boom")
-	d := deadRow(t, b.db, "orders.v1", "ord-1", "v", 7)
-	vera := b.as("vera", viewerPass)
-	for path, form := range actions(p, d) {
-		code, body, _ := vera.do(t, "POST", path, form)
-		require.Equal(t, http.StatusForbidden, code, path)
-		require.Contains(t, body, "needs the operator role", path)
-	}
-	unchanged(t, b, p, d)
-	require.Equal(t, 3, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_console_audit
-		WHERE actor = 'vera' AND method = 'basic' AND result = 'refused: needs the operator role (sent without a valid CSRF token)'`))
-	// An operator's POST without the token is still refused before any
-	// role or row check, logged, not audited.
-	code, _, _ := b.as("otto", operatorPass).do(t, "POST", "/parked/discard", actions(p, d)["/parked/discard"])
-	require.Equal(t, http.StatusForbidden, code)
-	unchanged(t, b, p, d)
-	require.Equal(t, 0, scalar[int](t, b.db, `SELECT count(*) FROM pgbox_console_audit WHERE actor = 'otto'`))
-}
-
 // Issue 33 item 10: what a request chooses cannot speak for the console.
 // A failed login's name is cut to 128 bytes and shown quoted, as a claim; a
 // flash shows only the viewer's own action, on its own page; an audit

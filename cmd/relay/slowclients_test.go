@@ -96,15 +96,7 @@ func TestSlowClientsDoNotTakeHealthzDown(t *testing.T) {
 	cmd.Env = append(testutil.CleanEnv(), append(runEnv(db, c), "PGBOX_CONSOLE_ADDR=127.0.0.1:0", "PGBOX_CONSOLE_TOKEN=token-0123456789abcdef")...)
 	cmd.Stdout = io.Discard
 	p := &proc{testutil.StartProc(t, cmd, listenRE)}
-	httpAddr := p.HTTPAddr(t)
-	var consoleAddr string
-	waitFor(t, "console listening", time.Minute, func() bool {
-		m := consoleListenRE.FindStringSubmatch(p.Output())
-		if m != nil {
-			consoleAddr = m[1]
-		}
-		return m != nil
-	})
+	httpAddr, consoleAddr := p.HTTPAddr(t), consoleAddr(t, p)
 
 	const n = 300
 	start := time.Now()
