@@ -18,7 +18,7 @@ type AuditRecord struct {
 	ID int64     `json:"id"`
 	At time.Time `json:"at"`
 	// Actor is who acted; for a failed login ("login"), the name the
-	// request claimed, cut to 128 bytes: text its sender chose.
+	// request claimed, cut to 256 bytes: text its sender chose.
 	Actor string `json:"actor"`
 	Role  Role   `json:"role"`
 	// Method is how the actor authenticated: "basic", "bearer", "proxy",

@@ -222,7 +222,7 @@ func (a *authenticator) proxy(vals []string) (Identity, error) {
 
 // nameMax bounds the names the console believes or records: a login name
 // claimed by a failed login is cut to it in the audit trail and the log.
-const nameMax = 128
+const nameMax = 256
 
 // validName reports whether name could be a login: not empty, at most
 // nameMax bytes of UTF-8 without control characters.

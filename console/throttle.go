@@ -67,7 +67,9 @@ func (h *Handler) loginKeys(r *http.Request) []string {
 	return keys
 }
 
-func userKey(name string) string { return "user:" + name }
+// userKey is a user name's count; a name is cut as the audit records it,
+// so made-up names of any length cost the table little memory.
+func userKey(name string) string { return "user:" + claimedName(name) }
 
 // wait returns how long attempts for any of keys must still wait (0: none).
 func (l *loginFailures) wait(now time.Time, keys []string) time.Duration {
