@@ -4,28 +4,30 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
 
 // AuditRecord is one action in the audit trail (table pgbox_console_audit).
 type AuditRecord struct {
-	ID    int64     `json:"id"`
-	At    time.Time `json:"at"`
-	Actor string    `json:"actor"`
-	Role  Role      `json:"role"`
+	ID int64     `json:"id"`
+	At time.Time `json:"at"`
+	// Actor is who acted; for a failed login ("login"), the name the
+	// request claimed, cut to 256 bytes: text its sender chose.
+	Actor string `json:"actor"`
+	Role  Role   `json:"role"`
 	// Method is how the actor authenticated: "basic", "bearer", "proxy",
 	// "none" ("" on records from before migration 00110).
 	Method string `json:"method"`
 	Action string `json:"action"`
-	// Target is what was asked: the form's fields (the filter, or the ids
-	// confirmed), as name="value" pairs in name order.
+	// Target is what was asked: the form's known fields (the filter, the
+	// ids confirmed), as name="value" pairs in name order, each value cut
+	// to 1 KiB; for a failed login, the source address, method and path.
 	Target string `json:"target"`
 	// RowIDs are the rows the action selected.
 	RowIDs []int64 `json:"row_ids"`
@@ -128,14 +130,25 @@ func (h *Handler) refused(ctx context.Context, who Identity, action, target, why
 	return id
 }
 
+// targetFields are the form fields an audit target records: the filters
+// of the parked and dead-letter pages, the confirmed ids, the "replay
+// again" switch. Any other field a request carries is left out, so a
+// made-up field name can neither forge target text nor swell it.
+var targetFields = []string{"again", "confirmed", "consumer", "error", "ids", "key", "topic"}
+
+// targetValueMax bounds each value an audit target records; the rows an
+// action touched are recorded in full beside it (row_ids).
+const targetValueMax = 1024
+
 // target is the one text an audit record gives what was asked: the form's
-// fields but the token, as name="value" pairs in name order. With
-// HidePayloads a typed key is recorded as hidden.
+// known fields (targetFields), as name="value" pairs in name order, each
+// value cut to targetValueMax bytes. With HidePayloads a typed key is
+// recorded as hidden.
 func (h *Handler) target(form url.Values) string {
 	var b strings.Builder
-	for _, k := range slices.Sorted(maps.Keys(form)) {
+	for _, k := range targetFields {
 		for _, v := range form[k] {
-			if v == "" || k == "csrf" {
+			if v == "" {
 				continue
 			}
 			if k == "key" && h.cfg.HidePayloads {
@@ -144,8 +157,24 @@ func (h *Handler) target(form url.Values) string {
 			if b.Len() > 0 {
 				b.WriteByte(' ')
 			}
-			b.WriteString(k + "=" + strconv.Quote(v))
+			b.WriteString(k + "=" + strconv.Quote(bounded(v, targetValueMax)))
 		}
 	}
 	return b.String()
+}
+
+// bounded is s as the audit trail may keep text a request chose: at most
+// max bytes (cut on a character boundary, saying how much was cut), with
+// invalid UTF-8 and NUL bytes, which PostgreSQL's text cannot hold,
+// replaced by U+FFFD.
+func bounded(s string, max int) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes more)", s[:cut], len(s)-cut)
 }

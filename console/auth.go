@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/crypto/bcrypt"
 )
@@ -64,7 +66,10 @@ type Auth struct {
 	// ProxyHeader names a request header set by a trusted reverse proxy
 	// that authenticated the user (for example "X-Forwarded-User"); its
 	// value is the user's name. It is believed only on requests from
-	// TrustedProxies. Defaults to "": no proxy authentication.
+	// TrustedProxies, and only with exactly one value: a header given
+	// twice or listing several names is refused. Requests from
+	// TrustedProxies are throttled after failed logins per user name, not
+	// per address. Defaults to "": no proxy authentication.
 	ProxyHeader string
 	// TrustedProxies are the addresses (CIDR prefixes) ProxyHeader is
 	// believed from. Defaults to loopback (127.0.0.0/8 and ::1/128).
@@ -185,19 +190,54 @@ func (a *authenticator) identify(r *http.Request) (Identity, error) {
 		}
 		return Identity{Method: strings.ToLower(scheme)}, errBadCredentials
 	}
-	if a.auth.ProxyHeader != "" {
-		if name := r.Header.Get(a.auth.ProxyHeader); name != "" && a.fromProxy(r) {
-			role := RoleViewer
-			if slices.Contains(a.auth.ProxyOperators, name) {
-				role = RoleOperator
-			}
-			return Identity{Name: name, Role: role, Method: "proxy"}, nil
+	if a.viaProxy(r) {
+		if vals := r.Header.Values(a.auth.ProxyHeader); len(vals) > 0 {
+			return a.proxy(vals)
 		}
 	}
 	if !a.auth.enabled() {
 		return Identity{Name: "anonymous", Role: RoleViewer, Method: "none"}, nil
 	}
 	return Identity{}, errNoCredentials
+}
+
+// proxy is the user a trusted proxy's header names. A header given more
+// than once, or one value listing several (comma-separated, which HTTP
+// takes as the same thing), is refused rather than one of them believed:
+// a proxy that appends its user to a client's own header would otherwise
+// let the client choose. So is a name no login could have (too long, or
+// with control characters).
+func (a *authenticator) proxy(vals []string) (Identity, error) {
+	name := strings.TrimSpace(vals[0])
+	claimed := Identity{Name: claimedName(strings.Join(vals, ", ")), Method: "proxy"}
+	if len(vals) > 1 || strings.Contains(name, ",") || !validName(name) {
+		return claimed, errBadCredentials
+	}
+	role := RoleViewer
+	if slices.Contains(a.auth.ProxyOperators, name) {
+		role = RoleOperator
+	}
+	return Identity{Name: name, Role: role, Method: "proxy"}, nil
+}
+
+// nameMax bounds the names the console believes or records: a login name
+// claimed by a failed login is cut to it in the audit trail and the log.
+const nameMax = 256
+
+// validName reports whether name could be a login: not empty, at most
+// nameMax bytes of UTF-8 without control characters.
+func validName(name string) bool {
+	return name != "" && len(name) <= nameMax && utf8.ValidString(name) && !strings.ContainsFunc(name, unicode.IsControl)
+}
+
+// claimedName is a name a failed login claimed, as the audit trail and the
+// log record it: at most nameMax bytes (see bounded).
+func claimedName(name string) string { return bounded(name, nameMax) }
+
+// viaProxy reports whether r comes from a trusted proxy that a proxy
+// header is configured for.
+func (a *authenticator) viaProxy(r *http.Request) bool {
+	return a.auth.ProxyHeader != "" && a.fromProxy(r)
 }
 
 func (a *authenticator) fromProxy(r *http.Request) bool {
@@ -218,7 +258,7 @@ func (a *authenticator) basic(r *http.Request) (Identity, error) {
 	if !ok {
 		return Identity{Method: "basic"}, errBadCredentials
 	}
-	claimed := Identity{Name: name, Method: "basic"}
+	claimed := Identity{Name: claimedName(name), Method: "basic"}
 	mac := hmac.New(sha256.New, a.key)
 	mac.Write([]byte(name + "\x00" + pass))
 	sum := string(mac.Sum(nil))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	osexec "os/exec"
@@ -349,6 +350,55 @@ func TestBrowser(t *testing.T) {
 	steps(t, ctx, chromedp.Navigate(hsrv.URL+"/"), chromedp.WaitVisible(css("#kafka-down")), chromedp.WaitVisible(css("#instances")))
 	require.Contains(t, text(t, ctx, "#kafka-down"), "Kafka is not answering")
 	require.Contains(t, text(t, ctx, "#parkedcounts"), "nope.v1")
+
+	t.Run("injected audit content", func(t *testing.T) { browseInjectedAudit(t, db, srv.URL, ctx, vera) })
+}
+
+// browseInjectedAudit is issue 33 item 10 through the page: a failed
+// login's chosen name is no banner on anyone's page and shows on the audit
+// page as a quoted claim; another person's action, or an action on other
+// rows, is no flash; made-up form fields are not in the audit's target.
+// otto and vera are their browsers.
+func browseInjectedAudit(t *testing.T, db *testdb.DB, url string, otto, vera context.Context) {
+	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+	noFlash := func(ctx context.Context, path, why string) {
+		t.Helper()
+		steps(t, ctx, chromedp.Navigate(url+path), chromedp.WaitVisible(css("h1")))
+		flash, err := chromedp.Run(ctx, chromedp.Nodes(css("#flash"), chromedp.AtLeast(0)))
+		require.NoError(t, err)
+		require.Empty(t, flash, why)
+	}
+	lure := "URGENT — console moved, re-enter your password at console.example.net/login"
+	req, err := http.NewRequest("GET", url+"/", nil)
+	require.NoError(t, err)
+	req.SetBasicAuth(lure, "x")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	lureID := scalar[int64](t, db, `SELECT id FROM pgbox_console_audit WHERE actor = $1`, lure)
+	noFlash(otto, fmt.Sprintf("/dead?done=%d", lureID), "a failed login is no banner")
+	discard := scalar[int64](t, db, `SELECT max(id) FROM pgbox_console_audit WHERE action = 'parked.discard' AND actor = 'otto'`)
+	noFlash(vera, fmt.Sprintf("/parked?done=%d", discard), "otto's action is not vera's flash")
+	noFlash(otto, fmt.Sprintf("/dead?done=%d", discard), "a discard is not the dead-letter page's flash")
+
+	// A discard whose form carries a made-up field named like a target.
+	p := parkRow(t, db, "forged.v1", "f-1", "{}", "boom")
+	steps(t, otto,
+		chromedp.Navigate(fmt.Sprintf("%s/parked/confirm?action=discard&ids=%d", url, p)),
+		chromedp.WaitVisible(css("#confirm")),
+	)
+	added, err := chromedp.Run(otto, chromedp.Evaluate[bool](`(() => { const i = document.createElement("input"); i.type = "hidden";
+		i.name = 'topic="nosuchtopic" note'; i.value = "x"; document.querySelector("form[method=post]").appendChild(i); return true })()`))
+	require.NoError(t, err)
+	require.True(t, added)
+	steps(t, otto, chromedp.Click(css("#confirm")), chromedp.WaitVisible(css("#flash")))
+	require.Contains(t, text(t, otto, "#flash"), "parked.discard by otto: ok (1 of 1 row)", "the operator's own action is shown")
+	steps(t, otto, chromedp.Navigate(url+"/audit"), chromedp.WaitVisible(css("#audit")))
+	audit := text(t, otto, "#audit")
+	require.Contains(t, audit, `claimed "URGENT — console moved`, "the name is shown as a quoted claim")
+	require.Contains(t, audit, fmt.Sprintf(`confirmed="%d" ids="%d"`, p, p))
+	require.NotContains(t, audit, "nosuchtopic", "a made-up field is not in the target")
 }
 
 // seedHistory writes an hour of history samples for the chart, as a relay's

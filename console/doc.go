@@ -31,9 +31,13 @@
 //     confirmed (the confirmation lists them; its form carries their ids),
 //     and is recorded in the table pgbox_console_audit (migration 00090),
 //     with how the person authenticated, before it runs and in the log;
-//     the audit page shows the trail.
+//     the audit page shows the trail. A viewer's attempt is audited as a
+//     role refusal, with or without a CSRF token.
 //   - Failed logins are logged, audited and, past five per user name or
-//     source address, slowed (per process).
+//     source address, slowed (per process). A success clears only its
+//     user's count; behind the trusted proxy the count is per user name
+//     only, and requests the proxy authenticated are never slowed. A proxy
+//     header with more than one value is refused.
 //   - Bad parameters get a 400 naming them; bidi controls in keys, errors
 //     and names are shown escaped.
 //   - Pages are server-rendered by html/template (payloads are escaped,
@@ -43,4 +47,9 @@
 //     pages, and what derives from them (keys in error texts, a handler's
 //     error text, typed keys in the audit trail). No setting is ever
 //     rendered, so no secret can be.
+//   - The http.Server a service mounts the handler on should set
+//     ReadHeaderTimeout, ReadTimeout and IdleTimeout: the handler answers
+//     an unauthenticated POST without reading its body, and a server
+//     without a ReadTimeout waits for that body for ever. `relay run`'s
+//     servers set them and bound each client address's connections.
 package console

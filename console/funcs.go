@@ -207,9 +207,12 @@ func (h *Handler) funcs() template.FuncMap {
 			}
 			return ageText(time.Since(t).Seconds()) + " ago"
 		},
-		"count":   countText,
-		"capped":  cappedText,
-		"vis":     vis,
+		"count":  countText,
+		"capped": cappedText,
+		"vis":    vis,
+		// quote shows text someone chose, not the console, as a quoted
+		// string: control and bidi characters escaped.
+		"quote":   strconv.Quote,
 		"err":     h.errText,
 		"neg":     func(f *float64) bool { return f != nil && *f < 0 },
 		"int64":   func(n int) int64 { return int64(n) },

@@ -106,12 +106,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // login authenticates r, or answers it: 401 without or with wrong
 // credentials, 429 while the claimed user or the source address waits after
-// repeated failures. A failed login is logged and audited (action "login",
-// the claimed name and method, the source address).
+// repeated failures (loginKeys). A failed login is logged and audited
+// (action "login", the claimed name and method, the source address); a
+// successful basic login clears its user's count, never its address's:
+// one account's logins must not wipe the failures of guesses at others.
 func (h *Handler) login(w http.ResponseWriter, r *http.Request) (Identity, bool) {
 	now := time.Now()
-	name, _, _ := r.BasicAuth()
-	keys := loginKeys(name, r)
+	keys := h.loginKeys(r)
 	if wait := h.logins.wait(now, keys); wait > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Round(time.Second)/time.Second)+1))
 		http.Error(w, "too many failed logins: try again later", http.StatusTooManyRequests)
@@ -120,16 +121,16 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) (Identity, bool)
 	id, err := h.auth.identify(r)
 	if err == nil {
 		if id.Method == "basic" {
-			h.logins.succeed(keys)
+			h.logins.succeed(userKey(id.Name))
 		}
 		return id, true
 	}
 	if errors.Is(err, errBadCredentials) {
-		src := sourceAddr(r)
+		src, path := sourceAddr(r), bounded(r.URL.Path, targetValueMax)
 		throttled := h.logins.fail(now, keys)
 		h.cfg.Logger.WarnContext(r.Context(), "console login failed", "user", id.Name, "auth", id.Method, "source", src,
-			"method", r.Method, "path", r.URL.Path, "throttled", throttled)
-		h.refused(r.Context(), id, "login", fmt.Sprintf("source=%q method=%q path=%q", src, r.Method, r.URL.Path), "wrong credentials")
+			"method", r.Method, "path", path, "throttled", throttled)
+		h.refused(r.Context(), id, "login", fmt.Sprintf("source=%q method=%q path=%q", src, bounded(r.Method, nameMax), path), "wrong credentials")
 	}
 	if len(h.cfg.Auth.Users) > 0 {
 		w.Header().Set("WWW-Authenticate", `Basic realm="pgbox console", charset="UTF-8"`)
@@ -138,8 +139,16 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) (Identity, bool)
 	return Identity{}, false
 }
 
-// action wraps a POST action: a same-origin request, a valid CSRF token,
-// the operator role; refusals are logged and (role refusals) audited.
+// action wraps a POST action: a same-origin request, the operator role, a
+// valid CSRF token; refusals are logged and role refusals audited.
+//
+// The role is checked before the token: viewer pages carry no action form,
+// so a viewer's POST never has a token, and checking the token first would
+// leave every viewer's attempt out of the audit. A non-operator's POST can
+// do nothing whatever its token, so it is audited as a role refusal, noting
+// when it came without a valid token (not from the console's page, or
+// forged). A cross-origin POST is refused before either, unaudited: it
+// names nobody reliably.
 func (h *Handler) action(name string, act func(w http.ResponseWriter, r *http.Request, who Identity, name string)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		who, _ := IdentityFrom(r.Context())
@@ -155,6 +164,15 @@ func (h *Handler) action(name string, act func(w http.ResponseWriter, r *http.Re
 			return
 		}
 		ok, err := h.csrf.valid(r.Context(), who, r.PostForm.Get("csrf"))
+		if !who.Operator() {
+			why := "needs the operator role"
+			if !ok && err == nil {
+				why += " (sent without a valid CSRF token)"
+			}
+			h.refused(r.Context(), who, name, h.target(r.PostForm), why)
+			h.fail(w, r, http.StatusForbidden, "this action needs the operator role ("+who.Name+" is a "+string(who.Role)+")")
+			return
+		}
 		if err != nil {
 			h.failErr(w, r, err)
 			return
@@ -162,11 +180,6 @@ func (h *Handler) action(name string, act func(w http.ResponseWriter, r *http.Re
 		if !ok {
 			h.cfg.Logger.WarnContext(r.Context(), "console action refused", "actor", who.Name, "action", name, "reason", "missing or wrong CSRF token")
 			h.fail(w, r, http.StatusForbidden, "missing or wrong CSRF token: reload the page and try again")
-			return
-		}
-		if !who.Operator() {
-			h.refused(r.Context(), who, name, h.target(r.PostForm), "needs the operator role")
-			h.fail(w, r, http.StatusForbidden, "this action needs the operator role ("+who.Name+" is a "+string(who.Role)+")")
 			return
 		}
 		act(w, r, who, name)
@@ -207,6 +220,9 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, name, title str
 		if id, ok := parseID(done); ok {
 			p.Flash, _ = readAuditOne(ctx, h.cfg.DB, id)
 		}
+		if p.Flash != nil && !ownFlash(p.Flash, who, name) {
+			p.Flash = nil
+		}
 	}
 	var buf bytes.Buffer
 	if err := h.pages[name].ExecuteTemplate(&buf, "layout", p); err != nil {
@@ -216,6 +232,15 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, name, title str
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	_, _ = w.Write(buf.Bytes())
+}
+
+// ownFlash reports whether rec may be shown as the flash of page to who:
+// only the outcome of who's own action (same name, same way of
+// authenticating) on that page's rows. Any audit id can be put in a link's
+// "done", and a failed login records a name its sender chose: shown to
+// someone else as the console's own banner, it would speak for the console.
+func ownFlash(rec *AuditRecord, who Identity, page string) bool {
+	return rec.Actor == who.Name && rec.Method == who.Method && strings.HasPrefix(rec.Action, page+".")
 }
 
 // fail renders an error page with status.

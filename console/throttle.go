@@ -7,8 +7,9 @@ import (
 	"time"
 )
 
-// Failed logins are throttled per claimed user name and per source address,
-// in this process: consoles behind one load balancer each keep their own
+// Failed logins are throttled per claimed user name and per source address
+// (the user name only behind the trusted proxy: see loginKeys), in this
+// process: consoles behind one load balancer each keep their own
 // count (an attacker spread over n replicas gets n times the attempts; the
 // audit trail and the log, which every replica writes, show them all).
 const (
@@ -47,13 +48,28 @@ func sourceAddr(r *http.Request) string {
 	return host
 }
 
-func loginKeys(name string, r *http.Request) []string {
-	keys := []string{"addr:" + sourceAddr(r)}
-	if name != "" {
-		keys = append(keys, "user:"+name)
+// loginKeys are the counts a login attempt is checked against and adds
+// to: its basic-auth user name, and its source address unless it comes
+// through the trusted proxy. Behind the proxy every person shares the
+// proxy's address, so one guesser would lock everybody out; there the
+// throttle keys on the user only. A request the proxy authenticated (no
+// Authorization header) and a bearer token through the proxy have no key:
+// they are never throttled (a token has at least 16 characters, and each
+// wrong one is still logged and audited).
+func (h *Handler) loginKeys(r *http.Request) []string {
+	var keys []string
+	if !h.auth.viaProxy(r) {
+		keys = append(keys, "addr:"+sourceAddr(r))
+	}
+	if name, _, ok := r.BasicAuth(); ok && name != "" {
+		keys = append(keys, userKey(name))
 	}
 	return keys
 }
+
+// userKey is a user name's count; a name is cut as the audit records it,
+// so made-up names of any length cost the table little memory.
+func userKey(name string) string { return "user:" + claimedName(name) }
 
 // wait returns how long attempts for any of keys must still wait (0: none).
 func (l *loginFailures) wait(now time.Time, keys []string) time.Duration {
@@ -95,13 +111,11 @@ func (l *loginFailures) fail(now time.Time, keys []string) (throttled bool) {
 	return throttled
 }
 
-// succeed forgets the failures of keys.
-func (l *loginFailures) succeed(keys []string) {
+// succeed forgets the failures of key.
+func (l *loginFailures) succeed(key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, k := range keys {
-		delete(l.keys, k)
-	}
+	delete(l.keys, key)
 }
 
 // prune forgets entries not waiting, or all if every one waits.

@@ -134,7 +134,7 @@ func (a *app) serveConsole(ctx context.Context, pool *pgxpool.Pool, lk *lazyKafk
 	if err != nil {
 		return nil, usageError("PGBOX_CONSOLE_ADDR (--console-addr) %q: %v", o.Addr, err)
 	}
-	ch := serve(ctx, ln, h)
+	ch := serve(ctx, ln, a.opts.HTTPConnsPerClient, h)
 	a.log.Info("console listening", "addr", ln.Addr().String(), "users", len(auth.Users), "token", auth.Tokens != nil,
 		"proxy_header", auth.ProxyHeader, "hide_payloads", o.HidePayloads)
 	return ch, nil

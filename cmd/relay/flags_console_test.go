@@ -48,6 +48,12 @@ func startConsole(t *testing.T, set setFn, v string, env []string) (*proc, strin
 	db, c := testdb.New(t), kafkatest.New(t)
 	a, e := with(set, v, append(runEnv(db, c), env...), "run")
 	p := startRelay(t, e, a...)
+	return p, "http://" + consoleAddr(t, p), db
+}
+
+// consoleAddr waits for p's console to listen and returns its address.
+func consoleAddr(t *testing.T, p *proc) string {
+	t.Helper()
 	var addr string
 	waitFor(t, "console listening", time.Minute, func() bool {
 		m := consoleListenRE.FindStringSubmatch(p.Output())
@@ -56,7 +62,7 @@ func startConsole(t *testing.T, set setFn, v string, env []string) (*proc, strin
 		}
 		return m != nil
 	})
-	return p, "http://" + addr, db
+	return addr
 }
 
 // consoleGet requests path with hdr set and returns the status and body.

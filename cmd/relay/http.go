@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -170,9 +171,10 @@ func (r *readiness) check(ctx context.Context) readyReport {
 	return rep
 }
 
-// serveHTTP serves /metrics, /healthz and /readyz on addr until ctx ends.
-// It returns once the listener is bound (or failed to bind).
-func serveHTTP(ctx context.Context, addr string, m *metrics, ready *readiness, log *logger) (bound string, done <-chan error, err error) {
+// serveHTTP serves /metrics, /healthz and /readyz on addr until ctx ends,
+// at most perClient connections per client address. It returns once the
+// listener is bound (or failed to bind).
+func serveHTTP(ctx context.Context, addr string, perClient int, m *metrics, ready *readiness, log *logger) (bound string, done <-chan error, err error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -191,19 +193,40 @@ func serveHTTP(ctx context.Context, addr string, m *metrics, ready *readiness, l
 	if err != nil {
 		return "", nil, usageError("PGBOX_HTTP_ADDR (--http-addr) %q: %v", addr, err)
 	}
-	ch := serve(ctx, ln, mux)
+	ch := serve(ctx, ln, perClient, mux)
 	log.Info("http listening", "addr", ln.Addr().String(), "paths", "/metrics /healthz /readyz")
 	return ln.Addr().String(), ch, nil
 }
 
-// serve serves h on ln until ctx ends, then shuts the server down (requests
-// in flight get 2s to finish). The channel receives Serve's error: nil once
-// the server was shut down.
-func serve(ctx context.Context, ln net.Listener, h http.Handler) <-chan error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+// The HTTP servers' (/metrics and the console) bounds on a connection: a
+// client that sends slowly, or not at all, holds a connection (a file
+// descriptor, a goroutine) only this long, so slow clients cannot exhaust
+// the process's descriptors and take /healthz down with them.
+const (
+	// httpReadHeaderTimeout bounds reading a request's headers.
+	httpReadHeaderTimeout = 5 * time.Second
+	// httpReadTimeout bounds reading a whole request, body included (a
+	// console form is at most about 84 KB).
+	httpReadTimeout = 10 * time.Second
+	// httpWriteTimeout bounds a response from the end of its request's
+	// headers: a console page's database work stops at its 10 s
+	// QueryTimeout, /readyz's checks at 3 s.
+	httpWriteTimeout = 30 * time.Second
+	// httpIdleTimeout is how long a kept-alive connection may wait for its
+	// next request.
+	httpIdleTimeout = 30 * time.Second
+)
+
+// serve serves h on ln until ctx ends, at most perClient connections per
+// client address (perClientListener), then shuts the server down
+// (requests in flight get 2s to finish). The channel receives Serve's
+// error: nil once the server was shut down.
+func serve(ctx context.Context, ln net.Listener, perClient int, h http.Handler) <-chan error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: httpReadHeaderTimeout, ReadTimeout: httpReadTimeout,
+		WriteTimeout: httpWriteTimeout, IdleTimeout: httpIdleTimeout}
 	ch := make(chan error, 1)
 	go func() {
-		err := srv.Serve(ln)
+		err := srv.Serve(&perClientListener{Listener: ln, max: perClient, open: map[string]int{}})
 		if errors.Is(err, http.ErrServerClosed) {
 			err = nil
 		}
@@ -216,4 +239,71 @@ func serve(ctx context.Context, ln net.Listener, h http.Handler) <-chan error {
 		_ = srv.Shutdown(sctx)
 	}()
 	return ch
+}
+
+// perClientListener admits at most max open connections per client
+// address; a connection past it is answered 503 and closed at once. The
+// timeouts free a slow client's connections within seconds; this bound
+// keeps one client from holding hundreds meanwhile. Each listener counts
+// its own: a client crowding the console leaves /healthz alone.
+type perClientListener struct {
+	net.Listener
+	max int
+
+	mu   sync.Mutex
+	open map[string]int // by client address
+}
+
+// tooMany answers a connection past the bound.
+const tooMany = "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: 39\r\n\r\ntoo many connections from this address\n"
+
+func (l *perClientListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		client := clientAddr(c.RemoteAddr())
+		l.mu.Lock()
+		admit := l.open[client] < l.max
+		if admit {
+			l.open[client]++
+		}
+		l.mu.Unlock()
+		if admit {
+			return &clientConn{Conn: c, release: sync.OnceFunc(func() { l.release(client) })}, nil
+		}
+		go func() {
+			_ = c.SetDeadline(time.Now().Add(time.Second))
+			_, _ = io.WriteString(c, tooMany)
+			_ = c.Close()
+		}()
+	}
+}
+
+func (l *perClientListener) release(client string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.open[client]--; l.open[client] <= 0 {
+		delete(l.open, client)
+	}
+}
+
+// clientAddr is the address a connection comes from, without its port.
+func clientAddr(a net.Addr) string {
+	if t, ok := a.(*net.TCPAddr); ok {
+		return t.AddrPort().Addr().Unmap().String()
+	}
+	return a.String()
+}
+
+// clientConn is an admitted connection; closing it frees its place.
+type clientConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *clientConn) Close() error {
+	c.release()
+	return c.Conn.Close()
 }

@@ -29,15 +29,18 @@ var allGroups = []string{groupDB, groupKafka, groupRelay, groupSchedule, groupCl
 // Defaults of the binary's own settings (the libraries' defaults are reused
 // where a setting passes straight through).
 const (
-	httpAddrDefault        = ":8080"
-	shutdownTimeoutDefault = 30 * time.Second
-	kafkaVersionDefault    = "3.6.0"
-	kafkaClientIDDefault   = "pgbox-relay"
-	kafkaTimeoutDefault    = 10 * time.Second
-	dbMaxConnsDefault      = 10
-	cleanupIntervalDefault = cleanup.IntervalDefault
-	cleanupBufferDefault   = cleanup.BufferDefault
-	cleanupBatchDefault    = cleanup.BatchSizeDefault
+	httpAddrDefault = ":8080"
+	// httpConnsPerClientDefault is --http-conns-per-client: a browser opens
+	// up to 6 connections, a proxy pools a few dozen.
+	httpConnsPerClientDefault = 64
+	shutdownTimeoutDefault    = 30 * time.Second
+	kafkaVersionDefault       = "3.6.0"
+	kafkaClientIDDefault      = "pgbox-relay"
+	kafkaTimeoutDefault       = 10 * time.Second
+	dbMaxConnsDefault         = 10
+	cleanupIntervalDefault    = cleanup.IntervalDefault
+	cleanupBufferDefault      = cleanup.BufferDefault
+	cleanupBatchDefault       = cleanup.BatchSizeDefault
 )
 
 // options is every setting of the binary; a subcommand fills the groups it
@@ -65,8 +68,9 @@ type options struct {
 	KeepAttempts     time.Duration
 	DryRun           bool
 
-	HTTPAddr string
-	JSON     bool
+	HTTPAddr           string
+	HTTPConnsPerClient int
+	JSON               bool
 
 	Console consoleOptions
 
@@ -143,6 +147,8 @@ func (o *options) bind(s *settings, groups ...string) {
 	}
 	if has[groupHTTP] {
 		s.str(&o.HTTPAddr, groupHTTP, "http-addr", "PGBOX_HTTP_ADDR", httpAddrDefault, "listen address of /metrics, /healthz and /readyz (empty: no HTTP server)")
+		s.integer(&o.HTTPConnsPerClient, groupHTTP, "http-conns-per-client", "PGBOX_HTTP_CONNS_PER_CLIENT", httpConnsPerClientDefault, 1, 100_000,
+			"most open connections one client address may hold to the HTTP server, and as many to the console; more are answered 503 and closed (raise it if many operators share one proxy)")
 	}
 	o.Console.bind(s, has)
 	if has[groupStatus] || has[groupOps] {

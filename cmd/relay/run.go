@@ -55,7 +55,7 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	defer cancel()
 	var httpDone <-chan error
 	if a.opts.HTTPAddr != "" {
-		_, httpDone, err = serveHTTP(runCtx, a.opts.HTTPAddr, exp, &readiness{pool: pool, kafka: lk, relay: r, lanes: a.opts.Relay.Lanes}, a.log)
+		_, httpDone, err = serveHTTP(runCtx, a.opts.HTTPAddr, a.opts.HTTPConnsPerClient, exp, &readiness{pool: pool, kafka: lk, relay: r, lanes: a.opts.Relay.Lanes}, a.log)
 		if err != nil {
 			return err
 		}
