@@ -7,7 +7,6 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
-	"slices"
 	"time"
 
 	"github.com/pgbox/pgbox/inspect"
@@ -38,32 +37,15 @@ func (q deadQuery) fields() map[string]string {
 
 func (q deadQuery) values() url.Values { return nonEmpty(q.fields()) }
 
-func (h *Handler) deadFilter(ctx context.Context, q deadQuery, limit int) (f inspect.DeadFilter, none bool, err error) {
+// deadFilter turns q into an inspect.DeadFilter; every condition
+// (consumer, topic, key, error text, ids) goes to the one statement, so its
+// limit applies after all of them.
+func (h *Handler) deadFilter(q deadQuery, limit int) (inspect.DeadFilter, error) {
 	ids, err := parseIDs("ids", q.IDs)
 	if err != nil {
-		return f, false, err
+		return inspect.DeadFilter{}, err
 	}
-	f = inspect.DeadFilter{Consumer: q.Consumer, Topic: q.Topic, IDs: ids, Limit: limit}
-	for _, by := range []struct {
-		text string
-		find func(context.Context, inspect.Querier, string, int) ([]int64, error)
-	}{{q.Key, inspect.DeadIDsByKey}, {q.Error, inspect.DeadIDsByError}} {
-		if by.text == "" {
-			continue
-		}
-		found, err := by.find(ctx, h.cfg.DB, by.text, h.cfg.MaxActionRows+1)
-		if err != nil {
-			return f, false, err
-		}
-		if f.IDs != nil {
-			found = slices.DeleteFunc(found, func(id int64) bool { return !slices.Contains(f.IDs, id) })
-		}
-		if len(found) == 0 {
-			return f, true, nil
-		}
-		f.IDs = found
-	}
-	return f, false, nil
+	return inspect.DeadFilter{Consumer: q.Consumer, Topic: q.Topic, Key: q.Key, ErrorContains: q.Error, IDs: ids, Limit: limit}, nil
 }
 
 type deadData struct {
@@ -80,11 +62,10 @@ func (h *Handler) dead(w http.ResponseWriter, r *http.Request) {
 	q, err := deadQueryOf(r.URL.Query())
 	d := deadData{Q: q, QS: template.URL(q.values().Encode()), Max: h.cfg.MaxActionRows}
 	var f inspect.DeadFilter
-	var none bool
 	if err == nil {
-		f, none, err = h.deadFilter(ctx, q, listLimit)
+		f, err = h.deadFilter(q, listLimit)
 	}
-	if err == nil && !none {
+	if err == nil {
 		d.Rows, err = inspect.ListDead(ctx, h.cfg.DB, f)
 	}
 	if err != nil {
@@ -135,8 +116,8 @@ func (h *Handler) deadConfirm(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) deadSelect(ctx context.Context, q deadQuery) ([]picked, error) {
-	f, none, err := h.deadFilter(ctx, q, h.cfg.MaxActionRows+1)
-	if err != nil || none {
+	f, err := h.deadFilter(q, h.cfg.MaxActionRows+1)
+	if err != nil {
 		return nil, err
 	}
 	rows, err := inspect.ListDead(ctx, h.cfg.DB, f)

@@ -53,9 +53,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	// The database's sections first, within QueryTimeout; Kafka's after,
 	// within KafkaWait: a Kafka that hangs costs the page a note, not the
 	// page.
-	opts := h.cfg.Inspect
-	opts.Cutoffs = nil
-	snap, err := inspect.Read(ctx, h.cfg.DB, opts)
+	snap, err := inspect.Read(ctx, h.cfg.DB, h.snapshotConfig())
 	if err != nil {
 		h.failErr(w, r, err)
 		return
@@ -87,6 +85,15 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	d.Warnings = warnings(snap, h.cfg.Cleaner)
 	h.render(w, r, "overview", "Overview", d, start)
+}
+
+// snapshotConfig is Config.Inspect for a page's snapshot: without Kafka
+// (a page reads it once, within KafkaWait) and without counting what each
+// of the newest parked rows holds back, which no page shows.
+func (h *Handler) snapshotConfig() inspect.Config {
+	opts := h.cfg.Inspect
+	opts.Cutoffs, opts.HeldScan = nil, -1
+	return opts
 }
 
 // kafkaPlan reads the cleanup rule of every inbox topic of snap from Kafka,

@@ -41,9 +41,7 @@ func (h *Handler) cleanupPage(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ctx, cancel := h.ctx(r)
 	defer cancel()
-	opts := h.cfg.Inspect
-	opts.Cutoffs = nil // the rules below read Kafka once
-	snap, err := inspect.Read(ctx, h.cfg.DB, opts)
+	snap, err := inspect.Read(ctx, h.cfg.DB, h.snapshotConfig()) // the rules below read Kafka once
 	if err != nil {
 		h.failErr(w, r, err)
 		return

@@ -39,6 +39,12 @@ type DeadFilter struct {
 	OlderThan time.Duration
 	// IDs keeps these dead letters only. Defaults to nil: any id.
 	IDs []int64
+	// Key keeps dead letters whose inbox key or record key is this.
+	// Defaults to "": any key.
+	Key string
+	// ErrorContains keeps dead letters whose error contains this text
+	// (case sensitive). Defaults to "": any error.
+	ErrorContains string
 	// Limit is how many dead letters ListDead returns. Defaults to
 	// [ListLimitDefault] (100).
 	Limit int
@@ -79,7 +85,8 @@ type DeadLetter struct {
 	ReplayedTo string     `json:"replayed_to,omitempty"`
 }
 
-// ListDead returns the dead letters f selects, in id order, at most f.Limit.
+// ListDead returns the dead letters f selects (every condition of f before
+// the limit), in id order, at most f.Limit.
 func ListDead(ctx context.Context, db Querier, f DeadFilter) ([]DeadLetter, error) {
 	if err := f.validate(db); err != nil {
 		return nil, err
@@ -88,7 +95,7 @@ func ListDead(ctx context.Context, db Querier, f DeadFilter) ([]DeadLetter, erro
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, sqlDeadList, f.Consumer, f.Topic, at, nonNil(f.IDs), cmp.Or(f.Limit, ListLimitDefault))
+	rows, err := db.Query(ctx, sqlDeadList, f.Consumer, f.Topic, at, nonNil(f.IDs), f.Key, f.ErrorContains, cmp.Or(f.Limit, ListLimitDefault))
 	if err != nil {
 		return nil, fmt.Errorf("inspect: list dead letters: %w", schemaHint(err))
 	}

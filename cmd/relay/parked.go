@@ -132,7 +132,11 @@ func writeParked(w io.Writer, rows []inspect.ParkedMessage) {
 	}
 	fmt.Fprintf(w, "%-10s %-30s %-8s %-8s %-20s %s\n", "ID", "TOPIC", "ATTEMPTS", "HELD", "PARKED AT", "LAST ERROR")
 	for _, r := range rows {
-		fmt.Fprintf(w, "%-10d %-30s %-8d %-8d %-20s %s\n", r.ID, r.Topic, r.Attempts, r.Held, r.ParkedAt.UTC().Format(time.DateTime), r.LastError)
+		held := strconv.FormatInt(r.Held, 10)
+		if r.HeldCapped { // a lower bound: the count read ParkedFilter.HeldScan rows of the slot
+			held = ">=" + held
+		}
+		fmt.Fprintf(w, "%-10d %-30s %-8d %-8s %-20s %s\n", r.ID, r.Topic, r.Attempts, held, r.ParkedAt.UTC().Format(time.DateTime), r.LastError)
 	}
 }
 
