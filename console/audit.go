@@ -93,7 +93,11 @@ func (h *Handler) startAudit(ctx context.Context, who Identity, action, target s
 // finish completes the record and logs the action.
 func (a *audit) finish(ctx context.Context, ids []int64, affected int64, actErr error) {
 	result := "ok"
-	if actErr != nil {
+	var ref *refusal
+	switch {
+	case errors.As(actErr, &ref):
+		result = "refused: " + ref.why
+	case actErr != nil:
 		result = "error: " + actErr.Error()
 	}
 	if ids == nil {

@@ -1,12 +1,14 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/pgbox/pgbox/inspect"
@@ -60,6 +62,7 @@ func (h *Handler) dead(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.ctx(r)
 	defer cancel()
 	q, err := deadQueryOf(r.URL.Query())
+	err = cmp.Or(err, h.hiddenFilter(r, q.fields()))
 	d := deadData{Q: q, QS: template.URL(q.values().Encode()), Max: h.cfg.MaxActionRows}
 	var f inspect.DeadFilter
 	if err == nil {
@@ -99,6 +102,7 @@ func (h *Handler) deadRow(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) deadConfirm(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	q, err := deadQueryOf(r.URL.Query())
+	err = cmp.Or(err, h.hiddenFilter(r, q.fields()))
 	if err != nil {
 		h.failErr(w, r, err)
 		return
@@ -111,7 +115,7 @@ func (h *Handler) deadConfirm(w http.ResponseWriter, r *http.Request) {
 	fields := q.fields()
 	fields["again"] = again
 	h.confirm(w, r, start, confirmData{Action: "/dead/replay", Verb: verb, Noun: "dead letter", What: q.String(), Fields: fields,
-		Back: h.cfg.Prefix + "/dead?" + q.values().Encode(), RowPath: "/dead/row"},
+		Back: h.cfg.Prefix + "/dead?" + q.values().Encode(), RowPath: "/dead/row", StateField: deadStateField, StateHead: "Replays"},
 		func(ctx context.Context) ([]picked, error) { return h.deadSelect(ctx, q) })
 }
 
@@ -123,9 +127,14 @@ func (h *Handler) deadSelect(ctx context.Context, q deadQuery) ([]picked, error)
 	rows, err := inspect.ListDead(ctx, h.cfg.DB, f)
 	return pickRows(rows, err, func(row inspect.DeadLetter) picked {
 		what := row.Consumer + " " + fmt.Sprintf("%s/%d@%d", row.Topic, row.Partition, row.Offset)
-		return picked{ID: row.ID, What: what, Error: row.Error}
+		return picked{ID: row.ID, What: what, Error: row.Error, State: strconv.Itoa(row.Replays)}
 	})
 }
+
+// deadStateField is the confirmation form's field with the dead letters'
+// replay counts: a replay (again or not) runs only on the counts the
+// operator saw.
+const deadStateField = "replays"
 
 // deadReplay replays the dead letters the operator confirmed (again: those
 // replayed before too), as actOn.
@@ -136,12 +145,23 @@ func (h *Handler) deadReplay(w http.ResponseWriter, r *http.Request, who Identit
 		name = "dead.replay_again"
 	}
 	h.actOn(w, r, who, rowAction{
-		name:    name,
-		badForm: err,
-		back:    h.cfg.Prefix + "/dead?" + q.values().Encode(),
-		pick:    func(ctx context.Context) ([]picked, error) { return h.deadSelect(ctx, q) },
-		do: func(ctx context.Context, ids []int64) (int64, error) {
-			res, err := inspect.ReplayDead(ctx, h.cfg.DB, ids, inspect.ReplayConfig{Again: again})
+		name:       name,
+		badForm:    err,
+		back:       h.cfg.Prefix + "/dead?" + q.values().Encode(),
+		stateField: deadStateField,
+		stateWhat:  "replay counts",
+		pick:       func(ctx context.Context) ([]picked, error) { return h.deadSelect(ctx, q) },
+		do: func(ctx context.Context, rows []picked) (int64, error) {
+			// The counts confirmed are checked again under the rows' locks:
+			// two submits that both passed actOn's check replay once.
+			confirmed := make(map[int64]int, len(rows))
+			for _, p := range rows {
+				confirmed[p.ID], _ = strconv.Atoi(p.State)
+			}
+			res, err := inspect.ReplayDead(ctx, h.cfg.DB, pickedIDs(rows), inspect.ReplayConfig{Again: again, Replays: confirmed})
+			if errors.Is(err, inspect.ErrReplaysChanged) {
+				return 0, &refusal{why: changedWhy("replay counts")}
+			}
 			var n int64
 			for _, rp := range res {
 				if !rp.Skipped {

@@ -58,17 +58,12 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		h.failErr(w, r, err)
 		return
 	}
-	sleeping, err := inspect.InstancesSleeping(ctx, h.cfg.DB)
-	if err != nil {
-		h.failErr(w, r, err)
-		return
-	}
 	d := overviewData{Snap: snap, Parked: snap.Outbox.Parked}
 	d.Rate, d.HasRate = h.rate()
 	if d.Chart, err = h.readChart(ctx); err != nil {
 		d.ChartErr = err.Error()
 	}
-	d.Instances = instanceRows(snap, sleeping)
+	d.Instances = instanceRows(snap)
 	for _, c := range snap.Dead {
 		d.Dead += c.Count
 	}
@@ -112,7 +107,7 @@ func (h *Handler) kafkaPlan(ctx context.Context, snap *inspect.Snapshot) (reps [
 }
 
 // instanceRows gives each instance the state relay status prints.
-func instanceRows(snap *inspect.Snapshot, sleeping map[string]bool) []instanceRow {
+func instanceRows(snap *inspect.Snapshot) []instanceRow {
 	held := map[string]int{}
 	for _, l := range snap.Lanes {
 		if l.Held {
@@ -123,13 +118,6 @@ func instanceRows(snap *inspect.Snapshot, sleeping map[string]bool) []instanceRo
 	for _, i := range snap.Instances {
 		row := instanceRow{Instance: i, State: snap.InstanceState(i), Lanes: held[i.Instance]}
 		row.Bad = !i.Live || i.KafkaDownSince != nil || !i.KafkaReady
-		if !row.Bad {
-			if sleeping[i.Instance] {
-				row.State += ", asleep (waits for a NOTIFY)"
-			} else {
-				row.State += ", awake"
-			}
-		}
 		out = append(out, row)
 	}
 	return out

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -76,6 +77,7 @@ func (h *Handler) parked(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.ctx(r)
 	defer cancel()
 	q, err := parkedQueryOf(r.URL.Query())
+	err = cmp.Or(err, h.hiddenFilter(r, q.fields()))
 	d := parkedData{Q: q, QS: template.URL(q.values().Encode()), Max: h.cfg.MaxActionRows}
 	var f inspect.ParkedFilter
 	if err == nil {
@@ -121,6 +123,7 @@ func (h *Handler) parkedRow(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) parkedConfirm(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	q, err := parkedQueryOf(r.URL.Query())
+	err = cmp.Or(err, h.hiddenFilter(r, q.fields()))
 	if err != nil {
 		h.failErr(w, r, err)
 		return
@@ -156,7 +159,8 @@ func (h *Handler) parkedAct(w http.ResponseWriter, r *http.Request, who Identity
 		badForm: err,
 		back:    h.cfg.Prefix + "/parked?" + q.values().Encode(),
 		pick:    func(ctx context.Context) ([]picked, error) { return h.parkedSelect(ctx, q) },
-		do: func(ctx context.Context, ids []int64) (int64, error) {
+		do: func(ctx context.Context, rows []picked) (int64, error) {
+			ids := pickedIDs(rows)
 			if name == "parked.retry" {
 				return inspect.RetryParked(ctx, h.cfg.DB, inspect.ParkedFilter{IDs: ids})
 			}

@@ -20,6 +20,12 @@ import (
 // given an id no dead letter has; nothing was replayed.
 var ErrDeadNotFound = errors.New("no such dead letter")
 
+// ErrReplaysChanged is returned (wrapped, naming the ids) when
+// ReplayConfig.Replays does not match a dead letter's replay count when
+// ReplayDead has locked it: another replay ran since the caller looked.
+// Nothing was replayed.
+var ErrReplaysChanged = errors.New("dead letter replay count changed")
+
 // ErrNotReplayable is returned (wrapped, naming the id) when a dead letter
 // was recorded before migration 00040 and has no stored record to replay;
 // its payload is in the dead-letter topic. Nothing was replayed.
@@ -120,6 +126,12 @@ type ReplayConfig struct {
 	// with a new replay id (so the inbox processes it once more). Defaults
 	// to false: a dead letter already replayed is skipped.
 	Again bool
+	// Replays, when set, is the replay count each dead letter must still
+	// have once ReplayDead has locked it (what an operator confirmed): if
+	// any differs (another replay ran meanwhile; Again would replay it a
+	// second time), the call fails with ErrReplaysChanged and writes
+	// nothing. Ids it lacks are not checked. Defaults to nil: no check.
+	Replays map[int64]int
 }
 
 // Replay is what ReplayDead did with one dead letter.
@@ -195,6 +207,15 @@ func replayTx(ctx context.Context, tx pgx.Tx, ids []int64, cfg ReplayConfig) ([]
 	recs, err := lockDead(ctx, tx, ids)
 	if err != nil {
 		return nil, err
+	}
+	var changed []int64
+	for _, d := range recs {
+		if want, ok := cfg.Replays[d.id]; ok && want != d.replays {
+			changed = append(changed, d.id)
+		}
+	}
+	if changed != nil {
+		return nil, fmt.Errorf("inspect: dead letter id(s) %v: %w", changed, ErrReplaysChanged)
 	}
 	var (
 		out     []Replay

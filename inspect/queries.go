@@ -10,7 +10,7 @@ const sqlLanes = `SELECT lane, lanes, coalesce(owner, ''), expires_at > now(), e
 	CASE WHEN expires_at > now() THEN extract(epoch FROM expires_at - now()) ELSE 0 END::float8
 FROM pgbox_relay_lanes ORDER BY lane`
 
-const sqlInstances = `SELECT instance, started_at, heartbeat_at, expires_at > now(), kafka_ready, kafka_down_since
+const sqlInstances = `SELECT instance, started_at, heartbeat_at, expires_at > now(), kafka_ready, kafka_down_since, sleeping
 FROM pgbox_relay_instances ORDER BY instance`
 
 // sqlStart bounds the snapshot's statements (SET LOCAL statement_timeout:

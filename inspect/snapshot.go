@@ -122,6 +122,12 @@ type Instance struct {
 	// start-up, or every send of its passes failing); nil while Kafka
 	// answers.
 	KafkaDownSince *time.Time `json:"kafka_down_since,omitempty"`
+	// Sleeping is set while the instance sleeps: it found no rows for a
+	// while and polls every poll interval (a NOTIFY wakes it sooner)
+	// instead of watching the table. A sleeping instance with a growing
+	// backlog is not being woken (writers without outbox.Config.Notify, or
+	// a pgbouncer that drops LISTEN).
+	Sleeping bool `json:"sleeping"`
 }
 
 // InboxTopic is one consumer's keys of one source topic, and their oldest

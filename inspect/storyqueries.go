@@ -50,6 +50,3 @@ const sqlOutboxRow = `SELECT ` + outboxCols + ` FROM pgbox_outbox WHERE id = $1`
 const sqlDeadRecord = `SELECT id, consumer, topic, topic_id, partition, "offset", key, attempts, error, dlq_topic, dead_at,
 	record_stored, replays, replayed_at, coalesce(replayed_to, ''), record_key, record_value, record_headers
 FROM pgbox_consumer_dead WHERE id = $1`
-
-// sqlInstanceSleeping reads which relay instances sleep (migration 00060).
-const sqlInstanceSleeping = `SELECT instance, sleeping FROM pgbox_relay_instances`

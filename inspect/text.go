@@ -85,8 +85,10 @@ func instanceState(s *Snapshot, i Instance) string {
 			durtext.Short(s.Time.Sub(*i.KafkaDownSince)))
 	case !i.KafkaReady:
 		return "running, connecting to Kafka"
+	case i.Sleeping:
+		return "live, asleep (found no rows lately: polls every poll interval, a NOTIFY wakes it sooner)"
 	default:
-		return "live"
+		return "live, awake"
 	}
 }
 
