@@ -33,7 +33,9 @@ FROM p, ` + heldBy("$7") + ` ORDER BY p.id`
 // rows of its topic and key, which the relay does not claim while p is
 // parked (relay's claim; rows without a key hold nothing). A key's rows
 // share its slot, and no index finds a key's unparked rows, so this walks
-// pgbox_outbox_claim_idx from p's position in its slot, reading at most
+// pgbox_outbox_claim_idx from p's position in its slot (in the index's own
+// order: with "slot = p.slot ORDER BY id" a planner may walk the primary key
+// instead, through every later row of the table), reading at most
 // scan (a parameter) rows: past them, capped is set and held is a lower
 // bound; scan 0 reads none. A parked row at the head of a large backlog
 // would otherwise read its whole slot, a heap fetch per row (a
@@ -42,8 +44,8 @@ func heldBy(scan string) string {
 	return `LATERAL (
 	SELECT count(*) FILTER (WHERE w.topic = p.topic AND w.key = p.key) AS held, count(*) > ` + scan + `::int AS capped
 	FROM (SELECT h.topic, h.key FROM pgbox_outbox h
-		WHERE ` + scan + `::int > 0 AND p.key IS NOT NULL AND h.slot = p.slot AND h.id > p.id AND h.parked_at IS NULL
-		ORDER BY h.id LIMIT ` + scan + `::int + 1) w
+		WHERE ` + scan + `::int > 0 AND p.key IS NOT NULL AND (h.slot, h.id) > (p.slot, p.id) AND h.slot <= p.slot AND h.parked_at IS NULL
+		ORDER BY h.slot, h.id LIMIT ` + scan + `::int + 1) w
 ) hb`
 }
 

@@ -43,9 +43,12 @@ ORDER BY 1`
 
 // sqlOldestPerSlot finds each slot's oldest unparked row: one probe of
 // pgbox_outbox_claim_idx (slot, id) per slot, $1 (internal/slot.Count) in all,
-// whatever the backlog. Lanes are groups of slots (slot.Lane).
+// whatever the backlog. Lanes are groups of slots (slot.Lane). The slot is
+// a range of one and the order (slot, id), the claim index's: with
+// "slot = s ORDER BY id" the planner, seeing few slots hold rows, walked the
+// primary key for each empty slot, through the whole table.
 const sqlOldestPerSlot = `SELECT s.slot, (SELECT o.created_at FROM pgbox_outbox o
-	WHERE o.slot = s.slot::smallint AND o.parked_at IS NULL ORDER BY o.id LIMIT 1)
+	WHERE o.slot >= s.slot::smallint AND o.slot <= s.slot::smallint AND o.parked_at IS NULL ORDER BY o.slot, o.id LIMIT 1)
 FROM generate_series(0, $1::int - 1) AS s(slot)`
 
 // sqlParkedBounded counts parked rows per topic, the first $1 of them, along
