@@ -134,7 +134,8 @@ func (h *Handler) refused(ctx context.Context, who Identity, action, target, why
 
 // target is the one text an audit record gives what was asked: the form's
 // fields but the token, as name="value" pairs in name order. With
-// HidePayloads a typed key is recorded as hidden.
+// HidePayloads a typed key or error text is recorded as hidden (the audit
+// page is every viewer's).
 func (h *Handler) target(form url.Values) string {
 	var b strings.Builder
 	for _, k := range slices.Sorted(maps.Keys(form)) {
@@ -142,7 +143,7 @@ func (h *Handler) target(form url.Values) string {
 			if v == "" || k == "csrf" {
 				continue
 			}
-			if k == "key" && h.cfg.HidePayloads {
+			if (k == "key" || k == "error") && h.cfg.HidePayloads {
 				v = "(hidden)"
 			}
 			if b.Len() > 0 {

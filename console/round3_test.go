@@ -135,7 +135,8 @@ func TestReplayAgainRunsOnce(t *testing.T) {
 // viewer's filters over hidden text (a key, an error text) and a key's
 // story are refused: the error filter read a hidden card number digit by
 // digit, the key filter confirmed that an exact key exists. An operator
-// keeps them; the story by event id stays open.
+// keeps them, and the audit trail records what they typed as hidden; the
+// story by event id stays open.
 func TestHiddenPayloadFiltersNeedOperator(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(c *console.Config) { c.HidePayloads = true })
@@ -160,6 +161,13 @@ func TestHiddenPayloadFiltersNeedOperator(t *testing.T) {
 	}
 	vera.get(t, "/dead?consumer=svc&topic=cards.v1")
 	vera.get(t, "/story?event=0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b")
+
+	// What an operator typed is hidden from the audit trail, which viewers read.
+	code, _, _ := otto.do(t, "POST", "/parked/discard", otto.confirmForm(t, "/parked/confirm?action=discard&error=card-4111"))
+	require.Equal(t, http.StatusSeeOther, code)
+	audit := vera.get(t, "/audit")
+	require.Contains(t, audit, "parked.discard")
+	require.NotContains(t, audit, "card-4111")
 }
 
 // TestFiltersApplyAllConditionsBeforeTheLimit (item 6): a consumer's dead
