@@ -20,7 +20,7 @@ const parkedWhere = `parked_at IS NOT NULL AND parked_at <= $3
 	AND ($5::bytea IS NULL OR key = $5::bytea)`
 
 // sqlParkedList lists matching parked rows in id order, $6 at most, along
-// pgbox_outbox_parked_idx, each with the rows it holds back (sqlHeldBy,
+// pgbox_outbox_parked_idx, each with the rows it holds back (heldBy,
 // reading at most $7 of them; $7 = 0: not counted).
 var sqlParkedList = `WITH p AS (
 	SELECT id, event_id, slot, topic, key, attempts, last_error, created_at, parked_at
