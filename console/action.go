@@ -17,10 +17,11 @@ import (
 )
 
 // badParam is a request parameter the console cannot use: the request gets
-// a 400 naming the parameter and what it must be.
+// a 400 (or status) naming the parameter and what it must be.
 type badParam struct {
-	name string // the parameter
-	want string // what it must be
+	name   string // the parameter
+	want   string // what it must be
+	status int    // 0: 400
 }
 
 func (e *badParam) Error() string { return "parameter " + e.name + " " + e.want }
@@ -31,6 +32,28 @@ func checkParams(fields map[string]string) error {
 	for _, k := range slices.Sorted(maps.Keys(fields)) {
 		if v := fields[k]; !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
 			return &badParam{name: k, want: "must be UTF-8 text without NUL bytes"}
+		}
+	}
+	return nil
+}
+
+// hiddenFilter refuses a viewer's filter over text the console hides
+// (Config.HidePayloads): a key, an error text. Each answer would say
+// whether the hidden text holds what was typed, so a viewer could read a
+// key or a card number in a handler's error a character at a time, or
+// confirm that an exact key exists. Operators keep these filters: they act
+// on the rows, and the audit trail records what they asked.
+func (h *Handler) hiddenFilter(r *http.Request, fields map[string]string) error {
+	if !h.cfg.HidePayloads {
+		return nil
+	}
+	if who, _ := IdentityFrom(r.Context()); who.Operator() {
+		return nil
+	}
+	for _, k := range []string{"key", "error"} {
+		if fields[k] != "" {
+			return &badParam{name: k, status: http.StatusForbidden,
+				want: "needs the operator role while payloads are hidden (--console-hide-payloads): a filter over hidden text would reveal it"}
 		}
 	}
 	return nil
@@ -74,6 +97,9 @@ type picked struct {
 	ID    int64
 	What  string // topic and key, or consumer and position
 	Error string
+	// State is what of the row the action must find unchanged besides its
+	// presence (a dead letter's replay count); "" when nothing.
+	State string
 }
 
 // pickRows is the rows a list call returned (or its error) as an action
@@ -87,6 +113,16 @@ func pickRows[R any](rows []R, err error, pick func(R) picked) ([]picked, error)
 		out[i] = pick(row)
 	}
 	return out, nil
+}
+
+// pickedStates is the rows' states in order, comma-separated: what a
+// confirmation's form carries in its state field.
+func pickedStates(rows []picked) string {
+	states := make([]string, len(rows))
+	for i, p := range rows {
+		states[i] = p.State
+	}
+	return strings.Join(states, ",")
 }
 
 func pickedIDs(rows []picked) []int64 {
@@ -109,12 +145,17 @@ type confirmData struct {
 	Fields  map[string]string
 	Back    string // the list the cancel link returns to
 	RowPath string // a row's page
-	Rows    []picked
-	More    int    // rows not listed
-	IDs     string // every row's id: the form's "confirmed"
-	Count   int
-	Max     int
-	Too     bool
+	// StateField names the form field carrying the rows' states, StateHead
+	// their column's heading; "" for an action that checks none.
+	StateField string
+	StateHead  string
+	States     string
+	Rows       []picked
+	More       int    // rows not listed
+	IDs        string // every row's id: the form's "confirmed"
+	Count      int
+	Max        int
+	Too        bool
 }
 
 // confirm renders d, the confirmation page of an action, listing the rows
@@ -131,6 +172,9 @@ func (h *Handler) confirm(w http.ResponseWriter, r *http.Request, start time.Tim
 	d.Count, d.Max, d.Too = len(rows), h.cfg.MaxActionRows, len(rows) > h.cfg.MaxActionRows
 	if !d.Too {
 		d.IDs = joinIDs(pickedIDs(rows))
+		if d.StateField != "" {
+			d.States = pickedStates(rows)
+		}
 		d.Rows = rows[:min(len(rows), confirmShown)]
 		d.More = len(rows) - len(d.Rows)
 	}
@@ -153,15 +197,37 @@ type rowAction struct {
 	name    string // the audit's action name
 	badForm error  // the form's filter could not be read
 	back    string // the list page to return to
-	pick    func(ctx context.Context) ([]picked, error)
-	do      func(ctx context.Context, ids []int64) (int64, error) // rows it changed
+	// stateField names the form field with the rows' confirmed states
+	// (confirmData.StateField); "" checks none.
+	stateField string
+	// what the states are, for a refusal ("replay counts")
+	stateWhat string
+	pick      func(ctx context.Context) ([]picked, error)
+	// do acts on the rows, which have the states confirmed; it returns how
+	// many rows it changed, or a *refusal when it found a row changed after
+	// all (another action that ran meanwhile).
+	do func(ctx context.Context, rows []picked) (int64, error)
+}
+
+// refusal is an action that found its rows changed while it ran: it did
+// nothing, and its audit record says "refused: " and why.
+type refusal struct{ why string }
+
+func (r *refusal) Error() string { return r.why }
+
+// changedWhy is the refusal of an action whose rows' states (what) changed
+// since the confirmation.
+func changedWhy(what string) string {
+	return "the " + what + " changed since the confirmation (another action ran meanwhile): confirm again"
 }
 
 // actOn runs a on exactly the rows the operator confirmed (the form's
-// "confirmed" ids): it picks the rows the filter selects now and refuses
-// (audited) unless they are those rows and at most MaxActionRows, so a row
-// gone meanwhile or one that joined the filter since the confirmation page
-// stops the action. Otherwise it audits the action, runs it on those ids and
+// "confirmed" ids, and their states when the action has any): it picks the
+// rows the filter selects now and refuses (audited) unless they are those
+// rows, in those states, and at most MaxActionRows, so a row gone
+// meanwhile, one that joined the filter since the confirmation page or a
+// dead letter replayed since (a double submit, a second operator) stops
+// the action. Otherwise it audits the action, runs it on those ids and
 // records the outcome. Either way it redirects back to the list with the
 // audit row's id; a form it cannot read gets a 400, audited.
 func (h *Handler) actOn(w http.ResponseWriter, r *http.Request, who Identity, a rowAction) {
@@ -185,7 +251,11 @@ func (h *Handler) actOn(w http.ResponseWriter, r *http.Request, who Identity, a 
 		return
 	}
 	ids := pickedIDs(rows)
-	if why := h.bounds(ids, confirmed); why != "" {
+	why := h.bounds(ids, confirmed)
+	if why == "" && a.stateField != "" && pickedStates(rows) != r.PostForm.Get(a.stateField) {
+		why = changedWhy(a.stateWhat)
+	}
+	if why != "" {
 		id := h.refused(ctx, who, a.name, target, why)
 		http.Redirect(w, r, a.back+"&done="+strconv.FormatInt(id, 10), http.StatusSeeOther)
 		return
@@ -195,7 +265,7 @@ func (h *Handler) actOn(w http.ResponseWriter, r *http.Request, who Identity, a 
 		h.failErr(w, r, err)
 		return
 	}
-	n, err := a.do(ctx, ids)
+	n, err := a.do(ctx, rows)
 	au.finish(ctx, ids, n, err)
 	http.Redirect(w, r, a.back+"&done="+strconv.FormatInt(au.id, 10), http.StatusSeeOther)
 }

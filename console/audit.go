@@ -95,7 +95,11 @@ func (h *Handler) startAudit(ctx context.Context, who Identity, action, target s
 // finish completes the record and logs the action.
 func (a *audit) finish(ctx context.Context, ids []int64, affected int64, actErr error) {
 	result := "ok"
-	if actErr != nil {
+	var ref *refusal
+	switch {
+	case errors.As(actErr, &ref):
+		result = "refused: " + ref.why
+	case actErr != nil:
 		result = "error: " + actErr.Error()
 	}
 	if ids == nil {
@@ -134,7 +138,7 @@ func (h *Handler) refused(ctx context.Context, who Identity, action, target, why
 // of the parked and dead-letter pages, the confirmed ids, the "replay
 // again" switch. Any other field a request carries is left out, so a
 // made-up field name can neither forge target text nor swell it.
-var targetFields = []string{"again", "confirmed", "consumer", "error", "ids", "key", "topic"}
+var targetFields = []string{"again", "confirmed", "consumer", "error", "ids", "key", "replays", "topic"}
 
 // targetValueMax bounds each value an audit target records; the rows an
 // action touched are recorded in full beside it (row_ids).
@@ -142,8 +146,8 @@ const targetValueMax = 1024
 
 // target is the one text an audit record gives what was asked: the form's
 // known fields (targetFields), as name="value" pairs in name order, each
-// value cut to targetValueMax bytes. With HidePayloads a typed key is
-// recorded as hidden.
+// value cut to targetValueMax bytes. With HidePayloads a typed key or error
+// text is recorded as hidden (the audit page is every viewer's).
 func (h *Handler) target(form url.Values) string {
 	var b strings.Builder
 	for _, k := range targetFields {
@@ -151,7 +155,7 @@ func (h *Handler) target(form url.Values) string {
 			if v == "" {
 				continue
 			}
-			if k == "key" && h.cfg.HidePayloads {
+			if (k == "key" || k == "error") && h.cfg.HidePayloads {
 				v = "(hidden)"
 			}
 			if b.Len() > 0 {

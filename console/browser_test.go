@@ -205,7 +205,9 @@ func produce(t *testing.T, addrs []string, events ...string) {
 // TestBrowser is an operator's visit in a real browser: log in, read the
 // overview, find a dead letter by its key, replay it (the replay reaches
 // Kafka and the consumer processes it exactly once), then discard a parked
-// row and see it gone. Under make screenshots it refreshes docs/console-*.png.
+// row and see it gone; "replay again" pressed by two operators at once
+// replays once; 1,000 parked rows at the head of a large backlog are
+// listed, confirmed and retried. Under make screenshots it refreshes docs/console-*.png.
 func TestBrowser(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)
@@ -351,6 +353,9 @@ func TestBrowser(t *testing.T) {
 	require.Contains(t, text(t, ctx, "#kafka-down"), "Kafka is not answering")
 	require.Contains(t, text(t, ctx, "#parkedcounts"), "nope.v1")
 
+	// Issue 33 (browser_round3_test.go).
+	t.Run("replay again by two operators", func(t *testing.T) { browseReplayAgainTwice(t, ctx, srv.URL, db) })
+	t.Run("parked rows at the head of a backlog", func(t *testing.T) { browseParkedAtHead(t, ctx) })
 	t.Run("injected audit content", func(t *testing.T) { browseInjectedAudit(t, db, srv.URL, ctx, vera) })
 }
 

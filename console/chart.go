@@ -48,7 +48,12 @@ type line struct {
 	Topic  string
 	Color  string
 	Points string // SVG polyline points
+	// Dot marks the point of a line of one sample, which a polyline does
+	// not draw; nil when the line has two or more.
+	Dot *point
 }
+
+type point struct{ X, Y float64 }
 
 type legend struct{ Topic, Color string }
 
@@ -126,14 +131,20 @@ func layout(now time.Time, bins []time.Time, series map[string]map[time.Time]sam
 	}
 	for i, w := range ws {
 		color := chartColors[i%len(chartColors)]
+		bl, rl := line{Topic: w.topic, Color: color}, line{Topic: w.topic, Color: color}
 		var bp, rp strings.Builder
 		for _, b := range bins {
 			s := series[w.topic][b] // a bin without the topic: nothing waited, nothing sent
-			fmt.Fprintf(&bp, "%.1f,%.1f ", x(b), y(s.backlog, maxBacklog))
-			fmt.Fprintf(&rp, "%.1f,%.1f ", x(b), y(s.published, maxPublished))
+			bx, by, ry := x(b), y(s.backlog, maxBacklog), y(s.published, maxPublished)
+			fmt.Fprintf(&bp, "%.1f,%.1f ", bx, by)
+			fmt.Fprintf(&rp, "%.1f,%.1f ", bx, ry)
+			if len(bins) == 1 {
+				bl.Dot, rl.Dot = &point{bx, by}, &point{bx, ry}
+			}
 		}
-		c.Backlog.Lines = append(c.Backlog.Lines, line{Topic: w.topic, Color: color, Points: strings.TrimSpace(bp.String())})
-		c.Rate.Lines = append(c.Rate.Lines, line{Topic: w.topic, Color: color, Points: strings.TrimSpace(rp.String())})
+		bl.Points, rl.Points = strings.TrimSpace(bp.String()), strings.TrimSpace(rp.String())
+		c.Backlog.Lines = append(c.Backlog.Lines, bl)
+		c.Rate.Lines = append(c.Rate.Lines, rl)
 		c.Legend = append(c.Legend, legend{Topic: w.topic, Color: color})
 	}
 	return c

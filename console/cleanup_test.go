@@ -61,7 +61,7 @@ func TestCleanupPageAndRiskWarnings(t *testing.T) {
 	require.Contains(t, page, `<td>orders.v1</td><td class="n">0</td><td class="n">0</td><td class="n">0</td>`)
 	require.Contains(t, page, "the log start to pass offset 1")
 	require.Contains(t, page, "never pruned by time: infinite retention (retention.ms -1)")
-	require.Contains(t, page, "time rule: kept 2h30m0s (until ")
+	require.Contains(t, page, "time rule: keys are kept 2h30m0s; those from before ")
 	require.Contains(t, page, cl.Stats().LastPass.Add(time.Hour).UTC().Format("2006-01-02 15:04:05Z"), "the next pass")
 	over := vera.get(t, "/")
 	require.Contains(t, over, "topic ledger.v1: 1 keys kept until Kafka&#39;s log start passes them (infinite_retention)")

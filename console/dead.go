@@ -1,13 +1,14 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
-	"slices"
+	"strconv"
 	"time"
 
 	"github.com/pgbox/pgbox/inspect"
@@ -38,32 +39,15 @@ func (q deadQuery) fields() map[string]string {
 
 func (q deadQuery) values() url.Values { return nonEmpty(q.fields()) }
 
-func (h *Handler) deadFilter(ctx context.Context, q deadQuery, limit int) (f inspect.DeadFilter, none bool, err error) {
+// deadFilter turns q into an inspect.DeadFilter; every condition
+// (consumer, topic, key, error text, ids) goes to the one statement, so its
+// limit applies after all of them.
+func (h *Handler) deadFilter(q deadQuery, limit int) (inspect.DeadFilter, error) {
 	ids, err := parseIDs("ids", q.IDs)
 	if err != nil {
-		return f, false, err
+		return inspect.DeadFilter{}, err
 	}
-	f = inspect.DeadFilter{Consumer: q.Consumer, Topic: q.Topic, IDs: ids, Limit: limit}
-	for _, by := range []struct {
-		text string
-		find func(context.Context, inspect.Querier, string, int) ([]int64, error)
-	}{{q.Key, inspect.DeadIDsByKey}, {q.Error, inspect.DeadIDsByError}} {
-		if by.text == "" {
-			continue
-		}
-		found, err := by.find(ctx, h.cfg.DB, by.text, h.cfg.MaxActionRows+1)
-		if err != nil {
-			return f, false, err
-		}
-		if f.IDs != nil {
-			found = slices.DeleteFunc(found, func(id int64) bool { return !slices.Contains(f.IDs, id) })
-		}
-		if len(found) == 0 {
-			return f, true, nil
-		}
-		f.IDs = found
-	}
-	return f, false, nil
+	return inspect.DeadFilter{Consumer: q.Consumer, Topic: q.Topic, Key: q.Key, ErrorContains: q.Error, IDs: ids, Limit: limit}, nil
 }
 
 type deadData struct {
@@ -78,13 +62,13 @@ func (h *Handler) dead(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.ctx(r)
 	defer cancel()
 	q, err := deadQueryOf(r.URL.Query())
+	err = cmp.Or(err, h.hiddenFilter(r, q.fields()))
 	d := deadData{Q: q, QS: template.URL(q.values().Encode()), Max: h.cfg.MaxActionRows}
 	var f inspect.DeadFilter
-	var none bool
 	if err == nil {
-		f, none, err = h.deadFilter(ctx, q, listLimit)
+		f, err = h.deadFilter(q, listLimit)
 	}
-	if err == nil && !none {
+	if err == nil {
 		d.Rows, err = inspect.ListDead(ctx, h.cfg.DB, f)
 	}
 	if err != nil {
@@ -118,6 +102,7 @@ func (h *Handler) deadRow(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) deadConfirm(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	q, err := deadQueryOf(r.URL.Query())
+	err = cmp.Or(err, h.hiddenFilter(r, q.fields()))
 	if err != nil {
 		h.failErr(w, r, err)
 		return
@@ -130,21 +115,26 @@ func (h *Handler) deadConfirm(w http.ResponseWriter, r *http.Request) {
 	fields := q.fields()
 	fields["again"] = again
 	h.confirm(w, r, start, confirmData{Action: "/dead/replay", Verb: verb, Noun: "dead letter", What: q.String(), Fields: fields,
-		Back: h.cfg.Prefix + "/dead?" + q.values().Encode(), RowPath: "/dead/row"},
+		Back: h.cfg.Prefix + "/dead?" + q.values().Encode(), RowPath: "/dead/row", StateField: deadStateField, StateHead: "Replays"},
 		func(ctx context.Context) ([]picked, error) { return h.deadSelect(ctx, q) })
 }
 
 func (h *Handler) deadSelect(ctx context.Context, q deadQuery) ([]picked, error) {
-	f, none, err := h.deadFilter(ctx, q, h.cfg.MaxActionRows+1)
-	if err != nil || none {
+	f, err := h.deadFilter(q, h.cfg.MaxActionRows+1)
+	if err != nil {
 		return nil, err
 	}
 	rows, err := inspect.ListDead(ctx, h.cfg.DB, f)
 	return pickRows(rows, err, func(row inspect.DeadLetter) picked {
 		what := row.Consumer + " " + fmt.Sprintf("%s/%d@%d", row.Topic, row.Partition, row.Offset)
-		return picked{ID: row.ID, What: what, Error: row.Error}
+		return picked{ID: row.ID, What: what, Error: row.Error, State: strconv.Itoa(row.Replays)}
 	})
 }
+
+// deadStateField is the confirmation form's field with the dead letters'
+// replay counts: a replay (again or not) runs only on the counts the
+// operator saw.
+const deadStateField = "replays"
 
 // deadReplay replays the dead letters the operator confirmed (again: those
 // replayed before too), as actOn.
@@ -155,12 +145,23 @@ func (h *Handler) deadReplay(w http.ResponseWriter, r *http.Request, who Identit
 		name = "dead.replay_again"
 	}
 	h.actOn(w, r, who, rowAction{
-		name:    name,
-		badForm: err,
-		back:    h.cfg.Prefix + "/dead?" + q.values().Encode(),
-		pick:    func(ctx context.Context) ([]picked, error) { return h.deadSelect(ctx, q) },
-		do: func(ctx context.Context, ids []int64) (int64, error) {
-			res, err := inspect.ReplayDead(ctx, h.cfg.DB, ids, inspect.ReplayConfig{Again: again})
+		name:       name,
+		badForm:    err,
+		back:       h.cfg.Prefix + "/dead?" + q.values().Encode(),
+		stateField: deadStateField,
+		stateWhat:  "replay counts",
+		pick:       func(ctx context.Context) ([]picked, error) { return h.deadSelect(ctx, q) },
+		do: func(ctx context.Context, rows []picked) (int64, error) {
+			// The counts confirmed are checked again under the rows' locks:
+			// two submits that both passed actOn's check replay once.
+			confirmed := make(map[int64]int, len(rows))
+			for _, p := range rows {
+				confirmed[p.ID], _ = strconv.Atoi(p.State)
+			}
+			res, err := inspect.ReplayDead(ctx, h.cfg.DB, pickedIDs(rows), inspect.ReplayConfig{Again: again, Replays: confirmed})
+			if errors.Is(err, inspect.ErrReplaysChanged) {
+				return 0, &refusal{why: changedWhy("replay counts")}
+			}
 			var n int64
 			for _, rp := range res {
 				if !rp.Skipped {

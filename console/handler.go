@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"embed"
 	"errors"
@@ -257,13 +258,13 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 	_, _ = w.Write(buf.Bytes())
 }
 
-// failErr shows err: a bad parameter as a 400 naming it; anything else is
+// failErr shows err: a bad parameter as a 400 (or its status) naming it; anything else is
 // logged and a 500 (errors name what failed; no secret is in them: the DSN
 // never reaches an inspect error).
 func (h *Handler) failErr(w http.ResponseWriter, r *http.Request, err error) {
 	var bad *badParam
 	if errors.As(err, &bad) {
-		h.fail(w, r, http.StatusBadRequest, bad.Error())
+		h.fail(w, r, cmp.Or(bad.status, http.StatusBadRequest), bad.Error())
 		return
 	}
 	h.cfg.Logger.ErrorContext(r.Context(), "console: page failed", "path", r.URL.Path, "err", err)

@@ -53,14 +53,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	// The database's sections first, within QueryTimeout; Kafka's after,
 	// within KafkaWait: a Kafka that hangs costs the page a note, not the
 	// page.
-	opts := h.cfg.Inspect
-	opts.Cutoffs = nil
-	snap, err := inspect.Read(ctx, h.cfg.DB, opts)
-	if err != nil {
-		h.failErr(w, r, err)
-		return
-	}
-	sleeping, err := inspect.InstancesSleeping(ctx, h.cfg.DB)
+	snap, err := inspect.Read(ctx, h.cfg.DB, h.snapshotConfig())
 	if err != nil {
 		h.failErr(w, r, err)
 		return
@@ -70,7 +63,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	if d.Chart, err = h.readChart(ctx); err != nil {
 		d.ChartErr = err.Error()
 	}
-	d.Instances = instanceRows(snap, sleeping)
+	d.Instances = instanceRows(snap)
 	for _, c := range snap.Dead {
 		d.Dead += c.Count
 	}
@@ -89,6 +82,15 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, "overview", "Overview", d, start)
 }
 
+// snapshotConfig is Config.Inspect for a page's snapshot: without Kafka
+// (a page reads it once, within KafkaWait) and without counting what each
+// of the newest parked rows holds back, which no page shows.
+func (h *Handler) snapshotConfig() inspect.Config {
+	opts := h.cfg.Inspect
+	opts.Cutoffs, opts.HeldScan = nil, -1
+	return opts
+}
+
 // kafkaPlan reads the cleanup rule of every inbox topic of snap from Kafka,
 // waiting at most KafkaWait; down says Kafka did not answer in time.
 func (h *Handler) kafkaPlan(ctx context.Context, snap *inspect.Snapshot) (reps []cleanup.TopicReport, down string) {
@@ -105,7 +107,7 @@ func (h *Handler) kafkaPlan(ctx context.Context, snap *inspect.Snapshot) (reps [
 }
 
 // instanceRows gives each instance the state relay status prints.
-func instanceRows(snap *inspect.Snapshot, sleeping map[string]bool) []instanceRow {
+func instanceRows(snap *inspect.Snapshot) []instanceRow {
 	held := map[string]int{}
 	for _, l := range snap.Lanes {
 		if l.Held {
@@ -116,13 +118,6 @@ func instanceRows(snap *inspect.Snapshot, sleeping map[string]bool) []instanceRo
 	for _, i := range snap.Instances {
 		row := instanceRow{Instance: i, State: snap.InstanceState(i), Lanes: held[i.Instance]}
 		row.Bad = !i.Live || i.KafkaDownSince != nil || !i.KafkaReady
-		if !row.Bad {
-			if sleeping[i.Instance] {
-				row.State += ", asleep (waits for a NOTIFY)"
-			} else {
-				row.State += ", awake"
-			}
-		}
 		out = append(out, row)
 	}
 	return out

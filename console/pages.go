@@ -41,9 +41,7 @@ func (h *Handler) cleanupPage(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ctx, cancel := h.ctx(r)
 	defer cancel()
-	opts := h.cfg.Inspect
-	opts.Cutoffs = nil // the rules below read Kafka once
-	snap, err := inspect.Read(ctx, h.cfg.DB, opts)
+	snap, err := inspect.Read(ctx, h.cfg.DB, h.snapshotConfig()) // the rules below read Kafka once
 	if err != nil {
 		h.failErr(w, r, err)
 		return
@@ -94,7 +92,8 @@ func ruleOf(tr cleanup.TopicReport) rule {
 	}
 	switch {
 	case tr.Timed:
-		ru.Fallback = fmt.Sprintf("time rule: kept %s (until %s)", ageText(tr.Window.Seconds()), tr.Cutoff.UTC().Format("2006-01-02 15:04:05Z"))
+		// Cutoff is now − window, a past time: keys from before it go.
+		ru.Fallback = fmt.Sprintf("time rule: keys are kept %s; those from before %s (the cutoff) go", ageText(tr.Window.Seconds()), tr.Cutoff.UTC().Format("2006-01-02 15:04:05Z"))
 		if tr.Forced {
 			ru.Fallback += ", a forced window"
 		}
@@ -126,7 +125,8 @@ func (h *Handler) story(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	v := r.URL.Query()
 	d := storyData{Topic: strings.TrimSpace(v.Get("topic")), Key: v.Get("key"), Event: strings.TrimSpace(v.Get("event"))}
-	if err := checkParams(map[string]string{"topic": d.Topic, "key": d.Key, "event": d.Event}); err != nil {
+	fields := map[string]string{"topic": d.Topic, "key": d.Key, "event": d.Event}
+	if err := cmp.Or(checkParams(fields), h.hiddenFilter(r, fields)); err != nil {
 		h.failErr(w, r, err)
 		return
 	}

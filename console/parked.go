@@ -1,13 +1,13 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
-	"slices"
 	"time"
 
 	"github.com/pgbox/pgbox/inspect"
@@ -48,26 +48,20 @@ func nonEmpty(fields map[string]string) url.Values {
 	return v
 }
 
-// filter turns q into an inspect.ParkedFilter; none is false when the key
-// matches no parked row (the filter would otherwise select every row).
-func (h *Handler) parkedFilter(ctx context.Context, q parkedQuery, limit int) (f inspect.ParkedFilter, none bool, err error) {
+// parkedFilter turns q into an inspect.ParkedFilter; every condition
+// (topic, key, error text, ids) goes to the one statement, so its limit
+// applies after all of them. Pages do not show what a parked row holds
+// back: the filter counts none of it (HeldScan -1).
+func (h *Handler) parkedFilter(q parkedQuery, limit int) (inspect.ParkedFilter, error) {
 	ids, err := parseIDs("ids", q.IDs)
 	if err != nil {
-		return f, false, err
+		return inspect.ParkedFilter{}, err
 	}
-	f = inspect.ParkedFilter{Topic: q.Topic, ErrorContains: q.Error, IDs: ids, Limit: limit}
-	if q.Key == "" {
-		return f, false, nil
+	f := inspect.ParkedFilter{Topic: q.Topic, ErrorContains: q.Error, IDs: ids, Limit: limit, HeldScan: -1}
+	if q.Key != "" {
+		f.Key = []byte(q.Key)
 	}
-	byKey, err := inspect.ParkedIDsByKey(ctx, h.cfg.DB, []byte(q.Key), h.cfg.MaxActionRows+1)
-	if err != nil {
-		return f, false, err
-	}
-	if ids != nil {
-		byKey = slices.DeleteFunc(byKey, func(id int64) bool { return !slices.Contains(ids, id) })
-	}
-	f.IDs = byKey
-	return f, len(byKey) == 0, nil
+	return f, nil
 }
 
 type parkedData struct {
@@ -83,13 +77,13 @@ func (h *Handler) parked(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.ctx(r)
 	defer cancel()
 	q, err := parkedQueryOf(r.URL.Query())
+	err = cmp.Or(err, h.hiddenFilter(r, q.fields()))
 	d := parkedData{Q: q, QS: template.URL(q.values().Encode()), Max: h.cfg.MaxActionRows}
 	var f inspect.ParkedFilter
-	var none bool
 	if err == nil {
-		f, none, err = h.parkedFilter(ctx, q, listLimit)
+		f, err = h.parkedFilter(q, listLimit)
 	}
-	if err == nil && !none {
+	if err == nil {
 		if d.Rows, err = inspect.ListParked(ctx, h.cfg.DB, f); err == nil {
 			d.Count, err = inspect.CountParked(ctx, h.cfg.DB, f)
 		}
@@ -129,6 +123,7 @@ func (h *Handler) parkedRow(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) parkedConfirm(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	q, err := parkedQueryOf(r.URL.Query())
+	err = cmp.Or(err, h.hiddenFilter(r, q.fields()))
 	if err != nil {
 		h.failErr(w, r, err)
 		return
@@ -146,8 +141,8 @@ func (h *Handler) parkedConfirm(w http.ResponseWriter, r *http.Request) {
 // parkedSelect lists the rows q selects, at most MaxActionRows+1 (one more
 // than allowed shows that the filter is too wide).
 func (h *Handler) parkedSelect(ctx context.Context, q parkedQuery) ([]picked, error) {
-	f, none, err := h.parkedFilter(ctx, q, h.cfg.MaxActionRows+1)
-	if err != nil || none {
+	f, err := h.parkedFilter(q, h.cfg.MaxActionRows+1)
+	if err != nil {
 		return nil, err
 	}
 	rows, err := inspect.ListParked(ctx, h.cfg.DB, f)
@@ -164,7 +159,8 @@ func (h *Handler) parkedAct(w http.ResponseWriter, r *http.Request, who Identity
 		badForm: err,
 		back:    h.cfg.Prefix + "/parked?" + q.values().Encode(),
 		pick:    func(ctx context.Context) ([]picked, error) { return h.parkedSelect(ctx, q) },
-		do: func(ctx context.Context, ids []int64) (int64, error) {
+		do: func(ctx context.Context, rows []picked) (int64, error) {
+			ids := pickedIDs(rows)
 			if name == "parked.retry" {
 				return inspect.RetryParked(ctx, h.cfg.DB, inspect.ParkedFilter{IDs: ids})
 			}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -68,25 +69,29 @@ func planRows(row pgx.Row) (int64, error) {
 	return int64(plan[0].Plan.Rows), nil
 }
 
-// readDead counts dead letters per consumer and topic, bounded. The table
-// belongs to the consumer adapter's migration; its absence means none.
+// readDead counts dead letters per consumer and topic: every pair, each
+// count exact up to the limit and capped past it. The table belongs to the
+// consumer adapter's migration; its absence means none.
 func (s *Snapshot) readDead(ctx context.Context, tx pgx.Tx, cfg Config) error {
-	rows, err := tx.Query(ctx, sqlDeadBounded, cfg.ExactLimit)
+	rows, err := tx.Query(ctx, sqlDeadCounts, cfg.ExactLimit)
 	if err != nil {
 		return fmt.Errorf("inspect: count pgbox_consumer_dead: %w", err)
 	}
-	s.Dead, err = pgx.CollectRows(rows, pgx.RowToStructByPos[DeadCount])
+	s.Dead, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadCount, error) {
+		var d DeadCount
+		err := r.Scan(&d.Consumer, &d.Topic, &d.Count)
+		if d.Count > int64(cfg.ExactLimit) {
+			d.Count, d.Capped = int64(cfg.ExactLimit), true
+		}
+		return d, err
+	})
 	if pgerr.IsUndefinedTable(err) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("inspect: count pgbox_consumer_dead: %w", err)
 	}
-	var n int64
-	for _, d := range s.Dead {
-		n += d.Count
-	}
-	s.DeadEstimated = n >= int64(cfg.ExactLimit)
+	s.DeadEstimated = slices.ContainsFunc(s.Dead, func(d DeadCount) bool { return d.Capped })
 	return nil
 }
 

@@ -97,6 +97,11 @@ type Config struct {
 	// to [ParkedListDefault] (10).
 	ParkedList int
 
+	// HeldScan is how many of the later rows of its slot each listed parked
+	// row's Held count reads (as ParkedFilter.HeldScan). Defaults to
+	// [HeldScanDefault] (200); -1 counts nothing.
+	HeldScan int
+
 	// HorizonList is how many holders of the xmin horizon are listed
 	// (Snapshot.Horizon.Holders, oldest first); the ages and per-kind sums
 	// count them all. Defaults to [HorizonListDefault] (10).
@@ -152,6 +157,9 @@ func (o Config) validate(db DB) error {
 	}
 	if o.ParkedList < 0 {
 		errs = append(errs, fmt.Errorf("inspect: ParkedList %d is negative (use a positive count, or zero for %d)", o.ParkedList, ParkedListDefault))
+	}
+	if err := checkHeldScan(o.HeldScan); err != nil {
+		errs = append(errs, err)
 	}
 	if o.HorizonList < 0 {
 		errs = append(errs, fmt.Errorf("inspect: HorizonList %d is negative (use a positive count, or zero for %d)", o.HorizonList, HorizonListDefault))
@@ -244,7 +252,7 @@ func (s *Snapshot) readLanes(ctx context.Context, tx pgx.Tx, cfg Config) error {
 	}
 	s.Instances, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Instance, error) {
 		var i Instance
-		err := r.Scan(&i.Instance, &i.StartedAt, &i.HeartbeatAt, &i.Live, &i.KafkaReady, &i.KafkaDownSince)
+		err := r.Scan(&i.Instance, &i.StartedAt, &i.HeartbeatAt, &i.Live, &i.KafkaReady, &i.KafkaDownSince, &i.Sleeping)
 		return i, err
 	})
 	if err != nil {

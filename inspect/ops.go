@@ -19,6 +19,10 @@ const (
 	// OpsBatchDefault is how many rows one RetryParked or DiscardParked
 	// statement changes when the filter's BatchSize is zero.
 	OpsBatchDefault = 500
+	// HeldScanDefault is how many later rows of its slot a parked row's
+	// Held count reads when ParkedFilter.HeldScan or Config.HeldScan is
+	// zero.
+	HeldScanDefault = 200
 )
 
 // Querier is what the operator functions run their statements on: a
@@ -44,6 +48,9 @@ type ParkedFilter struct {
 	OlderThan time.Duration
 	// IDs keeps these rows only. Defaults to nil: any id.
 	IDs []int64
+	// Key keeps rows with this message key only (an empty, non-nil key
+	// selects rows whose key is empty). Defaults to nil: any key.
+	Key []byte
 	// Limit is how many rows ListParked returns (RetryParked and
 	// DiscardParked act on every matching row). Defaults to
 	// ListLimitDefault (100).
@@ -52,6 +59,13 @@ type ParkedFilter struct {
 	// DiscardParked changes; each batch is its own short transaction.
 	// Defaults to OpsBatchDefault (500).
 	BatchSize int
+	// HeldScan is how many of the later rows of its slot ListParked reads
+	// to count the rows each listed row holds back (ParkedMessage.Held):
+	// no index finds a key's unparked rows, so the count walks the slot,
+	// and stops there (HeldCapped). Defaults to [HeldScanDefault] (200);
+	// -1 counts nothing (Held is 0): what a caller that does not show Held
+	// passes.
+	HeldScan int
 }
 
 func (f ParkedFilter) validate(db Querier) error {
@@ -68,8 +82,23 @@ func (f ParkedFilter) validate(db Querier) error {
 	if f.BatchSize < 0 {
 		errs = append(errs, fmt.Errorf("inspect: BatchSize %d is negative (use a positive count, or 0 for %d)", f.BatchSize, OpsBatchDefault))
 	}
-	errs = append(errs, checkIDs(f.IDs))
+	errs = append(errs, checkHeldScan(f.HeldScan), checkIDs(f.IDs))
 	return errors.Join(errs...)
+}
+
+func checkHeldScan(n int) error {
+	if n < -1 {
+		return fmt.Errorf("inspect: HeldScan %d is out of range (use a positive count, 0 for %d, or -1 to count nothing)", n, HeldScanDefault)
+	}
+	return nil
+}
+
+// heldScan is the scan parameter of heldBy: 0 reads nothing.
+func heldScan(n int) int {
+	if n < 0 {
+		return 0
+	}
+	return cmp.Or(n, HeldScanDefault)
 }
 
 func checkIDs(ids []int64) error {
@@ -97,8 +126,10 @@ type ParkedMessage struct {
 	ParkedAt  time.Time `json:"parked_at"`
 	// Held counts the rows this row holds back: later rows of its topic and
 	// key, which the relay publishes only once it is retried (after it, in
-	// order) or discarded.
-	Held int64 `json:"held"`
+	// order) or discarded. With HeldCapped it is a lower bound: the count
+	// read ParkedFilter.HeldScan later rows of the row's slot and stopped.
+	Held       int64 `json:"held"`
+	HeldCapped bool  `json:"held_capped,omitempty"`
 }
 
 // cutoff reads the filter's minimum age as a time on the database's clock,
@@ -121,13 +152,13 @@ func ListParked(ctx context.Context, db Querier, f ParkedFilter) ([]ParkedMessag
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, sqlParkedList, f.Topic, f.ErrorContains, at, nonNil(f.IDs), limit)
+	rows, err := db.Query(ctx, sqlParkedList, f.Topic, f.ErrorContains, at, nonNil(f.IDs), f.Key, limit, heldScan(f.HeldScan))
 	if err != nil {
 		return nil, fmt.Errorf("inspect: list parked rows: %w", schemaHint(err))
 	}
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedMessage, error) {
 		var p ParkedMessage
-		err := r.Scan(&p.ID, &p.EventID, &p.Topic, &p.Key, &p.Attempts, &p.LastError, &p.CreatedAt, &p.ParkedAt, &p.Held)
+		err := r.Scan(&p.ID, &p.EventID, &p.Topic, &p.Key, &p.Attempts, &p.LastError, &p.CreatedAt, &p.ParkedAt, &p.Held, &p.HeldCapped)
 		return p, err
 	})
 	if err != nil {
@@ -147,7 +178,7 @@ func CountParked(ctx context.Context, db Querier, f ParkedFilter) (int64, error)
 		return 0, err
 	}
 	var n int64
-	if err := db.QueryRow(ctx, sqlParkedCount, f.Topic, f.ErrorContains, at, nonNil(f.IDs)).Scan(&n); err != nil {
+	if err := db.QueryRow(ctx, sqlParkedCount, f.Topic, f.ErrorContains, at, nonNil(f.IDs), f.Key).Scan(&n); err != nil {
 		return 0, fmt.Errorf("inspect: count parked rows: %w", schemaHint(err))
 	}
 	return n, nil
@@ -188,7 +219,7 @@ func parkedBatches(ctx context.Context, db Querier, f ParkedFilter, sql, verb st
 	for {
 		var last *int64
 		var n int64
-		err := db.QueryRow(ctx, sql, f.Topic, f.ErrorContains, at, nonNil(f.IDs), batch, after).Scan(&last, &n)
+		err := db.QueryRow(ctx, sql, f.Topic, f.ErrorContains, at, nonNil(f.IDs), f.Key, batch, after).Scan(&last, &n)
 		if err != nil {
 			return total, fmt.Errorf("inspect: %s parked rows after id %d: %w", verb, after, schemaHint(err))
 		}

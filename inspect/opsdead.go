@@ -20,6 +20,12 @@ import (
 // given an id no dead letter has; nothing was replayed.
 var ErrDeadNotFound = errors.New("no such dead letter")
 
+// ErrReplaysChanged is returned (wrapped, naming the ids) when
+// ReplayConfig.Replays does not match a dead letter's replay count when
+// ReplayDead has locked it: another replay ran since the caller looked.
+// Nothing was replayed.
+var ErrReplaysChanged = errors.New("dead letter replay count changed")
+
 // ErrNotReplayable is returned (wrapped, naming the id) when a dead letter
 // was recorded before migration 00040 and has no stored record to replay;
 // its payload is in the dead-letter topic. Nothing was replayed.
@@ -39,6 +45,12 @@ type DeadFilter struct {
 	OlderThan time.Duration
 	// IDs keeps these dead letters only. Defaults to nil: any id.
 	IDs []int64
+	// Key keeps dead letters whose inbox key or record key is this.
+	// Defaults to "": any key.
+	Key string
+	// ErrorContains keeps dead letters whose error contains this text
+	// (case sensitive). Defaults to "": any error.
+	ErrorContains string
 	// Limit is how many dead letters ListDead returns. Defaults to
 	// [ListLimitDefault] (100).
 	Limit int
@@ -79,7 +91,8 @@ type DeadLetter struct {
 	ReplayedTo string     `json:"replayed_to,omitempty"`
 }
 
-// ListDead returns the dead letters f selects, in id order, at most f.Limit.
+// ListDead returns the dead letters f selects (every condition of f before
+// the limit), in id order, at most f.Limit.
 func ListDead(ctx context.Context, db Querier, f DeadFilter) ([]DeadLetter, error) {
 	if err := f.validate(db); err != nil {
 		return nil, err
@@ -88,7 +101,7 @@ func ListDead(ctx context.Context, db Querier, f DeadFilter) ([]DeadLetter, erro
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, sqlDeadList, f.Consumer, f.Topic, at, nonNil(f.IDs), cmp.Or(f.Limit, ListLimitDefault))
+	rows, err := db.Query(ctx, sqlDeadList, f.Consumer, f.Topic, at, nonNil(f.IDs), f.Key, f.ErrorContains, cmp.Or(f.Limit, ListLimitDefault))
 	if err != nil {
 		return nil, fmt.Errorf("inspect: list dead letters: %w", schemaHint(err))
 	}
@@ -113,6 +126,12 @@ type ReplayConfig struct {
 	// with a new replay id (so the inbox processes it once more). Defaults
 	// to false: a dead letter already replayed is skipped.
 	Again bool
+	// Replays, when set, is the replay count each dead letter must still
+	// have once ReplayDead has locked it (what an operator confirmed): if
+	// any differs (another replay ran meanwhile; Again would replay it a
+	// second time), the call fails with ErrReplaysChanged and writes
+	// nothing. Ids it lacks are not checked. Defaults to nil: no check.
+	Replays map[int64]int
 }
 
 // Replay is what ReplayDead did with one dead letter.
@@ -188,6 +207,15 @@ func replayTx(ctx context.Context, tx pgx.Tx, ids []int64, cfg ReplayConfig) ([]
 	recs, err := lockDead(ctx, tx, ids)
 	if err != nil {
 		return nil, err
+	}
+	var changed []int64
+	for _, d := range recs {
+		if want, ok := cfg.Replays[d.id]; ok && want != d.replays {
+			changed = append(changed, d.id)
+		}
+	}
+	if changed != nil {
+		return nil, fmt.Errorf("inspect: dead letter id(s) %v: %w", changed, ErrReplaysChanged)
 	}
 	var (
 		out     []Replay

@@ -117,7 +117,8 @@ func (s *Snapshot) readLaneAges(ctx context.Context, tx pgx.Tx, _ Config) error 
 	return nil
 }
 
-// readParked counts parked rows per topic (bounded) and lists the newest.
+// readParked counts parked rows per topic (bounded) and lists the newest,
+// each with the rows it holds back (a bounded count: heldBy).
 func (s *Snapshot) readParked(ctx context.Context, tx pgx.Tx, cfg Config) error {
 	rows, err := tx.Query(ctx, sqlParkedBounded, cfg.ExactLimit)
 	if err != nil {
@@ -131,13 +132,13 @@ func (s *Snapshot) readParked(ctx context.Context, tx pgx.Tx, cfg Config) error 
 		s.Outbox.Parked += p.Count
 	}
 	s.Outbox.ParkedCapped = s.Outbox.Parked >= int64(cfg.ExactLimit)
-	rows, err = tx.Query(ctx, sqlParkedNewest, cfg.ParkedList)
+	rows, err = tx.Query(ctx, sqlParkedNewest, cfg.ParkedList, heldScan(cfg.HeldScan))
 	if err != nil {
 		return fmt.Errorf("inspect: list parked rows: %w", err)
 	}
 	s.Parked, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedRow, error) {
 		var p ParkedRow
-		err := r.Scan(&p.ID, &p.EventID, &p.Topic, &p.Attempts, &p.LastError, &p.ParkedAt, &p.Held)
+		err := r.Scan(&p.ID, &p.EventID, &p.Topic, &p.Attempts, &p.LastError, &p.ParkedAt, &p.Held, &p.HeldCapped)
 		return p, err
 	})
 	if err != nil {

@@ -10,7 +10,7 @@ const sqlLanes = `SELECT lane, lanes, coalesce(owner, ''), expires_at > now(), e
 	CASE WHEN expires_at > now() THEN extract(epoch FROM expires_at - now()) ELSE 0 END::float8
 FROM pgbox_relay_lanes ORDER BY lane`
 
-const sqlInstances = `SELECT instance, started_at, heartbeat_at, expires_at > now(), kafka_ready, kafka_down_since
+const sqlInstances = `SELECT instance, started_at, heartbeat_at, expires_at > now(), kafka_ready, kafka_down_since, sleeping
 FROM pgbox_relay_instances ORDER BY instance`
 
 // sqlStart bounds the snapshot's statements (SET LOCAL statement_timeout:
@@ -43,9 +43,12 @@ ORDER BY 1`
 
 // sqlOldestPerSlot finds each slot's oldest unparked row: one probe of
 // pgbox_outbox_claim_idx (slot, id) per slot, $1 (internal/slot.Count) in all,
-// whatever the backlog. Lanes are groups of slots (slot.Lane).
+// whatever the backlog. Lanes are groups of slots (slot.Lane). The slot is
+// a range of one and the order (slot, id), the claim index's: with
+// "slot = s ORDER BY id" the planner, seeing few slots hold rows, walked the
+// primary key for each empty slot, through the whole table.
 const sqlOldestPerSlot = `SELECT s.slot, (SELECT o.created_at FROM pgbox_outbox o
-	WHERE o.slot = s.slot::smallint AND o.parked_at IS NULL ORDER BY o.id LIMIT 1)
+	WHERE o.slot >= s.slot::smallint AND o.slot <= s.slot::smallint AND o.parked_at IS NULL ORDER BY o.slot, o.id LIMIT 1)
 FROM generate_series(0, $1::int - 1) AS s(slot)`
 
 // sqlParkedBounded counts parked rows per topic, the first $1 of them, along
@@ -53,10 +56,14 @@ FROM generate_series(0, $1::int - 1) AS s(slot)`
 const sqlParkedBounded = `SELECT topic, count(*)::bigint
 FROM (SELECT topic FROM pgbox_outbox WHERE parked_at IS NOT NULL LIMIT $1) s GROUP BY 1 ORDER BY 1`
 
-// sqlParkedNewest lists the newest parked rows, each with the rows it holds
-// back (sqlHeldBy).
-const sqlParkedNewest = `SELECT id, event_id::text, topic, attempts, coalesce(last_error, ''), parked_at, ` + sqlHeldBy + `
-FROM pgbox_outbox p WHERE parked_at IS NOT NULL ORDER BY parked_at DESC, id DESC LIMIT $1`
+// sqlParkedNewest lists the newest $1 parked rows, each with the rows it
+// holds back (heldBy, reading at most $2 of them).
+var sqlParkedNewest = `WITH p AS (
+	SELECT id, event_id, slot, topic, key, attempts, last_error, parked_at
+	FROM pgbox_outbox WHERE parked_at IS NOT NULL ORDER BY parked_at DESC, id DESC LIMIT $1
+)
+SELECT p.id, p.event_id::text, p.topic, p.attempts, coalesce(p.last_error, ''), p.parked_at, hb.held, hb.capped
+FROM p, ` + heldBy("$2") + ` ORDER BY p.parked_at DESC, p.id DESC`
 
 // sqlInboxOldest lists every (consumer, topic) pair of the inbox with its
 // oldest key, in a loose index scan over pgbox_inbox_consumer_topic_age_idx
@@ -80,6 +87,20 @@ FROM p`
 // EXPLAIN, which reads statistics only).
 const sqlInboxKeysEstimate = `EXPLAIN (FORMAT JSON) SELECT 1 FROM pgbox_inbox WHERE consumer = $1 AND topic = $2`
 
-// sqlDeadBounded counts dead letters per consumer and topic, the first $1.
-const sqlDeadBounded = `SELECT consumer, topic, count(*)::bigint
-FROM (SELECT consumer, topic FROM pgbox_consumer_dead LIMIT $1) s GROUP BY 1, 2 ORDER BY 1, 2`
+// sqlDeadCounts lists every (consumer, topic) pair of the dead letters in
+// a loose index scan over their primary key (consumer, topic, partition,
+// offset, topic_id): each step jumps to the next pair. It counts each
+// pair's dead letters along the same index, $1 + 1 at most: a count past
+// $1 is capped there.
+const sqlDeadCounts = `
+WITH RECURSIVE p AS (
+    (SELECT consumer, topic FROM pgbox_consumer_dead ORDER BY consumer, topic LIMIT 1)
+    UNION ALL
+    SELECT n.consumer, n.topic FROM p, LATERAL (
+        SELECT d.consumer, d.topic FROM pgbox_consumer_dead d
+        WHERE (d.consumer, d.topic) > (p.consumer, p.topic)
+        ORDER BY d.consumer, d.topic LIMIT 1) n
+)
+SELECT p.consumer, p.topic,
+    (SELECT count(*) FROM (SELECT 1 FROM pgbox_consumer_dead k WHERE k.consumer = p.consumer AND k.topic = p.topic LIMIT $1::int + 1) c)
+FROM p ORDER BY 1, 2`

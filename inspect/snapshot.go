@@ -37,7 +37,8 @@ type Snapshot struct {
 
 	// Dead counts the consumer adapter's dead letters per consumer and topic.
 	Dead []DeadCount `json:"dead_letters"`
-	// DeadEstimated is set when Dead counts stopped at Config.ExactLimit.
+	// DeadEstimated is set when any of the Dead counts stopped at
+	// Config.ExactLimit (DeadCount.Capped).
 	DeadEstimated bool `json:"dead_letters_capped,omitempty"`
 
 	// Horizon says who holds back VACUUM of pgbox's tables, and for how long.
@@ -91,8 +92,10 @@ type ParkedRow struct {
 	LastError string    `json:"last_error"`
 	ParkedAt  time.Time `json:"parked_at"`
 	// Held counts the later rows of its topic and key it holds back (see
-	// ParkedMessage.Held).
-	Held int64 `json:"held"`
+	// ParkedMessage.Held); a lower bound when HeldCapped (the count read
+	// Config.HeldScan later rows of the row's slot and stopped).
+	Held       int64 `json:"held"`
+	HeldCapped bool  `json:"held_capped,omitempty"`
 }
 
 // Lane is one row of the relay's lane table.
@@ -119,6 +122,12 @@ type Instance struct {
 	// start-up, or every send of its passes failing); nil while Kafka
 	// answers.
 	KafkaDownSince *time.Time `json:"kafka_down_since,omitempty"`
+	// Sleeping is set while the instance sleeps: it found no rows for a
+	// while and polls every poll interval (a NOTIFY wakes it sooner)
+	// instead of watching the table. A sleeping instance with a growing
+	// backlog is not being woken (writers without outbox.Config.Notify, or
+	// a pgbouncer that drops LISTEN).
+	Sleeping bool `json:"sleeping"`
 }
 
 // InboxTopic is one consumer's keys of one source topic, and their oldest
@@ -149,7 +158,10 @@ type InboxTopic struct {
 type DeadCount struct {
 	Consumer string `json:"consumer"`
 	Topic    string `json:"topic"`
-	Count    int64  `json:"count"`
+	// Count is exact up to Config.ExactLimit; past it, Count is the limit
+	// and Capped is set (a lower bound).
+	Count  int64 `json:"count"`
+	Capped bool  `json:"capped,omitempty"`
 }
 
 func seconds(d time.Duration) *float64 { s := d.Seconds(); return &s }

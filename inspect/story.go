@@ -268,38 +268,3 @@ func ReadDeadRecord(ctx context.Context, db Querier, id int64) (*DeadRecord, err
 	}
 	return &d, nil
 }
-
-// ParkedIDsByKey returns the ids of the parked rows whose message key is
-// key, at most limit (0: StoryLimitDefault), for a ParkedFilter's IDs.
-func ParkedIDsByKey(ctx context.Context, db Querier, key []byte, limit int) ([]int64, error) {
-	return idsBy(ctx, db, sqlParkedIDsByKey, key, limit, "parked rows")
-}
-
-// DeadIDsByKey returns the ids of the dead letters whose inbox key or
-// record key is key, at most limit (0: StoryLimitDefault), for a
-// DeadFilter's IDs.
-func DeadIDsByKey(ctx context.Context, db Querier, key string, limit int) ([]int64, error) {
-	return idsBy(ctx, db, sqlDeadIDsByKey, key, limit, "dead letters")
-}
-
-// DeadIDsByError returns the ids of the dead letters whose error contains
-// text (case sensitive), at most limit (0: StoryLimitDefault), for a
-// DeadFilter's IDs.
-func DeadIDsByError(ctx context.Context, db Querier, text string, limit int) ([]int64, error) {
-	return idsBy(ctx, db, sqlDeadIDsByError, text, limit, "dead letters")
-}
-
-func idsBy(ctx context.Context, db Querier, sql string, key any, limit int, what string) ([]int64, error) {
-	if limit < 0 {
-		return nil, fmt.Errorf("inspect: limit %d is negative (use a positive count, or 0 for %d)", limit, StoryLimitDefault)
-	}
-	rows, err := db.Query(ctx, sql, key, cmp.Or(limit, StoryLimitDefault))
-	if err != nil {
-		return nil, fmt.Errorf("inspect: find %s by %q: %w", what, key, schemaHint(err))
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, fmt.Errorf("inspect: find %s by %q: %w", what, key, schemaHint(err))
-	}
-	return ids, nil
-}

@@ -67,22 +67,24 @@ func TestReadStory(t *testing.T) {
 	require.Len(t, st.Inbox, 1)
 	require.Empty(t, st.Outbox, "unparked rows are found through their key")
 
-	ids, err = inspect.ParkedIDsByKey(ctx, db.Pool, []byte("k1"), 0)
+	parked, err := inspect.ListParked(ctx, db.Pool, inspect.ParkedFilter{Key: []byte("k1")})
 	require.NoError(t, err)
-	require.Equal(t, []int64{2}, ids)
-	ids, err = inspect.DeadIDsByKey(ctx, db.Pool, "k1", 0)
-	require.NoError(t, err)
-	require.Equal(t, []int64{1}, ids)
-	ids, err = inspect.DeadIDsByKey(ctx, db.Pool, "orders-0-5", 0)
-	require.NoError(t, err)
-	require.Equal(t, []int64{1}, ids)
-
-	ids, err = inspect.DeadIDsByError(ctx, db.Pool, "pois", 0)
-	require.NoError(t, err)
-	require.Equal(t, []int64{1}, ids)
-	ids, err = inspect.DeadIDsByError(ctx, db.Pool, "Poison", 0)
-	require.NoError(t, err)
-	require.Empty(t, ids, "case sensitive")
+	require.Len(t, parked, 1)
+	require.EqualValues(t, 2, parked[0].ID)
+	for _, c := range []struct {
+		f    inspect.DeadFilter
+		want int
+		why  string
+	}{
+		{inspect.DeadFilter{Key: "k1"}, 1, "the record's key"},
+		{inspect.DeadFilter{Key: "orders-0-5"}, 1, "the inbox key"},
+		{inspect.DeadFilter{ErrorContains: "pois"}, 1, "error text"},
+		{inspect.DeadFilter{ErrorContains: "Poison"}, 0, "case sensitive"},
+	} {
+		dead, err := inspect.ListDead(ctx, db.Pool, c.f)
+		require.NoError(t, err)
+		require.Len(t, dead, c.want, c.why)
+	}
 
 	row, err := inspect.ReadOutboxRow(ctx, db.Pool, 2)
 	require.NoError(t, err)

@@ -50,18 +50,3 @@ const sqlOutboxRow = `SELECT ` + outboxCols + ` FROM pgbox_outbox WHERE id = $1`
 const sqlDeadRecord = `SELECT id, consumer, topic, topic_id, partition, "offset", key, attempts, error, dlq_topic, dead_at,
 	record_stored, replays, replayed_at, coalesce(replayed_to, ''), record_key, record_value, record_headers
 FROM pgbox_consumer_dead WHERE id = $1`
-
-// sqlParkedIDsByKey lists parked rows with key $1 along
-// pgbox_outbox_parked_idx, $2 at most.
-const sqlParkedIDsByKey = `SELECT id FROM pgbox_outbox WHERE parked_at IS NOT NULL AND key = $1 ORDER BY id LIMIT $2`
-
-// sqlDeadIDsByKey lists dead letters whose inbox key or record key is $1,
-// $2 at most.
-const sqlDeadIDsByKey = `SELECT id FROM pgbox_consumer_dead
-WHERE key = $1 OR record_key = convert_to($1, 'UTF8') ORDER BY id LIMIT $2`
-
-// sqlInstanceSleeping reads which relay instances sleep (migration 00060).
-const sqlInstanceSleeping = `SELECT instance, sleeping FROM pgbox_relay_instances`
-
-// sqlDeadIDsByError lists dead letters whose error contains $1, $2 at most.
-const sqlDeadIDsByError = `SELECT id FROM pgbox_consumer_dead WHERE strpos(error, $1) > 0 ORDER BY id LIMIT $2`

@@ -3,6 +3,7 @@ package inspect
 import (
 	"fmt"
 	"io"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -23,6 +24,15 @@ func countText(n int64, estimated bool) string {
 	return fmt.Sprint(n)
 }
 
+// cappedText shows a count that stopped at a limit as a lower bound
+// (">=1000").
+func cappedText(n int64, capped bool) string {
+	if capped {
+		return ">=" + fmt.Sprint(n)
+	}
+	return fmt.Sprint(n)
+}
+
 // WriteText prints the snapshot for people, as `relay status` does.
 func (s *Snapshot) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "pgbox status at %s\n", s.Time.Format(time.RFC3339))
@@ -33,10 +43,7 @@ func (s *Snapshot) WriteText(w io.Writer) {
 }
 
 func printOutbox(w io.Writer, s *Snapshot) {
-	parked := countText(s.Outbox.Parked, false)
-	if s.Outbox.ParkedCapped {
-		parked = ">=" + parked
-	}
+	parked := cappedText(s.Outbox.Parked, s.Outbox.ParkedCapped)
 	fmt.Fprintf(w, "\nOUTBOX: %s unpublished, %s parked, oldest unpublished %s (lanes: %d)\n",
 		countText(s.Outbox.Unpublished, s.Outbox.Estimated), parked, ageText(s.Outbox.OldestAge), s.LaneCount)
 	if s.Outbox.Estimated {
@@ -56,10 +63,13 @@ func printOutbox(w io.Writer, s *Snapshot) {
 	}
 	if len(s.Parked) > 0 {
 		fmt.Fprintln(w, "\nPARKED ROWS (newest; each holds back its key's later rows, HELD: fix the cause, then `relay parked retry ID`, or `relay parked discard ID`):")
+		if slices.ContainsFunc(s.Parked, func(p ParkedRow) bool { return p.HeldCapped }) {
+			fmt.Fprintln(w, "  (HELD >=n: at least n; the count reads a bounded number of the rows after the parked row in its slot, and stopped there)")
+		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tEVENT ID\tTOPIC\tATTEMPTS\tHELD\tPARKED AT\tLAST ERROR")
 		for _, p := range s.Parked {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\n", p.ID, p.EventID, p.Topic, p.Attempts, p.Held, p.ParkedAt.UTC().Format(time.RFC3339), truncate(p.LastError, 80))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", p.ID, p.EventID, p.Topic, p.Attempts, cappedText(p.Held, p.HeldCapped), p.ParkedAt.UTC().Format(time.RFC3339), truncate(p.LastError, 80))
 		}
 		_ = tw.Flush()
 	}
@@ -75,8 +85,10 @@ func instanceState(s *Snapshot, i Instance) string {
 			durtext.Short(s.Time.Sub(*i.KafkaDownSince)))
 	case !i.KafkaReady:
 		return "running, connecting to Kafka"
+	case i.Sleeping:
+		return "live, asleep (found no rows lately: polls every poll interval, a NOTIFY wakes it sooner)"
 	default:
-		return "live"
+		return "live, awake"
 	}
 }
 
@@ -138,7 +150,7 @@ func printInbox(w io.Writer, s *Snapshot) {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "CONSUMER\tTOPIC\tCOUNT")
 		for _, d := range s.Dead {
-			fmt.Fprintf(tw, "%s\t%s\t%d\n", d.Consumer, d.Topic, d.Count)
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", d.Consumer, d.Topic, cappedText(d.Count, d.Capped))
 		}
 		_ = tw.Flush()
 	}

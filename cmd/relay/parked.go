@@ -132,12 +132,19 @@ func writeParked(w io.Writer, rows []inspect.ParkedMessage) {
 	}
 	fmt.Fprintf(w, "%-10s %-30s %-8s %-8s %-20s %s\n", "ID", "TOPIC", "ATTEMPTS", "HELD", "PARKED AT", "LAST ERROR")
 	for _, r := range rows {
-		fmt.Fprintf(w, "%-10d %-30s %-8d %-8d %-20s %s\n", r.ID, r.Topic, r.Attempts, r.Held, r.ParkedAt.UTC().Format(time.DateTime), r.LastError)
+		held := strconv.FormatInt(r.Held, 10)
+		if r.HeldCapped { // a lower bound: the count read inspect.HeldScanDefault rows of the slot
+			held = ">=" + held
+		}
+		fmt.Fprintf(w, "%-10d %-30s %-8d %-8s %-20s %s\n", r.ID, r.Topic, r.Attempts, held, r.ParkedAt.UTC().Format(time.DateTime), r.LastError)
 	}
 }
 
-const parkedDoc = `Parked outbox rows (rows the relay gave up on after its attempts):
-  list              print the rows the filters select, in id order (--limit)
+var parkedDoc = `Parked outbox rows (rows the relay gave up on after its attempts):
+  list              print the rows the filters select, in id order (--limit);
+                    HELD counts the later rows of each one's topic and key it
+                    holds back, among the next ` + strconv.Itoa(inspect.HeldScanDefault) + ` rows of its slot (>=n: the
+                    count stopped there)
   retry [ID...]     unpark them: attempts restart at 0, running relays publish
                     them again, in id order among themselves
   discard [ID...]   delete them (their events are never published); without

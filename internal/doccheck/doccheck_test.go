@@ -328,6 +328,7 @@ func TestLibraryDefaults(t *testing.T) {
 		"inspect.HorizonListDefault":       inspect.HorizonListDefault,
 		"inspect.ListLimitDefault":         inspect.ListLimitDefault,
 		"inspect.OpsBatchDefault":          inspect.OpsBatchDefault,
+		"inspect.HeldScanDefault":          inspect.HeldScanDefault,
 		"inspect.StoryLimitDefault":        inspect.StoryLimitDefault,
 		"console.MaxActionRowsDefault":     console.MaxActionRowsDefault,
 		"console.QueryTimeoutDefault":      console.QueryTimeoutDefault,
