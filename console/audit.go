@@ -135,7 +135,7 @@ func (h *Handler) refused(ctx context.Context, who Identity, action, target, why
 }
 
 // targetFields are the form fields an audit target records: the filters
-// of the parked and dead-letter pages, the confirmed ids, the "replay
+// of the parked and dead-letter pages, the confirmed ids and replay counts, the "replay
 // again" switch. Any other field a request carries is left out, so a
 // made-up field name can neither forge target text nor swell it.
 var targetFields = []string{"again", "confirmed", "consumer", "error", "ids", "key", "replays", "topic"}

@@ -67,6 +67,7 @@ var flagChecks = map[string]flagCheck{
 	"max-backoff":             {check: checkMaxBackoff, bad: "0s"},
 	"unknown-topic-window":    {check: checkUnknownTopicWindow, bad: "-1s"},
 	"kafka-outage-alert":      {check: checkKafkaOutageAlert, bad: "0s"},
+	"sweep-interval":          {check: checkSweepInterval, bad: "0s"},
 	"no-listen":               {check: checkNoListen, bad: "maybe"},
 	"channel":                 {check: checkChannel, bad: strings.Repeat("c", 64)},
 	"partitioner":             {check: checkPartitioner, bad: "random"},
@@ -655,6 +656,29 @@ func checkKafkaOutageAlert(t *testing.T, set setFn) {
 	waitFor(t, "the outage logged at ERROR", 30*time.Second, func() bool {
 		return strings.Contains(p.Output(), `level=ERROR msg="Kafka unreachable"`)
 	})
+	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+func checkSweepInterval(t *testing.T, set setFn) {
+	// A row given an id by hand below where the claims start (the floors
+	// passed every id the relay published) is found by the sweep within
+	// seconds at 1s, published, and logged at ERROR; with the 1m default,
+	// not within the test's 30s.
+	db := testdb.New(t)
+	c := kafkatest.New(t, kfake.SeedTopics(1, "sweep.v1"))
+	p, _ := startWith(t, set, "1s", runEnv(db, c))
+	for i := range 5 {
+		writeRows(t, db, "sweep.v1", i*20, 20)
+		waitFor(t, "published", 30*time.Second, func() bool { return outboxCount(t, db) == 0 })
+	}
+	time.Sleep(time.Second) // a few more claims: the floors pass the published ids
+	_, err := db.Pool.Exec(context.Background(), `INSERT INTO pgbox_outbox (id, topic, key, value) OVERRIDING SYSTEM VALUE
+		VALUES (1, 'sweep.v1', 'k1', 'by hand')`)
+	require.NoError(t, err)
+	waitFor(t, "the sweep publishes the row below the floors and says so", 30*time.Second, func() bool {
+		return outboxCount(t, db) == 0 && strings.Contains(p.Output(), "the sweep found committed rows below their slot's floor")
+	})
+	require.Contains(t, p.Output(), "level=ERROR")
 	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
