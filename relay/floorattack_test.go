@@ -8,7 +8,6 @@ package relay_test
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"testing"
 	"time"
 
@@ -30,20 +29,8 @@ func TestFloorAttackSetvalLowerThenPastSeen(t *testing.T) {
 	ctx := context.Background()
 	b, _ := fsSetup(t, nil)
 	events := collect(t, b, "events")
-	want := map[string][]string{}
-	next := func(k string) outbox.Message {
-		want[k] = append(want[k], strconv.Itoa(len(want[k])+1))
-		return msg("events", k, want[k][len(want[k])-1])
-	}
-	for range 3 {
-		var msgs []outbox.Message
-		for i := range 100 {
-			msgs = append(msgs, next(fmt.Sprintf("k-%d", i%40)))
-		}
-		b.write(t, msgs...)
-	}
-	events.requireOrder(t, want, 30*time.Second)
-	time.Sleep(time.Second) // the floors settle above the first wave (~300)
+	want := keyCount{}
+	firstWave(t, b, events, want, "k")
 
 	hold, err := b.db.Pool.Begin(ctx)
 	require.NoError(t, err)
@@ -54,7 +41,7 @@ func TestFloorAttackSetvalLowerThenPastSeen(t *testing.T) {
 	for range 4 { // 400 rows: ids 6..405, past the ~300 the relay saw
 		var msgs []outbox.Message
 		for i := range 100 {
-			msgs = append(msgs, next(fmt.Sprintf("k-%d", i%40)))
+			msgs = append(msgs, want.next(fmt.Sprintf("k-%d", i%40)))
 		}
 		b.write(t, msgs...)
 	}
@@ -114,14 +101,8 @@ func TestFloorAttackCopyWithIDColumn(t *testing.T) {
 // slot's floor. The key's next row must not overtake them.
 func TestFloorAttackUnparkWithPlainSQL(t *testing.T) {
 	ctx := context.Background()
-	b, _ := fsSetup(t, nil)
-	events := collect(t, b, "events")
-	warm(t, b)
 	const key = "psql-key"
-	parked := parkedKey(ctx, t, b.db.Pool, key)
-	stop := filler(t, b)
-	time.Sleep(1500 * time.Millisecond) // the floors pass the held rows
-	stop()
+	b, events, parked := heldKey(t, key)
 	_, err := b.db.Pool.Exec(ctx, `UPDATE pgbox_outbox SET parked_at = NULL, attempts = 0 WHERE id = $1`, parked)
 	require.NoError(t, err)
 	b.write(t, msg("events", key, "4"))
@@ -132,14 +113,8 @@ func TestFloorAttackUnparkWithPlainSQL(t *testing.T) {
 // rows it held must go out before the key's next row.
 func TestFloorAttackDeleteParkedWithPlainSQL(t *testing.T) {
 	ctx := context.Background()
-	b, _ := fsSetup(t, nil)
-	events := collect(t, b, "events")
-	warm(t, b)
 	const key = "psql-del"
-	parked := parkedKey(ctx, t, b.db.Pool, key)
-	stop := filler(t, b)
-	time.Sleep(1500 * time.Millisecond)
-	stop()
+	b, events, parked := heldKey(t, key)
 	_, err := b.db.Pool.Exec(ctx, `DELETE FROM pgbox_outbox WHERE id = $1`, parked)
 	require.NoError(t, err)
 	b.write(t, msg("events", key, "4"))

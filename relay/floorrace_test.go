@@ -37,6 +37,20 @@ func parkedKey(ctx context.Context, t *testing.T, db interface {
 	return id
 }
 
+// heldKey starts a relay, gives key a parked row "1" holding rows "2" and
+// "3" (parkedKey), and lets filler traffic raise the floors past them.
+func heldKey(t *testing.T, key string) (*testBundle, *collector, int64) {
+	t.Helper()
+	b, _ := fsSetup(t, nil)
+	events := collect(t, b, "events")
+	warm(t, b)
+	parked := parkedKey(context.Background(), t, b.db.Pool, key)
+	stop := filler(t, b)
+	time.Sleep(1500 * time.Millisecond) // the floors pass rows 2 and 3
+	stop()
+	return b, events, parked
+}
+
 // Case 4, deterministic: the claim is held between its statements (the
 // test holds a lock on the outbox sequence, which the claim reads after
 // the rewinds and before the parked rows and the rows) while the operator
@@ -44,14 +58,8 @@ func parkedKey(ctx context.Context, t *testing.T, db interface {
 // key goes out 1, 2, 3, 4, never 4, 1, 2, 3.
 func TestFloorSafeRetryInsideAClaim(t *testing.T) {
 	ctx := context.Background()
-	b, _ := fsSetup(t, nil)
-	events := collect(t, b, "events")
-	warm(t, b)
 	const key = "held-key"
-	parked := parkedKey(ctx, t, b.db.Pool, key)
-	stop := filler(t, b)
-	time.Sleep(1500 * time.Millisecond) // the floors pass rows 2 and 3
-	stop()
+	b, events, parked := heldKey(t, key)
 	time.Sleep(500 * time.Millisecond)
 	require.Empty(t, events.byKey()[key], "the parked row holds its key")
 

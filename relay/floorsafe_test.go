@@ -391,6 +391,30 @@ func uuidText(id outbox.EventID) string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:16])
 }
 
+// keyCount is each key's values so far, in commit order.
+type keyCount map[string][]string
+
+// next is key k's next message on "events", its value the key's count.
+func (w keyCount) next(k string) outbox.Message {
+	w[k] = append(w[k], strconv.Itoa(len(w[k])+1))
+	return msg("events", k, w[k][len(w[k])-1])
+}
+
+// firstWave writes 300 rows over 40 keys named prefix-N, waits until they
+// are published and the relay's floors have settled above them (~300).
+func firstWave(t *testing.T, b *testBundle, events *collector, want keyCount, prefix string) {
+	t.Helper()
+	for range 3 {
+		var msgs []outbox.Message
+		for i := range 100 {
+			msgs = append(msgs, want.next(fmt.Sprintf("%s-%d", prefix, i%40)))
+		}
+		b.write(t, msgs...)
+	}
+	events.requireOrder(t, want, 30*time.Second)
+	time.Sleep(time.Second) // quiet: claims settle the floors above the wave
+}
+
 // quietSequence is case 2's shape: the relay publishes a first wave and
 // goes quiet; reset moves the sequence back; rows written afterwards (old
 // keys and new ones, values continuing each key's count) are published
@@ -399,21 +423,9 @@ func quietSequence(t *testing.T, reset string) {
 	ctx := context.Background()
 	b, _ := fsSetup(t, nil)
 	events := collect(t, b, "events")
-	want := map[string][]string{}
-	next := func(k string) outbox.Message {
-		want[k] = append(want[k], strconv.Itoa(len(want[k])+1))
-		return msg("events", k, want[k][len(want[k])-1])
-	}
-	// A first wave, published: the floors rise to ~300.
-	for range 3 {
-		var msgs []outbox.Message
-		for i := range 100 {
-			msgs = append(msgs, next(fmt.Sprintf("old-%d", i%40)))
-		}
-		b.write(t, msgs...)
-	}
-	events.requireOrder(t, want, 30*time.Second)
-	time.Sleep(time.Second) // quiet: claims settle the floors above the wave
+	want := keyCount{}
+	next := want.next
+	firstWave(t, b, events, want, "old")
 	_, err := b.db.Pool.Exec(ctx, reset)
 	require.NoError(t, err)
 	// 120 rows afterwards, one transaction each, old keys and new.

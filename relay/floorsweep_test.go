@@ -1,12 +1,10 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,25 +15,9 @@ import (
 
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/internal/testutil"
 	"github.com/pgbox/pgbox/outbox"
 )
-
-type sweepLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *sweepLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *sweepLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // The second line of defence: a test hook breaks the floor's rule on
 // purpose (after every move, each established floor jumps far past every
@@ -51,7 +33,7 @@ func TestFloorSweepCatchesABrokenRule(t *testing.T) {
 	kc.Producer.RequiredAcks = sarama.WaitForAll
 	kc.Net.MaxOpenRequests = 1
 	kc.Producer.Return.Successes = true
-	logs := &sweepLog{}
+	logs := &testutil.SyncBuffer{}
 	r, err := New(Config{Pool: db.Pool, Brokers: cluster.ListenAddrs(), Kafka: kc, Instance: "sweep", Lanes: 4,
 		HeartbeatInterval: 100 * time.Millisecond, LeaseTTL: time.Second, PollInterval: 100 * time.Millisecond,
 		SweepInterval: time.Second, Channel: "pgbox_" + db.Schema,
