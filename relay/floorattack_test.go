@@ -138,3 +138,51 @@ func TestFloorAttackTriggerDisabled(t *testing.T) {
 		}))
 	})
 }
+
+// slowCopy streams keys' "1" rows into pgbox_outbox with COPY, one row
+// every 200 ms, in tx.
+func slowCopy(ctx context.Context, tx pgx.Tx, keys []string) error {
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"pgbox_outbox"}, []string{"event_id", "slot", "topic", "key", "value", "headers"},
+		&slowSource{keys: keys, pause: 200 * time.Millisecond})
+	return err
+}
+
+// A writer in a savepoint (a subtransaction): the trigger gives the top
+// transaction its id before the rows take theirs.
+func TestFloorAttackWriterInSavepoint(t *testing.T) {
+	keys := fsKeys(12, "savepoint")
+	foreign(t, keys, func(ctx context.Context, b *testBundle) {
+		require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+			return pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error { return slowCopy(ctx, sp, keys) })
+		}))
+	})
+}
+
+// A writer under session_replication_role = replica (logical replication's
+// apply, some restore tools): the trigger is ENABLE ALWAYS.
+func TestFloorAttackReplicaRole(t *testing.T) {
+	keys := fsKeys(12, "replica")
+	foreign(t, keys, func(ctx context.Context, b *testBundle) {
+		require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+				return err
+			}
+			return slowCopy(ctx, tx, keys)
+		}))
+	})
+}
+
+// MERGE whose source is slow to compute (PostgreSQL 15+).
+func TestFloorAttackSlowMerge(t *testing.T) {
+	keys := fsKeys(20, "merge")
+	foreign(t, keys, func(ctx context.Context, b *testBundle) {
+		_, err := b.db.Pool.Exec(ctx, `CREATE FUNCTION fs_payload(k text) RETURNS bytea LANGUAGE plpgsql VOLATILE AS $$
+			BEGIN PERFORM pg_sleep(0.1); RETURN '1'::bytea; END $$`)
+		require.NoError(t, err)
+		_, err = b.db.Pool.Exec(ctx, `MERGE INTO pgbox_outbox o
+			USING (SELECT k, fs_payload(k) AS v, o FROM unnest($1::text[]) WITH ORDINALITY AS u(k, o)) s ON false
+			WHEN NOT MATCHED THEN INSERT (event_id, slot, topic, key, value)
+			VALUES (gen_random_uuid(), fs_slot(convert_to(s.k, 'UTF8')), 'events', convert_to(s.k, 'UTF8'), s.v)`, keys)
+		require.NoError(t, err)
+	})
+}

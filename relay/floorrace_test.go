@@ -57,6 +57,15 @@ func heldKey(t *testing.T, key string) (*testBundle, *collector, int64) {
 // retries the parked row. The retry must not commit inside the claim: the
 // key goes out 1, 2, 3, 4, never 4, 1, 2, 3.
 func TestFloorSafeRetryInsideAClaim(t *testing.T) {
+	operatorInsideAClaim(t, inspect.RetryParked, []string{"1", "2", "3", "4"})
+}
+
+// The same with a discard: the key goes out 2, 3, 4.
+func TestFloorSafeDiscardInsideAClaim(t *testing.T) {
+	operatorInsideAClaim(t, inspect.DiscardParked, []string{"2", "3", "4"})
+}
+
+func operatorInsideAClaim(t *testing.T, action func(context.Context, inspect.Querier, inspect.ParkedFilter) (int64, error), want []string) {
 	ctx := context.Background()
 	const key = "held-key"
 	b, events, parked := heldKey(t, key)
@@ -85,7 +94,7 @@ func TestFloorSafeRetryInsideAClaim(t *testing.T) {
 	defer op.Close(ctx)
 	retried := make(chan error, 1)
 	go func() {
-		_, err := inspect.RetryParked(ctx, op, inspect.ParkedFilter{IDs: []int64{parked}})
+		_, err := action(ctx, op, inspect.ParkedFilter{IDs: []int64{parked}})
 		retried <- err
 	}()
 	// The retry either commits now (inside the stalled claim) or waits for
@@ -108,7 +117,7 @@ func TestFloorSafeRetryInsideAClaim(t *testing.T) {
 			t.Fatal("the retry never finished")
 		}
 	}
-	events.requireOrder(t, map[string][]string{key: {"1", "2", "3", "4"}}, 20*time.Second)
+	events.requireOrder(t, map[string][]string{key: want}, 20*time.Second)
 }
 
 // Case 4, continuous: 200 keys each with a parked row and two rows it holds
