@@ -137,6 +137,17 @@ BEGIN
         v_seq := coalesce(pg_sequence_last_value(v_seqrel), 0);
     END IF;
 
+    -- The rule's premise is the trigger above: disabled (ALTER TABLE ...
+    -- DISABLE TRIGGER [ALL], as pg_restore --disable-triggers does), or
+    -- enabled for origin sessions only, a writer's ids may come before
+    -- its transaction id: floors off ('trigger') while it is so. Enabling
+    -- it again waits for every writer that started without it (the lock
+    -- ALTER TABLE takes conflicts with theirs).
+    IF v_off IS NULL AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = 'pgbox_outbox'::regclass
+                                        AND t.tgname = 'pgbox_outbox_xid_first' AND t.tgenabled = 'A') THEN
+        v_off := 'trigger';
+    END IF;
+
     -- A role granted ON ALL TABLES before this migration created the
     -- marker may not read it: floors off ('marker'), never a failed claim.
     IF NOT (has_table_privilege('pgbox_relay_marker', 'SELECT') AND has_table_privilege('pgbox_relay_marker', 'INSERT')) THEN
