@@ -205,14 +205,31 @@ BEGIN
         v_seq := coalesce(pg_sequence_last_value(v_seqrel), 0);
     END IF;
 
-    SELECT m.token INTO v_marker FROM pgbox_relay_marker m;
-    IF v_marker IS NULL THEN
-        BEGIN
-            INSERT INTO pgbox_relay_marker DEFAULT VALUES ON CONFLICT DO NOTHING;
-            SELECT m.token INTO v_marker FROM pgbox_relay_marker m;
-        EXCEPTION WHEN insufficient_privilege THEN
-            v_off := coalesce(v_off, 'marker');
-        END;
+    -- The rule's premise is the trigger above: disabled (ALTER TABLE ...
+    -- DISABLE TRIGGER [ALL], as pg_restore --disable-triggers does), or
+    -- enabled for origin sessions only, a writer's ids may come before
+    -- its transaction id: floors off ('trigger') while it is so. Enabling
+    -- it again waits for every writer that started without it (the lock
+    -- ALTER TABLE takes conflicts with theirs).
+    IF v_off IS NULL AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = 'pgbox_outbox'::regclass
+                                        AND t.tgname = 'pgbox_outbox_xid_first' AND t.tgenabled = 'A') THEN
+        v_off := 'trigger';
+    END IF;
+
+    -- A role granted ON ALL TABLES before this migration created the
+    -- marker may not read it: floors off ('marker'), never a failed claim.
+    IF NOT (has_table_privilege('pgbox_relay_marker', 'SELECT') AND has_table_privilege('pgbox_relay_marker', 'INSERT')) THEN
+        v_off := coalesce(v_off, 'marker');
+    ELSE
+        SELECT m.token INTO v_marker FROM pgbox_relay_marker m;
+        IF v_marker IS NULL THEN
+            BEGIN
+                INSERT INTO pgbox_relay_marker DEFAULT VALUES ON CONFLICT DO NOTHING;
+                SELECT m.token INTO v_marker FROM pgbox_relay_marker m;
+            EXCEPTION WHEN insufficient_privilege THEN
+                v_off := coalesce(v_off, 'marker');
+            END;
+        END IF;
     END IF;
     v_ident := concat_ws(':', v_marker, (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()),
                          pg_relation_filenode(v_seqrel),
