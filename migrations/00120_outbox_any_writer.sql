@@ -16,10 +16,40 @@
 -- and takes the transaction id. ENABLE ALWAYS: it fires even under
 -- session_replication_role = replica (logical replication, some restore
 -- tools). Its cost is one function call per statement, not per row.
+--
+-- It also notes, for the statement, the sequence's last value: every id
+-- the statement's rows take by default is above it, so a row that comes
+-- with an id at or below it got that id before the statement started
+-- (SELECT nextval first and INSERT ... OVERRIDING SYSTEM VALUE later, as
+-- JPA/Hibernate sequence ids do; COPY with an id column, which PostgreSQL
+-- accepts for an identity column) and may lie below the relay's floors:
+-- the row trigger below gives it a fresh id, taken after the transaction
+-- id. SECURITY DEFINER: writers need no grant on the sequence (an identity
+-- column never asked them for one).
 -- +goose StatementBegin
-CREATE FUNCTION pgbox_outbox_xid_first() RETURNS trigger LANGUAGE plpgsql AS $fn$
+CREATE FUNCTION pgbox_outbox_xid_first() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $fn$
+DECLARE
+    v  bigint;
+    hw bigint;
 BEGIN
     PERFORM pg_current_xact_id();
+    v := coalesce(pg_sequence_last_value('pgbox_outbox_id_seq'::regclass), 0);
+    -- The sequence went back (setval, RESTART, TRUNCATE ... RESTART
+    -- IDENTITY, a restore) below what a relay has seen and may have let
+    -- its floors pass (pgbox_relay_marker.seq_hw): forward again before
+    -- this statement takes an id, so no id is handed out twice below the
+    -- floors, however soon the writers pass the old value. Serialized, so
+    -- two statements cannot set it back after each other's ids.
+    SELECT m.seq_hw INTO hw FROM pgbox_relay_marker m;
+    IF v < hw THEN
+        PERFORM pg_advisory_xact_lock('pgbox_outbox_id_seq'::regclass::oid::int, 120);
+        v := coalesce(pg_sequence_last_value('pgbox_outbox_id_seq'::regclass), 0);
+        IF v < hw THEN
+            PERFORM setval('pgbox_outbox_id_seq'::regclass, hw);
+            v := hw;
+        END IF;
+    END IF;
+    PERFORM set_config('pgbox.outbox_id_seen', v::text, true);
     RETURN NULL;
 END
 $fn$;
@@ -35,7 +65,8 @@ ALTER TABLE pgbox_outbox ENABLE ALWAYS TRIGGER pgbox_outbox_xid_first;
 -- event id (a UUIDv7). A writer in another language, psql or a trigger on
 -- a business table may leave both out: event_id defaults to a UUIDv7 made
 -- here, and a row trigger fills in a missing slot with the same formula
--- (its WHEN clause costs writers that give a slot nothing measurable).
+-- (its WHEN clause costs writers that give a slot nothing measurable), and
+-- gives a fresh id to a row that came with one taken before its statement.
 -- docs/outbox-sql.md shows the INSERT and an example trigger.
 -- +goose StatementBegin
 CREATE FUNCTION pgbox_outbox_slot(p_key bytea, p_event_id uuid) RETURNS smallint
@@ -60,16 +91,22 @@ CREATE FUNCTION pgbox_outbox_event_id() RETURNS uuid LANGUAGE sql VOLATILE AS $f
 $fn$;
 -- +goose StatementEnd
 -- +goose StatementBegin
-CREATE FUNCTION pgbox_outbox_fill_slot() RETURNS trigger LANGUAGE plpgsql AS $fn$
+CREATE FUNCTION pgbox_outbox_fill_slot() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $fn$
 BEGIN
-    NEW.slot := pgbox_outbox_slot(NEW.key, NEW.event_id);
+    IF NEW.id <= nullif(current_setting('pgbox.outbox_id_seen', true), '')::bigint THEN
+        NEW.id := nextval('pgbox_outbox_id_seq'::regclass); -- an id taken before the statement (above)
+    END IF;
+    IF NEW.slot IS NULL THEN
+        NEW.slot := pgbox_outbox_slot(NEW.key, NEW.event_id);
+    END IF;
     RETURN NEW;
 END
 $fn$;
 -- +goose StatementEnd
 ALTER TABLE pgbox_outbox ALTER COLUMN event_id SET DEFAULT pgbox_outbox_event_id();
 CREATE TRIGGER pgbox_outbox_fill_slot BEFORE INSERT ON pgbox_outbox
-    FOR EACH ROW WHEN (NEW.slot IS NULL) EXECUTE FUNCTION pgbox_outbox_fill_slot();
+    FOR EACH ROW WHEN (NEW.slot IS NULL OR NEW.id <= nullif(current_setting('pgbox.outbox_id_seen', true), '')::bigint)
+    EXECUTE FUNCTION pgbox_outbox_fill_slot();
 ALTER TABLE pgbox_outbox ENABLE ALWAYS TRIGGER pgbox_outbox_fill_slot;
 
 -- 2. A marker that crash recovery erases.
@@ -84,7 +121,12 @@ ALTER TABLE pgbox_outbox ENABLE ALWAYS TRIGGER pgbox_outbox_fill_slot;
 CREATE UNLOGGED TABLE pgbox_relay_marker (
     one        boolean     PRIMARY KEY DEFAULT true CHECK (one),
     token      uuid        NOT NULL DEFAULT gen_random_uuid(),
-    created_at timestamptz NOT NULL DEFAULT now()
+    created_at timestamptz NOT NULL DEFAULT now(),
+    -- A sequence value relays have seen (claims raise it, at most 64 ids
+    -- behind the newest they read, and cap their floors at it): the
+    -- statement trigger above never lets the sequence hand out ids at or
+    -- below it again.
+    seq_hw     bigint      NOT NULL DEFAULT 0
 );
 
 -- 3. Rewinds are read, not consumed, so operator actions and claims can
@@ -161,7 +203,7 @@ CREATE FUNCTION pgbox_outbox_claim2(p_instance text, p_lanes int, p_slots int[],
                                     p_sweep boolean, p_per_slot int, p_batch int)
 RETURNS TABLE (id bigint, event_id uuid, slot smallint, topic text, key bytea, value bytea, headers jsonb,
                created_at timestamptz, attempts int, epoch bigint, floor bigint,
-               seq_last bigint, seq_off text, ident text, reset boolean, rewind_seen bigint,
+               seq_last bigint, seq_hw bigint, seq_off text, ident text, reset boolean, rewind_seen bigint,
                rw_slots int[], rw_from bigint[], rescan boolean, snap text)
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -174,6 +216,7 @@ DECLARE
     o_floors  bigint[];
     v_seqrel  regclass;
     v_seq     bigint;
+    v_hw      bigint;
     v_off     text;
     v_marker  uuid;
     v_ident   text;
@@ -218,7 +261,8 @@ BEGIN
 
     -- A role granted ON ALL TABLES before this migration created the
     -- marker may not read it: floors off ('marker'), never a failed claim.
-    IF NOT (has_table_privilege('pgbox_relay_marker', 'SELECT') AND has_table_privilege('pgbox_relay_marker', 'INSERT')) THEN
+    IF NOT (has_table_privilege('pgbox_relay_marker', 'SELECT') AND has_table_privilege('pgbox_relay_marker', 'INSERT')
+            AND has_table_privilege('pgbox_relay_marker', 'UPDATE')) THEN
         v_off := coalesce(v_off, 'marker');
     ELSE
         SELECT m.token INTO v_marker FROM pgbox_relay_marker m;
@@ -235,6 +279,12 @@ BEGIN
                          pg_relation_filenode(v_seqrel),
                          (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint);
     v_reset := v_off IS NOT NULL OR p_ident IS DISTINCT FROM v_ident OR v_seq < p_seq_seen;
+    IF v_off IS NULL THEN
+        -- What this claim saw of the sequence, for the writers' trigger;
+        -- floors stay at or below it (seq_hw).
+        UPDATE pgbox_relay_marker m SET seq_hw = v_seq WHERE m.seq_hw < v_seq - 64;
+        SELECT m.seq_hw INTO v_hw FROM pgbox_relay_marker m;
+    END IF;
     IF v_reset THEN
         o_floors := array_fill(0::bigint, ARRAY[cardinality(o_slots)]);
     END IF;
@@ -265,12 +315,12 @@ BEGIN
           FROM unnest(o_slots, o_epochs, o_floors) WITH ORDINALITY AS u(s, e, f, ord), ended
     )
     (SELECT NULL::bigint, NULL::uuid, st.s::smallint, NULL::text, NULL::bytea, NULL::bytea, NULL::jsonb,
-            NULL::timestamptz, NULL::int, st.e, st.f, v_seq, v_off, v_ident, v_reset, v_rewind,
+            NULL::timestamptz, NULL::int, st.e, st.f, v_seq, v_hw, v_off, v_ident, v_reset, v_rewind,
             v_rwslots, v_rwfrom, ended.e, sn.s::text
        FROM st, ended, sn ORDER BY st.ord)
     UNION ALL
     (SELECT c.id, c.event_id, c.slot, c.topic, c.key, c.value, c.headers, c.created_at, c.attempts, st.e,
-            NULL::bigint, NULL::bigint, NULL::text, NULL::text, NULL::boolean, NULL::bigint,
+            NULL::bigint, NULL::bigint, NULL::bigint, NULL::text, NULL::text, NULL::boolean, NULL::bigint,
             NULL::int[], NULL::bigint[], NULL::boolean, NULL::text
        FROM st
       CROSS JOIN LATERAL (

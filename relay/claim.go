@@ -49,6 +49,7 @@ type claimMeta struct {
 	epochs     []int64
 	floors     []int64
 	seqLast    *int64 // nil: the floor is off (seqOff says why)
+	seqHW      int64  // pgbox_relay_marker.seq_hw: floors stay at or below it + 1
 	seqOff     string // "cache", "privilege", "marker" or ""
 	ident      string
 	reset      bool // floors were reset to 0 before the rows were read
@@ -141,24 +142,24 @@ func (r *Relay) claim(ctx context.Context, a *claimArgs) (claimed, error) {
 	c := claimed{meta: claimMeta{sweep: a.sweep, rescanFrom: a.settled + 1}}
 	for rows.Next() {
 		var (
-			x                       row
-			id, floor, seq, rwSeen  *int64
-			eventID                 *outbox.EventID
-			topic, off, ident, snap *string
-			createdAt               *time.Time
-			attempts                *int32
-			reset, rescan           *bool
-			rwSlots                 []int32
-			rwFrom                  []int64
+			x                          row
+			id, floor, seq, hw, rwSeen *int64
+			eventID                    *outbox.EventID
+			topic, off, ident, snap    *string
+			createdAt                  *time.Time
+			attempts                   *int32
+			reset, rescan              *bool
+			rwSlots                    []int32
+			rwFrom                     []int64
 		)
 		if err := rows.Scan(&id, &eventID, &x.slot, &topic, &x.key, &x.value, &x.headers, &createdAt, &attempts, &x.epoch,
-			&floor, &seq, &off, &ident, &reset, &rwSeen, &rwSlots, &rwFrom, &rescan, &snap); err != nil {
+			&floor, &seq, &hw, &off, &ident, &reset, &rwSeen, &rwSlots, &rwFrom, &rescan, &snap); err != nil {
 			return claimed{}, err
 		}
 		if id == nil { // a probed slot
 			m := &c.meta
 			m.slots, m.epochs, m.floors = append(m.slots, x.slot), append(m.epochs, x.epoch), append(m.floors, *floor)
-			m.seqLast, m.seqOff, m.ident, m.reset = seq, deref(off), deref(ident), deref(reset)
+			m.seqLast, m.seqHW, m.seqOff, m.ident, m.reset = seq, deref(hw), deref(off), deref(ident), deref(reset)
 			m.rewindSeen, m.rwSlots, m.rwFrom, m.rescan, m.snap = deref(rwSeen), rwSlots, rwFrom, deref(rescan), deref(snap)
 			continue
 		}
@@ -207,7 +208,10 @@ func floorOffText(off string) string {
 	case "privilege":
 		return "the relay's role may not read the outbox id sequence; GRANT SELECT ON SEQUENCE pgbox_outbox_id_seq TO <the relay's role>"
 	case "marker":
-		return "the relay's role may not write pgbox_relay_marker; GRANT SELECT, INSERT ON pgbox_relay_marker TO <the relay's role>"
+		return "the relay's role may not write pgbox_relay_marker; GRANT SELECT, INSERT, UPDATE ON pgbox_relay_marker TO <the relay's role>"
+	case "trigger":
+		return "the outbox's trigger that takes each writer's transaction id first is not enabled always (ALTER TABLE ... DISABLE TRIGGER, pg_restore --disable-triggers); " +
+			"ALTER TABLE pgbox_outbox ENABLE ALWAYS TRIGGER pgbox_outbox_xid_first"
 	}
 	return "the floor is off (" + off + ")"
 }

@@ -303,6 +303,10 @@ func (f *floorState) claimed(c *claimed, perSlot, batch int, at time.Time, full 
 	if sn, ok := parseSnapshot(m.snap); ok {
 		f.settle(sn)
 	}
+	// The writers' trigger never lets the sequence hand out an id at or
+	// below seq_hw again (a sequence reset, migration 00120): floors stay
+	// at or below it + 1, so ids a reset hands out again are never below one.
+	f.prov = min(f.prov, m.seqHW)
 
 	// A slot was probed unless the batch filled up before the claim reached
 	// it: after the last row's slot, nothing was read.
