@@ -53,30 +53,7 @@ func (b *floorBundle) writeKeys(n int, key func(j int) []byte) {
 
 // drain claims and "publishes" until a claim finds nothing; it returns the
 // ids taken.
-func (b *floorBundle) drain() []int64 {
-	ctx := context.Background()
-	var ids []int64
-	for {
-		c, _, err := b.r.takeBatch(ctx, nil)
-		require.NoError(b.t, err)
-		if len(c.rows) == 0 {
-			b.r.floors.moved(&c, nil)
-			return ids
-		}
-		var t tally
-		for _, x := range c.rows {
-			t.okIDs = append(t.okIDs, x.id)
-			ids = append(ids, x.id)
-		}
-		var deleted int
-		var parked []int64
-		var xid int64
-		require.NoError(b.t, b.db.Pool.QueryRow(ctx, finishSQL, t.okIDs, []int64{}, []int64{}, []string{}, 5, []bool{}, "0s").
-			Scan(&deleted, &parked, &xid, nil))
-		require.Equal(b.t, len(t.okIDs), deleted)
-		b.r.floors.recorded(&c, xid, t.okSet())
-	}
-}
+func (b *floorBundle) drain() []int64 { return b.drainOnly(nil) }
 
 // settle claims until slot's floor has passed every row written so far.
 // Floors rise only past ids no running writing transaction can still
