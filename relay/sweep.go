@@ -76,8 +76,10 @@ func (r *Relay) look(ctx context.Context, req lookRequest) {
 		r.sweepWanted.Store(true)
 		return
 	}
-	if len(slots) > 0 {
-		r.log.DebugContext(ctx, "the sweep's look found rows below floors; the next claim reads every slot from its start", "slots", slots)
-		r.sweepWanted.Store(true)
+	if len(slots) == 0 {
+		r.log.DebugContext(ctx, "the sweep looked below the floors: nothing there", "slots", len(req.slots))
+		return
 	}
+	r.log.DebugContext(ctx, "the sweep's look found rows below floors; the next claim reads every slot from its start", "slots", slots)
+	r.sweepWanted.Store(true)
 }
