@@ -78,8 +78,9 @@ func (p *pass) pruneExact(ctx context.Context, tr *TopicReport) error {
 }
 
 // pruneTimed applies the time rule, oldest first along
-// pgbox_inbox_topic_age_idx: to the keys of unknown position, or to every
-// key under a forced window.
+// pgbox_inbox_consumer_topic_age_idx, one consumer after another within
+// each batch: to the keys of unknown position, or to every key under a
+// forced window.
 func (p *pass) pruneTimed(ctx context.Context, tr *TopicReport) error {
 	all := tr.Forced
 	if p.c.cfg.DryRun {

@@ -36,7 +36,8 @@ const sqlBatchSettings = `SET LOCAL synchronous_commit = off; SET LOCAL lock_tim
 const batchLockTimeout = "200ms"
 
 // sqlTopics lists the distinct topics of pgbox_inbox with a loose index scan
-// over pgbox_inbox_topic_age_idx: one index probe per topic, however many keys.
+// over pgbox_inbox_position_idx (topic, partition, offset): one index probe
+// per topic, however many keys.
 const sqlTopics = `
 WITH RECURSIVE t AS (
     (SELECT topic FROM pgbox_inbox ORDER BY topic LIMIT 1)
@@ -45,6 +46,19 @@ WITH RECURSIVE t AS (
     FROM t WHERE t.topic IS NOT NULL
 )
 SELECT topic FROM t WHERE topic IS NOT NULL`
+
+// sqlConsumers is a CTE listing the distinct consumers of pgbox_inbox, in
+// a loose index scan over its primary key (consumer, key): one probe per
+// consumer. The inbox's only age index, pgbox_inbox_consumer_topic_age_idx,
+// leads with the consumer (migration 00130 dropped the per-topic one, to
+// spare every insert an index entry), so a topic's keys are read by age one
+// consumer at a time, in a LATERAL subquery per consumer, and merged.
+const sqlConsumers = `WITH RECURSIVE c AS (
+    (SELECT consumer FROM pgbox_inbox ORDER BY consumer LIMIT 1)
+    UNION ALL
+    SELECT (SELECT i.consumer FROM pgbox_inbox i WHERE i.consumer > c.consumer ORDER BY i.consumer LIMIT 1)
+    FROM c WHERE c.consumer IS NOT NULL
+)`
 
 // sqlDeadTopics is sqlTopics for pgbox_consumer_dead, over
 // pgbox_consumer_dead_topic_age_idx.
@@ -102,42 +116,49 @@ WHERE topic = $1 AND partition = $2 AND "offset" < $3
   AND ` + posKnown + ` AND GREATEST(received_at, record_at) < $4`
 
 // sqlDeleteInboxBatch deletes one batch of a topic's keys past the time
-// rule's cutoff, oldest first, walking pgbox_inbox_topic_age_idx from $2
-// (the previous batch's newest age, so the dead index entries of earlier
-// batches are not scanned again) to the cutoff $3 (exclusive), and deleting
-// the rows found by ctid: the keys of unknown position, or every key when $5
-// (a forced window). The DELETE re-checks the predicate next to the ctid, so
-// a ctid can never name another row. It returns how many rows the batch
-// selected, the newest age among them, and how many it deleted.
+// rule's cutoff, oldest first, walking pgbox_inbox_consumer_topic_age_idx
+// per consumer (sqlConsumers) from $2 (the previous batch's newest age, so
+// the dead index entries of earlier batches are not scanned again) to the
+// cutoff $3 (exclusive): each consumer's oldest $4 candidates, merged, the
+// oldest $4 of them. It deletes the rows found by ctid: the keys of unknown
+// position, or every key when $5 (a forced window). The DELETE re-checks the
+// predicate next to the ctid, so a ctid can never name another row. It
+// returns how many rows the batch selected, the newest age among them, and
+// how many it deleted. Every row of any consumer older than that newest age
+// is in the batch (each consumer's candidates come in age order), so the
+// next batch, from that age on, misses none.
 //
 // The inbox never locks a committed key for long, so this runs with a short
 // lock_timeout and no row locking of its own; should a row be locked all the
 // same (a duplicate delivery's update, an application's own UPDATE), the
 // batch is retried with sqlDeleteInboxBatchSkipLocked, which leaves locked
 // rows for the next pass: the cleaner never waits on a writer for long, and
-// a writer waits at most for one batch.
+// a writer waits at most for one batch. (The lock-skipping variant locks
+// each consumer's candidates, up to $4 per consumer, until the batch's short
+// transaction ends.)
 var sqlDeleteInboxBatch = inboxDeleteBatch("")
 
 // sqlDeleteInboxBatchSkipLocked is sqlDeleteInboxBatch skipping locked rows.
 var sqlDeleteInboxBatchSkipLocked = inboxDeleteBatch("FOR UPDATE SKIP LOCKED")
 
-func inboxDeleteBatch(locking string) string {
-	return `
-WITH batch AS MATERIALIZED (
-    SELECT ctid, GREATEST(received_at, record_at) AS age FROM pgbox_inbox
-    WHERE topic = $1
-      AND GREATEST(received_at, record_at) >= $2
+const predTimed = `topic = $1
       AND GREATEST(received_at, record_at) < $3
-      AND ($5 OR ` + posUnknown + `)
-    ORDER BY GREATEST(received_at, record_at)
+      AND ($5 OR ` + posUnknown + `)`
+
+func inboxDeleteBatch(locking string) string {
+	return sqlConsumers + `, batch AS MATERIALIZED (
+    SELECT k.ctid, k.age FROM c, LATERAL (
+        SELECT ctid, GREATEST(received_at, record_at) AS age FROM pgbox_inbox
+        WHERE consumer = c.consumer AND GREATEST(received_at, record_at) >= $2 AND ` + predTimed + `
+        ORDER BY GREATEST(received_at, record_at)
+        LIMIT $4
+        ` + locking + `) k
+    WHERE c.consumer IS NOT NULL
+    ORDER BY k.age
     LIMIT $4
-    ` + locking + `
 ), gone AS (
     DELETE FROM pgbox_inbox
-    WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch))
-      AND topic = $1
-      AND GREATEST(received_at, record_at) < $3
-      AND ($5 OR ` + posUnknown + `)
+    WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch)) AND ` + predTimed + `
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM batch), (SELECT max(age) FROM batch), (SELECT count(*) FROM gone)`
@@ -146,18 +167,28 @@ SELECT (SELECT count(*) FROM batch), (SELECT max(age) FROM batch), (SELECT count
 // sqlCountInboxTimed counts what the time rule would delete (dry runs): $1
 // topic, $2 cutoff, $3 every key (a forced window), leaving out the keys the
 // exact rule takes first ($4 partitions, $5 their log starts, $6 now − buffer).
-const sqlCountInboxTimed = `
-SELECT count(*) FROM pgbox_inbox i
-WHERE topic = $1 AND GREATEST(received_at, record_at) < $2
-  AND ($3 OR ` + posUnknown + `)
-  AND NOT COALESCE(` + posKnown + ` AND GREATEST(received_at, record_at) < $6 AND "offset" < COALESCE(
-      (SELECT u.start FROM unnest($4::int4[], $5::int8[]) AS u(partition, start) WHERE u.partition = i.partition), -1), false)`
+// It reads each consumer's keys older than the cutoff along
+// pgbox_inbox_consumer_topic_age_idx (sqlConsumers).
+const sqlCountInboxTimed = sqlConsumers + `
+SELECT count(*) FROM c, LATERAL (
+    SELECT 1 FROM pgbox_inbox i
+    WHERE i.consumer = c.consumer AND topic = $1 AND GREATEST(received_at, record_at) < $2
+      AND ($3 OR ` + posUnknown + `)
+      AND NOT COALESCE(` + posKnown + ` AND GREATEST(received_at, record_at) < $6 AND "offset" < COALESCE(
+          (SELECT u.start FROM unnest($4::int4[], $5::int8[]) AS u(partition, start) WHERE u.partition = i.partition), -1), false)) k
+WHERE c.consumer IS NOT NULL`
 
-// sqlOldestInbox is the age of a topic's oldest key, from the index.
-const sqlOldestInbox = `
-SELECT GREATEST(received_at, record_at) FROM pgbox_inbox
-WHERE topic = $1
-ORDER BY GREATEST(received_at, record_at)
+// sqlOldestInbox is the age of a topic's oldest key: each consumer's oldest
+// of the topic from pgbox_inbox_consumer_topic_age_idx (sqlConsumers), the
+// oldest of those. No row when the topic has no keys.
+const sqlOldestInbox = sqlConsumers + `
+SELECT o.age FROM c, LATERAL (
+    SELECT GREATEST(received_at, record_at) AS age FROM pgbox_inbox
+    WHERE consumer = c.consumer AND topic = $1
+    ORDER BY GREATEST(received_at, record_at)
+    LIMIT 1) o
+WHERE c.consumer IS NOT NULL
+ORDER BY o.age
 LIMIT 1`
 
 // Batch deletes of the other pgbox tables, by age along an index; the same
