@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -32,13 +33,8 @@ func (b *testBundle) left(t *testing.T, topic string) []string {
 	rows, err := b.db.Pool.Query(context.Background(),
 		`SELECT consumer || ':' || substr(key, length(topic) + 2) FROM pgbox_inbox WHERE topic = $1 ORDER BY 1`, topic)
 	require.NoError(t, err)
-	var out []string
-	for rows.Next() {
-		var k string
-		require.NoError(t, rows.Scan(&k))
-		out = append(out, k)
-	}
-	require.NoError(t, rows.Err())
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	return out
 }
 
