@@ -1,6 +1,9 @@
 package cleanup
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // All of the cleaner's SQL. Tables are unqualified: they resolve through the
 // connection's search_path, like every other pgbox query.
@@ -115,46 +118,53 @@ SELECT count(*) FROM pgbox_inbox
 WHERE topic = $1 AND partition = $2 AND "offset" < $3
   AND ` + posKnown + ` AND GREATEST(received_at, record_at) < $4`
 
-// sqlDeleteInboxBatch deletes one batch of a topic's keys past the time
-// rule's cutoff, oldest first, walking pgbox_inbox_consumer_topic_age_idx
-// per consumer (sqlConsumers) from $2 (the previous batch's newest age, so
-// the dead index entries of earlier batches are not scanned again) to the
-// cutoff $3 (exclusive): each consumer's oldest $4 candidates, merged, the
-// oldest $4 of them. It deletes the rows found by ctid: the keys of unknown
-// position, or every key when $5 (a forced window). The DELETE re-checks the
-// predicate next to the ctid, so a ctid can never name another row. It
-// returns how many rows the batch selected, the newest age among them, and
-// how many it deleted. Every row of any consumer older than that newest age
-// is in the batch (each consumer's candidates come in age order), so the
-// next batch, from that age on, misses none.
+// sqlTopicConsumers lists the consumers holding keys of topic $1: the
+// consumers in a loose index scan (sqlConsumers), each probed along
+// pgbox_inbox_consumer_topic_age_idx.
+const sqlTopicConsumers = sqlConsumers + `
+SELECT c.consumer FROM c WHERE c.consumer IS NOT NULL
+    AND EXISTS (SELECT FROM pgbox_inbox i WHERE i.consumer = c.consumer AND i.topic = $1)`
+
+// inboxDeleteBatch is the statement that deletes one batch of a topic's
+// keys past the time rule's cutoff, oldest first, for a topic whose keys
+// belong to n consumers ($6 … $(5+n), from sqlTopicConsumers). Each
+// consumer's keys come along pgbox_inbox_consumer_topic_age_idx from $2
+// (the previous batch's newest age, so the dead index entries of earlier
+// batches are not scanned again) to the cutoff $3 (exclusive), in one
+// UNION ALL branch per consumer; the branches are merged by age (a Merge
+// Append, which reads each branch only as far as the merge needs: about $4
+// rows in all, not $4 per consumer) and the oldest $4 make the batch. It
+// deletes the rows found by ctid: the keys of unknown position, or every
+// key when $5 (a forced window). The DELETE re-checks the predicate next to
+// the ctid, so a ctid can never name another row. It returns how many rows
+// the batch selected, the newest age among them, and how many it deleted.
+// Every row of any consumer older than that newest age is in the batch, so
+// the next batch, from that age on, misses none.
 //
 // The inbox never locks a committed key for long, so this runs with a short
-// lock_timeout and no row locking of its own; should a row be locked all the
-// same (a duplicate delivery's update, an application's own UPDATE), the
-// batch is retried with sqlDeleteInboxBatchSkipLocked, which leaves locked
-// rows for the next pass: the cleaner never waits on a writer for long, and
-// a writer waits at most for one batch. (The lock-skipping variant locks
-// each consumer's candidates, up to $4 per consumer, until the batch's short
-// transaction ends.)
-var sqlDeleteInboxBatch = inboxDeleteBatch("")
-
-// sqlDeleteInboxBatchSkipLocked is sqlDeleteInboxBatch skipping locked rows.
-var sqlDeleteInboxBatchSkipLocked = inboxDeleteBatch("FOR UPDATE SKIP LOCKED")
-
-const predTimed = `topic = $1
-      AND GREATEST(received_at, record_at) < $3
-      AND ($5 OR ` + posUnknown + `)`
-
-func inboxDeleteBatch(locking string) string {
-	return sqlConsumers + `, batch AS MATERIALIZED (
-    SELECT k.ctid, k.age FROM c, LATERAL (
-        SELECT ctid, GREATEST(received_at, record_at) AS age FROM pgbox_inbox
-        WHERE consumer = c.consumer AND GREATEST(received_at, record_at) >= $2 AND ` + predTimed + `
+// lock_timeout and no row locking of its own (locking ""); should a row be
+// locked all the same (a duplicate delivery's update, an application's own
+// UPDATE), the batch is retried with locking "FOR UPDATE SKIP LOCKED",
+// which leaves locked rows for the next pass: the cleaner never waits on a
+// writer for long, and a writer waits at most for one batch. (That variant
+// locks up to $4 rows per consumer until its short transaction ends.)
+func inboxDeleteBatch(locking string, n int) string {
+	branches := make([]string, n)
+	for i := range branches {
+		branches[i] = `(SELECT ctid, GREATEST(received_at, record_at) AS age FROM pgbox_inbox
+        WHERE consumer = $` + strconv.Itoa(6+i) + ` AND GREATEST(received_at, record_at) >= $2 AND ` + predTimed + `
         ORDER BY GREATEST(received_at, record_at)
-        LIMIT $4
-        ` + locking + `) k
-    WHERE c.consumer IS NOT NULL
-    ORDER BY k.age
+        LIMIT $4 ` + locking + `)`
+		if locking != "" {
+			// A locking clause is not allowed in a UNION's own branches, only
+			// in a subquery below one.
+			branches[i] = `(SELECT ctid, age FROM ` + branches[i] + ` l)`
+		}
+	}
+	return `
+WITH batch AS MATERIALIZED (
+    SELECT ctid, age FROM (` + strings.Join(branches, "\n    UNION ALL ") + `) u
+    ORDER BY age
     LIMIT $4
 ), gone AS (
     DELETE FROM pgbox_inbox
@@ -163,6 +173,10 @@ func inboxDeleteBatch(locking string) string {
 )
 SELECT (SELECT count(*) FROM batch), (SELECT max(age) FROM batch), (SELECT count(*) FROM gone)`
 }
+
+const predTimed = `topic = $1
+      AND GREATEST(received_at, record_at) < $3
+      AND ($5 OR ` + posUnknown + `)`
 
 // sqlCountInboxTimed counts what the time rule would delete (dry runs): $1
 // topic, $2 cutoff, $3 every key (a forced window), leaving out the keys the

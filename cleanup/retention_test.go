@@ -369,8 +369,9 @@ func TestListTopicsUsesLooseIndexScan(t *testing.T) {
 		sql  string
 		args []any
 	}{
-		{sqlDeleteInboxBatch, []any{"a", time.Time{}, time.Now(), 10000, false}},
-		{sqlDeleteInboxBatchSkipLocked, []any{"a", time.Time{}, time.Now(), 10000, true}},
+		{inboxDeleteBatch("", 2), []any{"a", time.Time{}, time.Now(), 10000, false, "svc", "other"}},
+		{inboxDeleteBatch(skipLocked, 2), []any{"a", time.Time{}, time.Now(), 10000, true, "svc", "other"}},
+		{sqlTopicConsumers, []any{"a"}},
 		{sqlOldestInbox, []any{"a"}},
 		{sqlCountInboxTimed, []any{"a", time.Now(), false, []int32{0}, []int64{5}, time.Now()}},
 	} {
@@ -379,7 +380,7 @@ func TestListTopicsUsesLooseIndexScan(t *testing.T) {
 		require.NotContains(t, plan, "Seq Scan", q.sql)
 		require.NotContains(t, plan, "pgbox_inbox_topic_age_idx", q.sql)
 	}
-	require.Contains(t, explain(t, b, `EXPLAIN `+sqlDeleteInboxBatch, "a", time.Time{}, time.Now(), 10000, false), "Tid")
+	require.Contains(t, explain(t, b, `EXPLAIN `+inboxDeleteBatch("", 1), "a", time.Time{}, time.Now(), 10000, false, "svc"), "Tid")
 
 	// The exact rule reads one partition's keys behind its log start.
 	plan = explain(t, b, `EXPLAIN `+sqlDeleteInboxExact, "a", int32(0), int64(0), int64(100), time.Now(), 10000)
