@@ -55,11 +55,17 @@ SELECT topic FROM t WHERE topic IS NOT NULL`
 // consumer. The inbox's only age index, pgbox_inbox_consumer_topic_age_idx,
 // leads with the consumer (migration 00130 dropped the per-topic one, to
 // spare every insert an index entry), so a topic's keys are read by age one
-// consumer at a time, in a LATERAL subquery per consumer, and merged.
+// consumer at a time and merged.
+//
+// ORDER BY consumer, key: only the primary key has that order, so the
+// probes go there and not to the age index, whose first entries per
+// consumer are its oldest keys, the ones cleanup deletes: under a held xmin
+// horizon their dead entries stay, and a probe landing on them would walk
+// them all. In the primary key, deleted keys are scattered among live ones.
 const sqlConsumers = `WITH RECURSIVE c AS (
-    (SELECT consumer FROM pgbox_inbox ORDER BY consumer LIMIT 1)
+    (SELECT consumer FROM pgbox_inbox ORDER BY consumer, key LIMIT 1)
     UNION ALL
-    SELECT (SELECT i.consumer FROM pgbox_inbox i WHERE i.consumer > c.consumer ORDER BY i.consumer LIMIT 1)
+    SELECT (SELECT i.consumer FROM pgbox_inbox i WHERE i.consumer > c.consumer ORDER BY i.consumer, i.key LIMIT 1)
     FROM c WHERE c.consumer IS NOT NULL
 )`
 

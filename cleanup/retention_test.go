@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -373,10 +374,17 @@ func TestListTopicsUsesLooseIndexScan(t *testing.T) {
 		{inboxDeleteBatch(skipLocked, 2), []any{"a", time.Time{}, time.Now(), 10000, true, "svc", "other"}},
 		{sqlTopicConsumers, []any{"a"}},
 		{sqlOldestInbox, []any{"a"}},
+		// A dry run's count: the planner may take the position index's
+		// topic instead (it counts, so it reads the keys either way).
 		{sqlCountInboxTimed, []any{"a", time.Now(), false, []int32{0}, []int64{5}, time.Now()}},
 	} {
 		plan = explain(t, b, `EXPLAIN `+q.sql, q.args...)
-		require.Contains(t, plan, "pgbox_inbox_consumer_topic_age_idx", q.sql)
+		if q.sql != sqlCountInboxTimed {
+			require.Contains(t, plan, "pgbox_inbox_consumer_topic_age_idx", q.sql)
+		}
+		if strings.Contains(q.sql, "WITH RECURSIVE c") {
+			require.Contains(t, plan, "pgbox_inbox_pkey", "the consumers from the primary key: %s", q.sql)
+		}
 		require.NotContains(t, plan, "Seq Scan", q.sql)
 		require.NotContains(t, plan, "pgbox_inbox_topic_age_idx", q.sql)
 	}
