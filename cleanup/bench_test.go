@@ -26,6 +26,10 @@ import (
 // minutes: try 500000 for a quick look). PGBOX_BENCH_CLEANUP_BATCH and
 // PGBOX_BENCH_CLEANUP_PAUSE override the cleaner's BatchSize and Pause, to
 // chart the trade-off; unset, the defaults are measured.
+// PGBOX_BENCH_CLEANUP_RULE=time loads every key with an unknown position
+// (position_at NULL) and spread over three consumers, so the time rule
+// deletes the expired ones instead of the exact rule (Kafka is left alone:
+// no log start has moved), reading each consumer's keys by age.
 const benchRowsEnv = "PGBOX_BENCH_CLEANUP_ROWS"
 
 // benchPhase is how long the cleaner runs, then rests, in turn.
@@ -66,8 +70,11 @@ func BenchmarkPrune(b *testing.B) {
 	b.Cleanup(func() { _ = admin.Close() })
 	kafkatest.CreateTopic(b, cluster.ListenAddrs(), "orders", benchPartitions,
 		map[string]*string{"retention.ms": ptr(ms(24 * time.Hour)), "segment.ms": ptr(ms(time.Hour))})
-	loadKeys(ctx, b, db.Pool, expired, expired/2)
-	dropExpired(ctx, b, cluster.ListenAddrs(), admin, expired)
+	timeRule := os.Getenv("PGBOX_BENCH_CLEANUP_RULE") == "time"
+	loadKeysFor(ctx, b, db.Pool, expired, expired/2, timeRule)
+	if !timeRule {
+		dropExpired(ctx, b, cluster.ListenAddrs(), admin, expired)
+	}
 
 	cfg := Config{Pool: db.Pool, Admin: cleanupsarama.New(admin)}
 	if v := os.Getenv("PGBOX_BENCH_CLEANUP_BATCH"); v != "" {
@@ -129,11 +136,21 @@ const benchPartitions = 12
 // known: key g sits on partition g % 12 at offset g / 12, expired keys below
 // offset expiredEnd(expired), live ones from it on.
 func loadKeys(ctx context.Context, b *testing.B, pool *pgxpool.Pool, expired, live int) {
+	loadKeysFor(ctx, b, pool, expired, live, false)
+}
+
+// loadKeysFor is loadKeys; with timeRule, every key's position is unknown
+// and the keys are spread over three consumers.
+func loadKeysFor(ctx context.Context, b *testing.B, pool *pgxpool.Pool, expired, live int, timeRule bool) {
 	t0 := time.Now()
+	consumer, position := `'payments-svc'`, "%[2]s"
+	if timeRule { // unknown positions, three consumers
+		consumer, position = `(ARRAY['payments-svc', 'audit-svc', 'ledger-svc'])[1 + g %% 3]`, "NULL"
+	}
 	load := func(from, to int, offsetSQL, ageSQL string) {
 		q := fmt.Sprintf(`INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset", fingerprint, record_at, received_at, position_at)
-			SELECT 'payments-svc', 'orders/' || (g %% %[3]d) || '/' || (%[1]s), 'orders', g %% %[3]d, %[1]s,
-			       sha256(g::text::bytea), %[2]s - interval '1 second', %[2]s, %[2]s
+			SELECT `+consumer+`, 'orders/' || (g %% %[3]d) || '/' || (%[1]s), 'orders', g %% %[3]d, %[1]s,
+			       sha256(g::text::bytea), %[2]s - interval '1 second', %[2]s, `+position+`
 			FROM generate_series($1::bigint, $2::bigint) g`, offsetSQL, ageSQL, benchPartitions)
 		if _, err := pool.Exec(ctx, q, from, to); err != nil {
 			b.Fatalf("load: %v", err)

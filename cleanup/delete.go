@@ -78,8 +78,10 @@ func (p *pass) pruneExact(ctx context.Context, tr *TopicReport) error {
 }
 
 // pruneTimed applies the time rule, oldest first along
-// pgbox_inbox_topic_age_idx: to the keys of unknown position, or to every
-// key under a forced window.
+// pgbox_inbox_consumer_topic_age_idx, each batch merging the topic's
+// consumers' keys by age (inboxDeleteBatch): to the keys of unknown
+// position, or to every key under a forced window. The consumers are read
+// once: one that appears later has only keys younger than the cutoff.
 func (p *pass) pruneTimed(ctx context.Context, tr *TopicReport) error {
 	all := tr.Forced
 	if p.c.cfg.DryRun {
@@ -91,10 +93,25 @@ func (p *pass) pruneTimed(ctx context.Context, tr *TopicReport) error {
 		}
 		return p.conn.QueryRow(ctx, sqlCountInboxTimed, tr.Topic, tr.Cutoff, all, parts, starts, tr.ExactCutoff).Scan(&tr.TimeWouldDelete)
 	}
+	rows, err := p.conn.Query(ctx, sqlTopicConsumers, tr.Topic)
+	if err != nil {
+		return fmt.Errorf("list its consumers: %w", err)
+	}
+	consumers, err := pgxCollectStrings(rows)
+	if err != nil {
+		return fmt.Errorf("list its consumers: %w", err)
+	}
+	if len(consumers) == 0 {
+		return nil
+	}
 	lower := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	args := []any{tr.Topic, lower, tr.Cutoff, p.c.cfg.BatchSize, all}
+	for _, c := range consumers {
+		args = append(args, c)
+	}
 	gone, err := deleteLoop[pgtype.Timestamptz](ctx, p, keysetDelete{
-		topic: tr.Topic, q: sqlDeleteInboxBatch, qSkipLocked: sqlDeleteInboxBatchSkipLocked,
-		args: []any{tr.Topic, lower, tr.Cutoff, p.c.cfg.BatchSize, all}, next: 1,
+		topic: tr.Topic, q: inboxDeleteBatch("", len(consumers)), qSkipLocked: inboxDeleteBatch(skipLocked, len(consumers)),
+		args: args, next: 1,
 	})
 	tr.TimeDeleted += gone
 	return err

@@ -70,7 +70,8 @@
 // Deletes run in short transactions of at most BatchSize rows (1,000 by
 // default), along the (topic, partition, offset) index for the exact rule
 // (only the keys behind the log start are read) and oldest first along the
-// (topic, age) index for the time rule, with a Pause (20ms by
+// (consumer, topic, age) index for the time rule (each consumer's keys, in
+// one statement, merged by age), with a Pause (20ms by
 // default) between them. Each batch commits asynchronously (losing one in a crash only
 // means deleting it again) and never waits long on a row lock: concurrent
 // inbox writers wait at most for one batch, and only for a key they redeliver

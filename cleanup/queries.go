@@ -1,6 +1,9 @@
 package cleanup
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // All of the cleaner's SQL. Tables are unqualified: they resolve through the
 // connection's search_path, like every other pgbox query.
@@ -36,7 +39,8 @@ const sqlBatchSettings = `SET LOCAL synchronous_commit = off; SET LOCAL lock_tim
 const batchLockTimeout = "200ms"
 
 // sqlTopics lists the distinct topics of pgbox_inbox with a loose index scan
-// over pgbox_inbox_topic_age_idx: one index probe per topic, however many keys.
+// over pgbox_inbox_position_idx (topic, partition, offset): one index probe
+// per topic, however many keys.
 const sqlTopics = `
 WITH RECURSIVE t AS (
     (SELECT topic FROM pgbox_inbox ORDER BY topic LIMIT 1)
@@ -45,6 +49,25 @@ WITH RECURSIVE t AS (
     FROM t WHERE t.topic IS NOT NULL
 )
 SELECT topic FROM t WHERE topic IS NOT NULL`
+
+// sqlConsumers is a CTE listing the distinct consumers of pgbox_inbox, in
+// a loose index scan over its primary key (consumer, key): one probe per
+// consumer. The inbox's only age index, pgbox_inbox_consumer_topic_age_idx,
+// leads with the consumer (migration 00130 dropped the per-topic one, to
+// spare every insert an index entry), so a topic's keys are read by age one
+// consumer at a time and merged.
+//
+// ORDER BY consumer, key: only the primary key has that order, so the
+// probes go there and not to the age index, whose first entries per
+// consumer are its oldest keys, the ones cleanup deletes: under a held xmin
+// horizon their dead entries stay, and a probe landing on them would walk
+// them all. In the primary key, deleted keys are scattered among live ones.
+const sqlConsumers = `WITH RECURSIVE c AS (
+    (SELECT consumer FROM pgbox_inbox ORDER BY consumer, key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT i.consumer FROM pgbox_inbox i WHERE i.consumer > c.consumer ORDER BY i.consumer, i.key LIMIT 1)
+    FROM c WHERE c.consumer IS NOT NULL
+)`
 
 // sqlDeadTopics is sqlTopics for pgbox_consumer_dead, over
 // pgbox_consumer_dead_topic_age_idx.
@@ -101,63 +124,91 @@ SELECT count(*) FROM pgbox_inbox
 WHERE topic = $1 AND partition = $2 AND "offset" < $3
   AND ` + posKnown + ` AND GREATEST(received_at, record_at) < $4`
 
-// sqlDeleteInboxBatch deletes one batch of a topic's keys past the time
-// rule's cutoff, oldest first, walking pgbox_inbox_topic_age_idx from $2
+// sqlTopicConsumers lists the consumers holding keys of topic $1: the
+// consumers in a loose index scan (sqlConsumers), each probed along
+// pgbox_inbox_consumer_topic_age_idx.
+const sqlTopicConsumers = sqlConsumers + `
+SELECT c.consumer FROM c WHERE c.consumer IS NOT NULL
+    AND EXISTS (SELECT FROM pgbox_inbox i WHERE i.consumer = c.consumer AND i.topic = $1)`
+
+// inboxDeleteBatch is the statement that deletes one batch of a topic's
+// keys past the time rule's cutoff, oldest first, for a topic whose keys
+// belong to n consumers ($6 … $(5+n), from sqlTopicConsumers). Each
+// consumer's keys come along pgbox_inbox_consumer_topic_age_idx from $2
 // (the previous batch's newest age, so the dead index entries of earlier
-// batches are not scanned again) to the cutoff $3 (exclusive), and deleting
-// the rows found by ctid: the keys of unknown position, or every key when $5
-// (a forced window). The DELETE re-checks the predicate next to the ctid, so
-// a ctid can never name another row. It returns how many rows the batch
-// selected, the newest age among them, and how many it deleted.
+// batches are not scanned again) to the cutoff $3 (exclusive), in one
+// UNION ALL branch per consumer; the branches are merged by age (a Merge
+// Append, which reads each branch only as far as the merge needs: about $4
+// rows in all, not $4 per consumer) and the oldest $4 make the batch. It
+// deletes the rows found by ctid: the keys of unknown position, or every
+// key when $5 (a forced window). The DELETE re-checks the predicate next to
+// the ctid, so a ctid can never name another row. It returns how many rows
+// the batch selected, the newest age among them, and how many it deleted.
+// Every row of any consumer older than that newest age is in the batch, so
+// the next batch, from that age on, misses none.
 //
 // The inbox never locks a committed key for long, so this runs with a short
-// lock_timeout and no row locking of its own; should a row be locked all the
-// same (a duplicate delivery's update, an application's own UPDATE), the
-// batch is retried with sqlDeleteInboxBatchSkipLocked, which leaves locked
-// rows for the next pass: the cleaner never waits on a writer for long, and
-// a writer waits at most for one batch.
-var sqlDeleteInboxBatch = inboxDeleteBatch("")
-
-// sqlDeleteInboxBatchSkipLocked is sqlDeleteInboxBatch skipping locked rows.
-var sqlDeleteInboxBatchSkipLocked = inboxDeleteBatch("FOR UPDATE SKIP LOCKED")
-
-func inboxDeleteBatch(locking string) string {
+// lock_timeout and no row locking of its own (locking ""); should a row be
+// locked all the same (a duplicate delivery's update, an application's own
+// UPDATE), the batch is retried with locking "FOR UPDATE SKIP LOCKED",
+// which leaves locked rows for the next pass: the cleaner never waits on a
+// writer for long, and a writer waits at most for one batch. (That variant
+// locks up to $4 rows per consumer until its short transaction ends.)
+func inboxDeleteBatch(locking string, n int) string {
+	branches := make([]string, n)
+	for i := range branches {
+		branches[i] = `(SELECT ctid, GREATEST(received_at, record_at) AS age FROM pgbox_inbox
+        WHERE consumer = $` + strconv.Itoa(6+i) + ` AND GREATEST(received_at, record_at) >= $2 AND ` + predTimed + `
+        ORDER BY GREATEST(received_at, record_at)
+        LIMIT $4 ` + locking + `)`
+		if locking != "" {
+			// A locking clause is not allowed in a UNION's own branches, only
+			// in a subquery below one.
+			branches[i] = `(SELECT ctid, age FROM ` + branches[i] + ` l)`
+		}
+	}
 	return `
 WITH batch AS MATERIALIZED (
-    SELECT ctid, GREATEST(received_at, record_at) AS age FROM pgbox_inbox
-    WHERE topic = $1
-      AND GREATEST(received_at, record_at) >= $2
-      AND GREATEST(received_at, record_at) < $3
-      AND ($5 OR ` + posUnknown + `)
-    ORDER BY GREATEST(received_at, record_at)
+    SELECT ctid, age FROM (` + strings.Join(branches, "\n    UNION ALL ") + `) u
+    ORDER BY age
     LIMIT $4
-    ` + locking + `
 ), gone AS (
     DELETE FROM pgbox_inbox
-    WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch))
-      AND topic = $1
-      AND GREATEST(received_at, record_at) < $3
-      AND ($5 OR ` + posUnknown + `)
+    WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch)) AND ` + predTimed + `
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM batch), (SELECT max(age) FROM batch), (SELECT count(*) FROM gone)`
 }
 
+const predTimed = `topic = $1
+      AND GREATEST(received_at, record_at) < $3
+      AND ($5 OR ` + posUnknown + `)`
+
 // sqlCountInboxTimed counts what the time rule would delete (dry runs): $1
 // topic, $2 cutoff, $3 every key (a forced window), leaving out the keys the
 // exact rule takes first ($4 partitions, $5 their log starts, $6 now − buffer).
-const sqlCountInboxTimed = `
-SELECT count(*) FROM pgbox_inbox i
-WHERE topic = $1 AND GREATEST(received_at, record_at) < $2
-  AND ($3 OR ` + posUnknown + `)
-  AND NOT COALESCE(` + posKnown + ` AND GREATEST(received_at, record_at) < $6 AND "offset" < COALESCE(
-      (SELECT u.start FROM unnest($4::int4[], $5::int8[]) AS u(partition, start) WHERE u.partition = i.partition), -1), false)`
+// It reads each consumer's keys older than the cutoff along
+// pgbox_inbox_consumer_topic_age_idx (sqlConsumers).
+const sqlCountInboxTimed = sqlConsumers + `
+SELECT count(*) FROM c, LATERAL (
+    SELECT 1 FROM pgbox_inbox i
+    WHERE i.consumer = c.consumer AND topic = $1 AND GREATEST(received_at, record_at) < $2
+      AND ($3 OR ` + posUnknown + `)
+      AND NOT COALESCE(` + posKnown + ` AND GREATEST(received_at, record_at) < $6 AND "offset" < COALESCE(
+          (SELECT u.start FROM unnest($4::int4[], $5::int8[]) AS u(partition, start) WHERE u.partition = i.partition), -1), false)) k
+WHERE c.consumer IS NOT NULL`
 
-// sqlOldestInbox is the age of a topic's oldest key, from the index.
-const sqlOldestInbox = `
-SELECT GREATEST(received_at, record_at) FROM pgbox_inbox
-WHERE topic = $1
-ORDER BY GREATEST(received_at, record_at)
+// sqlOldestInbox is the age of a topic's oldest key: each consumer's oldest
+// of the topic from pgbox_inbox_consumer_topic_age_idx (sqlConsumers), the
+// oldest of those. No row when the topic has no keys.
+const sqlOldestInbox = sqlConsumers + `
+SELECT o.age FROM c, LATERAL (
+    SELECT GREATEST(received_at, record_at) AS age FROM pgbox_inbox
+    WHERE consumer = c.consumer AND topic = $1
+    ORDER BY GREATEST(received_at, record_at)
+    LIMIT 1) o
+WHERE c.consumer IS NOT NULL
+ORDER BY o.age
 LIMIT 1`
 
 // Batch deletes of the other pgbox tables, by age along an index; the same

@@ -95,7 +95,8 @@ const (
 	// retries.
 	NoRetryBackoff time.Duration = -1
 	// NoDrainTimeout asks ConsumerConfig.DrainTimeout for none: a transaction
-	// in flight when its partition is taken away is rolled back at once.
+	// in flight when its partition is taken away is rolled back at once
+	// (unless its COMMIT was already sent: that is waited for).
 	NoDrainTimeout time.Duration = -1
 )
 
@@ -110,7 +111,7 @@ const (
 type ConsumerConfig struct {
 	// BatchSize is the most messages of one partition processed in one
 	// transaction. Above 1, messages go through ProcessBatch (one round trip
-	// for all their keys); a batch whose handler fails is retried message by
+	// for all their keys, one more when some were seen before); a batch whose handler fails is retried message by
 	// message, so one poison message cannot hold back the others. Defaults to
 	// BatchSizeDefault (1: Process, one transaction per message).
 	BatchSize int
@@ -166,7 +167,10 @@ type ConsumerConfig struct {
 	// partition is taken away (a rebalance, or the consumer's ctx cancelled)
 	// may run on to commit; past it, its context is cancelled and it rolls
 	// back. No new transaction starts after that. NoDrainTimeout rolls it
-	// back at once. Defaults to DrainTimeoutDefault (5s); keep it well
+	// back at once. A COMMIT already sent is waited for whatever this says
+	// (up to 10s more), then its offset marked: cut off, the COMMIT could
+	// still go through on the server, unmarked, and a graceful stop would
+	// leave the group's offsets short of what committed. Defaults to DrainTimeoutDefault (5s); keep it well
 	// below the group's rebalance timeout (sarama's
 	// Consumer.Group.Rebalance.Timeout, franz-go's kgo.RebalanceTimeout).
 	DrainTimeout time.Duration

@@ -476,7 +476,19 @@ func (c *claimRun[R]) inTx(fn func(pgx.Tx) error) error {
 		rollback(c.work, tx)
 		return err
 	}
-	if err := tx.Commit(c.work); err != nil {
+	// Once COMMIT is sent its outcome is the server's: the drain timeout
+	// must not cut the client off it. Cut off, the client cannot tell a
+	// COMMIT that still went through (a WAL flush is not cancellable), so
+	// a transaction that committed would never be marked and a graceful
+	// stop would leave the group's offsets short of what committed (issue
+	// 34). The COMMIT gets commitTimeout of its own instead.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.work), commitTimeout)
+	defer cancel()
+	if err := tx.Commit(ctx); err != nil {
+		if c.work.Err() != nil {
+			c.l.log.WarnContext(ctx, "pgbox: COMMIT failed while the claim stopped: its outcome is unknown and its offsets are not marked (if it committed, the records are redelivered and deduplicated)",
+				"topic", c.claim.Topic(), "partition", c.claim.Partition(), "error", err)
+		}
 		return &commitError{err: err}
 	}
 	return nil
@@ -554,3 +566,8 @@ func errorText(err error) string {
 // cleanupTimeout bounds the rollback after a failure; it runs even when the
 // work context is already cancelled.
 const cleanupTimeout = 10 * time.Second
+
+// commitTimeout bounds a COMMIT, which the drain timeout does not (see
+// inTx): a stop waits at most this long past DrainTimeout for the COMMIT
+// in flight.
+const commitTimeout = 10 * time.Second
