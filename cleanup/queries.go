@@ -36,12 +36,18 @@ const sqlBatchSettings = `SET LOCAL synchronous_commit = off; SET LOCAL lock_tim
 const batchLockTimeout = "200ms"
 
 // sqlTopics lists the distinct topics of pgbox_inbox with a loose index scan
-// over pgbox_inbox_topic_age_idx: one index probe per topic, however many keys.
+// over pgbox_inbox_topic_age_idx (or pgbox_inbox_position_idx): one index
+// probe per topic, however many keys. It walks the index backwards, so each
+// probe lands on a topic's youngest (or highest-offset) key: the entries of
+// keys the cleaner deleted sit at the other end of a topic's range, and a
+// held snapshot (pg_dump, a long report) keeps them for as long as it
+// lasts; a forward probe would walk all of them first. listTopics sorts the
+// answer.
 const sqlTopics = `
 WITH RECURSIVE t AS (
-    (SELECT topic FROM pgbox_inbox ORDER BY topic LIMIT 1)
+    (SELECT topic FROM pgbox_inbox ORDER BY topic DESC LIMIT 1)
     UNION ALL
-    SELECT (SELECT i.topic FROM pgbox_inbox i WHERE i.topic > t.topic ORDER BY i.topic LIMIT 1)
+    SELECT (SELECT i.topic FROM pgbox_inbox i WHERE i.topic < t.topic ORDER BY i.topic DESC LIMIT 1)
     FROM t WHERE t.topic IS NOT NULL
 )
 SELECT topic FROM t WHERE topic IS NOT NULL`
@@ -64,12 +70,18 @@ const (
 
 // sqlDeleteInboxExact deletes one batch of the keys of one partition that
 // the exact rule lets go: position known, offset below the log start $4,
-// age before $5 (now − buffer). It walks pgbox_inbox_position_idx from offset
-// $3 (the previous batch's highest), so it reads only the keys behind the log
-// start, and deletes the rows found by ctid with the predicate re-checked (a
-// duplicate that moved a key's position meanwhile keeps it). It returns how
-// many rows the batch selected, the highest offset among them, and how many
-// it deleted. Locking as for sqlDeleteInboxBatch.
+// age before $5 (now − buffer). It reads the partition's next $6 keys below
+// the log start along pgbox_inbox_position_idx from offset $3 (the previous
+// batch's highest, or where the previous pass left off: walk.go), whatever
+// their age and position, so that it sees the keys it leaves behind; it
+// deletes the ones the rule lets go, found by ctid with the predicate
+// re-checked (a duplicate that moved a key's position meanwhile keeps it).
+// It returns how many keys the batch read, the highest offset among them,
+// how many it deleted, how many of them the rule let go, and the lowest
+// offset of a key it left behind that the rule may let go later (position
+// known, younger than the buffer), NULL when none. Locking as for
+// sqlDeleteInboxBatch (the variant that skips locked rows locks the keys it
+// reads, for the one short transaction).
 var (
 	sqlDeleteInboxExact           = inboxExactBatch("")
 	sqlDeleteInboxExactSkipLocked = inboxExactBatch("FOR UPDATE SKIP LOCKED")
@@ -81,17 +93,22 @@ const predExact = `topic = $1 AND partition = $2 AND "offset" < $4
 func inboxExactBatch(locking string) string {
 	return `
 WITH batch AS MATERIALIZED (
-    SELECT ctid, "offset" FROM pgbox_inbox
-    WHERE "offset" >= $3 AND ` + predExact + `
+    SELECT ctid, "offset",
+           COALESCE(` + posKnown + ` AND GREATEST(received_at, record_at) < $5, false) AS ok,
+           COALESCE(` + posKnown + `, false) AS known
+    FROM pgbox_inbox
+    WHERE topic = $1 AND partition = $2 AND "offset" >= $3 AND "offset" < $4
     ORDER BY "offset"
     LIMIT $6
     ` + locking + `
 ), gone AS (
     DELETE FROM pgbox_inbox
-    WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch)) AND ` + predExact + `
+    WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch WHERE ok)) AND ` + predExact + `
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM batch), (SELECT max("offset") FROM batch), (SELECT count(*) FROM gone)`
+SELECT count(*), max("offset"), (SELECT count(*) FROM gone),
+       count(*) FILTER (WHERE ok), min("offset") FILTER (WHERE known AND NOT ok)
+FROM batch`
 }
 
 // sqlCountInboxExact counts what sqlDeleteInboxExact would delete (dry
@@ -153,10 +170,11 @@ WHERE topic = $1 AND GREATEST(received_at, record_at) < $2
   AND NOT COALESCE(` + posKnown + ` AND GREATEST(received_at, record_at) < $6 AND "offset" < COALESCE(
       (SELECT u.start FROM unnest($4::int4[], $5::int8[]) AS u(partition, start) WHERE u.partition = i.partition), -1), false)`
 
-// sqlOldestInbox is the age of a topic's oldest key, from the index.
+// sqlOldestInbox is the age of a topic's oldest key, from the index,
+// looked for from $2 on (the previous pass's answer, or -infinity: walk.go).
 const sqlOldestInbox = `
 SELECT GREATEST(received_at, record_at) FROM pgbox_inbox
-WHERE topic = $1
+WHERE topic = $1 AND GREATEST(received_at, record_at) >= $2
 ORDER BY GREATEST(received_at, record_at)
 LIMIT 1`
 
