@@ -320,7 +320,7 @@ func TestExactWalkConcurrentWriters(t *testing.T) {
 		for i := range 10 {
 			off := rand.Int64N(start + 10)
 			b.insertRange(t, fmt.Sprintf("old%d.%d", round, i), off, off+1, now.Add(-48*time.Hour))
-				}
+		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	close(stop)
