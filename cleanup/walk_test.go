@@ -348,3 +348,46 @@ func TestExactWalkConcurrentWriters(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, left, "every key behind the log start went")
 }
+
+// The time rule's walk starts at its last cutoff: a key of unknown position
+// received before it (only a transaction open for longer than the window
+// writes one) waits for the walk from the first entry. A forced window
+// applied after an unforced pass walks from the first entry: the unforced
+// pass left the keys of known position.
+func TestTimeWalkStartsAtLastCutoff(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	now := time.Now()
+	b.topic(t, "t", map[string]string{"retention.ms": ms(time.Hour), "segment.ms": ms(time.Hour)})
+	b.bulkKeys(t, "t", 30, now.Add(-100*time.Hour))
+	at := now
+	c := b.cleaner(t, Config{Buffer: time.Hour, BatchSize: 7, Now: func() time.Time { return at }})
+	rep, err := c.RunOnce(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 30, rep.Deleted)
+
+	b.insertKey(t, "t", "late", now.Add(-50*time.Hour), nil)
+	b.insertKey(t, "t", "fresh", now.Add(-2*time.Hour), nil)
+	at = now.Add(2 * time.Hour)
+	_, err = c.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"late"}, b.keys(t, "t"), "the fresh key went; the late one is behind the last cutoff")
+	at = now.Add(fullWalkEvery)
+	_, err = c.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Empty(t, b.keys(t, "t"), "the walk from the first entry took it")
+
+	// Keys of known position are the exact rule's (Kafka's log start is 0
+	// here, so it takes none); a forced window takes them, from the first
+	// entry, although the last walk ended past them.
+	b.insertAt(t, "t", "known", 0, 5, now.Add(-50*time.Hour))
+	forced := b.cleaner(t, Config{Buffer: time.Hour, Now: func() time.Time { return at }})
+	_, err = forced.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"known"}, b.keys(t, "t"))
+	forced.cfg.Topics = map[string]Topic{"t": {Window: 4 * time.Hour}} // longer than Kafka's 3h: forced
+	_, err = forced.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Empty(t, b.keys(t, "t"))
+}
