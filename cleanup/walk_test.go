@@ -49,11 +49,15 @@ func (s *starts) last(part int32) int64 {
 
 const firstEntry = math.MinInt64
 
-// exactTopic creates a one-partition topic t holding n records.
-func (b *testBundle) exactTopic(t *testing.T, n int) {
+// walkSetup gives a bundle with a one-partition topic t holding n records
+// (compact,delete: the exact rule only), the time now and 48h before it.
+func walkSetup(t *testing.T, n int) (b *testBundle, now, old time.Time) {
 	t.Helper()
-	b.topic(t, "t", map[string]string{"cleanup.policy": "compact,delete"}) // exact rule only
+	b = setup(t)
+	b.topic(t, "t", map[string]string{"cleanup.policy": "compact,delete"})
 	b.produce(t, "t", n, time.Now())
+	now = time.Now()
+	return b, now, now.Add(-48 * time.Hour)
 }
 
 func (b *testBundle) dropTo(t *testing.T, offset int64) {
@@ -77,10 +81,8 @@ func (b *testBundle) insertRange(t *testing.T, name string, from, to int64, rece
 // keeps; it deletes what the rule lets go all the same.
 func TestExactWalkStartsWhereItLeftOff(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b, _, old := walkSetup(t, 60)
 	ctx := context.Background()
-	old := time.Now().Add(-48 * time.Hour)
-	b.exactTopic(t, 60)
 	b.db.HoldSnapshot(t, "walk-test")
 	b.insertRange(t, "a", 0, 30, old)
 	b.dropTo(t, 30)
@@ -105,11 +107,8 @@ func TestExactWalkStartsWhereItLeftOff(t *testing.T) {
 // Keys of unknown position there are the time rule's and pin nothing.
 func TestExactWalkReturnsForYoungKey(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b, now, old := walkSetup(t, 40)
 	ctx := context.Background()
-	now := time.Now()
-	old := now.Add(-48 * time.Hour)
-	b.exactTopic(t, 40)
 	b.insertRange(t, "a", 0, 20, old)
 	b.insertRange(t, "young", 13, 14, now) // a second consumer's copy, seen just now
 	_, err := b.db.Pool.Exec(ctx, `UPDATE pgbox_inbox SET position_at = NULL WHERE key = 't/a-3'`)
@@ -138,11 +137,8 @@ func TestExactWalkReturnsForYoungKey(t *testing.T) {
 // it once the rule lets it go.
 func TestExactWalkLateKeyBehind(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b, now, old := walkSetup(t, 20)
 	ctx := context.Background()
-	now := time.Now()
-	old := now.Add(-48 * time.Hour)
-	b.exactTopic(t, 20)
 	b.insertRange(t, "a", 0, 10, old)
 	b.dropTo(t, 10)
 	at := now
@@ -178,10 +174,8 @@ func TestExactWalkLateKeyBehind(t *testing.T) {
 // the batch that skipped it, and the next pass takes it.
 func TestExactWalkLockedKey(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b, _, old := walkSetup(t, 30)
 	ctx := context.Background()
-	old := time.Now().Add(-48 * time.Hour)
-	b.exactTopic(t, 30)
 	b.insertRange(t, "a", 0, 25, old)
 	b.dropTo(t, 25)
 	tx, err := b.db.Pool.Begin(ctx)
@@ -208,11 +202,8 @@ func TestExactWalkLockedKey(t *testing.T) {
 // topic, all too young): the walk goes past them, and comes back.
 func TestExactWalkFullBatchOnOneOffset(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b, now, old := walkSetup(t, 20)
 	ctx := context.Background()
-	now := time.Now()
-	old := now.Add(-48 * time.Hour)
-	b.exactTopic(t, 20)
 	b.insertRange(t, "a", 0, 10, old)
 	for i := range 5 {
 		b.insertRange(t, fmt.Sprint("young", i), 4, 5, now)
@@ -239,10 +230,8 @@ func TestExactWalkFullBatchOnOneOffset(t *testing.T) {
 // log start that goes back does the same.
 func TestExactWalkTopicRecreated(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b, _, old := walkSetup(t, 3)
 	ctx := context.Background()
-	old := time.Now().Add(-48 * time.Hour)
-	b.exactTopic(t, 3)
 	b.insertRange(t, "a", 0, 2, old)
 	b.dropTo(t, 2)
 	c := b.cleaner(t, Config{Buffer: time.Hour})
@@ -281,11 +270,9 @@ func TestExactWalkTopicRecreated(t *testing.T) {
 // and after the positions expire every key the rule lets go is gone.
 func TestExactWalkConcurrentWriters(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b, now, old := walkSetup(t, 400)
 	ctx := context.Background()
-	now := time.Now()
 	const buffer = time.Hour
-	b.exactTopic(t, 400)
 	b.db.HoldSnapshot(t, "walk-test")
 	// Keys that must stay: received within the buffer (before a far clock).
 	b.insertRange(t, "keep", 0, 300, now)
@@ -319,7 +306,7 @@ func TestExactWalkConcurrentWriters(t *testing.T) {
 		b.dropTo(t, start)
 		for i := range 10 {
 			off := rand.Int64N(start + 10)
-			b.insertRange(t, fmt.Sprintf("old%d.%d", round, i), off, off+1, now.Add(-48*time.Hour))
+			b.insertRange(t, fmt.Sprintf("old%d.%d", round, i), off, off+1, old)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
