@@ -80,8 +80,7 @@ const (
 // how many it deleted, how many of them the rule let go, and the lowest
 // offset of a key it left behind that the rule may let go later (position
 // known, younger than the buffer), NULL when none. Locking as for
-// sqlDeleteInboxBatch (the variant that skips locked rows locks the keys it
-// reads, for the one short transaction).
+// sqlDeleteInboxBatch.
 var (
 	sqlDeleteInboxExact           = inboxExactBatch("")
 	sqlDeleteInboxExactSkipLocked = inboxExactBatch("FOR UPDATE SKIP LOCKED")
@@ -91,6 +90,12 @@ const predExact = `topic = $1 AND partition = $2 AND "offset" < $4
       AND ` + posKnown + ` AND GREATEST(received_at, record_at) < $5`
 
 func inboxExactBatch(locking string) string {
+	take := `SELECT ctid FROM batch WHERE ok`
+	if locking != "" {
+		// Only the keys it deletes are locked: the ones it leaves stay free
+		// for a duplicate delivery's update.
+		take = `SELECT ctid FROM pgbox_inbox WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch WHERE ok)) ` + locking
+	}
 	return `
 WITH batch AS MATERIALIZED (
     SELECT ctid, "offset",
@@ -100,10 +105,11 @@ WITH batch AS MATERIALIZED (
     WHERE topic = $1 AND partition = $2 AND "offset" >= $3 AND "offset" < $4
     ORDER BY "offset"
     LIMIT $6
-    ` + locking + `
+), take AS MATERIALIZED (
+    ` + take + `
 ), gone AS (
     DELETE FROM pgbox_inbox
-    WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch WHERE ok)) AND ` + predExact + `
+    WHERE ctid = ANY(ARRAY(SELECT ctid FROM take)) AND ` + predExact + `
     RETURNING 1
 )
 SELECT count(*), max("offset"), (SELECT count(*) FROM gone),
