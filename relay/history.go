@@ -24,8 +24,8 @@ import (
 //
 // Where a slot's rows begin is found once, after the relay starts (or the
 // sequence went back), by reading the claim index in windows of ids for
-// all slots not found yet, oldest first, for at most half the count's time
-// per sample: each window reads at most as many index entries as it spans
+// all slots not found yet, oldest first, for at most a quarter of the
+// count's time per sample: each window reads at most as many index entries as it spans
 // ids, dead or alive, so no read is unbounded. Until every slot is found,
 // a sample counts the slots found so far (a lower bound).
 //
@@ -50,7 +50,7 @@ const (
 	// which doubles while a window reads in less than historyWindowFor and
 	// halves when it takes longer than twice that.
 	historyWindowMin = 10_000
-	historyWindowMax = 1_000_000
+	historyWindowMax = 200_000
 	historyWindowFor = 50 * time.Millisecond
 	// historyDiscoverMax bounds discovery per sample when the count has
 	// no deadline.
@@ -186,14 +186,15 @@ func (r *Relay) recordHistory(ctx context.Context, published map[string]uint64) 
 }
 
 // discover reads discovery windows for the slots not found yet, oldest ids
-// first, for at most half the time ctx has left. top is the outbox
+// first, for at most a quarter of the time ctx has left (the count needs
+// the rest). top is the outbox
 // sequence's last value (nil when the relay may not read it: the highest id
 // seen so far stands in, once there is one): once the windows pass it,
 // every slot still missing is empty, and its count starts past it.
 func (h *historyState) discover(ctx context.Context, tx pgx.Tx, top *int64) error {
 	budget := historyDiscoverMax
 	if d, ok := ctx.Deadline(); ok {
-		budget = min(budget, time.Until(d)/2)
+		budget = min(budget, time.Until(d)/4)
 	}
 	t0 := time.Now()
 	h.width = max(h.width, historyWindowMin)
