@@ -24,11 +24,13 @@ type Cleaner struct {
 
 	mu    sync.Mutex
 	stats Stats
+	walks map[walkKey]walkMark // where each walk starts next pass (walk.go)
 
 	// Test hooks (internal tests only): called once the lock is taken, just
 	// before it is released, and after every delete batch.
 	hookLocked, hookUnlock func()
 	hookBatch              func()
+	hookExactFrom          func(topic string, part int32, from int64)
 }
 
 // New validates cfg and returns a Cleaner.

@@ -85,9 +85,15 @@ func TestConcurrentCleanersRace(t *testing.T) {
 	b.topic(t, "t", map[string]string{"retention.ms": ms(time.Hour), "segment.ms": ms(time.Hour)})
 	var running atomic.Int32
 	var overlap atomic.Bool
+	// The cleaners' clock moves an hour a round, and each round's keys are
+	// received between the last round's time-rule cutoff and this one's
+	// (window 26h), as an inbox stamps them: a cleaner's time-rule walk
+	// starts at its last cutoff (walk.go).
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
 	cleaners := make([]*Cleaner, 3)
 	for i := range cleaners {
-		cleaners[i] = b.cleaner(t, Config{BatchSize: 7})
+		cleaners[i] = b.cleaner(t, Config{BatchSize: 7, Now: func() time.Time { return time.Unix(0, clock.Load()) }})
 		cleaners[i].hookBatch = func() {
 			if running.Load() != 1 {
 				overlap.Store(true)
@@ -97,7 +103,8 @@ func TestConcurrentCleanersRace(t *testing.T) {
 		cleaners[i].hookUnlock = func() { running.Add(-1) }
 	}
 	for round := range 10 {
-		b.bulkKeys(t, "t", 20, time.Now().Add(-100*time.Hour-time.Duration(round)*time.Second))
+		now := time.Unix(0, clock.Add(int64(time.Hour)))
+		b.bulkKeys(t, "t", 20, now.Add(-26*time.Hour-30*time.Minute))
 		var wg sync.WaitGroup
 		var deleted, ran atomic.Int64
 		errs := make([]error, len(cleaners))

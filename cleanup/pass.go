@@ -108,6 +108,7 @@ func listTopics(ctx context.Context, conn *pgxpool.Conn, query string) ([]string
 	if err != nil {
 		return nil, fmt.Errorf("list inbox topics: %w", err)
 	}
+	slices.Sort(topics)
 	return topics, nil
 }
 

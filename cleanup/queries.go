@@ -40,12 +40,16 @@ const batchLockTimeout = "200ms"
 
 // sqlTopics lists the distinct topics of pgbox_inbox with a loose index scan
 // over pgbox_inbox_position_idx (topic, partition, offset): one index probe
-// per topic, however many keys.
+// per topic, however many keys. It walks the index backwards, so each
+// probe lands on a topic's highest-offset key: the entries of keys the
+// cleaner deleted sit at the other end of a topic's range, and a held
+// snapshot (pg_dump, a long report) keeps them for as long as it lasts; a
+// forward probe would walk all of them first. listTopics sorts the answer.
 const sqlTopics = `
 WITH RECURSIVE t AS (
-    (SELECT topic FROM pgbox_inbox ORDER BY topic LIMIT 1)
+    (SELECT topic FROM pgbox_inbox ORDER BY topic DESC LIMIT 1)
     UNION ALL
-    SELECT (SELECT i.topic FROM pgbox_inbox i WHERE i.topic > t.topic ORDER BY i.topic LIMIT 1)
+    SELECT (SELECT i.topic FROM pgbox_inbox i WHERE i.topic < t.topic ORDER BY i.topic DESC LIMIT 1)
     FROM t WHERE t.topic IS NOT NULL
 )
 SELECT topic FROM t WHERE topic IS NOT NULL`
@@ -87,12 +91,17 @@ const (
 
 // sqlDeleteInboxExact deletes one batch of the keys of one partition that
 // the exact rule lets go: position known, offset below the log start $4,
-// age before $5 (now − buffer). It walks pgbox_inbox_position_idx from offset
-// $3 (the previous batch's highest), so it reads only the keys behind the log
-// start, and deletes the rows found by ctid with the predicate re-checked (a
-// duplicate that moved a key's position meanwhile keeps it). It returns how
-// many rows the batch selected, the highest offset among them, and how many
-// it deleted. Locking as for sqlDeleteInboxBatch.
+// age before $5 (now − buffer). It reads the partition's next $6 keys below
+// the log start along pgbox_inbox_position_idx from offset $3 (the previous
+// batch's highest, or where the previous pass left off: walk.go), whatever
+// their age and position, so that it sees the keys it leaves behind; it
+// deletes the ones the rule lets go, found by ctid with the predicate
+// re-checked (a duplicate that moved a key's position meanwhile keeps it).
+// It returns how many keys the batch read, the highest offset among them,
+// how many it deleted, how many of them the rule let go, and the lowest
+// offset of a key it left behind that the rule may let go later (position
+// known, younger than the buffer), NULL when none. Locking as for
+// inboxDeleteBatch.
 var (
 	sqlDeleteInboxExact           = inboxExactBatch("")
 	sqlDeleteInboxExactSkipLocked = inboxExactBatch("FOR UPDATE SKIP LOCKED")
@@ -102,19 +111,31 @@ const predExact = `topic = $1 AND partition = $2 AND "offset" < $4
       AND ` + posKnown + ` AND GREATEST(received_at, record_at) < $5`
 
 func inboxExactBatch(locking string) string {
+	take := `SELECT ctid FROM batch WHERE ok`
+	if locking != "" {
+		// Only the keys it deletes are locked: the ones it leaves stay free
+		// for a duplicate delivery's update.
+		take = `SELECT ctid FROM pgbox_inbox WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch WHERE ok)) ` + locking
+	}
 	return `
 WITH batch AS MATERIALIZED (
-    SELECT ctid, "offset" FROM pgbox_inbox
-    WHERE "offset" >= $3 AND ` + predExact + `
+    SELECT ctid, "offset",
+           COALESCE(` + posKnown + ` AND GREATEST(received_at, record_at) < $5, false) AS ok,
+           COALESCE(` + posKnown + `, false) AS known
+    FROM pgbox_inbox
+    WHERE topic = $1 AND partition = $2 AND "offset" >= $3 AND "offset" < $4
     ORDER BY "offset"
     LIMIT $6
-    ` + locking + `
+), take AS MATERIALIZED (
+    ` + take + `
 ), gone AS (
     DELETE FROM pgbox_inbox
-    WHERE ctid = ANY(ARRAY(SELECT ctid FROM batch)) AND ` + predExact + `
+    WHERE ctid = ANY(ARRAY(SELECT ctid FROM take)) AND ` + predExact + `
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM batch), (SELECT max("offset") FROM batch), (SELECT count(*) FROM gone)`
+SELECT count(*), max("offset"), (SELECT count(*) FROM gone),
+       count(*) FILTER (WHERE ok), min("offset") FILTER (WHERE known AND NOT ok)
+FROM batch`
 }
 
 // sqlCountInboxExact counts what sqlDeleteInboxExact would delete (dry
@@ -199,12 +220,13 @@ SELECT count(*) FROM c, LATERAL (
 WHERE c.consumer IS NOT NULL`
 
 // sqlOldestInbox is the age of a topic's oldest key: each consumer's oldest
-// of the topic from pgbox_inbox_consumer_topic_age_idx (sqlConsumers), the
-// oldest of those. No row when the topic has no keys.
+// of the topic from pgbox_inbox_consumer_topic_age_idx (sqlConsumers),
+// looked for from $2 on (the previous pass's answer, or -infinity:
+// walk.go), the oldest of those. No row when the topic has no keys.
 const sqlOldestInbox = sqlConsumers + `
 SELECT o.age FROM c, LATERAL (
     SELECT GREATEST(received_at, record_at) AS age FROM pgbox_inbox
-    WHERE consumer = c.consumer AND topic = $1
+    WHERE consumer = c.consumer AND topic = $1 AND GREATEST(received_at, record_at) >= $2
     ORDER BY GREATEST(received_at, record_at)
     LIMIT 1) o
 WHERE c.consumer IS NOT NULL

@@ -373,7 +373,7 @@ func TestListTopicsUsesLooseIndexScan(t *testing.T) {
 		{inboxDeleteBatch("", 2), []any{"a", time.Time{}, time.Now(), 10000, false, "svc", "other"}},
 		{inboxDeleteBatch(skipLocked, 2), []any{"a", time.Time{}, time.Now(), 10000, true, "svc", "other"}},
 		{sqlTopicConsumers, []any{"a"}},
-		{sqlOldestInbox, []any{"a"}},
+		{sqlOldestInbox, []any{"a", time.Time{}}},
 		// A dry run's count: the planner may take the position index's
 		// topic instead (it counts, so it reads the keys either way).
 		{sqlCountInboxTimed, []any{"a", time.Now(), false, []int32{0}, []int64{5}, time.Now()}},

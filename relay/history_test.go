@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/internal/testdb"
@@ -39,4 +40,125 @@ func TestRecordHistory(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, []sample{{"", 0, 0}, {"a", 2, 7}, {"b", 1, 0}, {"c", 0, 3}}, got)
+}
+
+// outboxBlocks is how many blocks of pgbox_outbox and its indexes the
+// connections of pool have read or found in shared buffers (pool holds one
+// connection: its statistics are flushed before they are read).
+func outboxBlocks(t *testing.T, pool *pgxpool.Pool) int64 {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `SELECT pg_stat_clear_snapshot()`)
+	require.NoError(t, err)
+	var n int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(heap_blks_hit, 0) + coalesce(heap_blks_read, 0)
+		+ coalesce(idx_blks_hit, 0) + coalesce(idx_blks_read, 0)
+		FROM pg_statio_user_tables WHERE relid = 'pgbox_outbox'::regclass`).Scan(&n))
+	return n
+}
+
+// Under a held snapshot (as pg_dump holds one) with many published, deleted
+// rows, a history sample answers, writes its rows and counts the backlog
+// exactly; once the relay has found where each
+// slot's rows begin, a sample reads a few blocks, not the table's dead rows
+// (before issue 32 every sample read the whole bloated heap, and with 1.7M
+// dead rows was cancelled at every heartbeat).
+func TestRecordHistoryUnderHold(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.NewDatabase(t) // the hold is per database
+	const rows = 300_000
+	_, err := db.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value)
+		SELECT gen_random_uuid(), g % 256, 't' || (g % 3), 'k', repeat('v', 200)::bytea FROM generate_series(1, $1::int) g`, rows)
+	require.NoError(t, err)
+	db.HoldSnapshot(t, "history-test")
+	// Everything but ten rows was published; one of the ten is parked.
+	_, err = db.Pool.Exec(ctx, `DELETE FROM pgbox_outbox WHERE id NOT IN (SELECT id FROM pgbox_outbox ORDER BY id DESC LIMIT 10)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `UPDATE pgbox_outbox SET parked_at = now() WHERE id = (SELECT max(id) FROM pgbox_outbox)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `VACUUM ANALYZE pgbox_outbox`) // removes nothing: the snapshot is held
+	require.NoError(t, err)
+	var pages int64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT relpages FROM pg_class WHERE oid = 'pgbox_outbox'::regclass`).Scan(&pages))
+
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r := &Relay{cfg: Config{Pool: pool}}
+	sample := func() int64 {
+		t.Helper()
+		// The heartbeat gives a sample its interval (2 s); the test gives
+		// more, so that a busy machine does not fail it: what it checks is
+		// what a sample reads, below.
+		cctx, cancel := context.WithTimeout(ctx, 5*HeartbeatIntervalDefault)
+		defer cancel()
+		backlog, err := r.recordHistory(cctx, nil)
+		require.NoError(t, err)
+		return backlog
+	}
+	// The first samples find where each slot's rows begin, in bounded
+	// windows; they count a lower bound meanwhile.
+	for i := 0; sample() != 9; i++ {
+		require.Less(t, i, 50, "the backlog is counted exactly once every slot is found")
+	}
+	for range 3 {
+		before := outboxBlocks(t, pool)
+		require.EqualValues(t, 9, sample())
+		read := outboxBlocks(t, pool) - before
+		// One index descent per slot (a few blocks each) and the rows:
+		// nothing that grows with the dead rows.
+		require.Less(t, read, pages/4, "a sample reads %d blocks; the table has %d pages", read, pages)
+	}
+	var samples int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_relay_history WHERE topic = ''`).Scan(&samples))
+	require.GreaterOrEqual(t, samples, 4, "every sample is written")
+
+	// Rows written since are counted; published ones no longer are.
+	_, err = db.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value)
+		SELECT gen_random_uuid(), g % 256, 'new', 'k', 'v' FROM generate_series(1, 300) g`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `DELETE FROM pgbox_outbox WHERE topic <> 'new' AND parked_at IS NULL`)
+	require.NoError(t, err)
+	require.EqualValues(t, 300, sample())
+	var backlog int64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT backlog FROM pgbox_relay_history WHERE topic = 'new' ORDER BY at DESC LIMIT 1`).Scan(&backlog))
+	require.EqualValues(t, 300, backlog)
+}
+
+// The sequence going back (TRUNCATE … RESTART IDENTITY) makes the relay
+// find where the slots' rows begin again: new rows below the old starts are
+// counted.
+func TestRecordHistorySequenceBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	r := &Relay{cfg: Config{Pool: db.Pool}}
+	insert := func(n int) {
+		t.Helper()
+		_, err := db.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value)
+			SELECT gen_random_uuid(), g % 256, 't', 'k', 'v' FROM generate_series(1, $1::int) g`, n)
+		require.NoError(t, err)
+	}
+	insert(1000)
+	backlog, err := r.recordHistory(ctx, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 1000, backlog)
+	_, err = db.Pool.Exec(ctx, `DELETE FROM pgbox_outbox`)
+	require.NoError(t, err)
+	backlog, err = r.recordHistory(ctx, nil)
+	require.NoError(t, err)
+	require.Zero(t, backlog)
+
+	_, err = db.Pool.Exec(ctx, `TRUNCATE pgbox_outbox RESTART IDENTITY`)
+	require.NoError(t, err)
+	insert(5)
+	backlog, err = r.recordHistory(ctx, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 5, backlog)
 }

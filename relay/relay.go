@@ -75,6 +75,7 @@ type Relay struct {
 	sweepWanted                         atomic.Bool            // a look found rows below a floor: the next full claim sweeps
 	pubMu                               sync.Mutex
 	pubByTopic                          map[string]uint64 // published per topic since the last history sample
+	hist                                historyState      // where the next history sample counts from; the heartbeat's
 	summaryAt                           time.Time         // the last summary; owned by the heartbeat goroutine
 	summaryParked                       uint64            // parked at the last summary; likewise
 	latLast, latMax, latTotal           atomic.Int64
