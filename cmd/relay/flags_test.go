@@ -664,7 +664,7 @@ func checkSweepInterval(t *testing.T, set setFn) {
 	// line each time it finds nothing): at 1s, several times within
 	// seconds; with the 1m default, once at start. (A row below a floor is
 	// what the sweep is for; no writer can put one there any more: relay's
-	// TestSweepPublishesRowsBelowABrokenFloor breaks the rule on purpose.)
+	// TestFloorSweepCatchesABrokenRule breaks the rule on purpose.)
 	db := testdb.New(t)
 	c := kafkatest.New(t, kfake.SeedTopics(1, "sweep.v1"))
 	p, _ := startWith(t, set, "1s", runEnv(db, c, "PGBOX_LOG_LEVEL=debug"))
