@@ -148,15 +148,16 @@ type Config struct {
 	// and `relay status` show it from the first failure. Defaults to
 	// [KafkaOutageAlertDefault] (1m).
 	KafkaOutageAlert time.Duration
-	// SweepInterval is how often one claim reads every owned slot from its
-	// start instead of its floor: the floor's second line of defence. A
-	// committed row it finds below a floor is published at once, in order,
-	// counted (outbox.RelayStats.RowsBelowFloor,
-	// pgbox_relay_rows_below_floor_total) and logged at ERROR: a hole in
+	// SweepInterval is how often the relay looks below every owned slot's
+	// floor, on a connection of its own (the floor's second line of
+	// defence). When the look finds a committed row there, the next claim
+	// reads every owned slot from its start: the row is published, in
+	// order, counted (outbox.RelayStats.RowsBelowFloor,
+	// pgbox_relay_rows_below_floor_total) and logged at ERROR, so a hole in
 	// the floor's rule becomes a delay of at most SweepInterval and an
-	// alarm, never a lost row. Each sweep walks the dead index entries a
-	// held xmin horizon keeps (once per interval, not per claim). There is
-	// no way to turn it off. Defaults to [SweepIntervalDefault] (1m).
+	// alarm, never a lost row. Each look walks the dead index entries a
+	// held xmin horizon keeps (once per interval, never in a claim). There
+	// is no way to turn it off. Defaults to [SweepIntervalDefault] (1m).
 	SweepInterval time.Duration
 	// MaxBackoff caps the exponential backoff after failed passes. Defaults to
 	// [MaxBackoffDefault] (10s).

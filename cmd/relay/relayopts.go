@@ -52,7 +52,7 @@ func (r *relayOptions) bind(s *settings) {
 	s.duration(&r.KafkaOutageAlert, g, "kafka-outage-alert", "PGBOX_KAFKA_OUTAGE_ALERT", relay.KafkaOutageAlertDefault, time.Millisecond,
 		"how long Kafka may be unreachable before the relay logs it at ERROR (status shows it from the start)")
 	s.duration(&r.SweepInterval, g, "sweep-interval", "PGBOX_SWEEP_INTERVAL", relay.SweepIntervalDefault, time.Millisecond,
-		"how often one claim reads every owned slot from its start, the floor's second line of defence: a committed row found below a floor is published, counted and logged at ERROR")
+		"how often the relay looks below every owned slot's floor, the floor's second line of defence: a committed row found there is published, counted and logged at ERROR")
 	s.duration(&r.MaxBackoff, g, "max-backoff", "PGBOX_MAX_BACKOFF", relay.MaxBackoffDefault, time.Millisecond, "cap of the backoff after failed passes")
 	s.boolean(&r.NoListen, g, "no-listen", "PGBOX_NO_LISTEN", false, "poll only, no LISTEN (needed behind pgbouncer in transaction mode)")
 	s.str(&r.Channel, g, "channel", "PGBOX_CHANNEL", outbox.ChannelDefault, "LISTEN channel; must match the writers' outbox.Config.Channel")
