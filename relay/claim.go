@@ -91,8 +91,9 @@ func (r *Relay) takeBatch(ctx context.Context, only *slotSet) (claimed, int64, e
 	}
 	if len(c.meta.slots) > 0 {
 		r.sayFloor(ctx, wasOff, start)
-		off := r.floors.off
-		r.floorOff.Store(&off)
+		if off := r.floors.off; off != wasOff || r.floorOff.Load() == nil {
+			r.floorOff.Store(&off) // for Stats, read by other goroutines
+		}
 	}
 	if below := c.belowFloor(); len(below) > 0 {
 		r.rowsBelowFloor.Add(uint64(len(below)))
