@@ -186,6 +186,10 @@ type Inbox struct {
 	lockTimeout string // milliseconds, for set_config; "" when waiting
 	keyed       bool   // rows in pgbox_inbox
 	watermark   bool   // a row per partition in pgbox_inbox_watermark
+	// probe counts down the batches that probe for known keys before
+	// inserting (sqlInsertManyProbe): set to probeBatches by a batch in
+	// which a key was seen before.
+	probe atomic.Int32
 
 	stats struct {
 		processed, duplicates, mismatches, inFlight, invalid, handlerErrors, gaps atomic.Uint64

@@ -19,6 +19,10 @@ const maxVanished = 3
 // codeUniqueViolation is SQLSTATE unique_violation.
 const codeUniqueViolation = pgerr.CodeUniqueViolation
 
+// probeBatches is how many batches probe for known keys before inserting
+// after a batch met one (Inbox.probe).
+const probeBatches = 16
+
 // Process runs h for m inside tx unless m's key was processed before by this
 // consumer. The dedup step is one round trip: a savepoint and an INSERT … ON
 // CONFLICT DO NOTHING into pgbox_inbox, pipelined. A duplicate takes one more,

@@ -83,20 +83,30 @@ func dedupBatchOf[T deduper](ctx context.Context, ib *Inbox, tx T, ms []Message,
 // inserts the keys and checks fingerprints against stored keys. On error it
 // has rolled back to the savepoint (unless the caller owns tx).
 func (ib *Inbox) dedupBatchStep(ctx context.Context, tx querier, ms []Message, p *batchPlan, owned bool) error {
-	insert := sqlInsertManyNew
-	if owned {
-		// Without a savepoint, the probe's unique violation (a key
-		// committed concurrently) would abort the transaction: take ON
-		// CONFLICT at once, which waits for such a key and skips it.
+	insert, probing := sqlInsertManyNew, ib.probe.Load() > 0
+	switch {
+	case owned:
+		// Without a savepoint, the plain insert's unique violation (a key
+		// seen before) would abort the transaction: take ON CONFLICT at
+		// once, which waits for such a key and skips it.
 		insert = sqlInsertMany
+	case probing:
+		insert = sqlInsertManyProbe
 	}
 	err := ib.dedupBatch(ctx, tx, p, insert, owned)
 	if !owned && pgerr.Is(err, codeUniqueViolation) {
-		// A key committed concurrently (see sqlInsertManyNew): again, with
-		// ON CONFLICT.
+		// A key seen before (see sqlInsertManyNew): again, with ON
+		// CONFLICT, and probe first in the next batches.
+		ib.probe.Store(probeBatches)
 		if err = rollbackToSavepoint(ctx, tx); err == nil {
 			p.reset()
 			err = ib.dedupBatch(ctx, tx, p, sqlInsertMany, false)
+		}
+	} else if err == nil && ib.keyed && !owned {
+		if p.conflicted() {
+			ib.probe.Store(probeBatches)
+		} else if probing {
+			ib.probe.Add(-1)
 		}
 	}
 	if err != nil {
@@ -224,6 +234,17 @@ func (p *batchPlan) reset() {
 	if p.wm != nil {
 		clear(p.wm.moved)
 	}
+}
+
+// conflicted reports whether a key of the batch was there before (its
+// stored row was read, not inserted).
+func (p *batchPlan) conflicted() bool {
+	for _, r := range p.rows {
+		if !r.inserted {
+			return true
+		}
+	}
+	return false
 }
 
 // scanInserted records the keys an insert returned.

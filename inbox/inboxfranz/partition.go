@@ -15,6 +15,13 @@ import (
 // others go on).
 const maxQueued = 4096
 
+// chanBuffer is how many of a partition's queued records wait in the
+// channel its loop reads: a batch takes what is buffered without waiting,
+// so an unbuffered channel would hand each record over on its own and make
+// the loop wait BatchWait for records already fetched (sarama's claims
+// buffer Config.ChannelBufferSize, 256 by default, the same way).
+const chanBuffer = 256
+
 // part is one partition being processed: its queue, fed by the poll loop,
 // and the shared loop reading it (it implements consume.Claim).
 type part struct {
@@ -51,7 +58,7 @@ func (c *Consumer) dispatch(ctx context.Context, failed context.CancelFunc, p kg
 // start runs the shared loop over a new partition queue.
 func (c *Consumer) start(ctx context.Context, failed context.CancelFunc, k tp, first int64) *part {
 	pctx, stop := context.WithCancel(ctx)
-	w := &part{c: c, tp: k, first: first, ctx: pctx, stop: stop, ch: make(chan *kgo.Record), done: make(chan struct{}), wake: make(chan struct{}, 1)}
+	w := &part{c: c, tp: k, first: first, ctx: pctx, stop: stop, ch: make(chan *kgo.Record, chanBuffer), done: make(chan struct{}), wake: make(chan struct{}, 1)}
 	var wg sync.WaitGroup
 	wg.Go(w.forward)
 	wg.Go(func() {
