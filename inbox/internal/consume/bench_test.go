@@ -3,6 +3,8 @@ package consume_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,8 +24,18 @@ import (
 	"github.com/pgbox/pgbox/internal/kafkatest"
 )
 
-// benchRecords is how many records each consumer run reads.
-const benchRecords = 10_000
+// benchRecords is how many records each consumer run reads:
+// PGBOX_BENCH_RECORDS, 10,000 by default. At batch 100 a 10,000-record run
+// lasts 100–300 ms, a third of it the group's join and the last commit
+// tick: longer runs weigh the price per message more than those.
+var benchRecords = benchRecordsOf(os.Getenv("PGBOX_BENCH_RECORDS"))
+
+func benchRecordsOf(s string) int64 {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 {
+		return n
+	}
+	return 10_000
+}
 
 const (
 	benchInsert = `INSERT INTO effects (event, topic, partition, "offset") VALUES ($1, $2, $3, $4)`
@@ -71,7 +83,7 @@ const (
 //
 // pgbox runs with event-id keys (inbox.ByHeader), as the hand-written
 // consumer dedups on the event id. Each run starts from a full backlog
-// (10k records on 4 partitions) with a new consumer group and a fresh key
+// (benchRecords on 4 partitions: 10k, or PGBOX_BENCH_RECORDS) with a new consumer group and a fresh key
 // space, nothing running; the clock runs from the group's creation to the
 // records committed as seen from outside: every business row in the table
 // (counted in PostgreSQL) and the group's committed offsets at the end of
@@ -122,7 +134,7 @@ func (env *benchEnv) interleave(b *testing.B, client, pg, vs string, batch int) 
 			pgbox()
 		}
 	}
-	n := float64(b.N * benchRecords)
+	n := float64(int64(b.N) * benchRecords)
 	b.ReportMetric(n/tp.Seconds(), "pgbox-msgs/s")
 	b.ReportMetric(n/tb.Seconds(), "baseline-msgs/s")
 	b.ReportMetric(tb.Seconds()/tp.Seconds(), "x-baseline")
@@ -171,7 +183,7 @@ func newBenchEnv(tb testing.TB) *benchEnv {
 	require.NoError(tb, err)
 	tb.Cleanup(traced.Close)
 	env := &benchEnv{b: bd, pool: delayproxy.Pool(tb, traced), rts: rts}
-	bd.ProduceEvents(tb, events("ev", benchRecords)...)
+	bd.ProduceEvents(tb, events("ev", int(benchRecords))...)
 	// A live service's dedup tables are large and vacuumed: both start from
 	// 200k earlier keys.
 	_, err = bd.DB.Pool.Exec(ctx, `INSERT INTO pgbox_inbox (consumer, key, topic, partition, "offset")

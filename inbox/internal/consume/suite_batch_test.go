@@ -54,12 +54,14 @@ func requireInOrder(t *testing.T, b *bundle) {
 type sizes struct {
 	mu  sync.Mutex
 	max int
+	all []int
 }
 
 func (s *sizes) wrap(fn inbox.BatchHandlerFunc) inbox.BatchHandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx, ms []inbox.Message) error {
 		s.mu.Lock()
 		s.max = max(s.max, len(ms))
+		s.all = append(s.all, len(ms))
 		s.mu.Unlock()
 		return fn(ctx, tx, ms)
 	}
@@ -84,6 +86,33 @@ func TestSuiteBatchHandlerProcessesAndCommits(t *testing.T) {
 		require.EqualValues(t, n, m.stats().Processed)
 		require.Greater(t, sz.max, 1, "the handler got batches")
 		require.LessOrEqual(t, sz.max, 25)
+	})
+}
+
+// With no batch wait, a batch is what is already fetched: a backlog comes
+// in full batches, not one record per batch (the franz-go adapter once
+// handed its loop one record at a time through an unbuffered channel, so
+// "what is buffered" was one record).
+func TestSuiteBatchHandlerNoWaitTakesWhatIsFetched(t *testing.T) {
+	t.Parallel()
+	forEach(t, false, func(t *testing.T, a adapter) {
+		b := setup(t, 1)
+		const n, batch = 2000, 50
+		b.ProduceEvents(t, events("e", n)...)
+		var sz sizes
+		s := batchSettings(b, newInbox(t, inbox.ByOffset()), sz.wrap(batchEffect), batch)
+		s.batchWait = inbox.NoBatchWait
+		m := a.start(t, b, s)
+		testutil.Eventually(t, 30*time.Second, "all effects", func() bool { _, d := b.Effects(t); return d >= n })
+		m.stop()
+		requireExactlyOnce(t, b, n, 1)
+		sz.mu.Lock()
+		defer sz.mu.Unlock()
+		require.LessOrEqual(t, sz.max, batch)
+		// The first batch may be short (the fetch still arriving); a
+		// 2,000-record backlog in batches of at most 50 takes 40 of them
+		// when they come full, 2,000 when they come one by one.
+		require.Less(t, len(sz.all), 4*n/batch, "batches of a fetched backlog: %v", sz.all)
 	})
 }
 
