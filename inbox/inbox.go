@@ -186,10 +186,14 @@ type Inbox struct {
 	lockTimeout string // milliseconds, for set_config; "" when waiting
 	keyed       bool   // rows in pgbox_inbox
 	watermark   bool   // a row per partition in pgbox_inbox_watermark
-	// probe counts down the batches that probe for known keys before
-	// inserting (sqlInsertManyProbe): set to probeBatches by a batch in
-	// which a key was seen before.
-	probe atomic.Int32
+	// probeUntil (UnixNano) ends the window in which batches probe for
+	// known keys before inserting (sqlInsertManyProbe, or ON CONFLICT when
+	// the caller owns the transaction): a batch in which a key was seen
+	// before opens it for probeWindow. A time, not a count of batches: one
+	// *Inbox serves many partitions, and the new keys of the others must
+	// not use up the window of one that redelivers.
+	probeUntil atomic.Int64
+	probeFor   time.Duration // probeWindow; shorter in tests
 
 	stats struct {
 		processed, duplicates, mismatches, inFlight, invalid, handlerErrors, gaps atomic.Uint64
@@ -205,13 +209,19 @@ func New(cfg Config) (*Inbox, error) {
 		cfg.Key = ByOffset() // with DedupWatermark: names the record only
 	}
 	ib := &Inbox{consumer: cfg.Consumer, key: cfg.Key, fingerprint: !cfg.DisableFingerprint,
-		keyed: cfg.Dedup != DedupWatermark, watermark: cfg.Dedup != DedupKeys}
+		keyed: cfg.Dedup != DedupWatermark, watermark: cfg.Dedup != DedupKeys, probeFor: probeWindow}
 	if cfg.LockTimeout > 0 {
 		ms := (cfg.LockTimeout + time.Millisecond - 1) / time.Millisecond // round up: never 0 (= wait forever)
 		ib.lockTimeout = strconv.FormatInt(int64(ms), 10)
 	}
 	return ib, nil
 }
+
+// probing reports whether a batch starting now probes first (probeUntil).
+func (ib *Inbox) probing() bool { return time.Now().UnixNano() < ib.probeUntil.Load() }
+
+// sawKnownKey opens the probe window (probeUntil).
+func (ib *Inbox) sawKnownKey() { ib.probeUntil.Store(time.Now().Add(ib.probeFor).UnixNano()) }
 
 // Consumer returns Config.Consumer.
 func (ib *Inbox) Consumer() string { return ib.consumer }

@@ -23,6 +23,8 @@ type testBundle struct {
 	pool *pgxpool.Pool
 	kind txKind  // of the transactions begin and process open (kindPgx when unset)
 	sdb  *sql.DB // sqlDB's
+	// conflicts counts ownedTx's runs ended by an owntx.Conflict.
+	conflicts int
 }
 
 // setup gives the test its own migrated schema with a business table,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -19,9 +20,11 @@ const maxVanished = 3
 // codeUniqueViolation is SQLSTATE unique_violation.
 const codeUniqueViolation = pgerr.CodeUniqueViolation
 
-// probeBatches is how many batches probe for known keys before inserting
-// after a batch met one (Inbox.probe).
-const probeBatches = 16
+// probeWindow is how long batches probe for known keys before inserting
+// after a batch met one (Inbox.probeUntil): redeliveries come in runs (a
+// rebalance, a restart, a replay), each a few seconds of a partition's
+// records.
+const probeWindow = 10 * time.Second
 
 // Process runs h for m inside tx unless m's key was processed before by this
 // consumer. The dedup step is one round trip: a savepoint and an INSERT … ON

@@ -83,31 +83,33 @@ func dedupBatchOf[T deduper](ctx context.Context, ib *Inbox, tx T, ms []Message,
 // inserts the keys and checks fingerprints against stored keys. On error it
 // has rolled back to the savepoint (unless the caller owns tx).
 func (ib *Inbox) dedupBatchStep(ctx context.Context, tx querier, ms []Message, p *batchPlan, owned bool) error {
-	insert, probing := sqlInsertManyNew, ib.probe.Load() > 0
+	insert, probing := sqlInsertManyNew, ib.probing()
 	switch {
-	case owned:
-		// Without a savepoint, the plain insert's unique violation (a key
-		// seen before) would abort the transaction: take ON CONFLICT at
-		// once, which waits for such a key and skips it.
+	case probing && owned:
+		// No savepoint to fall back to: ON CONFLICT, which cannot fail on
+		// a key seen before.
 		insert = sqlInsertMany
 	case probing:
 		insert = sqlInsertManyProbe
 	}
 	err := ib.dedupBatch(ctx, tx, p, insert, owned)
-	if !owned && pgerr.Is(err, codeUniqueViolation) {
+	switch {
+	case ib.keyed && owned && pgerr.Is(err, codeUniqueViolation):
+		// A key seen before aborted the caller's transaction: the caller
+		// runs the batch again in a new one (owntx.Conflict), which takes
+		// ON CONFLICT.
+		ib.sawKnownKey()
+		return owntx.Conflict(fmt.Errorf("inbox: consumer %q, batch of %d: a key was seen before: %w", ib.consumer, len(ms), err))
+	case ib.keyed && pgerr.Is(err, codeUniqueViolation):
 		// A key seen before (see sqlInsertManyNew): again, with ON
 		// CONFLICT, and probe first in the next batches.
-		ib.probe.Store(probeBatches)
+		ib.sawKnownKey()
 		if err = rollbackToSavepoint(ctx, tx); err == nil {
 			p.reset()
 			err = ib.dedupBatch(ctx, tx, p, sqlInsertMany, false)
 		}
-	} else if err == nil && ib.keyed && !owned {
-		if p.conflicted() {
-			ib.probe.Store(probeBatches)
-		} else if probing {
-			ib.probe.Add(-1)
-		}
+	case err == nil && ib.keyed && p.conflicted():
+		ib.sawKnownKey()
 	}
 	if err != nil {
 		var spErr *savepointError

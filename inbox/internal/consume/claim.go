@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/internal/owntx"
 	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
@@ -461,6 +462,10 @@ func (c *claimRun[R]) retry(m inbox.Message, what string, try func() (err, herr 
 	}
 }
 
+// maxConflictTries bounds inTx's runs of a transaction whose batch met a
+// key seen before (owntx.Conflict).
+const maxConflictTries = 3
+
 // inTx runs fn in a transaction on the pool and commits it. BEGIN goes out
 // with fn's first batch of statements (lazyTx). When fn fails, the
 // transaction is rolled back whole: this is what lets Process and
@@ -472,9 +477,20 @@ func (c *claimRun[R]) inTx(fn func(pgx.Tx) error) error {
 	}
 	defer conn.Release()
 	tx := &lazyTx{conn: conn.Conn()} // begun by fn's first batch: the dedup step
-	if err := fn(tx); err != nil {
+	for try := 1; ; try++ {
+		err := fn(tx)
+		if err == nil {
+			break
+		}
 		rollback(c.work, tx)
-		return err
+		// A batch's plain key insert met a key seen before (a
+		// redelivery): nothing else ran, and the next try takes ON
+		// CONFLICT (the inbox's probe window is open). Bounded all the
+		// same: past it, an error like others.
+		if !owntx.IsConflict(err) || try == maxConflictTries || c.work.Err() != nil {
+			return err
+		}
+		tx = &lazyTx{conn: conn.Conn()}
 	}
 	// Once COMMIT is sent its outcome is the server's: the drain timeout
 	// must not cut the client off it. Cut off, the client cannot tell a

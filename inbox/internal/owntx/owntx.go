@@ -4,11 +4,14 @@
 // inboxsarama and inboxfranz drive) begins each transaction itself and rolls
 // the whole of it back on any error the inbox returns: the savepoint that
 // lets other callers carry on after an error would only cost it a statement
-// and a subtransaction per call.
+// and a subtransaction per call. A batch whose first, plain insert meets a
+// key seen before fails with a Conflict error instead, and the loop runs it
+// again in a new transaction.
 package owntx
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -35,4 +38,23 @@ func Owns(ctx context.Context, tx pgx.Tx) bool {
 // savepoint, since it may carry on after an error.
 func Drop(ctx context.Context) context.Context {
 	return context.WithValue(ctx, key{}, nil)
+}
+
+// conflictError is Conflict's error.
+type conflictError struct{ err error }
+
+func (e *conflictError) Error() string { return e.err.Error() }
+func (e *conflictError) Unwrap() error { return e.err }
+
+// Conflict marks err, returned by ProcessBatch in a transaction its caller
+// owns, as the failure of its first insert on a key seen before: the
+// transaction is aborted, nothing in it was the handler's, and running the
+// same work again in a new transaction right away is expected to succeed
+// (the inbox then takes ON CONFLICT for the keys).
+func Conflict(err error) error { return &conflictError{err: err} }
+
+// IsConflict reports whether err is (wraps) a Conflict.
+func IsConflict(err error) bool {
+	var c *conflictError
+	return errors.As(err, &c)
 }
