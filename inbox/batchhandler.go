@@ -135,8 +135,8 @@ func (e *BatchError) first(n int) (failedMessage, bool) {
 }
 
 // ProcessBatchAtOnce is ProcessBatch with a batch handler: the same dedup step
-// (one round trip for every key of ms, in one savepoint; one more reads the
-// stored rows of keys seen before, if any), then h runs once,
+// (one round trip for every key of ms, in one savepoint, when all are new;
+// keys seen before cost more, see ProcessBatch), then h runs once,
 // with the messages whose keys are new, in input order. h is not called when
 // every message is a duplicate. results[i] is for ms[i], as ProcessBatch's.
 //

@@ -111,7 +111,8 @@ const (
 type ConsumerConfig struct {
 	// BatchSize is the most messages of one partition processed in one
 	// transaction. Above 1, messages go through ProcessBatch (one round trip
-	// for all their keys, one more when some were seen before); a batch whose handler fails is retried message by
+	// for all their keys when they are new; keys seen before cost more, see
+	// ProcessBatch); a batch whose handler fails is retried message by
 	// message, so one poison message cannot hold back the others. Defaults to
 	// BatchSizeDefault (1: Process, one transaction per message).
 	BatchSize int
