@@ -487,7 +487,9 @@ func (c *claimRun[R]) inTx(fn func(pgx.Tx) error) error {
 		// redelivery): nothing else ran, and the next try takes ON
 		// CONFLICT (the inbox's probe window is open). Bounded all the
 		// same: past it, an error like others.
-		if !owntx.IsConflict(err) || try == maxConflictTries || c.work.Err() != nil {
+		// Never after the claim stopped: no transaction starts then (the
+		// batch stays unmarked and goes to the partition's next owner).
+		if !owntx.IsConflict(err) || try == maxConflictTries || c.stopped() || c.work.Err() != nil {
 			return err
 		}
 		tx = &lazyTx{conn: conn.Conn()}
