@@ -45,7 +45,8 @@ type claimed struct {
 // claimMeta is the first part of pgbox_outbox_claim2's result: the owned
 // slots among those asked for, in the order probed, with the epoch and floor
 // each was probed under, and what the claim says of the sequence, the
-// server and the snapshot its rows were read with (claim2SQL).
+// server and the snapshot its rows were read with (claimSQL; the first
+// slot row carries these, migration 00140).
 type claimMeta struct {
 	slots      []int16
 	epochs     []int64
@@ -141,8 +142,8 @@ func (r *Relay) checkSlots(ctx context.Context, rows []row, now time.Time) {
 // what it keeps (its topic, key, value and headers), not one per column.
 // Each row decodes only the columns its kind fills (claimCols): the
 // claim-wide columns (the sequence, ident, the rewinds, the snapshot...)
-// are the same on every slot row of one result (claim2SQL computes them
-// once), so they are read from the first slot row only.
+// are computed once per claim and sent on the first slot row only
+// (migration 00140; 00120 repeated them, the same, on every slot row).
 func (r *Relay) claim(ctx context.Context, a *claimArgs) (claimed, error) {
 	a.instance, a.lanes, a.perSlot, a.batch = r.id, r.cfg.Lanes, r.claimPerSlot(), r.cfg.BatchSize
 	rows, err := r.cfg.Pool.Query(ctx, claimSQL, a.sql()...)
@@ -162,7 +163,7 @@ func (r *Relay) claim(ctx context.Context, a *claimArgs) (claimed, error) {
 		rwSlots                    []int32
 		rwFrom                     []int64
 	)
-	// The columns, as claim2SQL returns them; nil skips a column. A row
+	// The columns, as claimSQL returns them; nil skips a column. A row
 	// fills its own ten; the first slot row the slot's (slot, epoch,
 	// floor) and the claim-wide ones; the other slot rows only the
 	// slot's.
@@ -207,7 +208,7 @@ func (r *Relay) claim(ctx context.Context, a *claimArgs) (claimed, error) {
 	return c, rows.Err()
 }
 
-// claimCols is how many columns claim2SQL returns.
+// claimCols is how many columns claimSQL returns.
 const claimCols = 21
 
 func deref[T any](p *T) T {
