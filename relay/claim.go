@@ -176,8 +176,10 @@ func (r *Relay) claim(ctx context.Context, a *claimArgs) (claimed, error) {
 	slotDest[2], slotDest[9], slotDest[10] = all[2], all[9], all[10]
 	firstSlot := true
 	for rows.Next() {
-		x = row{}                       // nothing carries over from the previous row (pgx zeroes what it scans into, too)
-		if rows.RawValues()[0] != nil { // id: a row
+		// Nothing carries over from the previous row (pgx zeroes what it
+		// scans into, too). A row has an id; a slot row has none.
+		x = row{}
+		if rows.RawValues()[0] != nil {
 			if err := rows.Scan(rowDest[:]...); err != nil {
 				return claimed{}, err
 			}

@@ -193,8 +193,8 @@
 // loss. So a claim's cost depends neither on the table size nor on how many
 // deleted rows a held xmin horizon (a pg_dump, a long report) keeps behind
 // the floor. The claim is the function pgbox_outbox_claim2 (migrations
-// 00120 and 00140), which plans with sequential and bitmap scans off, so no ANALYZE
-// flips it off the index. Each probe, with
+// 00120 and 00140), which plans with sequential and bitmap scans off, so
+// no ANALYZE flips it off the index. Each probe, with
 // some row parked (300k rows, a third parked):
 //
 //	->  Limit
