@@ -48,9 +48,10 @@ type RelayStats struct {
 	BatchLatencyLast, BatchLatencyMax, BatchLatencyTotal time.Duration
 	// Backlog is the number of unpublished, unparked rows in the whole outbox,
 	// counted up to 100,000 at the first heartbeat and every fifth after it
-	// (every 10 s by default), in a statement of its own; a lower bound for
-	// the first counts after the relay starts under a held xmin horizon,
-	// while it finds where each slot's rows begin (docs/relay.md).
+	// (every 10 s by default), in a statement of its own that no heartbeat
+	// waits for; a lower bound for the first counts after the relay starts
+	// under a held xmin horizon, while it finds where each slot's rows
+	// begin (docs/relay.md).
 	Backlog int64
 	// Lanes is how many lanes this instance held at its last heartbeat.
 	Lanes int

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/pgbox/pgbox/internal/slot"
 	"github.com/pgbox/pgbox/outbox"
 )
@@ -43,7 +45,8 @@ type claimed struct {
 // claimMeta is the first part of pgbox_outbox_claim2's result: the owned
 // slots among those asked for, in the order probed, with the epoch and floor
 // each was probed under, and what the claim says of the sequence, the
-// server and the snapshot its rows were read with (claim2SQL).
+// server and the snapshot its rows were read with (claimSQL; the first
+// slot row carries these, migration 00140).
 type claimMeta struct {
 	slots      []int16
 	epochs     []int64
@@ -133,6 +136,14 @@ func (r *Relay) checkSlots(ctx context.Context, rows []row, now time.Time) {
 }
 
 // claim runs pgbox_outbox_claim2 with a's arguments.
+//
+// Its result is read with scan targets declared once per claim, not per
+// row, and without pointers to pointers: a row costs the allocations of
+// what it keeps (its topic, key, value and headers), not one per column.
+// Each row decodes only the columns its kind fills (claimCols): the
+// claim-wide columns (the sequence, ident, the rewinds, the snapshot...)
+// are computed once per claim and sent on the first slot row only
+// (migration 00140; 00120 repeated them, the same, on every slot row).
 func (r *Relay) claim(ctx context.Context, a *claimArgs) (claimed, error) {
 	a.instance, a.lanes, a.perSlot, a.batch = r.id, r.cfg.Lanes, r.claimPerSlot(), r.cfg.BatchSize
 	rows, err := r.cfg.Pool.Query(ctx, claimSQL, a.sql()...)
@@ -141,34 +152,66 @@ func (r *Relay) claim(ctx context.Context, a *claimArgs) (claimed, error) {
 	}
 	defer rows.Close()
 	c := claimed{meta: claimMeta{sweep: a.sweep, rescanFrom: a.settled + 1}}
+	var (
+		x                          row
+		id, floor, seq, hw, rwSeen pgtype.Int8
+		eventID                    pgtype.UUID
+		topic, off, ident, snap    pgtype.Text
+		createdAt                  pgtype.Timestamptz
+		attempts                   pgtype.Int4
+		reset, rescan              pgtype.Bool
+		rwSlots                    []int32
+		rwFrom                     []int64
+	)
+	// The columns, as claimSQL returns them; nil skips a column. A row
+	// fills its own ten; the first slot row the slot's (slot, epoch,
+	// floor) and the claim-wide ones; the other slot rows only the
+	// slot's.
+	all := [claimCols]any{&id, &eventID, &x.slot, &topic, &x.key, &x.value, &x.headers, &createdAt, &attempts, &x.epoch,
+		&floor, &seq, &hw, &off, &ident, &reset, &rwSeen, &rwSlots, &rwFrom, &rescan, &snap}
+	var rowDest, firstSlotDest, slotDest [claimCols]any
+	copy(rowDest[:10], all[:10])
+	firstSlotDest[0], firstSlotDest[2] = all[0], all[2]
+	copy(firstSlotDest[9:], all[9:])
+	slotDest[2], slotDest[9], slotDest[10] = all[2], all[9], all[10]
+	firstSlot := true
 	for rows.Next() {
-		var (
-			x                          row
-			id, floor, seq, hw, rwSeen *int64
-			eventID                    *outbox.EventID
-			topic, off, ident, snap    *string
-			createdAt                  *time.Time
-			attempts                   *int32
-			reset, rescan              *bool
-			rwSlots                    []int32
-			rwFrom                     []int64
-		)
-		if err := rows.Scan(&id, &eventID, &x.slot, &topic, &x.key, &x.value, &x.headers, &createdAt, &attempts, &x.epoch,
-			&floor, &seq, &hw, &off, &ident, &reset, &rwSeen, &rwSlots, &rwFrom, &rescan, &snap); err != nil {
-			return claimed{}, err
-		}
-		if id == nil { // a probed slot
-			m := &c.meta
-			m.slots, m.epochs, m.floors = append(m.slots, x.slot), append(m.epochs, x.epoch), append(m.floors, *floor)
-			m.seqLast, m.seqHW, m.seqOff, m.ident, m.reset = seq, deref(hw), deref(off), deref(ident), deref(reset)
-			m.rewindSeen, m.rwSlots, m.rwFrom, m.rescan, m.snap = deref(rwSeen), rwSlots, rwFrom, deref(rescan), deref(snap)
+		// Nothing carries over from the previous row (pgx zeroes what it
+		// scans into, too). A row has an id; a slot row has none.
+		x = row{}
+		if rows.RawValues()[0] != nil {
+			if err := rows.Scan(rowDest[:]...); err != nil {
+				return claimed{}, err
+			}
+			x.id, x.eventID, x.topic, x.createdAt, x.attempts = id.Int64, eventID.Bytes, topic.String, createdAt.Time, attempts.Int32
+			c.rows = append(c.rows, x)
 			continue
 		}
-		x.id, x.eventID, x.topic, x.createdAt, x.attempts = *id, *eventID, *topic, *createdAt, *attempts
-		c.rows = append(c.rows, x)
+		// A probed slot.
+		dest := &slotDest
+		if firstSlot {
+			dest = &firstSlotDest
+		}
+		if err := rows.Scan(dest[:]...); err != nil {
+			return claimed{}, err
+		}
+		m := &c.meta
+		m.slots, m.epochs, m.floors = append(m.slots, x.slot), append(m.epochs, x.epoch), append(m.floors, floor.Int64)
+		if firstSlot {
+			firstSlot = false
+			if seq.Valid {
+				v := seq.Int64
+				m.seqLast = &v
+			}
+			m.seqHW, m.seqOff, m.ident, m.reset = hw.Int64, off.String, ident.String, reset.Bool
+			m.rewindSeen, m.rwSlots, m.rwFrom, m.rescan, m.snap = rwSeen.Int64, rwSlots, rwFrom, rescan.Bool, snap.String
+		}
 	}
 	return c, rows.Err()
 }
+
+// claimCols is how many columns claimSQL returns.
+const claimCols = 21
 
 func deref[T any](p *T) T {
 	var zero T

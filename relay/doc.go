@@ -192,9 +192,9 @@
 // from its start, so a hole in the rule is a delay and an ERROR, never a
 // loss. So a claim's cost depends neither on the table size nor on how many
 // deleted rows a held xmin horizon (a pg_dump, a long report) keeps behind
-// the floor. The claim is the function pgbox_outbox_claim2 (migration
-// 00120), which plans with sequential and bitmap scans off, so no ANALYZE
-// flips it off the index. Each probe, with
+// the floor. The claim is the function pgbox_outbox_claim2 (migrations
+// 00120 and 00140), which plans with sequential and bitmap scans off, so
+// no ANALYZE flips it off the index. Each probe, with
 // some row parked (300k rows, a third parked):
 //
 //	->  Limit

@@ -3,10 +3,14 @@ package relay
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 )
 
@@ -161,4 +165,44 @@ func TestRecordHistorySequenceBack(t *testing.T) {
 	backlog, err = r.recordHistory(ctx, nil)
 	require.NoError(t, err)
 	require.EqualValues(t, 5, backlog)
+}
+
+// The backlog count runs on a goroutine of its own: a count that cannot
+// finish (here it waits for a lock on the history table until its
+// timeout, one heartbeat interval) delays neither the heartbeat that takes
+// the lanes once Kafka answers nor the rows' publishing. It used to run in
+// the heartbeat loop, and the first count (at the first heartbeat, before
+// Kafka answered) held the lanes back for as long as it took.
+func TestBacklogCountDelaysNoHeartbeat(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	c := kafkatest.New(t, kfake.SeedTopics(1, "events"))
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `LOCK TABLE pgbox_relay_history IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (topic, key, value) VALUES ('events', 'k', 'v')`)
+	require.NoError(t, err)
+
+	kcfg := kafkatest.Config()
+	kcfg.Producer.Idempotent, kcfg.Producer.RequiredAcks, kcfg.Net.MaxOpenRequests = true, sarama.WaitForAll, 1
+	kcfg.Producer.Return.Successes = true
+	r, err := New(Config{Pool: db.Pool, Brokers: c.ListenAddrs(), Kafka: kcfg, Instance: "count", Lanes: 4,
+		HeartbeatInterval: 20 * time.Second, LeaseTTL: time.Minute, NoListen: true})
+	require.NoError(t, err)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	t0 := time.Now()
+	go func() { done <- r.Run(rctx) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	for r.Stats().Published == 0 {
+		require.Less(t, time.Since(t0), 10*time.Second, "the row is published while the count waits (lanes held: %d)", r.Stats().Lanes)
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.EqualValues(t, 4, r.Stats().Lanes)
 }

@@ -76,7 +76,8 @@ const releaseSQL = `WITH rel AS (
 )
 DELETE FROM pgbox_relay_instances WHERE instance = $1`
 
-// claimSQL is the claim: pgbox_outbox_claim2 (migration 00120) reads, for
+// claimSQL is the claim: pgbox_outbox_claim2 (migration 00120, its
+// statements' cost reduced in 00140) reads, for
 // every slot in $3 that belongs to a lane this instance owns right now, the
 // slot's oldest unparked rows from its floor ($4, under epoch $5) in id
 // order that no parked row holds back: one index range scan of
@@ -93,7 +94,8 @@ DELETE FROM pgbox_relay_instances WHERE instance = $1`
 // $10 has ended, slots start no later than $9 (the settled bound); with
 // $11 every slot is read from its start (the sweep). It takes a lock that
 // operator actions on parked rows conflict with, so none commits between
-// its reads. See the function's comment in migrations/00120 and floor.go.
+// its reads. See the function's comments in migrations/00120 and 00140,
+// and floor.go.
 //
 // It is a function so that its planner settings travel with it: it plans
 // with sequential and bitmap scans off, so no ANALYZE (a bloated heap, an
@@ -101,7 +103,8 @@ DELETE FROM pgbox_relay_instances WHERE instance = $1`
 // Whether a parked row holds a claimed row back is probed
 // (pgbox_outbox_parked_key_idx) only while some keyed row is parked.
 //
-// Its first rows describe the probed slots (id NULL): see claimMeta.
+// Its first rows describe the probed slots (id NULL): see claimMeta. The
+// claim-wide columns (seq_last to snap) are on the first of them only.
 //
 // $1 instance, $2 lane count, $3 slots, $4 floors, $5 their epochs, $6 ident,
 // $7 highest sequence value seen, $8 newest rewind applied, $9 settled

@@ -40,6 +40,7 @@ type Relay struct {
 	running atomic.Bool
 	wake    chan struct{}
 	beat    chan struct{} // an early heartbeat (Kafka reached)
+	count   chan struct{} // a backlog count is due (countLoop)
 	fin     *finishJob    // background delete; owned by the worker goroutine
 	floors  floorState    // where each slot's claim starts; owned by the worker goroutine
 	beats   int           // heartbeats; owned by the heartbeat goroutine
@@ -75,7 +76,7 @@ type Relay struct {
 	sweepWanted                         atomic.Bool            // a look found rows below a floor: the next full claim sweeps
 	pubMu                               sync.Mutex
 	pubByTopic                          map[string]uint64 // published per topic since the last history sample
-	hist                                historyState      // where the next history sample counts from; the heartbeat's
+	hist                                historyState      // where the next history sample counts from; countLoop's
 	summaryAt                           time.Time         // the last summary; owned by the heartbeat goroutine
 	summaryParked                       uint64            // parked at the last summary; likewise
 	latLast, latMax, latTotal           atomic.Int64
@@ -100,7 +101,7 @@ func New(cfg Config) (*Relay, error) {
 	_, _ = crand.Read(b)
 	id := cfg.Instance + "#" + hex.EncodeToString(b)
 	return &Relay{cfg: cfg, id: id, log: cfg.Logger.With("instance", id), wake: make(chan struct{}, 1),
-		beat: make(chan struct{}, 1), looks: make(chan lookRequest, 1), t0: time.Now(), summaryAt: time.Now()}, nil
+		beat: make(chan struct{}, 1), count: make(chan struct{}, 1), looks: make(chan lookRequest, 1), t0: time.Now(), summaryAt: time.Now()}, nil
 }
 
 // Instance returns the name this relay registers under in the lease tables:
@@ -154,6 +155,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { r.heartbeatLoop(runCtx, cancel) })
+	wg.Go(func() { r.countLoop(runCtx) })
 	var prod *producer
 	err := retry(runCtx, r, "connect to Kafka", func(ctx context.Context) error {
 		p, err := newProducer(ctx, r.cfg.Brokers, r.cfg.Kafka)
@@ -346,7 +348,10 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 	}
 	r.instances.Store(int64(live))
 	if r.beats++; r.beats%backlogEvery == 1 {
-		r.countBacklog(ctx)
+		select {
+		case r.count <- struct{}{}:
+		default: // the previous count is still waiting to run
+		}
 	}
 	return nil
 }
@@ -355,9 +360,24 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 // backlogEvery-th after it (every 10 s by default).
 const backlogEvery = 5
 
+// countLoop runs the backlog counts the heartbeat asks for until ctx ends,
+// on a goroutine of its own: a count (up to backlogCap rows, and at start
+// the search for where each slot's rows begin: history.go) takes far
+// longer than a heartbeat, and neither a lease renewal nor the heartbeat
+// that takes the lanes once Kafka answers waits for it.
+func (r *Relay) countLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.count:
+			r.countBacklog(ctx)
+		}
+	}
+}
+
 // countBacklog refreshes Stats.Backlog and writes the console's history
-// sample (recordHistory), after the lease statement, so a slow count never
-// delays a renewal.
+// sample (recordHistory).
 func (r *Relay) countBacklog(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.HeartbeatInterval)
 	defer cancel()
