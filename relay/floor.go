@@ -47,7 +47,7 @@ import (
 //     rescan when it ends, not a walk per claim while it runs.
 //
 // The claim function checks, before it reads any row, that nothing under
-// the relay changed (claim2SQL): the crash marker (crash recovery and a
+// the relay changed (claimSQL): the crash marker (crash recovery and a
 // promotion empty it; they may hand out sequence values and transaction
 // ids again), the database, the sequence's file node, the server's start,
 // and a sequence read lower than one already seen (setval, RESTART,
@@ -99,7 +99,7 @@ type floorState struct {
 	prov    int64   // nor up to prov, except rows of writers
 	writers []int64 // the long writers prov passes
 
-	ident      string // what the floors were established under (claim2SQL)
+	ident      string // what the floors were established under (claimSQL)
 	seqSeen    int64  // the highest sequence value read since ident
 	rewindSeen int64  // the newest rewind applied
 	lastClaim  time.Time
@@ -114,7 +114,7 @@ type floorState struct {
 }
 
 // claimArgs are pgbox_outbox_claim2's arguments beyond the instance and
-// lanes: see claim2SQL.
+// lanes: see claimSQL.
 type claimArgs struct {
 	slots            []int32
 	floors, epochs   []int64
