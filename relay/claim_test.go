@@ -50,7 +50,7 @@ func TestClaimReadsWhatEveryColumnSays(t *testing.T) {
 		a := b.r.floors.args(b.r.floors.order(nil), false)
 		got, err := b.r.claim(ctx, &a)
 		require.NoError(t, err)
-		want, err := b.r.claimEveryColumn(ctx, &a)
+		want, err := b.r.claimEveryColumn(ctx, &a, true)
 		require.NoError(t, err)
 		require.NotEmpty(t, got.rows)
 		require.Len(t, got.meta.slots, 256)
@@ -67,10 +67,12 @@ func TestClaimReadsWhatEveryColumnSays(t *testing.T) {
 }
 
 // claimEveryColumn is claim as it read the result before migration 00140:
-// every column of every row, into pointers declared per row; the
-// claim-wide columns from the first slot row, which alone carries them
-// now (it checks that the others are NULL).
-func (r *Relay) claimEveryColumn(ctx context.Context, a *claimArgs) (claimed, error) {
+// every column of every row, into pointers declared per row. With
+// firstOnly, the claim-wide columns come from the first slot row, which
+// alone carries them since 00140 (it checks that the others are NULL);
+// without, from every slot row (the last one wins), as claim read
+// 00120's result, where every slot row carried them.
+func (r *Relay) claimEveryColumn(ctx context.Context, a *claimArgs, firstOnly bool) (claimed, error) {
 	a.instance, a.lanes, a.perSlot, a.batch = r.id, r.cfg.Lanes, r.claimPerSlot(), r.cfg.BatchSize
 	rows, err := r.cfg.Pool.Query(ctx, claimSQL, a.sql()...)
 	if err != nil {
@@ -98,7 +100,7 @@ func (r *Relay) claimEveryColumn(ctx context.Context, a *claimArgs) (claimed, er
 			m := &c.meta
 			first := len(m.slots) == 0
 			m.slots, m.epochs, m.floors = append(m.slots, x.slot), append(m.epochs, x.epoch), append(m.floors, *floor)
-			if !first {
+			if firstOnly && !first {
 				if seq != nil || hw != nil || off != nil || ident != nil || reset != nil || rwSeen != nil || rwSlots != nil ||
 					rwFrom != nil || rescan != nil || snap != nil {
 					return claimed{}, fmt.Errorf("slot row %d (slot %d) carries claim-wide columns", len(m.slots), x.slot)
