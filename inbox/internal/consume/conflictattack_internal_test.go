@@ -553,11 +553,12 @@ func TestConflictAttackProbeWindowExpiresBeforeRerun(t *testing.T) {
 					require.Zero(t, st.TransientErrors)
 				} else {
 					require.GreaterOrEqual(t, tries, int64(3))
-					// What the user sees past maxConflictTries: classify()
-					// finds no known class in a 23505 → errUnknown → an
-					// ERROR "database error, retrying", TransientErrors,
-					// a backoff. Not an attempt.
+					// What the user sees past maxConflictTries: a
+					// transient error (a WARN, TransientErrors, a backoff),
+					// never an ERROR, never an attempt.
 					require.Positive(t, st.TransientErrors)
+					require.Contains(t, w.logText(), "transient database error, retrying")
+					require.NotContains(t, w.logText(), "level=ERROR")
 					t.Logf("log past maxConflictTries:\n%s", w.logText())
 				}
 			})

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/pgbox/pgbox/inbox"
+	"github.com/pgbox/pgbox/inbox/internal/owntx"
 	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
@@ -42,7 +43,10 @@ func classify(err, herr error) errKind {
 	switch {
 	case errors.Is(err, inbox.ErrInvalidMessage), errors.Is(err, inbox.ErrFingerprintMismatch):
 		return errPermanent
-	case errors.Is(err, inbox.ErrInFlight):
+	case errors.Is(err, inbox.ErrInFlight), owntx.IsConflict(err):
+		// A key in flight, or seen before on every try inTx allows (a
+		// redelivery whose runs kept meeting keys committed meanwhile):
+		// transient, never the message's fault.
 		return errRetry
 	}
 	switch pgerr.Classify(err) {
