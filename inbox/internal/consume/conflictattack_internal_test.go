@@ -280,6 +280,22 @@ func setProbeWindow(ib *inbox.Inbox, d time.Duration) {
 	reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().SetInt(int64(d))
 }
 
+// feed hands claim offsets 0..n-1.
+func feed(claim *fakeClaim, n int64) {
+	for i := range n {
+		claim.recs <- omsg(i)
+	}
+}
+
+// stopAfter waits until claim has marked offset last, revokes it and
+// checks that Run (wait) ended without an error.
+func stopAfter(t *testing.T, claim *fakeClaim, wait func() error, last int64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return claim.lastMarked() == last }, 10*time.Second, 5*time.Millisecond)
+	claim.revoke()
+	require.NoError(t, wait())
+}
+
 // commitFirst commits offsets 0..n-1 through a first Run (the process that
 // then dies before its offsets reach Kafka) and stops it.
 func commitFirst(t *testing.T, w *attackWorld, n int64, batchFn bool, cfg inbox.Config) {
@@ -288,12 +304,8 @@ func commitFirst(t *testing.T, w *attackWorld, n int64, batchFn bool, cfg inbox.
 	claim := newFakeClaim(&rev)
 	l := w.loop(t, newSvcInbox(t, cfg), int(n), batchFn)
 	wait := run(l, claim)
-	for i := range n {
-		claim.recs <- omsg(i)
-	}
-	require.Eventually(t, func() bool { return claim.lastMarked() == n-1 }, 10*time.Second, 5*time.Millisecond)
-	claim.revoke()
-	require.NoError(t, wait())
+	feed(claim, n)
+	stopAfter(t, claim, wait, n-1)
 	w.mu.Lock()
 	clear(w.calls)
 	w.mu.Unlock()
@@ -369,18 +381,14 @@ func TestConflictAttackZombieCommitOrRollback(t *testing.T) {
 				ib := newSvcInbox(t, inbox.Config{})
 				l := w.loop(t, ib, 4, batchFn)
 				wait := run(l, claim)
-				for i := range int64(4) {
-					claim.recs <- omsg(i)
-				}
+				feed(claim, 4)
 				w.waitLocked(t)
 				if commit {
 					require.NoError(t, ztx.Commit(context.Background()))
 				} else {
 					require.NoError(t, ztx.Rollback(context.Background()))
 				}
-				require.Eventually(t, func() bool { return claim.lastMarked() == 3 }, 10*time.Second, 5*time.Millisecond)
-				claim.revoke()
-				require.NoError(t, wait())
+				stopAfter(t, claim, wait, 3)
 
 				require.Equal(t, 4, w.count(t, `SELECT count(DISTINCT "offset") FROM effects`))
 				require.Equal(t, 4, w.count(t, `SELECT count(*) FROM effects`), "no double effect")
@@ -434,12 +442,8 @@ func TestConflictAttackRestartRedelivery(t *testing.T) {
 				ib := newSvcInbox(t, cfg)
 				l := w.loop(t, ib, 8, batchFn)
 				wait := run(l, claim)
-				for i := range int64(8) {
-					claim.recs <- omsg(i)
-				}
-				require.Eventually(t, func() bool { return claim.lastMarked() == 7 }, 10*time.Second, 5*time.Millisecond)
-				claim.revoke()
-				require.NoError(t, wait())
+				feed(claim, 8)
+				stopAfter(t, claim, wait, 7)
 
 				require.Equal(t, 8, w.count(t, `SELECT count(*) FROM effects`))
 				require.Equal(t, 8, w.count(t, `SELECT count(DISTINCT "offset") FROM effects`))
@@ -487,9 +491,7 @@ func TestConflictAttackLockTimeoutInFlight(t *testing.T) {
 		require.Eventually(t, func() bool { return ib.Stats().InFlight >= 2 }, 10*time.Second, 5*time.Millisecond)
 		require.Equal(t, int64(-1), claim.lastMarked())
 		require.NoError(t, ztx.Commit(context.Background()))
-		require.Eventually(t, func() bool { return claim.lastMarked() == 1 }, 10*time.Second, 5*time.Millisecond)
-		claim.revoke()
-		require.NoError(t, wait())
+		stopAfter(t, claim, wait, 1)
 
 		require.Equal(t, 2, w.count(t, `SELECT count(*) FROM effects`))
 		require.Zero(t, w.callsOf(0))
@@ -527,12 +529,8 @@ func TestConflictAttackProbeWindowExpiresBeforeRerun(t *testing.T) {
 				setProbeWindow(ib, 50*time.Millisecond)
 				l := w.loop(t, ib, 4, batchFn)
 				wait := run(l, claim)
-				for i := range int64(4) {
-					claim.recs <- omsg(i)
-				}
-				require.Eventually(t, func() bool { return claim.lastMarked() == 3 }, 10*time.Second, 5*time.Millisecond)
-				claim.revoke()
-				require.NoError(t, wait())
+				feed(claim, 4)
+				stopAfter(t, claim, wait, 3)
 
 				require.Equal(t, 4, w.count(t, `SELECT count(*) FROM effects`))
 				require.Zero(t, w.callsOf(0))
