@@ -122,7 +122,7 @@ func NewWriter(cfg Config) (*Writer, error) {
 	}
 	w := &Writer{cfg: cfg, insert: insertSQL}
 	if cfg.Notify {
-		w.insert = "WITH ins AS (" + insertSQL + ") SELECT pg_notify($7, $8) WHERE EXISTS (" + sleepingSQL + ")"
+		w.insert = "WITH ins AS (" + insertSQL + ") SELECT pg_notify($7, coalesce(current_schema(), '') || ':' || $8) WHERE EXISTS (" + sleepingSQL + ")"
 	}
 	return w, nil
 }

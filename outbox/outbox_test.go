@@ -239,10 +239,11 @@ func TestWriteNotifiesOnlyWhileARelaySleeps(t *testing.T) {
 	n, err := listener.WaitForNotification(ctx)
 	require.NoError(t, err)
 	require.Equal(t, channel, n.Channel)
-	// The payload names the slots written, sorted.
+	// The payload names the writer's schema (a relay.Fleet wakes that
+	// target only) and the slots written, sorted.
 	var want string
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT string_agg(slot::text, ',' ORDER BY slot) FROM (SELECT DISTINCT slot FROM pgbox_outbox) s`).Scan(&want))
-	require.Equal(t, want, n.Payload)
+	require.Equal(t, db.Schema+":"+want, n.Payload)
 	silent("one notification per transaction")
 	var rows int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox`).Scan(&rows))

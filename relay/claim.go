@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgbox/pgbox/internal/slot"
@@ -146,12 +147,15 @@ func (r *Relay) checkSlots(ctx context.Context, rows []row, now time.Time) {
 // (migration 00140; 00120 repeated them, the same, on every slot row).
 func (r *Relay) claim(ctx context.Context, a *claimArgs) (claimed, error) {
 	a.instance, a.lanes, a.perSlot, a.batch = r.id, r.cfg.Lanes, r.claimPerSlot(), r.cfg.BatchSize
-	rows, err := r.cfg.Pool.Query(ctx, claimSQL, a.sql()...)
-	if err != nil {
+	c := claimed{meta: claimMeta{sweep: a.sweep, rescanFrom: a.settled + 1}}
+	if err := r.db.query(ctx, claimSQL, a.sql(), c.read); err != nil {
 		return claimed{}, err
 	}
-	defer rows.Close()
-	c := claimed{meta: claimMeta{sweep: a.sweep, rescanFrom: a.settled + 1}}
+	return c, nil
+}
+
+// read decodes claimSQL's result into c.
+func (c *claimed) read(rows pgx.Rows) error {
 	var (
 		x                          row
 		id, floor, seq, hw, rwSeen pgtype.Int8
@@ -181,7 +185,7 @@ func (r *Relay) claim(ctx context.Context, a *claimArgs) (claimed, error) {
 		x = row{}
 		if rows.RawValues()[0] != nil {
 			if err := rows.Scan(rowDest[:]...); err != nil {
-				return claimed{}, err
+				return err
 			}
 			x.id, x.eventID, x.topic, x.createdAt, x.attempts = id.Int64, eventID.Bytes, topic.String, createdAt.Time, attempts.Int32
 			c.rows = append(c.rows, x)
@@ -193,7 +197,7 @@ func (r *Relay) claim(ctx context.Context, a *claimArgs) (claimed, error) {
 			dest = &firstSlotDest
 		}
 		if err := rows.Scan(dest[:]...); err != nil {
-			return claimed{}, err
+			return err
 		}
 		m := &c.meta
 		m.slots, m.epochs, m.floors = append(m.slots, x.slot), append(m.epochs, x.epoch), append(m.floors, floor.Int64)
@@ -207,7 +211,7 @@ func (r *Relay) claim(ctx context.Context, a *claimArgs) (claimed, error) {
 			m.rewindSeen, m.rwSlots, m.rwFrom, m.rescan, m.snap = rwSeen.Int64, rwSlots, rwFrom, rescan.Bool, snap.String
 		}
 	}
-	return c, rows.Err()
+	return rows.Err()
 }
 
 // claimCols is how many columns claimSQL returns.

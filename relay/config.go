@@ -72,10 +72,19 @@ const backlogCap = 100_000
 // or poll interval cannot run a relay): a zero field means its default, and a
 // negative one is rejected by New with an error naming the field.
 type Config struct {
-	// Pool connects to the database holding pgbox_outbox. Its search_path must
-	// resolve the pgbox tables. Required. Behind pgbouncer in transaction mode,
-	// set NoListen (LISTEN needs a session) or give the relay a direct pool.
+	// Pool connects to the database holding pgbox_outbox. Unless Schema is
+	// set, its search_path must resolve the pgbox tables. Required. Behind
+	// pgbouncer in transaction mode, set NoListen (LISTEN needs a session) or
+	// give the relay a direct pool.
 	Pool *pgxpool.Pool
+	// Schema is the schema holding this relay's pgbox tables, its name as
+	// PostgreSQL stores it (case and all). When set, every statement the
+	// relay sends carries its own search_path (set_config, local to the
+	// statement's transaction, in the same round trip), so relays of many
+	// schemas can share one Pool, and none can reach another's tables
+	// whatever the pool's connections ran before. Empty: the pool's own
+	// search_path, and a statement costs no extra. Defaults to "".
+	Schema string
 	// Brokers are the Kafka bootstrap addresses. Required.
 	Brokers []string
 	// Kafka is the sarama configuration the relay's client and producer read.
@@ -237,6 +246,9 @@ func (c Config) validate() error {
 	if c.Pool == nil {
 		return errors.New("relay: Config.Pool is nil (pass a *pgxpool.Pool whose search_path finds the pgbox tables)")
 	}
+	if err := validSchema(c.Schema); err != nil {
+		return err
+	}
 	if len(c.Brokers) == 0 {
 		return errors.New("relay: Config.Brokers is empty (pass the Kafka bootstrap addresses, e.g. []string{\"localhost:9092\"})")
 	}
@@ -304,6 +316,23 @@ func validateKafka(k *sarama.Config) error {
 	}
 	if err := k.Validate(); err != nil {
 		return fmt.Errorf("relay: Config.Kafka (sarama's own check): %w", err)
+	}
+	return nil
+}
+
+// validSchema checks Config.Schema: empty, or a name PostgreSQL can store
+// (at most 63 bytes, no NUL), without surrounding blanks (a copy-paste
+// slip that would name another schema).
+func validSchema(s string) error {
+	switch {
+	case s == "":
+		return nil
+	case strings.TrimSpace(s) != s:
+		return fmt.Errorf("relay: Config.Schema %q has leading or trailing blanks", s)
+	case len(s) > 63:
+		return fmt.Errorf("relay: Config.Schema %q is longer than PostgreSQL's 63-byte identifier limit", s)
+	case strings.ContainsRune(s, 0):
+		return fmt.Errorf("relay: Config.Schema %q contains a NUL byte", s)
 	}
 	return nil
 }

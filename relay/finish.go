@@ -109,8 +109,8 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) (int64, error) {
 	var deleted int
 	var parkedIDs []int64
 	var xid int64
-	if err := r.cfg.Pool.QueryRow(fctx, finishSQL, b.okIDs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts,
-		b.badWaits, max(r.cfg.UnknownTopicWindow, 0)).Scan(&deleted, &parkedIDs, &xid, nil); err != nil {
+	if err := r.db.queryRow(fctx, finishSQL, []any{b.okIDs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts,
+		b.badWaits, max(r.cfg.UnknownTopicWindow, 0)}, &deleted, &parkedIDs, &xid, nil); err != nil {
 		// The records went out but the rows stay: they will be sent again
 		// (same event ids). That is the at-least-once window.
 		return 0, fmt.Errorf("record outcome of %d rows: %w", b.rows, err)

@@ -122,7 +122,7 @@ func (r *Relay) recordHistory(ctx context.Context, published map[string]uint64) 
 		topics, counts = append(topics, t), append(counts, int64(n))
 	}
 	h := &r.hist
-	err = pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+	err = r.db.begin(ctx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, historySetSQL); err != nil {
 			return err
 		}

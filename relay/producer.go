@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -23,8 +24,8 @@ import (
 // A producer is used by one goroutine at a time (the relay's work loop);
 // within a send it talks to the brokers concurrently.
 type producer struct {
-	client     sarama.Client
-	brokers    []string
+	kc         *kafkaClient
+	owned      bool // close closes kc (not shared with other relays)
 	conf       *sarama.Config
 	reqVersion int16
 	parts      map[string]sarama.Partitioner
@@ -44,15 +45,80 @@ type topicPartition struct {
 	partition int32
 }
 
-func newProducer(ctx context.Context, brokers []string, conf *sarama.Config) (*producer, error) {
-	c, err := await(ctx, func() (sarama.Client, error) { return sarama.NewClient(brokers, conf) }, closeClient)
-	if err != nil {
+// newProducer connects a producer of its own to brokers, or, given kc
+// (a Fleet's), uses that client, shared with the other relays: a producer
+// id and sequences of its own, broker connections and metadata shared.
+func newProducer(ctx context.Context, brokers []string, conf *sarama.Config, kc *kafkaClient) (*producer, error) {
+	owned := kc == nil
+	if owned {
+		kc = &kafkaClient{brokers: brokers, conf: conf}
+	}
+	if _, err := kc.connect(ctx); err != nil {
 		return nil, err
 	}
 	return &producer{
-		client: c, brokers: brokers, conf: conf, reqVersion: produceRequestVersion(conf.Version),
+		kc: kc, owned: owned, conf: conf, reqVersion: produceRequestVersion(conf.Version),
 		parts: map[string]sarama.Partitioner{}, seq: map[topicPartition]int32{}, stale: true,
 	}, nil
+}
+
+// kafkaClient is a sarama client one relay owns, or a Fleet's relays
+// share, replaced when every broker it knew failed.
+type kafkaClient struct {
+	brokers []string
+	conf    *sarama.Config
+	mu      sync.Mutex // held while connecting, so relays sharing it connect once
+	client  sarama.Client
+}
+
+// connect returns the client, connecting it first if there is none.
+func (k *kafkaClient) connect(ctx context.Context) (sarama.Client, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.client != nil {
+		return k.client, nil
+	}
+	c, err := await(ctx, func() (sarama.Client, error) { return sarama.NewClient(k.brokers, k.conf) }, closeClient)
+	if err != nil {
+		return nil, err
+	}
+	k.client = c
+	return c, nil
+}
+
+func (k *kafkaClient) get() sarama.Client {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.client
+}
+
+// replace swaps old, which ran out of brokers, for a new client from the
+// configured brokers, unless another relay sharing it did so already.
+// Requests still in flight on old fail and are retried.
+func (k *kafkaClient) replace(ctx context.Context, old sarama.Client) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.client != old {
+		return nil
+	}
+	c, err := await(ctx, func() (sarama.Client, error) { return sarama.NewClient(k.brokers, k.conf) }, closeClient)
+	if err != nil {
+		return err
+	}
+	k.client = c
+	_ = old.Close()
+	return nil
+}
+
+// close closes the client; a request still waiting for its answer then fails.
+func (k *kafkaClient) close() {
+	k.mu.Lock()
+	c := k.client
+	k.client = nil
+	k.mu.Unlock()
+	if c != nil {
+		_ = c.Close()
+	}
 }
 
 func closeClient(c sarama.Client) { _ = c.Close() }
@@ -90,8 +156,13 @@ func await[T any](ctx context.Context, call func() (T, error), drop func(T)) (T,
 	}
 }
 
-// close closes the client; a request still waiting for its answer then fails.
-func (p *producer) close() { _ = p.client.Close() }
+// close closes the client if the producer owns it; a request still waiting
+// for its answer then fails. A shared client is the Fleet's to close.
+func (p *producer) close() {
+	if p.owned {
+		p.kc.close()
+	}
+}
 
 // produceRequestVersion is the Produce API version sarama's own producer
 // uses for a broker version (at least 3: record batches with producer ids).
@@ -120,8 +191,8 @@ func (p *producer) renew(ctx context.Context) error {
 	if !p.stale {
 		return nil
 	}
+	c := p.kc.get()
 	initID := func() (*sarama.InitProducerIDResponse, error) {
-		c := p.client
 		return await(ctx, c.InitProducerID, nil)
 	}
 	resp, err := initID()
@@ -129,7 +200,8 @@ func (p *producer) renew(ctx context.Context) error {
 		// Every broker the client knew failed (a broker restart, an outage):
 		// sarama's client does not try them again by itself here, so start
 		// a new client from the configured brokers.
-		if err = p.reconnect(ctx); err == nil {
+		if err = p.kc.replace(ctx, c); err == nil {
+			c = p.kc.get()
 			resp, err = initID()
 		}
 	}
@@ -144,29 +216,16 @@ func (p *producer) renew(ctx context.Context) error {
 	return nil
 }
 
-// reconnect replaces the client with a new one from the configured brokers.
-// Only called between rounds, when no request is in flight.
-func (p *producer) reconnect(ctx context.Context) error {
-	c, err := await(ctx, func() (sarama.Client, error) { return sarama.NewClient(p.brokers, p.conf) }, closeClient)
-	if err != nil {
-		return err
-	}
-	old := p.client
-	p.client = c
-	_ = old.Close()
-	return nil
-}
-
 // partitions returns topic's partitions (from the client's metadata,
 // refreshed if the topic is not known yet).
 func (p *producer) partitions(ctx context.Context, topic string) ([]int32, error) {
-	c := p.client
+	c := p.kc.get()
 	return await(ctx, func() ([]int32, error) { return c.Partitions(topic) }, nil)
 }
 
 // refresh refreshes the metadata of topics (before a batch is sent again).
 func (p *producer) refresh(ctx context.Context, topics []string) {
-	c := p.client
+	c := p.kc.get()
 	_, _ = await(ctx, func() (struct{}, error) { return struct{}{}, c.RefreshMetadata(topics...) }, nil)
 }
 
@@ -220,7 +279,7 @@ func (p *producer) produce(chunks []*chunk, out chan<- chunkResult) {
 	for i, c := range chunks {
 		batches[i] = p.recordBatch(c)
 	}
-	client, acks, timeout, version := p.client, p.conf.Producer.RequiredAcks, int32(p.conf.Producer.Timeout/time.Millisecond), p.reqVersion
+	client, acks, timeout, version := p.kc.get(), p.conf.Producer.RequiredAcks, int32(p.conf.Producer.Timeout/time.Millisecond), p.reqVersion
 	go func() {
 		type request struct {
 			req    *sarama.ProduceRequest

@@ -35,6 +35,15 @@ var (
 // Run; several instances (processes) may run against one database.
 type Relay struct {
 	cfg     Config
+	db      *db
+	// Set by a Fleet: kc is the Kafka client its relays share (nil: the
+	// relay connects its own), fleetListens that the Fleet's one LISTEN
+	// connection per pool wakes this relay (notified).
+	kc           *kafkaClient
+	fleetListens bool
+	// failed is the last database failure a retry or heartbeat met, until
+	// a heartbeat succeeds (Fleet.Targets reports it).
+	failed atomic.Pointer[error]
 	id      string // Config.Instance + "#" + random: the owner name in the lease tables
 	log     *slog.Logger
 	running atomic.Bool
@@ -100,8 +109,16 @@ func New(cfg Config) (*Relay, error) {
 	b := make([]byte, 4)
 	_, _ = crand.Read(b)
 	id := cfg.Instance + "#" + hex.EncodeToString(b)
-	return &Relay{cfg: cfg, id: id, log: cfg.Logger.With("instance", id), wake: make(chan struct{}, 1),
+	return &Relay{cfg: cfg, db: newDB(cfg.Pool, cfg.Schema), id: id, log: cfg.Logger.With("instance", id), wake: make(chan struct{}, 1),
 		beat: make(chan struct{}, 1), count: make(chan struct{}, 1), looks: make(chan lookRequest, 1), t0: time.Now(), summaryAt: time.Now()}, nil
+}
+
+// lastErr is the last database failure since the last good heartbeat.
+func (r *Relay) lastErr() error {
+	if p := r.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // Instance returns the name this relay registers under in the lease tables:
@@ -158,7 +175,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	wg.Go(func() { r.countLoop(runCtx) })
 	var prod *producer
 	err := retry(runCtx, r, "connect to Kafka", func(ctx context.Context) error {
-		p, err := newProducer(ctx, r.cfg.Brokers, r.cfg.Kafka)
+		p, err := newProducer(ctx, r.cfg.Brokers, r.cfg.Kafka, r.kc)
 		prod = p
 		return err
 	})
@@ -167,7 +184,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.kafkaReady.Store(true)
 		r.beatNow()
 		r.log.InfoContext(ctx, "relay started", "lanes", r.cfg.Lanes, "brokers", r.cfg.Brokers)
-		if !r.cfg.NoListen {
+		if !r.cfg.NoListen && !r.fleetListens {
 			wg.Go(func() { r.listenLoop(runCtx, cancel) })
 		}
 		wg.Go(func() { r.sweepLoop(runCtx) })
@@ -182,7 +199,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	stopCtx, stopCancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StopTimeout)
 	defer stopCancel()
-	if _, err := r.cfg.Pool.Exec(stopCtx, releaseSQL, r.id); err != nil {
+	if _, err := r.db.exec(stopCtx, releaseSQL, r.id); err != nil {
 		r.log.WarnContext(stopCtx, "release lanes", "error", err)
 	}
 	r.lanes.Store(0)
@@ -261,6 +278,7 @@ func retry(ctx context.Context, r *Relay, what string, fn func(context.Context) 
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		r.failed.Store(&err)
 		d := b.Next()
 		r.log.WarnContext(ctx, what+" failed, retrying", "error", err, "backoff", d)
 		if !backoff.Sleep(ctx, d) {
@@ -272,7 +290,7 @@ func retry(ctx context.Context, r *Relay, what string, fn func(context.Context) 
 // ensureLanes makes pgbox_relay_lanes hold exactly Lanes rows, reshaping it
 // only when no other live instance holds a lane.
 func (r *Relay) ensureLanes(ctx context.Context) error {
-	return pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+	return r.db.begin(ctx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, lockLanesSQL); err != nil {
 			return err
 		}
@@ -324,14 +342,16 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 	defer cancel()
 	start := time.Now()
 	var held, released, live int
-	err := r.cfg.Pool.QueryRow(hctx, heartbeatSQL, r.id, r.cfg.LeaseTTL, r.cfg.Lanes, r.cfg.HeartbeatInterval,
-		r.kafkaReady.Load(), r.kafkaDownAt.Load() != 0).Scan(&held, &released, &live)
+	err := r.db.queryRow(hctx, heartbeatSQL, []any{r.id, r.cfg.LeaseTTL, r.cfg.Lanes, r.cfg.HeartbeatInterval,
+		r.kafkaReady.Load(), r.kafkaDownAt.Load() != 0}, &held, &released, &live)
 	if err != nil {
 		if ctx.Err() == nil && !pgerr.NeedsOperator(err) {
+			r.failed.Store(&err)
 			r.log.WarnContext(ctx, "heartbeat failed", "error", err)
 		}
 		return err
 	}
+	r.failed.Store(nil)
 	if released > 0 || time.Since(r.t0) >= time.Duration(r.leaseUntil.Load()) {
 		// Lanes were handed over, or the leases may have lapsed before this
 		// renewal: rows claimed so far are not sent any more (they stay for
@@ -423,7 +443,7 @@ func (r *Relay) listenLoop(ctx context.Context, stop context.CancelCauseFunc) {
 }
 
 func (r *Relay) listen(ctx context.Context) error {
-	conn, err := pgx.ConnectConfig(ctx, r.cfg.Pool.Config().ConnConfig.Copy())
+	conn, err := pgx.ConnectConfig(ctx, r.db.listenConfig())
 	if err != nil {
 		return err
 	}

@@ -22,9 +22,12 @@ func (s *slotSet) has(slot int) bool { return s[slot/64]&(1<<(slot%64)) != 0 }
 
 func (s *slotSet) empty() bool { return *s == slotSet{} }
 
-// parseSlots reads a notification payload written by outbox.Writer ("3,17,200").
-// ok is false when it is not such a list; the relay then probes every slot.
+// parseSlots reads a notification payload written by outbox.Writer
+// ("tenant_1:3,17,200": the writer's schema, then its slots; before
+// v0.2.0 the slots alone). ok is false when it is not such a list; the
+// relay then probes every slot.
 func parseSlots(payload string, into *slotSet) (ok bool) {
+	_, payload = splitPayload(payload)
 	if payload == "" {
 		return false
 	}
@@ -36,6 +39,17 @@ func parseSlots(payload string, into *slotSet) (ok bool) {
 		into.add(n)
 	}
 	return true
+}
+
+// splitPayload splits a notification payload into the writer's schema
+// (before the last ':'; a schema name may hold one, a slot list cannot)
+// and the slot list; schema is empty when the payload names none.
+func splitPayload(payload string) (schema string, slots string) {
+	i := strings.LastIndexByte(payload, ':')
+	if i < 0 {
+		return "", payload
+	}
+	return payload[:i], payload[i+1:]
 }
 
 // markDirty records slots a notification named, or all slots.

@@ -11,7 +11,7 @@ func TestNotificationPayloadNarrowsTheProbe(t *testing.T) {
 	t.Parallel()
 	r := &Relay{}
 	r.markDirty("3,17")
-	r.markDirty("200")
+	r.markDirty("tenant:1:200") // today's writers name their schema first
 	s, all := r.takeDirty()
 	require.False(t, all)
 	require.Equal(t, []int32{3, 17, 200}, r.floors.order(&s), "the slots named")
@@ -21,7 +21,7 @@ func TestNotificationPayloadNarrowsTheProbe(t *testing.T) {
 
 	// Anything else — an empty payload (another notifier), garbage, a slot
 	// out of range — means "probe everything".
-	for _, p := range []string{"", "x", "3,,4", "256", "-1"} {
+	for _, p := range []string{"", "x", "3,,4", "256", "-1", "tenant:", "tenant:x"} {
 		r.markDirty(p)
 		_, all = r.takeDirty()
 		require.True(t, all, "payload %q", p)

@@ -68,7 +68,7 @@ func (r *Relay) look(ctx context.Context, req lookRequest) {
 	lctx, cancel := context.WithTimeout(ctx, max(r.cfg.SweepInterval, time.Minute))
 	defer cancel()
 	var slots []int32
-	if err := r.cfg.Pool.QueryRow(lctx, belowFloorSQL, req.slots, req.floors).Scan(&slots); err != nil {
+	if err := r.db.queryRow(lctx, belowFloorSQL, []any{req.slots, req.floors}, &slots); err != nil {
 		if ctx.Err() != nil {
 			return
 		}

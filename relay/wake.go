@@ -70,7 +70,7 @@ func (w *watcher) saw(id int64) { w.seen = max(w.seen, id) }
 // every slot anyway.
 func (r *Relay) startWatch(ctx context.Context, w *watcher) {
 	var top int64
-	if err := r.cfg.Pool.QueryRow(ctx, watchStartSQL).Scan(&top); err != nil {
+	if err := r.db.queryRow(ctx, watchStartSQL, nil, &top); err != nil {
 		top = 0 // the watch then starts from the bottom: slower, still right
 	}
 	w.seen, w.floor, w.sample, w.sampledAt = top, top, top, time.Now()
@@ -136,7 +136,7 @@ func (r *Relay) watch(ctx context.Context, w *watcher) bool {
 	}
 	var top int64
 	var slots []int32
-	if err := r.cfg.Pool.QueryRow(ctx, watchSQL, w.floor, watchLimit).Scan(&top, &slots); err != nil {
+	if err := r.db.queryRow(ctx, watchSQL, []any{w.floor, watchLimit}, &top, &slots); err != nil {
 		if ctx.Err() == nil {
 			r.log.DebugContext(ctx, "watch failed; probing every slot", "error", err)
 		}
@@ -161,7 +161,7 @@ func (r *Relay) awake(ctx context.Context, w *watcher) {
 
 // setSleeping sets the instance's sleeping flag; false when it could not.
 func (r *Relay) setSleeping(ctx context.Context, sleeping bool) bool {
-	tag, err := r.cfg.Pool.Exec(ctx, setSleepingSQL, r.id, sleeping)
+	tag, err := r.db.exec(ctx, setSleepingSQL, r.id, sleeping)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.DebugContext(ctx, "setting the sleeping flag failed", "sleeping", sleeping, "error", err)

@@ -1,0 +1,455 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgbox/pgbox/internal/backoff"
+	"github.com/pgbox/pgbox/outbox"
+)
+
+// NeedsOperatorRetryDefault is FleetConfig.NeedsOperatorRetry's default.
+const NeedsOperatorRetryDefault = 30 * time.Second
+
+// Target is one set of pgbox tables a Fleet serves: a schema in a database.
+type Target struct {
+	// Name names the target in logs and in Fleet.Targets; unique within a
+	// Fleet. Defaults to Schema.
+	Name string
+	// Pool connects to the target's database. Give targets of one database
+	// the same pool: they share its connections (its MaxConns is their
+	// budget) and one LISTEN connection. Required.
+	Pool *pgxpool.Pool
+	// Schema is the schema holding the target's pgbox tables (see
+	// Config.Schema: every statement carries it, so no target can reach
+	// another's tables through a shared pool). Required.
+	Schema string
+}
+
+// FleetConfig configures a Fleet.
+type FleetConfig struct {
+	// Relay configures every target's relay, as Config configures one
+	// Relay. Pool and Schema must be unset: each target brings its own.
+	// Instance names the process: each target's instance is Instance plus
+	// "#" and a random suffix in that target's lease tables. Brokers and
+	// Kafka are shared: one Kafka client (its broker connections and
+	// metadata) serves every target, each with a producer id of its own.
+	Relay Config
+	// Targets are the targets served from the start; SetTargets changes
+	// them while the Fleet runs.
+	Targets []Target
+	// NeedsOperatorRetry is how long a target whose database needs an
+	// operator (pgbox's tables missing, a revoked grant, a lane count
+	// other instances disagree with) waits before it is tried again; the
+	// other targets run meanwhile. Defaults to [NeedsOperatorRetryDefault]
+	// (30s).
+	NeedsOperatorRetry time.Duration
+}
+
+// TargetState is what Fleet.Targets reports of one target.
+type TargetState struct {
+	Name   string
+	Schema string
+	// State is "starting", "running" (the relay runs; Stats.Lanes says
+	// whether it holds lanes yet), "needs operator" (Err names the fix;
+	// tried again every NeedsOperatorRetry) or "stopped" (the Fleet stopped).
+	State string
+	// Err is why the target does not run, or the last failure of a running
+	// one that has not succeeded since (a database down, a heartbeat
+	// failing); nil when all is well.
+	Err error
+	// Since is when State last changed.
+	Since time.Time
+	Stats outbox.RelayStats
+}
+
+// Fleet runs one relay per target in one process: many schemas in one
+// database, and many databases, served by one deployment with the same
+// guarantees as a Relay each. Targets of one pool share its connections
+// and one LISTEN connection; all targets share one Kafka client. A
+// target that fails (its database down or slow, its tables missing) is
+// reported and retried on its own; the others go on.
+type Fleet struct {
+	cfg FleetConfig
+	log *slog.Logger
+	kc  *kafkaClient
+
+	mu      sync.Mutex
+	retired outbox.RelayStats // the counters of relays that stopped
+	ctx     context.Context   // Run's; nil while not running
+	targets map[string]*fleetTarget
+	listens map[*pgxpool.Pool]context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+type fleetTarget struct {
+	t      Target
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu    sync.Mutex
+	r     *Relay
+	state string
+	err   error
+	since time.Time
+}
+
+// NewFleet validates cfg and returns a Fleet. It does no I/O.
+func NewFleet(cfg FleetConfig) (*Fleet, error) {
+	if cfg.Relay.Pool != nil || cfg.Relay.Schema != "" {
+		return nil, errors.New("relay: FleetConfig.Relay.Pool and .Schema must be unset: each Target brings its pool and schema")
+	}
+	if cfg.NeedsOperatorRetry < 0 {
+		return nil, fmt.Errorf("relay: FleetConfig.NeedsOperatorRetry is %s: use a positive duration, or 0 for the default", cfg.NeedsOperatorRetry)
+	}
+	cfg.NeedsOperatorRetry = cmp.Or(cfg.NeedsOperatorRetry, NeedsOperatorRetryDefault)
+	// The template passes New's checks with any pool; New copies the Kafka
+	// config and sets its partitioner, which the shared client then uses.
+	probe := cfg.Relay
+	probe.Pool = &pgxpool.Pool{}
+	r, err := New(probe)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Relay = r.cfg
+	cfg.Relay.Pool = nil
+	f := &Fleet{cfg: cfg, log: cfg.Relay.Logger, targets: map[string]*fleetTarget{}, listens: map[*pgxpool.Pool]context.CancelFunc{}}
+	f.kc = &kafkaClient{brokers: cfg.Relay.Brokers, conf: cfg.Relay.Kafka}
+	ts, err := checkTargets(cfg.Targets)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ts {
+		f.targets[t.Name] = &fleetTarget{t: t, state: "starting", since: time.Now()}
+	}
+	return f, nil
+}
+
+// checkTargets fills in default names and refuses a target without a pool
+// or schema, a bad schema, or a name used twice; the error names the
+// target.
+func checkTargets(ts []Target) ([]Target, error) {
+	out := make([]Target, 0, len(ts))
+	seen := map[string]bool{}
+	for i, t := range ts {
+		t.Name = cmp.Or(t.Name, t.Schema)
+		switch {
+		case t.Schema == "":
+			return nil, fmt.Errorf("relay: target %d (%q): Schema is empty: name the schema holding its pgbox tables", i, t.Name)
+		case t.Pool == nil:
+			return nil, fmt.Errorf("relay: target %q: Pool is nil", t.Name)
+		case seen[t.Name]:
+			return nil, fmt.Errorf("relay: target name %q is used twice: names must be unique", t.Name)
+		}
+		if err := validSchema(t.Schema); err != nil {
+			return nil, fmt.Errorf("target %q: %w", t.Name, err)
+		}
+		seen[t.Name] = true
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// SetTargets makes ts the targets served. A new target starts; a target
+// no longer listed (or listed with another pool or schema) stops as a
+// Relay stops: its in-flight batch is finished or released, its lanes are
+// given up, and its unsent rows stay for whoever serves it next. SetTargets
+// returns once the stopped targets have stopped. Invalid targets are
+// refused with an error naming the target, and nothing changes.
+func (f *Fleet) SetTargets(ts []Target) error {
+	ts, err := checkTargets(ts)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	want := map[string]Target{}
+	for _, t := range ts {
+		want[t.Name] = t
+	}
+	var stopping []*fleetTarget
+	for name, ft := range f.targets {
+		if t, ok := want[name]; !ok || t != ft.t {
+			delete(f.targets, name)
+			stopping = append(stopping, ft)
+		}
+	}
+	for _, t := range ts {
+		if _, ok := f.targets[t.Name]; ok {
+			continue
+		}
+		ft := &fleetTarget{t: t, state: "starting", since: time.Now()}
+		f.targets[t.Name] = ft
+		if f.ctx != nil {
+			f.start(ft)
+		}
+	}
+	if f.ctx != nil {
+		f.listenPools()
+	}
+	f.mu.Unlock()
+	for _, ft := range stopping {
+		if ft.cancel != nil { // started, and not stopped by Run's end yet
+			ft.cancel()
+			<-ft.done
+		}
+	}
+	return nil
+}
+
+// Targets reports every target's state, sorted by name.
+func (f *Fleet) Targets() []TargetState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.targetStates()
+}
+
+// targetStates is Targets with f.mu held.
+func (f *Fleet) targetStates() []TargetState {
+	out := make([]TargetState, 0, len(f.targets))
+	for _, ft := range f.targets {
+		ft.mu.Lock()
+		s := TargetState{Name: ft.t.Name, Schema: ft.t.Schema, State: ft.state, Err: ft.err, Since: ft.since}
+		r := ft.r
+		ft.mu.Unlock()
+		if r != nil {
+			s.Stats = r.Stats()
+			if s.Err == nil && s.State == "running" {
+				s.Err = r.lastErr()
+			}
+		}
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b TargetState) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Stats returns the counters summed over the targets. The counters
+// (Published, Retried, Parked, Batches, BatchLatencyTotal, RowsBelowFloor)
+// include those of targets removed or restarted since Run began, so they
+// never go back; the gauges (Backlog, Lanes, Instances) are the current
+// targets' sums, BatchLatencyMax the largest, BatchLatencyLast and
+// FloorOff one target's that has one.
+func (f *Fleet) Stats() outbox.RelayStats {
+	f.mu.Lock()
+	defer f.mu.Unlock() // a relay's counters move to retired under f.mu: none counted twice or missed
+	sum := f.retired
+	for _, s := range f.targetStates() {
+		addCounters(&sum, s.Stats)
+		st := s.Stats
+		sum.BatchLatencyLast = cmp.Or(st.BatchLatencyLast, sum.BatchLatencyLast)
+		sum.Backlog += st.Backlog
+		sum.Lanes += st.Lanes
+		sum.Instances += st.Instances
+		sum.FloorOff = cmp.Or(st.FloorOff, sum.FloorOff)
+	}
+	return sum
+}
+
+// addCounters adds st's counters (the values that only grow) to sum.
+func addCounters(sum *outbox.RelayStats, st outbox.RelayStats) {
+	sum.Published += st.Published
+	sum.Retried += st.Retried
+	sum.Parked += st.Parked
+	sum.Batches += st.Batches
+	sum.BatchLatencyTotal += st.BatchLatencyTotal
+	sum.BatchLatencyMax = max(sum.BatchLatencyMax, st.BatchLatencyMax)
+	sum.RowsBelowFloor += st.RowsBelowFloor
+}
+
+// Run serves the targets until ctx is canceled, then stops every target as
+// Relay.Run stops and returns nil. A target's failure is never returned:
+// it is logged, reported by Targets and retried.
+func (f *Fleet) Run(ctx context.Context) error {
+	f.mu.Lock()
+	if f.ctx != nil {
+		f.mu.Unlock()
+		return ErrRunning
+	}
+	f.ctx = ctx
+	for _, ft := range f.targets {
+		f.start(ft)
+	}
+	f.listenPools()
+	f.mu.Unlock()
+	f.log.InfoContext(ctx, "relay fleet started", "targets", len(f.Targets()), "brokers", f.cfg.Relay.Brokers)
+
+	<-ctx.Done()
+	f.mu.Lock()
+	f.ctx = nil // SetTargets from now on starts nothing
+	fts := make([]*fleetTarget, 0, len(f.targets))
+	for _, ft := range f.targets {
+		fts = append(fts, ft)
+		ft.cancel()
+	}
+	for _, cancel := range f.listens {
+		cancel()
+	}
+	clear(f.listens)
+	f.mu.Unlock()
+	for _, ft := range fts {
+		<-ft.done
+	}
+	f.wg.Wait()
+	f.kc.close()
+	f.log.InfoContext(context.WithoutCancel(ctx), "relay fleet stopped")
+	return nil
+}
+
+// start runs ft until its cancel is called. f.mu is held.
+func (f *Fleet) start(ft *fleetTarget) {
+	ctx, cancel := context.WithCancel(f.ctx)
+	ft.cancel, ft.done = cancel, make(chan struct{})
+	go func() {
+		defer close(ft.done)
+		f.serve(ctx, ft)
+	}()
+}
+
+// serve runs ft's relay, again after NeedsOperatorRetry when it stops
+// because its database needs an operator, until ctx ends.
+func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
+	cfg := f.cfg.Relay
+	cfg.Pool, cfg.Schema = ft.t.Pool, ft.t.Schema
+	cfg.Logger = f.log.With("target", ft.t.Name)
+	for ctx.Err() == nil {
+		r, err := New(cfg)
+		if err != nil { // checked by NewFleet and SetTargets; not expected
+			ft.set("needs operator", err, nil)
+			return
+		}
+		r.kc, r.fleetListens = f.kc, !cfg.NoListen
+		ft.set("running", nil, r)
+		err = r.Run(ctx)
+		f.mu.Lock() // its counters move to retired in one step (Stats)
+		addCounters(&f.retired, r.Stats())
+		if err != nil {
+			ft.set("needs operator", err, nil)
+		} else {
+			ft.set("stopped", nil, nil)
+		}
+		f.mu.Unlock()
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		cfg.Logger.WarnContext(ctx, "target stopped, retrying later", "retry_in", f.cfg.NeedsOperatorRetry, "error", err)
+		if !backoff.Sleep(ctx, f.cfg.NeedsOperatorRetry) {
+			return
+		}
+	}
+}
+
+func (ft *fleetTarget) set(state string, err error, r *Relay) {
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	if state != ft.state {
+		ft.since = time.Now()
+	}
+	ft.state, ft.err, ft.r = state, err, r
+}
+
+// relays returns the running relays of pool's targets, all of them when
+// schema is "", else those of that schema. f.mu is held.
+func (f *Fleet) relays(pool *pgxpool.Pool, schema string) []*Relay {
+	var out []*Relay
+	for _, ft := range f.targets {
+		if ft.t.Pool != pool || (schema != "" && ft.t.Schema != schema) {
+			continue
+		}
+		ft.mu.Lock()
+		if ft.r != nil {
+			out = append(out, ft.r)
+		}
+		ft.mu.Unlock()
+	}
+	return out
+}
+
+// listenPools starts a LISTEN connection for every pool that has targets
+// and none yet, and stops those of pools that have none left. f.mu is held.
+func (f *Fleet) listenPools() {
+	if f.cfg.Relay.NoListen {
+		return
+	}
+	pools := map[*pgxpool.Pool]bool{}
+	for _, ft := range f.targets {
+		pools[ft.t.Pool] = true
+	}
+	for p, cancel := range f.listens {
+		if !pools[p] {
+			cancel()
+			delete(f.listens, p)
+		}
+	}
+	for p := range pools {
+		if _, ok := f.listens[p]; ok {
+			continue
+		}
+		ctx, cancel := context.WithCancel(f.ctx)
+		f.listens[p] = cancel
+		f.wg.Go(func() { f.listenLoop(ctx, p) })
+	}
+}
+
+// listenLoop holds one connection to pool's database LISTENing on Channel
+// and wakes the target each notification names (the writer's schema), or
+// every target of the pool when it names none.
+func (f *Fleet) listenLoop(ctx context.Context, pool *pgxpool.Pool) {
+	b := backoff.Backoff{Base: backoffMin, Limit: f.cfg.Relay.MaxBackoff}
+	for ctx.Err() == nil {
+		err := f.listen(ctx, pool)
+		if ctx.Err() != nil {
+			return
+		}
+		d := b.Next()
+		f.log.WarnContext(ctx, "listen failed, polling meanwhile", "database", pool.Config().ConnConfig.Database, "error", err, "backoff", d)
+		backoff.Sleep(ctx, d)
+	}
+}
+
+func (f *Fleet) listen(ctx context.Context, pool *pgxpool.Pool) error {
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{f.cfg.Relay.Channel}.Sanitize()); err != nil {
+		return err
+	}
+	f.wake(pool, "", "") // notifications sent while nobody listened are lost
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		schema, _ := splitPayload(n.Payload)
+		f.wake(pool, schema, n.Payload)
+	}
+}
+
+// wake passes a notification to the relays it names (all slots when
+// payload is "").
+func (f *Fleet) wake(pool *pgxpool.Pool, schema, payload string) {
+	f.mu.Lock()
+	rs := f.relays(pool, schema)
+	if len(rs) == 0 && schema != "" { // a schema no target has: wake them all
+		rs = f.relays(pool, "")
+	}
+	f.mu.Unlock()
+	for _, r := range rs {
+		if payload == "" {
+			r.markAllDirty()
+		} else {
+			r.markDirty(payload)
+		}
+		r.wakeUp()
+	}
+}
