@@ -34,8 +34,8 @@ var (
 // Relay publishes committed outbox rows to Kafka. Make one with New and call
 // Run; several instances (processes) may run against one database.
 type Relay struct {
-	cfg     Config
-	db      *db
+	cfg Config
+	db  *db
 	// Set by a Fleet: kc is the Kafka client its relays share (nil: the
 	// relay connects its own), fleetListens that the Fleet's one LISTEN
 	// connection per pool wakes this relay (notified).
@@ -43,7 +43,7 @@ type Relay struct {
 	fleetListens bool
 	// failed is the last database failure a retry or heartbeat met, until
 	// a heartbeat succeeds (Fleet.Targets reports it).
-	failed atomic.Pointer[error]
+	failed  atomic.Pointer[error]
 	id      string // Config.Instance + "#" + random: the owner name in the lease tables
 	log     *slog.Logger
 	running atomic.Bool
