@@ -331,7 +331,7 @@ func TestClaimAttack140ReadBothBodies(t *testing.T) {
 	pool := newB.db.Pool
 	// A second Relay on the same schema with its own floor state, reading
 	// 00120's result the old way.
-	oldR := &Relay{cfg: newB.r.cfg, id: newB.r.id}
+	oldR := testRelay(newB.r.cfg, newB.r.id)
 
 	install := func(body string) {
 		_, err := pool.Exec(ctx, body)

@@ -98,7 +98,7 @@ func TestClaimQueryUsesIndex(t *testing.T) {
 	require.NoError(t, err)
 	ownAllLanes(t, db, 4)
 
-	r := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 500, Lanes: 16}, id: "me"}
+	r := testRelay(Config{Pool: db.Pool, BatchSize: 500, Lanes: 16}, "me")
 	plans := claimPlans(t, db, 7, r.testClaimArgs(nil, 62, 500)...)
 	t.Log("\n" + plans[len(plans)-1])
 	requireIndexPlans(t, "300k rows, a third parked", plans)
@@ -171,7 +171,7 @@ func TestClaimPlanCannotFlip(t *testing.T) {
 				require.NoError(t, err, q)
 			}
 			ownAllLanes(t, db, 16)
-			r := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 2000, Lanes: 16}, id: "me"}
+			r := testRelay(Config{Pool: db.Pool, BatchSize: 2000, Lanes: 16}, "me")
 			requireIndexPlans(t, st.name, claimPlans(t, db, 7, r.testClaimArgs(nil, 500, 2000)...))
 		})
 	}

@@ -31,7 +31,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 		var held, released, live int
 		require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, instance, "1 hour", 1, "0s", true, false).Scan(&held, &released, &live))
 	}
-	old := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, id: "old"}
+	old := testRelay(Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, "old")
 	heartbeat("old")
 	c, err := old.claimSlots(ctx, old.floors.order(nil))
 	require.NoError(t, err)
@@ -62,7 +62,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	require.Empty(t, again.meta.slots, "and owns no slot")
 
 	// The new owner settles them under its own epoch.
-	fresh := &Relay{cfg: Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, id: "new"}
+	fresh := testRelay(Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, "new")
 	c, err = fresh.claimSlots(ctx, fresh.floors.order(nil))
 	require.NoError(t, err)
 	mine := c.rows

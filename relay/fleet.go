@@ -84,9 +84,10 @@ type Fleet struct {
 	kc  *kafkaClient
 
 	mu      sync.Mutex
-	retired outbox.RelayStats // the counters of relays that stopped
-	ctx     context.Context   // Run's; nil while not running
+	ctx     context.Context // Run's; nil while not running
 	targets map[string]*fleetTarget
+	leaving map[*fleetTarget]bool // removed, still stopping: Stats counts them
+	gone    outbox.RelayStats     // the counters of targets removed
 	listens map[*pgxpool.Pool]context.CancelFunc
 	wg      sync.WaitGroup
 }
@@ -96,11 +97,12 @@ type fleetTarget struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu    sync.Mutex
-	r     *Relay
-	state string
-	err   error
-	since time.Time
+	// Guarded by the Fleet's mu.
+	r       *Relay
+	retired outbox.RelayStats // the counters of its relays that stopped
+	state   string
+	err     error
+	since   time.Time
 }
 
 // NewFleet validates cfg and returns a Fleet. It does no I/O.
@@ -122,7 +124,8 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 	}
 	cfg.Relay = r.cfg
 	cfg.Relay.Pool = nil
-	f := &Fleet{cfg: cfg, log: cfg.Relay.Logger, targets: map[string]*fleetTarget{}, listens: map[*pgxpool.Pool]context.CancelFunc{}}
+	f := &Fleet{cfg: cfg, log: cfg.Relay.Logger, targets: map[string]*fleetTarget{}, leaving: map[*fleetTarget]bool{},
+		listens: map[*pgxpool.Pool]context.CancelFunc{}}
 	f.kc = &kafkaClient{brokers: cfg.Relay.Brokers, conf: cfg.Relay.Kafka}
 	ts, err := checkTargets(cfg.Targets)
 	if err != nil {
@@ -179,6 +182,7 @@ func (f *Fleet) SetTargets(ts []Target) error {
 	for name, ft := range f.targets {
 		if t, ok := want[name]; !ok || t != ft.t {
 			delete(f.targets, name)
+			f.leaving[ft] = true
 			stopping = append(stopping, ft)
 		}
 	}
@@ -197,10 +201,14 @@ func (f *Fleet) SetTargets(ts []Target) error {
 	}
 	f.mu.Unlock()
 	for _, ft := range stopping {
-		if ft.cancel != nil { // started, and not stopped by Run's end yet
+		if ft.cancel != nil { // started
 			ft.cancel()
 			<-ft.done
 		}
+		f.mu.Lock()
+		delete(f.leaving, ft)
+		addCounters(&f.gone, ft.retired)
+		f.mu.Unlock()
 	}
 	return nil
 }
@@ -216,17 +224,7 @@ func (f *Fleet) Targets() []TargetState {
 func (f *Fleet) targetStates() []TargetState {
 	out := make([]TargetState, 0, len(f.targets))
 	for _, ft := range f.targets {
-		ft.mu.Lock()
-		s := TargetState{Name: ft.t.Name, Schema: ft.t.Schema, State: ft.state, Err: ft.err, Since: ft.since}
-		r := ft.r
-		ft.mu.Unlock()
-		if r != nil {
-			s.Stats = r.Stats()
-			if s.Err == nil && s.State == "running" {
-				s.Err = r.lastErr()
-			}
-		}
-		out = append(out, s)
+		out = append(out, ft.report())
 	}
 	slices.SortFunc(out, func(a, b TargetState) int { return cmp.Compare(a.Name, b.Name) })
 	return out
@@ -240,9 +238,13 @@ func (f *Fleet) targetStates() []TargetState {
 // FloorOff one target's that has one.
 func (f *Fleet) Stats() outbox.RelayStats {
 	f.mu.Lock()
-	defer f.mu.Unlock() // a relay's counters move to retired under f.mu: none counted twice or missed
-	sum := f.retired
-	for _, s := range f.targetStates() {
+	defer f.mu.Unlock() // counters move (relay to target, target to gone) under f.mu: none counted twice or missed
+	sum := f.gone
+	states := f.targetStates()
+	for ft := range f.leaving {
+		states = append(states, ft.report())
+	}
+	for _, s := range states {
 		addCounters(&sum, s.Stats)
 		st := s.Stats
 		sum.BatchLatencyLast = cmp.Or(st.BatchLatencyLast, sum.BatchLatencyLast)
@@ -323,20 +325,17 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 	for ctx.Err() == nil {
 		r, err := New(cfg)
 		if err != nil { // checked by NewFleet and SetTargets; not expected
-			ft.set("needs operator", err, nil)
+			f.set(ft, "needs operator", err, nil)
 			return
 		}
 		r.kc, r.fleetListens = f.kc, !cfg.NoListen
-		ft.set("running", nil, r)
+		f.set(ft, "running", nil, r)
 		err = r.Run(ctx)
-		f.mu.Lock() // its counters move to retired in one step (Stats)
-		addCounters(&f.retired, r.Stats())
+		state := "stopped"
 		if err != nil {
-			ft.set("needs operator", err, nil)
-		} else {
-			ft.set("stopped", nil, nil)
+			state = "needs operator"
 		}
-		f.mu.Unlock()
+		f.set(ft, state, err, nil) // its counters move to the target's in the same step
 		if err == nil || ctx.Err() != nil {
 			return
 		}
@@ -347,9 +346,28 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 	}
 }
 
-func (ft *fleetTarget) set(state string, err error, r *Relay) {
-	ft.mu.Lock()
-	defer ft.mu.Unlock()
+// report is ft's state: its counters are its stopped relays' plus the
+// running one's. f.mu is held.
+func (ft *fleetTarget) report() TargetState {
+	s := TargetState{Name: ft.t.Name, Schema: ft.t.Schema, State: ft.state, Err: ft.err, Since: ft.since}
+	if ft.r != nil {
+		s.Stats = ft.r.Stats()
+		if s.Err == nil && s.State == "running" {
+			s.Err = ft.r.lastErr()
+		}
+	}
+	addCounters(&s.Stats, ft.retired)
+	return s
+}
+
+// set records ft's state and its running relay; the counters of the relay
+// it replaces move to ft.retired at once, so Stats counts them once.
+func (f *Fleet) set(ft *fleetTarget, state string, err error, r *Relay) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ft.r != nil && ft.r != r {
+		addCounters(&ft.retired, ft.r.Stats())
+	}
 	if state != ft.state {
 		ft.since = time.Now()
 	}
@@ -364,11 +382,9 @@ func (f *Fleet) relays(pool *pgxpool.Pool, schema string) []*Relay {
 		if ft.t.Pool != pool || (schema != "" && ft.t.Schema != schema) {
 			continue
 		}
-		ft.mu.Lock()
 		if ft.r != nil {
 			out = append(out, ft.r)
 		}
-		ft.mu.Unlock()
 	}
 	return out
 }

@@ -31,7 +31,7 @@ func newFloorBundle(t *testing.T) *floorBundle {
 	require.NoError(t, err)
 	var held, released, live int
 	require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, "me", "1 hour", 1, "0s", true, false).Scan(&held, &released, &live))
-	return &floorBundle{t: t, db: db, r: &Relay{cfg: Config{Pool: db.Pool, BatchSize: 500, Lanes: 1}, id: "me"}}
+	return &floorBundle{t: t, db: db, r: testRelay(Config{Pool: db.Pool, BatchSize: 500, Lanes: 1}, "me")}
 }
 
 // writeRows commits n rows over keys keys, 100 to a transaction.

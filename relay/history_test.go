@@ -21,7 +21,7 @@ func TestRecordHistory(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	r := &Relay{cfg: Config{Pool: db.Pool}}
+	r := testRelay(Config{Pool: db.Pool}, "")
 	_, err := db.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value, parked_at)
 		SELECT gen_random_uuid(), 0, t, 'k', 'v', p FROM (VALUES ('a', NULL), ('a', NULL), ('b', NULL), ('b', now())) AS v(t, p)`)
 	require.NoError(t, err)
@@ -94,7 +94,7 @@ func TestRecordHistoryUnderHold(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	r := &Relay{cfg: Config{Pool: pool}}
+	r := testRelay(Config{Pool: pool}, "")
 	sample := func() int64 {
 		t.Helper()
 		// The heartbeat gives a sample its interval (2 s); the test gives
@@ -142,7 +142,7 @@ func TestRecordHistorySequenceBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testdb.New(t)
-	r := &Relay{cfg: Config{Pool: db.Pool}}
+	r := testRelay(Config{Pool: db.Pool}, "")
 	insert := func(n int) {
 		t.Helper()
 		_, err := db.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value)

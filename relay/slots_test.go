@@ -47,3 +47,8 @@ func TestProbeOrderStalestFirst(t *testing.T) {
 	require.False(t, f.stale(now, 2*time.Second))
 	require.True(t, f.stale(now, 500*time.Millisecond))
 }
+
+// testRelay is a Relay for tests that call its parts without New.
+func testRelay(cfg Config, id string) *Relay {
+	return &Relay{cfg: cfg, id: id, db: newDB(cfg.Pool, cfg.Schema)}
+}
