@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/internal/backoff"
+	"github.com/pgbox/pgbox/internal/pgerr"
 	"github.com/pgbox/pgbox/outbox"
 )
 
@@ -322,15 +323,20 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 	cfg := f.cfg.Relay
 	cfg.Pool, cfg.Schema = ft.t.Pool, ft.t.Schema
 	cfg.Logger = f.log.With("target", ft.t.Name)
+	var said string // the last needs-operator error logged
 	for ctx.Err() == nil {
 		r, err := New(cfg)
 		if err != nil { // checked by NewFleet and SetTargets; not expected
 			f.set(ft, "needs operator", err, nil)
 			return
 		}
-		r.kc, r.fleetListens = f.kc, !cfg.NoListen
+		r.kc, r.fleetListens, r.fleetLogs = f.kc, !cfg.NoListen, true
 		f.set(ft, "running", nil, r)
+		started := time.Now()
 		err = r.Run(ctx)
+		if time.Since(started) > time.Minute {
+			said = "" // it ran: a failure now is a new one
+		}
 		state := "stopped"
 		if err != nil {
 			state = "needs operator"
@@ -339,7 +345,11 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 		if err == nil || ctx.Err() != nil {
 			return
 		}
-		cfg.Logger.WarnContext(ctx, "target stopped, retrying later", "retry_in", f.cfg.NeedsOperatorRetry, "error", err)
+		if err.Error() != said { // once per change, not every retry
+			said = err.Error()
+			cfg.Logger.ErrorContext(ctx, "target stopped: its database needs an operator; the other targets go on", "fix", pgerr.Fix(err),
+				"retry_every", f.cfg.NeedsOperatorRetry, "error", err)
+		}
 		if !backoff.Sleep(ctx, f.cfg.NeedsOperatorRetry) {
 			return
 		}

@@ -41,6 +41,7 @@ type Relay struct {
 	// connection per pool wakes this relay (notified).
 	kc           *kafkaClient
 	fleetListens bool
+	fleetLogs    bool // the Fleet logs why the relay stopped, once per change
 	// failed is the last database failure a retry or heartbeat met, until
 	// a heartbeat succeeds (Fleet.Targets reports it).
 	failed  atomic.Pointer[error]
@@ -209,7 +210,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		go prod.close()
 	}
 	if fatal != nil {
-		r.log.ErrorContext(stopCtx, "relay stopped: the database needs an operator", "fix", pgerr.Fix(fatal), "error", fatal)
+		if !r.fleetLogs {
+			r.log.ErrorContext(stopCtx, "relay stopped: the database needs an operator", "fix", pgerr.Fix(fatal), "error", fatal)
+		}
 		return fatal
 	}
 	r.log.InfoContext(stopCtx, "relay stopped")
@@ -272,7 +275,9 @@ func retry(ctx context.Context, r *Relay, what string, fn func(context.Context) 
 		}
 		if pgerr.NeedsOperator(err) {
 			err = fmt.Errorf("relay: %s: %w", what, pgerr.WithFix(err))
-			r.log.ErrorContext(ctx, "relay cannot start: the database needs an operator", "fix", pgerr.Fix(err), "error", err)
+			if !r.fleetLogs {
+				r.log.ErrorContext(ctx, "relay cannot start: the database needs an operator", "fix", pgerr.Fix(err), "error", err)
+			}
 			return err
 		}
 		if ctx.Err() != nil {
