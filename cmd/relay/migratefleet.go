@@ -142,7 +142,7 @@ func forEachTarget(ctx context.Context, a *app, list []targetSpec, action string
 // openTarget opens a pool on the target's database with its schema as
 // search_path.
 func openTarget(ctx context.Context, t targetSpec, conns int) (*pgxpool.Pool, error) {
-	cfg, err := dbconf.Config(t.DatabaseURL, t.Schema, conns, "pgbox-relay")
+	cfg, err := poolConfig(t.DatabaseURL, t.Schema, conns)
 	if err != nil {
 		return nil, fmt.Errorf("invalid database URL %s: %w", dbconf.RedactDSN(t.DatabaseURL), err)
 	}

@@ -277,8 +277,15 @@ func queryTargets(ctx context.Context, pool *pgxpool.Pool, query, defaultURL str
 			return err
 		}
 		defer rows.Close()
+		fields := rows.FieldDescriptions()
+		if len(fields) == 0 { // the statement failed before describing its rows
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+		}
 		col := map[string]int{}
-		for i, f := range rows.FieldDescriptions() {
+		for i, f := range fields {
 			if !slices.Contains(targetColumns, f.Name) {
 				return fmt.Errorf("unknown column %q: the query returns the columns name, schema and optionally database_url", f.Name)
 			}
@@ -372,7 +379,7 @@ func (a *app) targetSource(ctx context.Context) (*targetSource, error) {
 		}, nil
 	case t.Query != "":
 		url := cmp.Or(t.ControlURL, o.DatabaseURL)
-		cfg, err := dbconf.Config(url, "", 2, "pgbox-relay")
+		cfg, err := poolConfig(url, "", 2)
 		if err != nil {
 			return nil, usageError("invalid value %q for PGBOX_CONTROL_URL (--control-url): %v", dbconf.RedactDSN(url), err)
 		}
