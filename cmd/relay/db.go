@@ -40,6 +40,12 @@ func (a *app) openPool(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// poolConfig is dbconf.Config with the binary's application_name, for the
+// pools of a target list's databases.
+func poolConfig(dsn, schema string, maxConns int) (*pgxpool.Config, error) {
+	return dbconf.Config(dsn, schema, maxConns, "pgbox-relay")
+}
+
 const schemaExistsSQL = `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`
 
 // sqlDB wraps a pool as a *sql.DB for goose.

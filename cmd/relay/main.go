@@ -8,6 +8,7 @@
 //	relay status [--json]     backlog, lanes, parked rows, inbox ages
 //	relay parked list|retry|discard [ID...]   parked outbox rows (discard needs --yes)
 //	relay dead list|replay [ID...]            the consumer adapter's dead letters
+//	relay targets list|watch                  the target list (--targets, --targets-query)
 //	relay version
 //
 // Settings come from flags or environment variables (DATABASE_URL,
@@ -56,7 +57,7 @@ func init() {
 			groups: []string{groupDB, groupKafka, groupRelay, groupCleanup, groupHTTP, groupConsole, groupLog}, run: cmdRun},
 		{name: "migrate", synopsis: "migrate up|down|status", summary: "Apply, roll back (one version per run) or list pgbox's migrations.",
 			doc:    migrateDoc,
-			groups: []string{groupDB, groupMigrate, groupLog}, run: cmdMigrate},
+			groups: []string{groupDB, groupTargets, groupMigrate, groupLog}, run: cmdMigrate},
 		{name: "cleanup", synopsis: "cleanup [--dry-run]", summary: "Run one cleanup pass and print its report.",
 			doc:    "Run one cleanup pass and print its report: inbox keys Kafka can no longer\nredeliver (the partition's log start offset past the key's offset, and older\nthan --cleanup-buffer; retention.ms + segment.ms + buffer for keys of unknown\nposition), dead letters past --keep-dead-letters, attempt rows past --keep-attempts.",
 			groups: []string{groupDB, groupKafka, groupCleanup, groupCleanupOnce, groupLog}, run: cmdCleanup},
@@ -69,6 +70,9 @@ func init() {
 		{name: "dead", synopsis: "dead list|replay [ID...]", summary: "List or replay the consumer adapter's dead letters.",
 			doc:    deadDoc,
 			groups: []string{groupDB, groupOps, groupOpsDead, groupLog}, run: cmdDead},
+		{name: "targets", synopsis: "targets list|watch", summary: "Print the target list (--targets, --targets-query), once or as it changes.",
+			doc:    targetsDoc,
+			groups: []string{groupDB, groupTargets, groupTargetsWatch, groupLog}, run: cmdTargets},
 		{name: "version", synopsis: "version", summary: "Print the version of this binary and of the schema it ships.",
 			doc:    "Print the version of this binary and of the schema it ships.",
 			groups: nil, run: cmdVersion},
@@ -111,7 +115,7 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer, look
 	}
 	c := findCommand(name)
 	if c == nil {
-		fmt.Fprintf(stderr, "relay: unknown command %q (allowed: run, migrate, cleanup, status, parked, dead, version; see `relay --help`)\n", name)
+		fmt.Fprintf(stderr, "relay: unknown command %q (allowed: run, migrate, cleanup, status, parked, dead, targets, version; see `relay --help`)\n", name)
 		return 2
 	}
 	opts := &options{}

@@ -18,6 +18,9 @@ func cmdMigrate(ctx context.Context, a *app, args []string) error {
 	if len(args) != 1 || (args[0] != "up" && args[0] != "down" && args[0] != "status") {
 		return usageError("migrate needs one argument: up, down or status (got %q)", args)
 	}
+	if a.opts.Targets.listed() {
+		return migrateTargets(ctx, a, args[0])
+	}
 	pool, err := a.openPool(ctx)
 	if err != nil {
 		return err
@@ -91,4 +94,11 @@ const migrateDoc = `Apply (up), roll back one (down) or list (status) pgbox's mi
             overrides), and when the step would drop a table holding rows or
             columns of one: it names how many outbox rows, inbox keys, dead
             letters… would be lost (--yes confirms)
-  status    list the migrations and whether each is applied; writes nothing`
+  status    list the migrations and whether each is applied; writes nothing
+With a target list (--targets or --targets-query), up and status work on
+every target, --migrate-concurrency at a time, and print one line per target:
+up creates a target's schema if it does not exist, goes on past a target that
+fails and exits 1 if any did (run it again to resume: targets already at the
+binary's version are left as they are); status prints each target's version
+and whether it is behind, current or ahead of the binary. down is refused
+(exit 2): roll targets back one at a time with --database-url and --schema.`

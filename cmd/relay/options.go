@@ -24,7 +24,7 @@ const (
 	groupLog           = "Process"
 )
 
-var allGroups = []string{groupDB, groupKafka, groupRelay, groupSchedule, groupCleanup, groupCleanupOnce, groupHTTP, groupConsole, groupStatus, groupOps, groupOpsParked, groupOpsDead, groupMigrate, groupLog}
+var allGroups = []string{groupDB, groupTargets, groupTargetsWatch, groupKafka, groupRelay, groupSchedule, groupCleanup, groupCleanupOnce, groupHTTP, groupConsole, groupStatus, groupOps, groupOpsParked, groupOpsDead, groupMigrate, groupLog}
 
 // Defaults of the binary's own settings (the libraries' defaults are reused
 // where a setting passes straight through).
@@ -49,6 +49,8 @@ type options struct {
 	DatabaseURL string
 	Schema      string
 	DBMaxConns  int
+
+	Targets targetOptions
 
 	Kafka         kafkaOptions
 	kafkaRequired bool
@@ -95,6 +97,7 @@ func (o *options) bind(s *settings, groups ...string) {
 		s.integer(&o.DBMaxConns, groupDB, "db-max-conns", "PGBOX_DB_MAX_CONNS", dbMaxConnsDefault, 2, 1000,
 			"most pooled database connections (the relay's LISTEN holds one more, unless --no-listen)")
 	}
+	o.Targets.bind(s, has)
 	if has[groupKafka] || has[groupKafkaOptional] {
 		g := groupKafka
 		brokersDoc := "comma-separated Kafka bootstrap brokers, host:port (required)"
@@ -170,12 +173,13 @@ func (o *options) bind(s *settings, groups ...string) {
 func (o *options) validate(cmd string) error {
 	var msgs []string
 	bad := func(format string, args ...any) { msgs = append(msgs, fmt.Sprintf(format, args...)) }
-	if cmd != "version" && o.DatabaseURL == "" {
+	if cmd != "version" && o.DatabaseURL == "" && !o.Targets.listed() {
 		bad("missing database: set DATABASE_URL or --database-url (a PostgreSQL URL like postgres://user:pass@host:5432/db)")
 	}
 	if o.Schema != "" && strings.ContainsAny(o.Schema, ",\"") {
 		bad("invalid value %q for PGBOX_SCHEMA (--schema): must be one schema name, without commas or quotes", o.Schema)
 	}
+	msgs = append(msgs, o.Targets.validate(o)...)
 	if o.kafkaBound {
 		k := o.Kafka
 		if o.kafkaRequired && len(k.Brokers) == 0 {

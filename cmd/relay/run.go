@@ -33,10 +33,7 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := pool.Exec(ctx, checkSchemaSQL); err != nil {
-		return schemaHint(fmt.Errorf("check pgbox tables: %w", err))
-	}
-	if err := refuseOlderSchema(ctx, pool); err != nil {
+	if err := checkTarget(ctx, pool, targetSpec{DatabaseURL: a.opts.DatabaseURL, Schema: a.opts.Schema}); err != nil {
 		return err
 	}
 
