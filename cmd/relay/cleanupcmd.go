@@ -68,6 +68,9 @@ func cmdCleanup(ctx context.Context, a *app, args []string) error {
 	if len(args) > 0 {
 		return usageError("cleanup takes no arguments (got %q)", args)
 	}
+	if a.opts.Targets.listed() {
+		return cleanupTargets(ctx, a)
+	}
 	pool, err := a.openPool(ctx)
 	if err != nil {
 		return err
@@ -114,13 +117,7 @@ func printCleanupReport(w io.Writer, rep cleanup.Report) {
 		}
 		return deleted
 	}
-	var keys, rows int64
-	for _, t := range rep.Topics {
-		keys += count(t.Deleted, t.WouldDelete)
-	}
-	for _, t := range rep.Tables {
-		rows += count(t.Deleted, t.WouldDelete)
-	}
+	keys, rows := passTotals(rep)
 	at := rep.Start.UTC().Format(time.RFC3339)
 	what := "DELETED"
 	if rep.DryRun {

@@ -5,7 +5,7 @@
 //	relay run                 relay + cleanup on a schedule, /metrics, /healthz, /readyz
 //	relay migrate up|down|status
 //	relay cleanup [--dry-run] one cleanup pass, for an external cron
-//	relay status [--json]     backlog, lanes, parked rows, inbox ages
+//	relay status [NAME] [--json]  backlog, lanes, parked rows, inbox ages
 //	relay parked list|retry|discard [ID...]   parked outbox rows (discard needs --yes)
 //	relay dead list|replay [ID...]            the consumer adapter's dead letters
 //	relay targets list|watch                  the target list (--targets, --targets-query)
@@ -59,11 +59,11 @@ func init() {
 			doc:    migrateDoc,
 			groups: []string{groupDB, groupTargets, groupMigrate, groupLog}, run: cmdMigrate},
 		{name: "cleanup", synopsis: "cleanup [--dry-run]", summary: "Run one cleanup pass and print its report.",
-			doc:    "Run one cleanup pass and print its report: inbox keys Kafka can no longer\nredeliver (the partition's log start offset past the key's offset, and older\nthan --cleanup-buffer; retention.ms + segment.ms + buffer for keys of unknown\nposition), dead letters past --keep-dead-letters, attempt rows past --keep-attempts.",
-			groups: []string{groupDB, groupKafka, groupCleanup, groupCleanupOnce, groupLog}, run: cmdCleanup},
-		{name: "status", synopsis: "status [--json]", summary: "Print the outbox backlog, parked rows, lane owners and inbox key ages.",
-			doc:    "Print the outbox backlog per topic and lane, the oldest unpublished row, parked\nrows, lane owners, and inbox keys per consumer and topic. With Kafka brokers\nset, each topic's oldest key is compared with its cleanup cutoff.",
-			groups: []string{groupDB, groupKafkaOptional, groupCleanup, groupStatus, groupLog}, run: cmdStatus},
+			doc:    cleanupDoc,
+			groups: []string{groupDB, groupTargets, groupTargetsEach, groupKafka, groupCleanup, groupCleanupOnce, groupLog}, run: cmdCleanup},
+		{name: "status", synopsis: "status [NAME] [--json]", summary: "Print the outbox backlog, parked rows, lane owners and inbox key ages.",
+			doc:    statusDoc,
+			groups: []string{groupDB, groupTargets, groupTargetsEach, groupKafkaOptional, groupCleanup, groupStatus, groupLog}, run: cmdStatus},
 		{name: "parked", synopsis: "parked list|retry|discard [ID...]", summary: "List, retry or discard parked outbox rows.",
 			doc:    parkedDoc,
 			groups: []string{groupDB, groupOps, groupOpsParked, groupLog}, run: cmdParked},

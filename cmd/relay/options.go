@@ -24,7 +24,7 @@ const (
 	groupLog           = "Process"
 )
 
-var allGroups = []string{groupDB, groupTargets, groupTargetsWatch, groupKafka, groupRelay, groupSchedule, groupCleanup, groupCleanupOnce, groupHTTP, groupConsole, groupStatus, groupOps, groupOpsParked, groupOpsDead, groupMigrate, groupLog}
+var allGroups = []string{groupDB, groupTargets, groupTargetsWatch, groupTargetsEach, groupKafka, groupRelay, groupSchedule, groupCleanup, groupCleanupOnce, groupHTTP, groupConsole, groupStatus, groupOps, groupOpsParked, groupOpsDead, groupMigrate, groupLog}
 
 // Defaults of the binary's own settings (the libraries' defaults are reused
 // where a setting passes straight through).

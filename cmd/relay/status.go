@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/pgerr"
 	"github.com/pgbox/pgbox/relay"
@@ -26,15 +28,26 @@ const allHolders = 1 << 20
 // cmdStatus prints inspect.Read's snapshot: as text (the xmin horizon's
 // inspect.HorizonListDefault oldest holders), or with --json as the
 // snapshot's JSON (what a service gets from inspect.Read; every holder).
+// With a target list it prints one line per target, or one target's
+// snapshot when named (statusfleet.go).
 func cmdStatus(ctx context.Context, a *app, args []string) error {
+	if a.opts.Targets.listed() {
+		return statusTargets(ctx, a, args)
+	}
 	if len(args) > 0 {
-		return usageError("status takes no arguments (got %q)", args)
+		return usageError("status takes a target name only with --targets or --targets-query; without them it takes no arguments (got %q)", args)
 	}
 	pool, err := a.openPool(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	return printStatus(ctx, a, pool)
+}
+
+// printStatus reads the snapshot of the pool's database (its pgbox tables
+// on the pool's search_path) and prints it.
+func printStatus(ctx context.Context, a *app, pool *pgxpool.Pool) error {
 	opts := inspect.Config{Lanes: relay.LanesDefault, Logger: a.log.With("component", "status")}
 	if len(a.opts.Kafka.Brokers) > 0 {
 		kcfg, err := a.opts.Kafka.Sarama()

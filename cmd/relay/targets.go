@@ -25,11 +25,13 @@ import (
 // --schema; with either, a list of them, each named.
 
 // Option groups of the target list. groupTargetsWatch marks the commands
-// that keep running and re-read the list (its settings print under
-// groupTargets).
+// that keep running and re-read the list, groupTargetsEach those that work
+// on every target once (`status`, `cleanup`); their settings print under
+// groupTargets.
 const (
 	groupTargets      = "Targets"
 	groupTargetsWatch = "Targets (re-read)"
+	groupTargetsEach  = "Targets (each)"
 )
 
 const (
@@ -37,6 +39,8 @@ const (
 	targetsRefreshDefault = 30 * time.Second
 	// migrateConcurrencyDefault is --migrate-concurrency.
 	migrateConcurrencyDefault = 4
+	// targetsConcurrencyDefault is --targets-concurrency.
+	targetsConcurrencyDefault = 4
 	// targetsQueryTimeout bounds one run of --targets-query.
 	targetsQueryTimeout = 15 * time.Second
 )
@@ -48,6 +52,8 @@ type targetOptions struct {
 	ControlURL  string
 	Refresh     time.Duration
 	Concurrency int
+	// EachConcurrency is --targets-concurrency: `status` and `cleanup`.
+	EachConcurrency int
 
 	// fromFile is the file as validate read it: the first load uses it.
 	fromFile []targetSpec
@@ -71,6 +77,10 @@ func (t *targetOptions) bind(s *settings, has map[string]bool) {
 	if has[groupMigrate] {
 		s.integer(&t.Concurrency, g, "migrate-concurrency", "PGBOX_MIGRATE_CONCURRENCY", migrateConcurrencyDefault, 1, 64,
 			"most targets `migrate up` and `migrate status` work on at once (with --targets or --targets-query)")
+	}
+	if has[groupTargetsEach] {
+		s.integer(&t.EachConcurrency, g, "targets-concurrency", "PGBOX_TARGETS_CONCURRENCY", targetsConcurrencyDefault, 1, 64,
+			"most targets `status` and `cleanup` work on at once (with --targets or --targets-query)")
 	}
 }
 
