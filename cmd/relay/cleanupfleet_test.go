@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -163,4 +165,58 @@ func checkTargetsConcurrency(t *testing.T, set setFn) {
 	require.Equal(t, 0, p.Cmd.ProcessState.ExitCode(), p.Output())
 	done := regexp.MustCompile(`(?m)^t\d\s+\S+\s+\S+\s+deleted 0 rows \(0 inbox keys, 0 other rows\)$`)
 	require.Len(t, done.FindAllString(p.Output(), -1), 4, p.Output())
+}
+
+// closingBroker accepts connections and closes them at once (a Kafka that
+// cannot be reached, failing fast); it returns its address and how many
+// connections it accepted.
+func closingBroker(t *testing.T) (addr string, accepted func() int) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	var n atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			_ = c.Close()
+		}
+	}()
+	return ln.Addr().String(), func() int { return int(n.Load()) }
+}
+
+// Over a target list, Kafka is dialled once for all targets: with it
+// unreachable, three targets cost no more connection attempts than one
+// target's pass makes, and each target's topics are "not pruned this
+// pass".
+func TestCleanupTargetsDialKafkaOnce(t *testing.T) {
+	t.Parallel()
+	dbs := []*testdb.DB{testdb.New(t), testdb.New(t), testdb.New(t)}
+	var lines []string
+	for i, db := range dbs {
+		keysAt(t, db, 0)
+		lines = append(lines, fmt.Sprintf("t%d %s", i, db.Schema))
+	}
+	one, oneAccepted := closingBroker(t)
+	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + dbs[0].URL, "KAFKA_BROKERS=" + one}, "cleanup")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	require.Contains(t, r.Stdout, string(cleanup.ReasonKafkaUnreachable))
+	require.Positive(t, oneAccepted())
+
+	all, allAccepted := closingBroker(t)
+	file := writeFile(t, "targets.txt", strings.Join(lines, "\n"))
+	r = runRelay(t, time.Minute, []string{"DATABASE_URL=" + testdb.ServerURL(t), "PGBOX_TARGETS=" + file, "KAFKA_BROKERS=" + all}, "cleanup")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	for i := range dbs {
+		require.Equal(t, fmt.Sprintf("deleted 0 rows (0 inbox keys, 0 other rows); not pruned: orders (this pass: %s)", cleanup.ReasonKafkaUnreachable),
+			targetRow(t, r.Stdout, fmt.Sprintf("t%d", i)))
+	}
+	// One target's pass dials for each Kafka request it makes; three
+	// targets together dial once.
+	require.Positive(t, allAccepted())
+	require.LessOrEqual(t, allAccepted(), oneAccepted(), "three targets dial no more than one target's pass")
 }

@@ -35,8 +35,8 @@ age), PARKED, DEAD (dead letters), RELAYS (live relay instances), LANES (held
 of the lane count), XMIN (how long the database's xmin horizon is held) and
 STATE: ok, behind (migrations pending: run ` + "`relay migrate up`" + `), no schema,
 unreachable or failed, with the error. It exits 1 when a target is not ok.
-The lines read no Kafka. ` + "`relay status NAME`" + ` prints the full status of the target
-of that name, as without a list. --json prints either as JSON.`
+The lines read no Kafka. ` + "`relay status NAME`" + ` prints the full status of
+the target of that name, as without a list. --json prints either as JSON.`
 
 // Target states of `relay status`, in the order the table sorts them: the
 // worst first.

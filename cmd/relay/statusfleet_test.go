@@ -217,3 +217,66 @@ func TestStatusTargetsEmptyList(t *testing.T) {
 	require.Equal(t, 0, r.Code, r.Stderr)
 	require.Regexp(t, regexp.MustCompile(`^\{\s*"targets": \[\]\s*\}\s*$`), r.Stdout)
 }
+
+// A target whose snapshot fails on a query is "failed" with the error; one
+// whose tables are missing although its migrations are applied is behind
+// with inspect's advice; failed sorts first.
+func TestStatusTargetsFailed(t *testing.T) {
+	t.Parallel()
+	renamed, dropped := testdb.New(t), testdb.New(t)
+	opsExec(t, renamed, `ALTER TABLE pgbox_relay_lanes RENAME COLUMN epoch TO epoch_renamed`)
+	opsExec(t, dropped, `DROP TABLE pgbox_relay_instances`)
+	file := writeFile(t, "targets.txt", fmt.Sprintf("dropped %s\nrenamed %s\n", dropped.Schema, renamed.Schema))
+	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + testdb.ServerURL(t), "PGBOX_TARGETS=" + file}, "status")
+	require.Equal(t, 1, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "relay status: 2 of 2 targets are not ok")
+	require.Regexp(t, `(?s)\nrenamed .*\ndropped `, r.Stdout)
+	require.Regexp(t, `^(-\s+){7}failed: inspect: read pgbox_relay_lanes: .*"epoch" does not exist`, targetRow(t, r.Stdout, "renamed"))
+	require.Regexp(t, "^(-\\s+){7}behind: pgbox tables missing: run `relay migrate up`$", targetRow(t, r.Stdout, "dropped"))
+}
+
+// The worst first: by state, then the oldest unpublished row, the larger
+// backlog, more parked rows, more dead letters, the name; a target without
+// figures before one with in the same state.
+func TestStatusTargetsOrder(t *testing.T) {
+	t.Parallel()
+	age := func(s float64) *float64 { return &s }
+	line := func(name, state string, f *TargetFigures) targetLine {
+		return targetLine{Name: name, State: state, TargetFigures: f}
+	}
+	lines := []targetLine{
+		line("z-ok-idle", stateOK, &TargetFigures{}),
+		line("a-ok-idle", stateOK, &TargetFigures{}),
+		line("dead", stateOK, &TargetFigures{DeadLetters: 1}),
+		line("parked", stateOK, &TargetFigures{Parked: 1, DeadLetters: 0}),
+		line("backlog", stateOK, &TargetFigures{Unpublished: 9, OldestAge: age(5)}),
+		line("fewer", stateOK, &TargetFigures{Unpublished: 3, OldestAge: age(5)}),
+		line("oldest", stateOK, &TargetFigures{Unpublished: 1, OldestAge: age(60)}),
+		line("behind-read", stateBehind, &TargetFigures{OldestAge: age(600)}),
+		line("behind", stateBehind, nil),
+		line("noschema", stateNoSchema, nil),
+		line("failed", stateFailed, nil),
+		line("unreachable", stateUnreachable, nil),
+	}
+	sortLines(lines)
+	var names []string
+	for _, l := range lines {
+		names = append(names, l.Name)
+	}
+	require.Equal(t, []string{"unreachable", "failed", "noschema", "behind", "behind-read", "oldest", "backlog", "fewer", "parked", "dead", "a-ok-idle", "z-ok-idle"}, names)
+}
+
+// The XMIN and LANES columns.
+func TestStatusTargetsColumns(t *testing.T) {
+	t.Parallel()
+	secs := func(s float64) *float64 { return &s }
+	require.Equal(t, "-", horizonText(&TargetFigures{}))
+	require.Equal(t, "3s", horizonText(&TargetFigures{HorizonAgeSeconds: secs(3), HorizonAgeTransactions: 12}))
+	require.Equal(t, "12 xacts", horizonText(&TargetFigures{HorizonAgeTransactions: 12}))
+	require.Equal(t, "25m!", horizonText(&TargetFigures{HorizonAgeSeconds: secs(1500), HorizonPastBound: true}))
+	require.Equal(t, "2000000 xacts!", horizonText(&TargetFigures{HorizonAgeTransactions: 2_000_000, HorizonPastBound: true}))
+	require.Equal(t, "-", lanesText(&TargetFigures{}))
+	require.Equal(t, "3/16", lanesText(&TargetFigures{Lanes: 16, LanesHeld: 3}))
+	require.Equal(t, "~1200", countOrEstimate(1200, true))
+	require.Equal(t, ">=1000", countOrCapped(1000, true))
+}
