@@ -333,6 +333,12 @@ func validSchema(s string) error {
 		return fmt.Errorf("relay: Config.Schema %q is longer than PostgreSQL's 63-byte identifier limit", s)
 	case strings.ContainsRune(s, 0):
 		return fmt.Errorf("relay: Config.Schema %q contains a NUL byte", s)
+	case s == "$user" || strings.HasPrefix(strings.ToLower(s), "pg_"):
+		// On a search_path, PostgreSQL reads these, quoted or not, as the
+		// session's role name or its temporary or system schemas: never
+		// the schema the setting names. CREATE SCHEMA refuses the pg_
+		// prefix anyway.
+		return fmt.Errorf("relay: Config.Schema %q names no schema of its own on a search_path ($user is the role's schema, pg_ the system's): name the schema holding the pgbox tables", s)
 	}
 	return nil
 }

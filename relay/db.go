@@ -2,10 +2,14 @@ package relay
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
 // db is how the relay reaches its tables.
@@ -25,16 +29,22 @@ import (
 // leaves nothing on the path, so the tables are reported missing (the
 // operator's fix is named), never found elsewhere.
 //
-// A prepared statement is parsed before the pipeline runs, so with the
-// connection's own search_path: prepare parses it, once per connection,
-// inside a transaction that sets the schema when the connection's path
-// does not find the tables. PostgreSQL analyzes a prepared statement again
-// whenever it runs under another search_path than last time, so the
-// statement always reads the tables of the schema set beside it.
+// pgx prepares (or describes) a statement before the pipeline that runs
+// it, so with the connection's own search_path, which may hold no pgbox
+// tables or older ones. So the relay prepares each statement itself, once
+// per connection, inside a transaction that sets the schema first, and the
+// pipeline runs that prepared statement. PostgreSQL analyzes a prepared
+// statement again whenever it runs under another search_path than last
+// time, so it always reads the tables of the schema set beside it.
+//
+// slots, when a Fleet sets it, caps the pool's connections one target
+// holds at once, so a target whose statements hang (a held lock, a slow
+// disk) leaves the others connections to run on.
 type db struct {
 	pool    *pgxpool.Pool
-	path    string // the search_path value (the quoted schema); "" uses the pool's
-	prepare bool   // the pool's exec mode prepares statements (or describes them) before it runs them
+	path    string        // the search_path value (the quoted schema); "" uses the pool's
+	prepare bool          // the pool's exec mode prepares statements (or describes them) before it runs them
+	slots   chan struct{} // nil: no cap
 }
 
 const setPathSQL = `SELECT set_config('search_path', $1, true)`
@@ -97,41 +107,108 @@ func (d *db) query(ctx context.Context, sql string, args []any, read func(pgx.Ro
 // send runs set_config and the statement queue adds, in one pipeline, on
 // a connection where sql is prepared.
 func (d *db) send(ctx context.Context, sql string, queue func(*pgx.Batch)) error {
+	release, err := d.slot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	c, err := d.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.Release()
+	conn := c.Conn()
 	if d.prepare {
-		if err := d.prepared(ctx, c.Conn(), sql); err != nil {
+		if err := d.prepared(ctx, conn, sql); err != nil {
 			return err
 		}
 	}
 	b := &pgx.Batch{}
 	b.Queue(setPathSQL, d.path)
 	queue(b)
-	return c.SendBatch(ctx, b).Close()
+	err = c.SendBatch(ctx, b).Close()
+	if code := pgerr.Code(err); d.prepare && (code == "26000" || code == "0A000") {
+		// The statement is gone (a pooler's DISCARD ALL) or its result
+		// changed shape (a migration): prepare it afresh next time.
+		forget(conn, sql)
+		_ = conn.Deallocate(ctx, sql)
+	}
+	return err
 }
 
-// prepared prepares sql on c (named by its text, so the pipeline runs it),
-// unless it is already: then it costs nothing. A connection whose own
-// search_path does not find the tables fails to parse it; it is parsed
-// again in a transaction that sets the schema.
+// slot takes one of the target's connection slots, if it has a cap.
+func (d *db) slot(ctx context.Context) (release func(), err error) {
+	if d.slots == nil {
+		return func() {}, nil
+	}
+	select {
+	case d.slots <- struct{}{}:
+		return func() { <-d.slots }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// preparedOn holds, per connection, the statements prepared on it with a
+// schema on the path (only the goroutine holding the connection touches
+// its set). Closed connections' sets are dropped now and then (forgetAll).
+var (
+	preparedOn  sync.Map // *pgx.Conn -> map[string]bool
+	preparedNew atomic.Int64
+)
+
+// prepared prepares sql on c (named by its text, so the pipeline runs it)
+// in a transaction that sets the schema first, unless it is already.
 func (d *db) prepared(ctx context.Context, c *pgx.Conn, sql string) error {
-	if _, err := c.Prepare(ctx, sql, sql); err == nil {
+	v, ok := preparedOn.Load(c)
+	if !ok {
+		if preparedNew.Add(1) > preparedMax {
+			forgetAll()
+		}
+		v, _ = preparedOn.LoadOrStore(c, map[string]bool{})
+	}
+	done := v.(map[string]bool)
+	if done[sql] {
 		return nil
 	}
-	return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, setPathSQL, d.path); err != nil {
 			return err
 		}
 		_, err := tx.Conn().Prepare(ctx, sql, sql)
 		return err
 	})
+	if err == nil {
+		done[sql] = true
+	}
+	return err
+}
+
+func forget(c *pgx.Conn, sql string) {
+	if v, ok := preparedOn.Load(c); ok {
+		delete(v.(map[string]bool), sql)
+	}
+}
+
+// preparedMax bounds the connections preparedOn remembers: pools replace
+// their connections (MaxConnLifetime), and a closed connection's set is
+// dropped only here. Past it every set is dropped; the next statement on
+// each connection is prepared again (pgx has it prepared already, so that
+// costs the transaction's round trips, once).
+const preparedMax = 4096
+
+func forgetAll() {
+	preparedNew.Store(0)
+	preparedOn.Clear()
 }
 
 // begin runs fn in a transaction, committed when fn returns nil.
 func (d *db) begin(ctx context.Context, fn func(pgx.Tx) error) error {
+	release, err := d.slot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	return pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
 		if d.path != "" {
 			if _, err := tx.Exec(ctx, setPathSQL, d.path); err != nil {

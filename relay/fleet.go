@@ -54,7 +54,18 @@ type FleetConfig struct {
 	// other targets run meanwhile. Defaults to [NeedsOperatorRetryDefault]
 	// (30s).
 	NeedsOperatorRetry time.Duration
+	// MaxConnsPerTarget is the most connections of its pool one target's
+	// relay holds at once, so a target whose statements hang (a lock held
+	// on its tables, a slow disk) leaves the pool's other connections to
+	// the other targets: never more than the pool's MaxConns minus one.
+	// Give a pool MaxConns of at least MaxConnsPerTarget times the targets
+	// that may hang at once, plus room for the rest. Defaults to
+	// [MaxConnsPerTargetDefault] (2).
+	MaxConnsPerTarget int
 }
+
+// MaxConnsPerTargetDefault is FleetConfig.MaxConnsPerTarget's default.
+const MaxConnsPerTargetDefault = 2
 
 // TargetState is what Fleet.Targets reports of one target.
 type TargetState struct {
@@ -115,6 +126,10 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 		return nil, fmt.Errorf("relay: FleetConfig.NeedsOperatorRetry is %s: use a positive duration, or 0 for the default", cfg.NeedsOperatorRetry)
 	}
 	cfg.NeedsOperatorRetry = cmp.Or(cfg.NeedsOperatorRetry, NeedsOperatorRetryDefault)
+	if cfg.MaxConnsPerTarget < 0 {
+		return nil, fmt.Errorf("relay: FleetConfig.MaxConnsPerTarget is %d: use a positive number, or 0 for the default (%d)", cfg.MaxConnsPerTarget, MaxConnsPerTargetDefault)
+	}
+	cfg.MaxConnsPerTarget = cmp.Or(cfg.MaxConnsPerTarget, MaxConnsPerTargetDefault)
 	// The template passes New's checks with any pool; New copies the Kafka
 	// config and sets its partitioner, which the shared client then uses.
 	probe := cfg.Relay
@@ -331,6 +346,7 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 			return
 		}
 		r.kc, r.fleetListens, r.fleetLogs = f.kc, !cfg.NoListen, true
+		r.db.slots = make(chan struct{}, max(1, min(f.cfg.MaxConnsPerTarget, int(ft.t.Pool.Config().MaxConns)-1)))
 		f.set(ft, "running", nil, r)
 		started := time.Now()
 		err = r.Run(ctx)

@@ -63,51 +63,73 @@ func newProducer(ctx context.Context, brokers []string, conf *sarama.Config, kc 
 }
 
 // kafkaClient is a sarama client one relay owns, or a Fleet's relays
-// share, replaced when every broker it knew failed.
+// share, replaced when every broker it knew failed. No lock is held while
+// a client is being made (sarama's NewClient can take its Net timeouts
+// times its retries against a hanging broker): one caller dials, the
+// others wait for it or for their own context, so a relay sharing the
+// client still stops within StopTimeout.
 type kafkaClient struct {
 	brokers []string
 	conf    *sarama.Config
-	mu      sync.Mutex // held while connecting, so relays sharing it connect once
+	mu      sync.Mutex
 	client  sarama.Client
+	dialing chan struct{} // closed when the dial under way ends; nil: none
 }
 
-// connect returns the client, connecting it first if there is none.
+// connect returns the client, dialing one first if there is none.
 func (k *kafkaClient) connect(ctx context.Context) (sarama.Client, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.client != nil {
-		return k.client, nil
+	for {
+		k.mu.Lock()
+		if c := k.client; c != nil {
+			k.mu.Unlock()
+			return c, nil
+		}
+		if wait := k.dialing; wait != nil {
+			k.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		done := make(chan struct{})
+		k.dialing = done
+		k.mu.Unlock()
+		c, err := await(ctx, func() (sarama.Client, error) { return sarama.NewClient(k.brokers, k.conf) }, closeClient)
+		k.mu.Lock()
+		if err == nil {
+			k.client = c
+		}
+		k.dialing = nil
+		close(done)
+		k.mu.Unlock()
+		return c, err
 	}
-	c, err := await(ctx, func() (sarama.Client, error) { return sarama.NewClient(k.brokers, k.conf) }, closeClient)
-	if err != nil {
-		return nil, err
-	}
-	k.client = c
-	return c, nil
 }
 
+// get returns the client, or nil while there is none (being replaced).
 func (k *kafkaClient) get() sarama.Client {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.client
 }
 
-// replace swaps old, which ran out of brokers, for a new client from the
-// configured brokers, unless another relay sharing it did so already.
+// replace drops old, which ran out of brokers, and dials a new client from
+// the configured brokers, unless another relay sharing it did so already.
 // Requests still in flight on old fail and are retried.
 func (k *kafkaClient) replace(ctx context.Context, old sarama.Client) error {
 	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.client != old {
-		return nil
+	drop := k.client == old && old != nil
+	if drop {
+		k.client = nil
 	}
-	c, err := await(ctx, func() (sarama.Client, error) { return sarama.NewClient(k.brokers, k.conf) }, closeClient)
-	if err != nil {
-		return err
+	k.mu.Unlock()
+	if drop {
+		_ = old.Close()
 	}
-	k.client = c
-	_ = old.Close()
-	return nil
+	_, err := k.connect(ctx)
+	return err
 }
 
 // close closes the client; a request still waiting for its answer then fails.
@@ -191,7 +213,10 @@ func (p *producer) renew(ctx context.Context) error {
 	if !p.stale {
 		return nil
 	}
-	c := p.kc.get()
+	c, err := p.kc.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("init producer id: %w", err)
+	}
 	initID := func() (*sarama.InitProducerIDResponse, error) {
 		return await(ctx, c.InitProducerID, nil)
 	}
@@ -201,8 +226,9 @@ func (p *producer) renew(ctx context.Context) error {
 		// sarama's client does not try them again by itself here, so start
 		// a new client from the configured brokers.
 		if err = p.kc.replace(ctx, c); err == nil {
-			c = p.kc.get()
-			resp, err = initID()
+			if c, err = p.kc.connect(ctx); err == nil {
+				resp, err = initID()
+			}
 		}
 	}
 	if err == nil && !errors.Is(resp.Err, sarama.ErrNoError) {
@@ -219,13 +245,19 @@ func (p *producer) renew(ctx context.Context) error {
 // partitions returns topic's partitions (from the client's metadata,
 // refreshed if the topic is not known yet).
 func (p *producer) partitions(ctx context.Context, topic string) ([]int32, error) {
-	c := p.kc.get()
+	c, err := p.kc.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
 	return await(ctx, func() ([]int32, error) { return c.Partitions(topic) }, nil)
 }
 
 // refresh refreshes the metadata of topics (before a batch is sent again).
 func (p *producer) refresh(ctx context.Context, topics []string) {
 	c := p.kc.get()
+	if c == nil {
+		return // being replaced: the next round reads fresh metadata
+	}
 	_, _ = await(ctx, func() (struct{}, error) { return struct{}{}, c.RefreshMetadata(topics...) }, nil)
 }
 
@@ -287,6 +319,10 @@ func (p *producer) produce(chunks []*chunk, out chan<- chunkResult) {
 		}
 		byLeader := map[*sarama.Broker]*request{}
 		for i, c := range chunks {
+			if client == nil { // another relay sharing it is replacing it: a broker outage
+				out <- chunkResult{c: c, err: sarama.ErrOutOfBrokers}
+				continue
+			}
 			b, err := client.Leader(c.tp.topic, c.tp.partition)
 			if err != nil {
 				out <- chunkResult{c: c, err: err}

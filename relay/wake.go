@@ -113,12 +113,35 @@ func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time
 		case <-t.C:
 		}
 		if !watching {
+			if r.nothingToClaim(ctx) {
+				continue // the idle poll found the outbox empty: sleep on
+			}
 			return true // the idle poll
 		}
 		if r.watch(ctx, w) {
 			return false
 		}
 	}
+}
+
+// emptySQL reports whether the outbox holds no row a claim could take (no
+// unparked row, whoever's lane it is in, whatever its floor): an idle
+// poll's question, asked for far less than a claim that probes every
+// slot costs. Rows not visible yet are no more visible to a claim.
+const emptySQL = `SELECT NOT EXISTS (SELECT 1 FROM pgbox_outbox WHERE parked_at IS NULL)`
+
+// nothingToClaim reports whether the idle poll may skip its pass: the
+// outbox holds no unparked row and no sweep is due. An error says no: the
+// pass then runs and reports it.
+func (r *Relay) nothingToClaim(ctx context.Context) bool {
+	if r.sweepWanted.Load() {
+		return false
+	}
+	var empty bool
+	if err := r.db.queryRow(ctx, emptySQL, nil, &empty); err != nil {
+		return false
+	}
+	return empty
 }
 
 func later(a, b time.Time) time.Time {
