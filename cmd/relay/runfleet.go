@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgbox/pgbox/internal/dbconf"
 	"github.com/pgbox/pgbox/internal/pgerr"
@@ -199,13 +198,14 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 	}
 	fr.reconcile(runCtx, list) // before Run: the Fleet starts with the targets that passed
 
-	exp, err := newMetrics(pgboxprom.Config{Relay: f, Logger: a.log.With("component", "metrics")})
+	// The database gauges (backlog, lanes, parked rows, inbox ages) are read
+	// through one schema: not per target yet, so off with a list.
+	exp, err := newMetrics(pgboxprom.Config{Relay: f, Targets: fr, Logger: a.log.With("component", "metrics")})
 	if err != nil {
 		cancel()
 		<-watchDone
 		return err
 	}
-	exp.reg.MustRegister(&targetsCollector{fr: fr})
 	var httpDone <-chan error
 	if o.HTTPAddr != "" {
 		_, httpDone, err = serveHTTP(runCtx, o.HTTPAddr, o.HTTPConnsPerClient, exp, &fleetReadiness{kafka: lk, fr: fr, lanes: o.Relay.Lanes}, a.log)
@@ -497,8 +497,8 @@ func (fr *fleetRun) closePools() {
 	}
 }
 
-// counts returns the number of targets per state: the Fleet's, and
-// refused.
+// counts returns the number of targets per state (the Fleet's, and
+// refused) and the Fleet's targets.
 func (fr *fleetRun) counts() (map[string]int, []relay.TargetState) {
 	states := fr.f.Targets()
 	n := map[string]int{}
@@ -511,21 +511,15 @@ func (fr *fleetRun) counts() (map[string]int, []relay.TargetState) {
 	return n, states
 }
 
-// targetsCollector exports pgbox_relay_targets: the targets per state.
-// Per-target series are left out (one per tenant is too many).
-type targetsCollector struct{ fr *fleetRun }
-
-var dTargets = prometheus.NewDesc("pgbox_relay_targets",
-	`Targets of the relay's target list by state: "running", "starting", "needs operator" (its database needs an operator; retried), "stopped", "refused" (not served: its schema missing or behind the binary's migrations, or no connection budget left for its database; checked again every --targets-refresh).`,
-	[]string{"state"}, nil)
-
-func (c *targetsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- dTargets }
-
-func (c *targetsCollector) Collect(ch chan<- prometheus.Metric) {
-	n, _ := c.fr.counts()
+// TargetCounts makes fleetRun a pgboxprom.Targets: the Fleet's counts,
+// refused added, every state present (0 included) so that an alert on one
+// has a series to read.
+func (fr *fleetRun) TargetCounts() map[string]int {
+	n, _ := fr.counts()
 	for _, s := range targetStates {
-		ch <- prometheus.MustNewConstMetric(dTargets, prometheus.GaugeValue, float64(n[s]), s)
+		n[s] += 0
 	}
+	return n
 }
 
 // fleetReadiness answers /readyz with a target list: ready when Kafka
