@@ -135,7 +135,8 @@ type refusal struct {
 }
 
 // fleetRun is `relay run`'s state with a target list. reconcile runs on
-// one goroutine at a time; mu guards what /readyz and /metrics read.
+// one goroutine at a time and alone writes dbs, served and refused, under
+// mu (which guards what /readyz and /metrics read).
 type fleetRun struct {
 	a      *app
 	f      *relay.Fleet
@@ -173,7 +174,15 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 	}
 	fr := &fleetRun{a: a, f: f, budget: newConnBudget(o), log: a.log.With("component", "targets"),
 		dbs: map[string]*fleetDB{}, served: map[string]servedTarget{}, refused: map[string]refusal{}}
-	defer fr.closePools()
+	// The pools close once everything using them stopped: not after a
+	// shutdown that overran its deadline (a pool's Close waits for its
+	// connections in use; the process exits anyway).
+	closePools := true
+	defer func() {
+		if closePools {
+			fr.closePools()
+		}
+	}()
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -216,6 +225,11 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 		}
 	}
 
+	// Logged before follow starts: reconcile alone writes what it reads.
+	a.log.Info("relay running", "targets", len(list), "served", len(fr.served), "refused", len(fr.refused), "databases", len(fr.dbs),
+		"db_conn_budget", o.Targets.ConnBudget, "db_conns_planned", fr.budget.used, "lanes", o.Relay.Lanes,
+		"refresh", fmtDuration(o.Targets.Refresh), "kafka", o.Kafka.Redacted())
+
 	stopped, pending := make(chan string, 4), map[string]bool{}
 	start := func(name string, fn func()) {
 		pending[name] = true
@@ -232,13 +246,6 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 			}
 		})
 	}
-	fr.mu.Lock()
-	refused := len(fr.refused)
-	fr.mu.Unlock()
-	a.log.Info("relay running", "targets", len(list), "served", len(fr.served), "refused", refused, "databases", len(fr.dbs),
-		"db_conn_budget", o.Targets.ConnBudget, "db_conns_planned", fr.budget.used, "lanes", o.Relay.Lanes,
-		"refresh", fmtDuration(o.Targets.Refresh), "kafka", o.Kafka.Redacted())
-
 	var runErr error
 	select {
 	case err := <-fleetErr:
@@ -256,6 +263,7 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 	}
 	cancel()
 	if err := waitStopped(stopped, pending, o.ShutdownTimeout); err != nil {
+		closePools = false
 		return err
 	}
 	if runErr != nil {
@@ -345,7 +353,9 @@ func (fr *fleetRun) reconcile(ctx context.Context, list []targetSpec) {
 		if !listed[url] {
 			db.pool.Close() // its targets have stopped: SetTargets returned
 			fr.budget.give(db.conns)
+			fr.mu.Lock()
 			delete(fr.dbs, url)
+			fr.mu.Unlock()
 			fr.log.Info("database no longer listed: its pool is closed", "database", dbconf.RedactDSN(url))
 		}
 	}
@@ -416,7 +426,9 @@ func (fr *fleetRun) database(ctx context.Context, url string) (*fleetDB, error) 
 		var pool *pgxpool.Pool
 		if pool, err = pgxpool.NewWithConfig(ctx, cfg); err == nil {
 			db := &fleetDB{url: url, pool: pool, conns: conns}
+			fr.mu.Lock()
 			fr.dbs[url] = db
+			fr.mu.Unlock()
 			fr.log.Debug("database pool opened", "database", dbconf.RedactDSN(url), "max_conns", conns)
 			return db, nil
 		}
@@ -489,11 +501,13 @@ func (fr *fleetRun) apply(ctx context.Context) {
 	}
 }
 
-// closePools closes every database's pool, once the Fleet has stopped.
+// closePools closes every database's pool, once the Fleet and reconcile
+// have stopped.
 func (fr *fleetRun) closePools() {
-	for url, db := range fr.dbs {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	for _, db := range fr.dbs {
 		db.pool.Close()
-		delete(fr.dbs, url)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/migrations"
 )
 
 func init() {
@@ -255,11 +256,100 @@ func checkDBConnBudget(t *testing.T, set setFn) {
 	r := runWith(t, set, "6", env, "run")
 	require.Equal(t, 2, r.Code, r.Stderr)
 	require.Contains(t, r.Stderr, "PGBOX_DB_CONN_BUDGET (--db-conn-budget) 6 is too small for the 2 databases of the target list: it needs at least 7, 3 per database")
-	a, e := with(set, "7", env, "run")
+	a, e := with(set, "7", append(env, "PGBOX_TARGETS_REFRESH=1s"), "run")
 	p := startRelay(t, e, a...)
 	p.HTTPAddr(t)
 	waitFor(t, "the running line", 10*time.Second, func() bool {
 		return strings.Contains(p.Output(), "db_conn_budget=7 db_conns_planned=7")
 	})
+	// Spent: a third database's target is refused, naming the setting.
+	rewrite(t, file, "a s_a\nb s_b "+otherURL+"\nc s_c postgres://pgbox@127.0.0.1:1/third\n")
+	waitFor(t, "the third database refused", 15*time.Second, func() bool {
+		return strings.Contains(p.Output(), `target=c `) && strings.Contains(p.Output(), "no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) 7 for this database")
+	})
 	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+// The budget's split: each database's pool at most --db-max-conns and at
+// least 2, its LISTEN connection, the check's and the control database's
+// counted; a database added later gets the start's share if left, else
+// what is left, else an error naming the setting and the number needed.
+func TestConnBudget(t *testing.T) {
+	t.Parallel()
+	budget := func(total int, query string, noListen bool) *connBudget {
+		o := &options{DBMaxConns: 10}
+		o.Targets.ConnBudget, o.Targets.Query, o.Relay.NoListen = total, query, noListen
+		return newConnBudget(o)
+	}
+	share, err := budget(20, "", false).split(2)
+	require.NoError(t, err)
+	require.Equal(t, 8, share, "(20 - 1 check) / 2 databases - 1 LISTEN")
+	share, err = budget(20, "", false).split(1)
+	require.NoError(t, err)
+	require.Equal(t, 10, share, "at most --db-max-conns")
+	share, err = budget(7, "", false).split(2)
+	require.NoError(t, err)
+	require.Equal(t, 2, share)
+	_, err = budget(6, "", false).split(2)
+	require.ErrorIs(t, err, errUsage)
+	require.EqualError(t, err, "usage error: PGBOX_DB_CONN_BUDGET (--db-conn-budget) 6 is too small for the 2 databases of the target list: it needs at least 7, 3 per database (a pool of at least 2 and its LISTEN connection) plus 1 to check targets")
+	_, err = budget(6, "SELECT 1", false).split(1)
+	require.NoError(t, err)
+	_, err = budget(6, "SELECT 1", false).split(2)
+	require.ErrorContains(t, err, "it needs at least 8, 3 per database (a pool of at least 2 and its LISTEN connection) plus 1 to check targets and 1 to the --targets-query control database")
+	share, err = budget(6, "SELECT 1", true).split(2)
+	require.NoError(t, err)
+	require.Equal(t, 2, share, "--no-listen: no LISTEN connection counted")
+
+	b := budget(20, "", false)
+	share, err = b.split(1)
+	require.NoError(t, err)
+	n, err := b.take(share)
+	require.NoError(t, err)
+	require.Equal(t, 10, n)
+	n, err = b.take(share)
+	require.NoError(t, err)
+	require.Equal(t, 7, n, "a database added later: what is left")
+	require.Equal(t, 20, b.used)
+	_, err = b.take(share)
+	require.EqualError(t, err, "no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) 20 for this database: the databases served hold 20 connections, a new one needs 3 more (raise it to at least 23 and restart the relay; the pools are sized at start)")
+	b.give(7)
+	n, err = b.take(share)
+	require.NoError(t, err)
+	require.Equal(t, 7, n, "a database gone gives its connections back")
+}
+
+// /readyz with a target list: ready when Kafka answers and a target holds
+// lanes, or when the list is empty; not while every target is refused.
+func TestRunTargetsReadiness(t *testing.T) {
+	t.Parallel()
+	behind := testdb.Empty(t)
+	c := kafkatest.New(t)
+	file := writeFile(t, "targets.txt", "# no tenants yet\n")
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file), "run")
+	base := "http://" + p.HTTPAddr(t)
+	code, body := httpGet(t, base+"/readyz")
+	require.Equal(t, 200, code, "an empty list: nothing to serve, ready: %s", body)
+	require.Contains(t, body, `"kafka":"ok"`)
+
+	rewrite(t, file, "behind "+behind.Schema+"\n")
+	waitFor(t, "the refused target", 15*time.Second, func() bool { return strings.Contains(p.Output(), "target refused") })
+	code, body = httpGet(t, base+"/readyz")
+	require.Equal(t, 503, code, "no target served: %s", body)
+	require.Contains(t, body, `"serving":0`)
+	require.Contains(t, body, `"refused":1`)
+	require.Contains(t, body, "relay migrate up")
+
+	migrateEmpty(t, behind)
+	waitFor(t, "ready once migrated", 30*time.Second, func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
+	_, body = httpGet(t, base+"/readyz")
+	require.Contains(t, body, `"serving":1`)
+	require.NotContains(t, body, "problems")
+	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+// migrateEmpty applies pgbox's migrations to db's (empty) schema.
+func migrateEmpty(t *testing.T, db *testdb.DB) {
+	t.Helper()
+	require.NoError(t, migrations.Up(context.Background(), db.SQL(t)))
 }
