@@ -101,7 +101,7 @@ func (b *connBudget) split(dbs int) (int, error) {
 func (b *connBudget) take(share int) (int, error) {
 	free := b.total - b.used - b.listen
 	if free < minPoolConns {
-		return 0, fmt.Errorf("no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) %d for this database: the databases served hold %d connections, a new one needs %d more (raise it to at least %d and restart the relay; the pools are sized at start)",
+		return 0, fmt.Errorf("no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) %d for this database: %d of it are taken, a new database needs %d more (raise it to at least %d and restart the relay; the pools are sized at start)",
 			b.total, b.used, minPoolConns+b.listen, b.used+minPoolConns+b.listen)
 	}
 	n := min(cmp.Or(share, b.perDB), free, b.perDB)

@@ -312,7 +312,7 @@ func TestConnBudget(t *testing.T) {
 	require.Equal(t, 7, n, "a database added later: what is left")
 	require.Equal(t, 20, b.used)
 	_, err = b.take(share)
-	require.EqualError(t, err, "no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) 20 for this database: the databases served hold 20 connections, a new one needs 3 more (raise it to at least 23 and restart the relay; the pools are sized at start)")
+	require.EqualError(t, err, "no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) 20 for this database: 20 of it are taken, a new database needs 3 more (raise it to at least 23 and restart the relay; the pools are sized at start)")
 	b.give(7)
 	n, err = b.take(share)
 	require.NoError(t, err)
