@@ -353,3 +353,20 @@ func migrateEmpty(t *testing.T, db *testdb.DB) {
 	t.Helper()
 	require.NoError(t, migrations.Up(context.Background(), db.SQL(t)))
 }
+
+// --targets-query: the targets come from the control database, whose
+// connection the budget counts.
+func TestRunTargetsQuery(t *testing.T) {
+	t.Parallel()
+	acme := testdb.New(t)
+	control := controlTable(t, fmt.Sprintf(`('acme', '%s', NULL)`, acme.Schema))
+	c := kafkatest.New(t, kfake.SeedTopics(1, "t-acme"))
+	writeRows(t, acme, "t-acme", 0, 10)
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_CONTROL_URL="+control.URL, "PGBOX_TARGETS_QUERY=SELECT name, schema, database_url FROM tenants WHERE active"), "run")
+	p.HTTPAddr(t)
+	require.Len(t, eventIDs(t, c, "t-acme", 10), 10)
+	waitFor(t, "the running line", 10*time.Second, func() bool { return strings.Contains(p.Output(), `msg="relay running"`) })
+	// 2 (the check, the control database) + 10 (--db-max-conns) + 1 LISTEN.
+	require.Contains(t, p.Output(), "databases=1 db_conn_budget=20 db_conns_planned=13")
+	require.Equal(t, 0, p.stop(t), p.Output())
+}
