@@ -46,6 +46,10 @@ type Config struct {
 	// Relay is a relay whose counters are exported (a *relay.Relay).
 	// Defaults to nil: no relay metrics.
 	Relay Relay
+	// Targets reports a relay.Fleet's targets per state (a *relay.Fleet is
+	// one), exported as pgbox_relay_targets{state}: one series per state,
+	// none per target. Defaults to nil: not exported.
+	Targets Targets
 	// Cleaner's counters and its last pass's windows, which also give the
 	// inbox cutoff metrics. Defaults to nil.
 	Cleaner *cleanup.Cleaner
@@ -82,6 +86,12 @@ type Config struct {
 // relay and links no Kafka client (the relay links sarama).
 type Relay interface {
 	Stats() outbox.RelayStats
+}
+
+// Targets is what the collector reads of a fleet of relays: how many
+// targets are in each state. *relay.Fleet is one.
+type Targets interface {
+	TargetCounts() map[string]int
 }
 
 // Collector is a [prometheus.Collector] over the sources of its [Config].
@@ -180,6 +190,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		c.collectRelay(ch)
 	}
 	c.latency.Collect(ch)
+	if c.cfg.Targets != nil {
+		for state, n := range c.cfg.Targets.TargetCounts() {
+			gauge(ch, dTargets, float64(n), state)
+		}
+	}
 	if c.cfg.Cleaner != nil {
 		c.collectCleaner(ch)
 	}

@@ -191,3 +191,20 @@ func TestRelayMetricsFromARelay(t *testing.T) {
 		require.Zero(t, v, name)
 	}
 }
+
+// TestTargetsFromAFleet: Config.Targets exports a relay.Fleet's targets as
+// one pgbox_relay_targets series per state, none per target.
+func TestTargetsFromAFleet(t *testing.T) {
+	t.Parallel()
+	a, b := testdb.New(t), testdb.New(t)
+	f, err := relay.NewFleet(relay.FleetConfig{Relay: relay.Config{Brokers: []string{"127.0.0.1:1"}},
+		Targets: []relay.Target{{Pool: a.Pool, Schema: a.Schema}, {Pool: a.Pool, Schema: b.Schema}}})
+	require.NoError(t, err)
+	c := newCollector(t, pgboxprom.Config{Relay: f, Targets: f})
+	got := gather(t, c)
+	require.Equal(t, float64(2), got[`pgbox_relay_targets{state="starting"}`], "a fleet not yet run: %v", got)
+	require.Contains(t, got, "pgbox_relay_published_total")
+	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	require.Empty(t, problems)
+}

@@ -26,6 +26,7 @@ var (
 	dLanesHeld = desc("pgbox_relay_lanes_held", "Lanes this instance held at its last heartbeat.")
 	dInstances = desc("pgbox_relay_instances", "Live relay instances seen at the last heartbeat.")
 	dBelow     = desc("pgbox_relay_rows_below_floor_total", "Committed outbox rows the relay's sweep found below their slot's floor and published late: a hole in the floor's rule. Anything but 0 is a bug to report.")
+	dTargets   = desc("pgbox_relay_targets", "Targets of a fleet of relays (relay.Fleet, `relay run` with a target list) per state: starting, running, needs operator (retried), stopped; the binary adds refused (not served: schema missing or behind, or no connection budget left).", "state")
 	dFloorOff  = desc("pgbox_relay_floor_off", "1 while the relay's claims cannot start at their floors, by reason (cache: the outbox id sequence caches values; privilege: the relay may not read it; marker: nor write pgbox_relay_marker): a held xmin horizon then slows every claim.", "reason")
 
 	dCleanDeleted = desc("pgbox_cleanup_deleted_total", "Rows deleted by cleanup, all tables.")
@@ -73,7 +74,7 @@ var (
 )
 
 var allDescs = []*prometheus.Desc{
-	dPublished, dRetried, dParked, dBatches, dLatMax, dRelayBack, dLanesHeld, dInstances, dBelow, dFloorOff,
+	dPublished, dRetried, dParked, dBatches, dLatMax, dRelayBack, dLanesHeld, dInstances, dBelow, dFloorOff, dTargets,
 	dCleanDeleted, dCleanTopic, dCleanPasses, dCleanLocked, dCleanErrors, dCleanSkipped, dCleanLast, dCleanMargin,
 	dInboxProcessed, dInboxDup,
 	dConsProcessed, dConsDup, dConsFailures, dConsTransient, dConsOperator, dConsDead, dConsRetries,

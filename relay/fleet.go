@@ -246,6 +246,20 @@ func (f *Fleet) targetStates() []TargetState {
 	return out
 }
 
+// TargetCounts returns how many targets are in each State ("starting",
+// "running", "needs operator", "stopped"); a state no target is in is
+// absent. pgboxprom.Config.Targets reads it: a gauge per state, not per
+// target.
+func (f *Fleet) TargetCounts() map[string]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := map[string]int{}
+	for _, ft := range f.targets {
+		n[ft.state]++
+	}
+	return n
+}
+
 // Stats returns the counters summed over the targets. The counters
 // (Published, Retried, Parked, Batches, BatchLatencyTotal, RowsBelowFloor)
 // include those of targets removed or restarted since Run began, so they

@@ -165,6 +165,7 @@ func TestFleetServesTargets(t *testing.T) {
 	require.ErrorIs(t, state("late").Err, relay.ErrNeedsOperator)
 	require.ErrorContains(t, state("late").Err, "migrate")
 	require.Equal(t, "running", state("t0").State)
+	require.Equal(t, map[string]int{"running": 2, "needs operator": 1}, f.TargetCounts())
 
 	// Its tables appear: the next try runs it.
 	migrateEmpty(t, empty)

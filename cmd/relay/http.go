@@ -136,6 +136,17 @@ type readyReport struct {
 	Lanes    string `json:"lanes"`
 }
 
+// readyChecker answers /readyz: whether the process is ready, and the
+// report (JSON) saying why.
+type readyChecker interface {
+	report(ctx context.Context) (ready bool, body any)
+}
+
+func (r *readiness) report(ctx context.Context) (bool, any) {
+	rep := r.check(ctx)
+	return rep.Ready, rep
+}
+
 func (r *readiness) check(ctx context.Context) readyReport {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
@@ -174,7 +185,7 @@ func (r *readiness) check(ctx context.Context) readyReport {
 // serveHTTP serves /metrics, /healthz and /readyz on addr until ctx ends,
 // at most perClient connections per client address. It returns once the
 // listener is bound (or failed to bind).
-func serveHTTP(ctx context.Context, addr string, perClient int, m *metrics, ready *readiness, log *logger) (bound string, done <-chan error, err error) {
+func serveHTTP(ctx context.Context, addr string, perClient int, m *metrics, ready readyChecker, log *logger) (bound string, done <-chan error, err error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -182,9 +193,9 @@ func serveHTTP(ctx context.Context, addr string, perClient int, m *metrics, read
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, req *http.Request) {
-		rep := ready.check(req.Context())
+		ok, rep := ready.report(req.Context())
 		w.Header().Set("Content-Type", "application/json")
-		if !rep.Ready {
+		if !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 		_ = json.NewEncoder(w).Encode(rep)

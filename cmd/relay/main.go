@@ -53,8 +53,8 @@ var commands []*command
 func init() {
 	commands = []*command{
 		{name: "run", synopsis: "run", summary: "Publish the outbox to Kafka and prune old rows on a schedule.",
-			doc:    "Publish the outbox to Kafka (relay) and prune old rows on a schedule (cleanup).\nServes /metrics, /healthz and /readyz on --http-addr, the operator console on --console-addr.\nStops on SIGINT/SIGTERM within --shutdown-timeout.",
-			groups: []string{groupDB, groupKafka, groupRelay, groupCleanup, groupHTTP, groupConsole, groupLog}, run: cmdRun},
+			doc:    runDoc,
+			groups: []string{groupDB, groupTargets, groupTargetsWatch, groupKafka, groupRelay, groupCleanup, groupHTTP, groupConsole, groupLog}, run: cmdRun},
 		{name: "migrate", synopsis: "migrate up|down|status", summary: "Apply, roll back (one version per run) or list pgbox's migrations.",
 			doc:    migrateDoc,
 			groups: []string{groupDB, groupTargets, groupMigrate, groupLog}, run: cmdMigrate},

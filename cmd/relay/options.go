@@ -95,7 +95,7 @@ func (o *options) bind(s *settings, groups ...string) {
 		s.str(&o.Schema, groupDB, "schema", "PGBOX_SCHEMA", "",
 			"schema holding the pgbox tables, set as search_path (empty: the connection's own search_path)")
 		s.integer(&o.DBMaxConns, groupDB, "db-max-conns", "PGBOX_DB_MAX_CONNS", dbMaxConnsDefault, 2, 1000,
-			"most pooled database connections (the relay's LISTEN holds one more, unless --no-listen)")
+			"most pooled database connections (the relay's LISTEN holds one more, unless --no-listen); with a target list, per database, within --db-conn-budget")
 	}
 	o.Targets.bind(s, has)
 	if has[groupKafka] || has[groupKafkaOptional] {

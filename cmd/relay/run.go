@@ -18,16 +18,29 @@ import (
 	"github.com/pgbox/pgbox/relay"
 )
 
+const runDoc = `Publish the outbox to Kafka (relay) and prune old rows on a schedule (cleanup).
+Serves /metrics, /healthz and /readyz on --http-addr, the operator console on --console-addr.
+Stops on SIGINT/SIGTERM within --shutdown-timeout.
+With --targets or --targets-query: serves every target of the list in this process,
+re-reading it every --targets-refresh, within --db-conn-budget database connections;
+a target whose schema is missing or behind is refused alone (logged at ERROR, checked
+again at each refresh). Cleanup does not run then (use ` + "`relay cleanup`" + `), and
+--console-addr is refused.`
+
 const checkSchemaSQL = `SELECT 1 FROM pgbox_outbox, pgbox_relay_lanes, pgbox_inbox LIMIT 0`
 
 // cmdRun runs the relay, cleanup on its schedule, the metrics feeder and the
 // HTTP server until SIGINT/SIGTERM, then stops them all within
-// --shutdown-timeout (exit 1 if that deadline passes).
+// --shutdown-timeout (exit 1 if that deadline passes). With a target list
+// it runs cmdRunTargets instead.
 func cmdRun(ctx context.Context, a *app, args []string) error {
 	if len(args) > 0 {
 		return usageError("run takes no arguments (got %q)", args)
 	}
 	a.logSettings(slog.LevelInfo, "relay run starting")
+	if a.opts.Targets.listed() {
+		return cmdRunTargets(ctx, a)
+	}
 	pool, err := a.openPool(ctx)
 	if err != nil {
 		return err

@@ -17,8 +17,9 @@ import (
 // pool may serve other schemas too (one pool per database): when its
 // connections' search_path is not t.Schema, the check runs on a connection
 // of its own with t.Schema as search_path, opened with the pool's settings
-// and closed before checkTarget returns. An empty t.Schema is the pool's own
-// search_path.
+// and closed before checkTarget returns (`relay run` passes a one-connection
+// pool with t.Schema as search_path: no other is opened). An empty t.Schema
+// is the pool's own search_path.
 func checkTarget(ctx context.Context, pool *pgxpool.Pool, t targetSpec) error {
 	err := checkPgboxTables(ctx, pool, t.Schema)
 	if err == nil || t.Name == "" {
@@ -28,6 +29,18 @@ func checkTarget(ctx context.Context, pool *pgxpool.Pool, t targetSpec) error {
 }
 
 func checkPgboxTables(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	if schema != "" {
+		// PostgreSQL skips a search_path schema that does not exist: name it
+		// here, before the tables are reported missing.
+		var exists bool
+		if err := pool.QueryRow(ctx, schemaExistsSQL, schema).Scan(&exists); err != nil {
+			return fmt.Errorf("look up schema %q: %w", schema, err)
+		}
+		if !exists {
+			return fmt.Errorf("schema %q does not exist in database %q: create it (CREATE SCHEMA %s) and run `relay migrate up`, or correct the target",
+				schema, pool.Config().ConnConfig.Database, pgx.Identifier{schema}.Sanitize())
+		}
+	}
 	if schema != "" && pool.Config().ConnConfig.RuntimeParams["search_path"] != schema {
 		cfg := pool.Config()
 		cfg.ConnConfig.RuntimeParams["search_path"] = schema
@@ -37,14 +50,6 @@ func checkPgboxTables(ctx context.Context, pool *pgxpool.Pool, schema string) er
 			return fmt.Errorf("check schema %q: %w", schema, err)
 		}
 		defer own.Close()
-		var exists bool
-		if err := own.QueryRow(ctx, schemaExistsSQL, schema).Scan(&exists); err != nil {
-			return fmt.Errorf("look up schema %q: %w", schema, err)
-		}
-		if !exists {
-			return fmt.Errorf("schema %q does not exist in database %q: create it (CREATE SCHEMA %s) and run `relay migrate up`, or correct the target",
-				schema, cfg.ConnConfig.Database, pgx.Identifier{schema}.Sanitize())
-		}
 		pool = own
 	}
 	if _, err := pool.Exec(ctx, checkSchemaSQL); err != nil {

@@ -54,6 +54,7 @@ type targetOptions struct {
 	Concurrency int
 	// EachConcurrency is --targets-concurrency: `status` and `cleanup`.
 	EachConcurrency int
+	ConnBudget      int
 
 	// fromFile is the file as validate read it: the first load uses it.
 	fromFile []targetSpec
@@ -73,6 +74,10 @@ func (t *targetOptions) bind(s *settings, has map[string]bool) {
 	if has[groupTargetsWatch] {
 		s.duration(&t.Refresh, g, "targets-refresh", "PGBOX_TARGETS_REFRESH", targetsRefreshDefault, time.Second,
 			"how often a running command re-reads --targets or --targets-query; a failed read is logged and the previous list kept")
+	}
+	if has[groupRelay] {
+		s.integer(&t.ConnBudget, g, "db-conn-budget", "PGBOX_DB_CONN_BUDGET", dbConnBudgetDefault, 1, 100_000,
+			"with --targets or --targets-query, the most database connections `relay run` opens in all: each database's pool (at most --db-max-conns, at least 2) and its LISTEN connection, one to check targets, one to --control-url")
 	}
 	if has[groupMigrate] {
 		s.integer(&t.Concurrency, g, "migrate-concurrency", "PGBOX_MIGRATE_CONCURRENCY", migrateConcurrencyDefault, 1, 64,
@@ -98,6 +103,9 @@ func (t *targetOptions) validate(o *options) []string {
 	}
 	if t.listed() && o.Schema != "" {
 		bad("PGBOX_SCHEMA (--schema) cannot be combined with %s: each target names its own schema", t.sourceSetting())
+	}
+	if t.listed() && o.Console.Addr != "" {
+		bad("PGBOX_CONSOLE_ADDR (--console-addr) cannot be combined with %s: the console serves one target; run a console per target with --database-url/--schema", t.sourceSetting())
 	}
 	if t.ControlURL != "" {
 		if _, err := dbconf.Config(t.ControlURL, "", 0, ""); err != nil {
@@ -389,7 +397,7 @@ func (a *app) targetSource(ctx context.Context) (*targetSource, error) {
 		}, nil
 	case t.Query != "":
 		url := cmp.Or(t.ControlURL, o.DatabaseURL)
-		cfg, err := poolConfig(url, "", 2)
+		cfg, err := poolConfig(url, "", 1) // one query at a time: `relay run` counts one connection in --db-conn-budget
 		if err != nil {
 			return nil, usageError("invalid value %q for PGBOX_CONTROL_URL (--control-url): %v", dbconf.RedactDSN(url), err)
 		}

@@ -1,0 +1,600 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgbox/pgbox/internal/dbconf"
+	"github.com/pgbox/pgbox/internal/pgerr"
+	"github.com/pgbox/pgbox/pgboxprom"
+	"github.com/pgbox/pgbox/relay"
+)
+
+// `relay run` with a target list (--targets, --targets-query): one
+// relay.Fleet serves every target in this process. One pool per database,
+// the pools sized within --db-conn-budget; each target checked
+// (checkTarget) before the Fleet gets it; the list re-read every
+// --targets-refresh and the Fleet's targets set to it.
+
+// dbConnBudgetDefault is --db-conn-budget.
+const dbConnBudgetDefault = 20
+
+// minPoolConns is the smallest pool a database of the list gets.
+const minPoolConns = 2
+
+// targetStateRefused is the state of a target the binary did not give to
+// the Fleet: its check refused it, or the connection budget had no room
+// for its database. Next to the Fleet's states in /readyz and the
+// pgbox_relay_targets gauge.
+const targetStateRefused = "refused"
+
+// targetStates are every state pgbox_relay_targets reports, 0 included.
+var targetStates = []string{"starting", "running", "needs operator", "stopped", targetStateRefused}
+
+// connBudget splits --db-conn-budget over the databases of the list: each
+// database's pool (at most --db-max-conns, at least minPoolConns) and its
+// LISTEN connection, plus the connections the process opens besides:
+// one to check targets (checks run one at a time) and, with
+// --targets-query, one to the control database.
+type connBudget struct {
+	total  int
+	fixed  int // the check connection and the control connection
+	listen int // per database: 1, or 0 with --no-listen
+	perDB  int // --db-max-conns
+	used   int // fixed plus every open pool's MaxConns and LISTEN
+}
+
+func newConnBudget(o *options) *connBudget {
+	b := &connBudget{total: o.Targets.ConnBudget, fixed: 1, listen: 1, perDB: o.DBMaxConns}
+	if o.Targets.Query != "" {
+		b.fixed++
+	}
+	if o.Relay.NoListen {
+		b.listen = 0
+	}
+	b.used = b.fixed
+	return b
+}
+
+// what says what the budget counts, for its errors.
+func (b *connBudget) what() string {
+	s := fmt.Sprintf("%d per database (a pool of at least %d", minPoolConns+b.listen, minPoolConns)
+	if b.listen > 0 {
+		s += " and its LISTEN connection"
+	}
+	s += ") plus 1 to check targets"
+	if b.fixed > 1 {
+		s += " and 1 to the --targets-query control database"
+	}
+	return s
+}
+
+// split sizes the pools of the first list's dbs databases (at most
+// --db-max-conns each, the budget shared evenly), or refuses a budget too
+// small for them with an error naming the setting and the number needed.
+func (b *connBudget) split(dbs int) (int, error) {
+	if dbs == 0 {
+		return 0, nil
+	}
+	need := b.fixed + dbs*(minPoolConns+b.listen)
+	if b.total < need {
+		return 0, usageError("PGBOX_DB_CONN_BUDGET (--db-conn-budget) %d is too small for the %d databases of the target list: it needs at least %d, %s",
+			b.total, dbs, need, b.what())
+	}
+	return min(b.perDB, (b.total-b.fixed)/dbs-b.listen), nil
+}
+
+// take reserves a pool for one more database: share conns (0: as many as
+// --db-max-conns), or what is left when less. It fails,
+// naming the setting and the number needed, when less than minPoolConns
+// plus LISTEN is left.
+func (b *connBudget) take(share int) (int, error) {
+	free := b.total - b.used - b.listen
+	if free < minPoolConns {
+		return 0, fmt.Errorf("no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) %d for this database: %d of it are taken, a new database needs %d more (raise it to at least %d and restart the relay; the pools are sized at start)",
+			b.total, b.used, minPoolConns+b.listen, b.used+minPoolConns+b.listen)
+	}
+	n := min(cmp.Or(share, b.perDB), free, b.perDB)
+	b.used += n + b.listen
+	return n, nil
+}
+
+func (b *connBudget) give(conns int) { b.used -= conns + b.listen }
+
+// fleetDB is one database of the list: the pool its targets share.
+type fleetDB struct {
+	url   string
+	pool  *pgxpool.Pool
+	conns int
+}
+
+// servedTarget is a target given to the Fleet.
+type servedTarget struct {
+	spec targetSpec
+	// verified: checkTarget passed. A target whose database did not
+	// answer the check is given to the Fleet too (it retries it) and
+	// checked again at each refresh until a check gets an answer.
+	verified bool
+}
+
+// refusal is a target not given to the Fleet and why; err is logged
+// again only when it changes.
+type refusal struct {
+	spec targetSpec
+	err  string
+}
+
+// fleetRun is `relay run`'s state with a target list. reconcile runs on
+// one goroutine at a time and alone writes dbs, served and refused, under
+// mu (which guards what /readyz and /metrics read).
+type fleetRun struct {
+	a      *app
+	f      *relay.Fleet
+	budget *connBudget
+	// share is the pool size the start's split gave each database (0: no
+	// database at start); a database added later gets as much, if left.
+	share int
+	log   *slog.Logger
+
+	dbs    map[string]*fleetDB // by database URL
+	served map[string]servedTarget
+
+	mu      sync.Mutex
+	refused map[string]refusal
+	listed  int
+}
+
+// cmdRunTargets is cmdRun with a target list.
+func cmdRunTargets(ctx context.Context, a *app) error {
+	o := a.opts
+	kcfg, err := o.Kafka.Sarama()
+	if err != nil {
+		return err
+	}
+	lk := &lazyKafka{brokers: o.Kafka.Brokers, cfg: kcfg}
+	defer lk.Close()
+	rc, err := a.relayConfig(nil)
+	if err != nil {
+		return err
+	}
+	rc.Pool = nil
+	f, err := relay.NewFleet(relay.FleetConfig{Relay: rc})
+	if err != nil {
+		return err
+	}
+	fr := &fleetRun{a: a, f: f, budget: newConnBudget(o), log: a.log.With("component", "targets"),
+		dbs: map[string]*fleetDB{}, served: map[string]servedTarget{}, refused: map[string]refusal{}}
+	// The pools close once everything using them stopped: not after a
+	// shutdown that overran its deadline (a pool's Close waits for its
+	// connections in use; the process exits anyway).
+	closePools := true
+	defer func() {
+		if closePools {
+			fr.closePools()
+		}
+	}()
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	changes := make(chan []targetSpec)
+	list, watchDone, err := watchTargets(runCtx, a, func(next []targetSpec) {
+		select {
+		case changes <- next:
+		case <-runCtx.Done():
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if fr.share, err = fr.budget.split(len(databasesOf(list))); err != nil {
+		cancel()
+		<-watchDone
+		return err
+	}
+	if o.CleanupInterval > 0 {
+		a.log.Warn("cleanup does not run in `relay run` with a target list (--cleanup-interval is ignored): prune each target with `relay cleanup` from a scheduled job",
+			"source", o.Targets.sourceSetting())
+	}
+	fr.reconcile(runCtx, list) // before Run: the Fleet starts with the targets that passed
+
+	// The database gauges (backlog, lanes, parked rows, inbox ages) are read
+	// through one schema: not per target yet, so off with a list.
+	exp, err := newMetrics(pgboxprom.Config{Relay: f, Targets: fr, Logger: a.log.With("component", "metrics")})
+	if err != nil {
+		cancel()
+		<-watchDone
+		return err
+	}
+	var httpDone <-chan error
+	if o.HTTPAddr != "" {
+		_, httpDone, err = serveHTTP(runCtx, o.HTTPAddr, o.HTTPConnsPerClient, exp, &fleetReadiness{kafka: lk, fr: fr, lanes: o.Relay.Lanes}, a.log)
+		if err != nil {
+			cancel()
+			<-watchDone
+			return err
+		}
+	}
+
+	// Logged before follow starts: reconcile alone writes what it reads.
+	a.log.Info("relay running", "targets", len(list), "served", len(fr.served), "refused", len(fr.refused), "databases", len(fr.dbs),
+		"db_conn_budget", o.Targets.ConnBudget, "db_conns_planned", fr.budget.used, "lanes", o.Relay.Lanes,
+		"refresh", fmtDuration(o.Targets.Refresh), "kafka", o.Kafka.Redacted())
+
+	stopped, pending := make(chan string, 4), map[string]bool{}
+	start := func(name string, fn func()) {
+		pending[name] = true
+		go func() { fn(); stopped <- name }()
+	}
+	fleetErr, httpErr := make(chan error, 1), make(chan error, 1)
+	start("relay", func() { fleetErr <- f.Run(runCtx) })
+	start("targets", func() { fr.follow(runCtx, list, changes); <-watchDone })
+	start("metrics", func() { exp.col.Run(runCtx) })
+	if httpDone != nil {
+		start("http", func() {
+			if err := <-httpDone; err != nil {
+				httpErr <- err
+			}
+		})
+	}
+	var runErr error
+	select {
+	case err := <-fleetErr:
+		// Fleet.Run returns only when ctx ends: a target's failure is
+		// reported and retried, never returned.
+		if err != nil || ctx.Err() == nil {
+			runErr = cmp.Or(err, errors.New("relay fleet stopped unexpectedly"))
+		}
+	case err := <-httpErr:
+		runErr = fmt.Errorf("http server: %w", err)
+	case <-ctx.Done():
+	}
+	if runErr == nil && ctx.Err() != nil {
+		a.log.Info("shutting down", "deadline", o.ShutdownTimeout.String())
+	}
+	cancel()
+	if err := waitStopped(stopped, pending, o.ShutdownTimeout); err != nil {
+		closePools = false
+		return err
+	}
+	if runErr != nil {
+		return runErr
+	}
+	s := f.Stats()
+	a.log.Info("relay stopped", "published", s.Published, "retried", s.Retried, "parked", s.Parked)
+	return nil
+}
+
+// databasesOf returns the database URLs of list, once each.
+func databasesOf(list []targetSpec) map[string]bool {
+	dbs := map[string]bool{}
+	for _, t := range list {
+		dbs[t.DatabaseURL] = true
+	}
+	return dbs
+}
+
+// follow applies each new list the watch reads, and every --targets-refresh
+// checks again the targets refused or not yet checked, until ctx ends.
+func (fr *fleetRun) follow(ctx context.Context, list []targetSpec, changes <-chan []targetSpec) {
+	every := cmp.Or(fr.a.opts.Targets.Refresh, targetsRefreshDefault)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case next := <-changes:
+			list = next
+			fr.reconcile(ctx, list)
+		case <-tick.C:
+			if fr.pending() {
+				fr.reconcile(ctx, list)
+			}
+		}
+	}
+}
+
+// pending reports whether a target waits for a check: refused, or served
+// without one.
+func (fr *fleetRun) pending() bool {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	if len(fr.refused) > 0 {
+		return true
+	}
+	for _, s := range fr.served {
+		if !s.verified {
+			return true
+		}
+	}
+	return false
+}
+
+// reconcile makes list the targets served: the Fleet stops the targets no
+// longer listed (or listed with another schema or database) and the pools
+// of databases no longer listed are closed; then every target not served,
+// or served without a check, is checked, and those that pass (or whose
+// database does not answer: the Fleet retries them) are given to the Fleet.
+func (fr *fleetRun) reconcile(ctx context.Context, list []targetSpec) {
+	fr.mu.Lock()
+	fr.listed = len(list)
+	want := map[string]targetSpec{}
+	for _, t := range list {
+		want[t.Name] = t
+	}
+	for name, r := range fr.refused {
+		if want[name] != r.spec {
+			delete(fr.refused, name)
+		}
+	}
+	fr.mu.Unlock()
+	changed := false
+	for name, s := range fr.served {
+		if want[name] != s.spec {
+			fr.drop(name)
+			changed = true
+		}
+	}
+	if changed {
+		fr.apply(ctx)
+	}
+	listed := databasesOf(list)
+	for url, db := range fr.dbs {
+		if !listed[url] {
+			db.pool.Close() // its targets have stopped: SetTargets returned
+			fr.budget.give(db.conns)
+			fr.mu.Lock()
+			delete(fr.dbs, url)
+			fr.mu.Unlock()
+			fr.log.Info("database no longer listed: its pool is closed", "database", dbconf.RedactDSN(url))
+		}
+	}
+
+	down := map[string]error{} // databases that did not answer a check this round
+	changed = false
+	lastApply := time.Now()
+	for _, t := range list {
+		if ctx.Err() != nil {
+			return
+		}
+		if s, ok := fr.served[t.Name]; ok && s.verified {
+			continue
+		}
+		db, err := fr.database(ctx, t.DatabaseURL)
+		if err != nil {
+			fr.refuse(t, fmt.Errorf("target %q (schema %s, database %s): %w", t.Name, t.Schema, dbconf.RedactDSN(t.DatabaseURL), err))
+			continue
+		}
+		err = down[t.DatabaseURL]
+		if err == nil {
+			err = fr.check(ctx, db, t)
+		}
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			fr.serve(t, true)
+			changed = true
+		case pgerr.IsRetryable(err):
+			down[t.DatabaseURL] = err
+			if _, ok := fr.served[t.Name]; !ok {
+				fr.log.Warn("target's database did not answer its check: the relay serves it, retrying, and checks it again at the next refresh",
+					"target", t.Name, "schema", t.Schema, "database", dbconf.RedactDSN(t.DatabaseURL), "err", err)
+				fr.serve(t, false)
+				changed = true
+			}
+		default:
+			if _, ok := fr.served[t.Name]; ok { // served unchecked until now
+				fr.drop(t.Name)
+				fr.apply(ctx)
+			}
+			fr.refuse(t, err)
+		}
+		// Targets start as they pass, not after the whole list's checks.
+		if changed && time.Since(lastApply) > time.Second {
+			fr.apply(ctx)
+			changed, lastApply = false, time.Now()
+		}
+	}
+	if changed {
+		fr.apply(ctx)
+	}
+}
+
+// database returns the pool of the database url, opened (without
+// connecting) within the budget.
+func (fr *fleetRun) database(ctx context.Context, url string) (*fleetDB, error) {
+	if db, ok := fr.dbs[url]; ok {
+		return db, nil
+	}
+	conns, err := fr.budget.take(fr.share)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := poolConfig(url, "", conns)
+	if err == nil {
+		var pool *pgxpool.Pool
+		if pool, err = pgxpool.NewWithConfig(ctx, cfg); err == nil {
+			db := &fleetDB{url: url, pool: pool, conns: conns}
+			fr.mu.Lock()
+			fr.dbs[url] = db
+			fr.mu.Unlock()
+			fr.log.Debug("database pool opened", "database", dbconf.RedactDSN(url), "max_conns", conns)
+			return db, nil
+		}
+	}
+	fr.budget.give(conns)
+	return nil, fmt.Errorf("database %s: %s", dbconf.RedactDSN(url), dbconf.RedactErr(err, url))
+}
+
+// check runs checkTarget on one connection of its own (the target's schema
+// as its search_path), opened with the database pool's settings and
+// closed before check returns: the budget's check connection.
+func (fr *fleetRun) check(ctx context.Context, db *fleetDB, t targetSpec) error {
+	ctx, cancel := context.WithTimeout(ctx, dbconf.PingTimeout)
+	defer cancel()
+	cfg := db.pool.Config()
+	cfg.ConnConfig.RuntimeParams["search_path"] = t.Schema
+	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("target %q: database %s: %s", t.Name, dbconf.RedactDSN(db.url), dbconf.RedactErr(err, db.url))
+	}
+	defer pool.Close()
+	return checkTarget(ctx, pool, t)
+}
+
+// serve records t as served; apply gives it to the Fleet.
+func (fr *fleetRun) serve(t targetSpec, verified bool) {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	if r, ok := fr.refused[t.Name]; ok {
+		delete(fr.refused, t.Name)
+		fr.log.Info("target accepted: the relay serves it", "target", t.Name, "schema", t.Schema, "was", r.err)
+	}
+	fr.served[t.Name] = servedTarget{spec: t, verified: verified}
+}
+
+func (fr *fleetRun) drop(name string) {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	delete(fr.served, name)
+}
+
+// refuse records t as refused and logs it at ERROR, once per change of
+// its error.
+func (fr *fleetRun) refuse(t targetSpec, err error) {
+	msg := err.Error()
+	fr.mu.Lock()
+	prev, ok := fr.refused[t.Name]
+	fr.refused[t.Name] = refusal{spec: t, err: msg}
+	fr.mu.Unlock()
+	if ok && prev.err == msg {
+		return
+	}
+	fr.log.Error("target refused: the relay does not serve it, the others run; it is checked again every --targets-refresh",
+		"target", t.Name, "schema", t.Schema, "database", dbconf.RedactDSN(t.DatabaseURL), "err", msg)
+}
+
+// apply sets the Fleet's targets to those served; it returns once the
+// targets removed have stopped.
+func (fr *fleetRun) apply(ctx context.Context) {
+	fr.mu.Lock()
+	ts := make([]relay.Target, 0, len(fr.served))
+	for _, name := range slices.Sorted(maps.Keys(fr.served)) {
+		s := fr.served[name]
+		ts = append(ts, relay.Target{Name: name, Pool: fr.dbs[s.spec.DatabaseURL].pool, Schema: s.spec.Schema})
+	}
+	fr.mu.Unlock()
+	if err := fr.f.SetTargets(ts); err != nil { // checked by the list's parser: not expected
+		fr.log.ErrorContext(ctx, "cannot set the fleet's targets", "err", err)
+	}
+}
+
+// closePools closes every database's pool, once the Fleet and reconcile
+// have stopped.
+func (fr *fleetRun) closePools() {
+	fr.mu.Lock()
+	defer fr.mu.Unlock()
+	for _, db := range fr.dbs {
+		db.pool.Close()
+	}
+}
+
+// counts returns the number of targets per state (the Fleet's, and
+// refused) and the Fleet's targets.
+func (fr *fleetRun) counts() (map[string]int, []relay.TargetState) {
+	states := fr.f.Targets()
+	n := map[string]int{}
+	for _, s := range states {
+		n[s.State]++
+	}
+	fr.mu.Lock()
+	n[targetStateRefused] = len(fr.refused)
+	fr.mu.Unlock()
+	return n, states
+}
+
+// TargetCounts makes fleetRun a pgboxprom.Targets: the Fleet's counts,
+// refused added, every state present (0 included) so that an alert on one
+// has a series to read.
+func (fr *fleetRun) TargetCounts() map[string]int {
+	n, _ := fr.counts()
+	for _, s := range targetStates {
+		n[s] += 0
+	}
+	return n
+}
+
+// fleetReadiness answers /readyz with a target list: ready when Kafka
+// answers and at least one target holds lanes (or is a standby: more
+// instances than lanes), or when the list is empty. A target refused or
+// failing does not make the process unready while another is served: one
+// tenant's missing migration must not stop a rollout; a relay serving none
+// of its targets is not ready.
+type fleetReadiness struct {
+	kafka *lazyKafka
+	fr    *fleetRun
+	lanes int
+}
+
+// fleetReadyReport is /readyz's body with a target list.
+type fleetReadyReport struct {
+	Ready bool   `json:"ready"`
+	Kafka string `json:"kafka"`
+	// Targets counts the targets per state (refused: not served).
+	Targets map[string]int `json:"targets"`
+	// Serving counts the running targets that hold lanes or stand by.
+	Serving int `json:"serving"`
+	// Problems lists up to 20 targets not running, or running with a
+	// failure, as "name: state: error".
+	Problems []string `json:"problems,omitempty"`
+}
+
+const readyProblemsMax = 20
+
+func (r *fleetReadiness) report(ctx context.Context) (bool, any) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	rep := fleetReadyReport{Kafka: "ok"}
+	if err := r.kafka.ping(ctx); err != nil {
+		rep.Kafka = "unreachable: " + err.Error()
+	}
+	n, states := r.fr.counts()
+	rep.Targets = n
+	problem := func(s string) {
+		if len(rep.Problems) < readyProblemsMax {
+			rep.Problems = append(rep.Problems, s)
+		}
+	}
+	for _, s := range states {
+		if s.State == "running" && (s.Stats.Lanes > 0 || s.Stats.Instances > r.lanes) {
+			rep.Serving++
+		}
+		if s.State != "running" || s.Err != nil {
+			msg := s.Name + ": " + s.State
+			if s.Err != nil {
+				msg += ": " + strings.Join(strings.Fields(s.Err.Error()), " ")
+			}
+			problem(msg)
+		}
+	}
+	r.fr.mu.Lock()
+	for _, name := range slices.Sorted(maps.Keys(r.fr.refused)) {
+		problem(name + ": " + targetStateRefused + ": " + r.fr.refused[name].err)
+	}
+	listed := r.fr.listed
+	r.fr.mu.Unlock()
+	rep.Ready = rep.Kafka == "ok" && (listed == 0 || rep.Serving > 0)
+	return rep.Ready, rep
+}

@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/migrations"
+)
+
+func init() {
+	flagChecks["db-conn-budget"] = flagCheck{check: checkDBConnBudget, bad: "0"}
+}
+
+// fleetEnv is runEnv for `relay run` with a target list: DATABASE_URL is
+// the test server's database, where the targets without a URL are.
+func fleetEnv(t *testing.T, c *kfake.Cluster, extra ...string) []string {
+	return append([]string{
+		"DATABASE_URL=" + testdb.ServerURL(t),
+		"KAFKA_BROKERS=" + strings.Join(c.ListenAddrs(), ","),
+		"PGBOX_HTTP_ADDR=127.0.0.1:0",
+		"PGBOX_LANES=4",
+		"PGBOX_HEARTBEAT_INTERVAL=200ms",
+		"PGBOX_LEASE_TTL=1s",
+		"PGBOX_POLL_INTERVAL=100ms",
+		"PGBOX_KAFKA_TIMEOUT=2s",
+		"PGBOX_TARGETS_REFRESH=1s",
+	}, extra...)
+}
+
+// schemaDB is a testdb.DB over schema of the database dbURL (a pool with
+// it as search_path), for writing a target's rows.
+func schemaDB(t *testing.T, dbURL, schema string) *testdb.DB {
+	t.Helper()
+	u, err := testdb.WithSearchPath(dbURL, schema)
+	require.NoError(t, err)
+	pool, err := pgxpool.New(context.Background(), u)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return &testdb.DB{Pool: pool, Schema: schema, URL: u}
+}
+
+// lanesHeld counts a target's lanes with a live owner, and its registered
+// instances.
+func lanesHeld(t *testing.T, db *testdb.DB) (lanes, instances int) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_relay_lanes WHERE owner IS NOT NULL AND expires_at > now()`).Scan(&lanes))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_relay_instances`).Scan(&instances))
+	return lanes, instances
+}
+
+// headSchema creates schema in the database dbURL at this binary's newest
+// migration.
+func headSchema(t *testing.T, dbURL, schema string) *testdb.DB {
+	t.Helper()
+	vs := migrationVersions(t)
+	migrateSchemaTo(t, dbURL, schema, vs[len(vs)-1])
+	return schemaDB(t, dbURL, schema)
+}
+
+func metricsOf(t *testing.T, base string) string {
+	t.Helper()
+	_, m := httpGet(t, base+"/metrics")
+	return m
+}
+
+// `relay run --targets FILE`: three schemas of one database and one of
+// another served by one process; a target behind the binary's migrations
+// refused alone and served once migrated; a target added to the file
+// served, one removed stopped with its lanes given up; SIGTERM exits 0.
+func TestRunTargets(t *testing.T) {
+	t.Parallel()
+	acme, globex, initech := testdb.New(t), testdb.New(t), testdb.New(t)
+	behind := testdb.Empty(t)
+	_, otherURL := testdb.CreateDatabase(t, "t_fleet_")
+	umbrella := headSchema(t, otherURL, "s_umbrella")
+	c := kafkatest.New(t, kfake.SeedTopics(2, "t-acme", "t-globex", "t-initech", "t-umbrella", "t-behind", "t-hooli"))
+	dbs := map[string]*testdb.DB{"acme": acme, "globex": globex, "initech": initech, "umbrella": umbrella}
+	for name, db := range dbs {
+		writeRows(t, db, "t-"+name, 0, 20)
+	}
+	lines := fmt.Sprintf("acme %s\nglobex %s\ninitech %s\numbrella s_umbrella %s\nbehind %s # no tables yet\n",
+		acme.Schema, globex.Schema, initech.Schema, otherURL, behind.Schema)
+	file := writeFile(t, "targets.txt", lines)
+
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file), "run")
+	base := "http://" + p.HTTPAddr(t)
+	for name, db := range dbs {
+		require.Len(t, eventIDs(t, c, "t-"+name, 20), 20, name)
+		waitFor(t, name+" drained", 30*time.Second, func() bool { return outboxCount(t, db) == 0 })
+	}
+	require.Contains(t, p.Output(), "cleanup does not run in `relay run` with a target list")
+	waitFor(t, "the running line", 10*time.Second, func() bool { return strings.Contains(p.Output(), `msg="relay running"`) })
+	require.Regexp(t, `msg="relay running" targets=5 served=4 refused=1 databases=2 db_conn_budget=20 `, p.Output())
+
+	// The behind target is refused, logged once at ERROR with the fix, and
+	// checked again at each refresh without a new line.
+	refusedRE := regexp.MustCompile(`level=ERROR msg="target refused[^\n]*target=behind[^\n]*relay migrate up`)
+	time.Sleep(2500 * time.Millisecond) // two refreshes
+	require.Len(t, refusedRE.FindAllString(p.Output(), -1), 1, p.Output())
+	waitFor(t, "ready", 30*time.Second, func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
+	_, body := httpGet(t, base+"/readyz")
+	require.Contains(t, body, `"refused":1`)
+	require.Contains(t, body, `"running":4`)
+	require.Contains(t, body, `"behind: refused: target \"behind\"`)
+	m := metricsOf(t, base)
+	require.Contains(t, m, `pgbox_relay_targets{state="refused"} 1`)
+	require.Contains(t, m, `pgbox_relay_targets{state="running"} 4`)
+	require.Contains(t, m, "pgbox_relay_published_total 80")
+	require.NotContains(t, m, "pgbox_scrape_database_up", "the database collectors are off with a target list")
+
+	// `migrate up` over the list: the behind target runs within a refresh.
+	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + testdb.ServerURL(t), "PGBOX_TARGETS=" + file}, "migrate", "up")
+	require.Equal(t, 0, r.Code, r.Stderr)
+	writeRows(t, behind, "t-behind", 0, 20)
+	require.Len(t, eventIDs(t, c, "t-behind", 20), 20)
+	require.Contains(t, p.Output(), `msg="target accepted: the relay serves it" component=targets target=behind`)
+	waitFor(t, "behind running", 10*time.Second, func() bool {
+		return strings.Contains(metricsOf(t, base), `pgbox_relay_targets{state="running"} 5`)
+	})
+
+	// A target added to the file is served within the refresh.
+	hooli := testdb.New(t)
+	writeRows(t, hooli, "t-hooli", 0, 20)
+	added := time.Now()
+	rewrite(t, file, lines+"hooli "+hooli.Schema+"\n")
+	waitFor(t, "hooli drained", 30*time.Second, func() bool { return outboxCount(t, hooli) == 0 })
+	require.Less(t, time.Since(added), 15*time.Second)
+	require.Len(t, eventIDs(t, c, "t-hooli", 20), 20)
+
+	// A target removed from the file stops: its lanes and instance row are
+	// given up, its new rows stay for whoever serves it next.
+	lanes, _ := lanesHeld(t, globex)
+	require.Equal(t, 4, lanes)
+	rewrite(t, file, strings.Replace(lines, "globex "+globex.Schema+"\n", "", 1)+"hooli "+hooli.Schema+"\n")
+	waitFor(t, "globex released", 15*time.Second, func() bool { l, i := lanesHeld(t, globex); return l == 0 && i == 0 })
+	writeRows(t, globex, "t-globex", 100, 10)
+	time.Sleep(time.Second) // ten polls of a relay still serving it
+	require.Equal(t, 10, outboxCount(t, globex))
+	lanes, _ = lanesHeld(t, acme)
+	require.Equal(t, 4, lanes, "the others run on")
+	writeRows(t, acme, "t-acme", 100, 5)
+	require.Len(t, eventIDs(t, c, "t-acme", 25), 25)
+	waitFor(t, "globex gone from the metrics", 10*time.Second, func() bool {
+		m := metricsOf(t, base)
+		return strings.Contains(m, `pgbox_relay_targets{state="running"} 5`) && strings.Contains(m, "pgbox_relay_published_total 125")
+	})
+
+	require.Equal(t, 0, p.stop(t), p.Output())
+	require.Contains(t, p.Output(), `msg="relay stopped" published=125`)
+	for name, db := range map[string]*testdb.DB{"acme": acme, "umbrella": umbrella, "behind": behind, "hooli": hooli} {
+		l, i := lanesHeld(t, db)
+		require.Zero(t, l+i, "%s: lanes given up at shutdown", name)
+	}
+}
+
+// A target whose database does not answer at start is given to the
+// fleet, which retries it; the others run and the process is ready.
+func TestRunTargetsDatabaseDown(t *testing.T) {
+	t.Parallel()
+	acme := testdb.New(t)
+	c := kafkatest.New(t, kfake.SeedTopics(1, "t-acme"))
+	writeRows(t, acme, "t-acme", 0, 10)
+	file := writeFile(t, "targets.txt", "acme "+acme.Schema+"\ndown s_down postgres://pgbox@127.0.0.1:1/nowhere?connect_timeout=2\n")
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file), "run")
+	base := "http://" + p.HTTPAddr(t)
+	require.Len(t, eventIDs(t, c, "t-acme", 10), 10)
+	require.Regexp(t, `level=WARN msg="target's database did not answer its check[^\n]*target=down`, p.Output())
+	waitFor(t, "ready", 30*time.Second, func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
+	_, body := httpGet(t, base+"/readyz")
+	require.Contains(t, body, `"serving":1`)
+	require.Contains(t, body, `"down: `)
+	require.NotContains(t, p.Output(), "target refused")
+	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+// The relay's connections, counted by the application_name of its
+// databases' URLs, never exceed --db-conn-budget: six targets over two
+// databases, draining with small batches on 16 lanes.
+func TestRunTargetsConnBudget(t *testing.T) {
+	t.Parallel()
+	app := fmt.Sprintf("pgbox-budget-%d", time.Now().UnixNano())
+	withApp := func(raw string) string {
+		u, err := url.Parse(raw)
+		require.NoError(t, err)
+		q := u.Query()
+		q.Set("application_name", app)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	_, otherURL := testdb.CreateDatabase(t, "t_budget_")
+	var lines []string
+	var dbs []*testdb.DB
+	for range 4 {
+		db := testdb.New(t)
+		dbs = append(dbs, db)
+		lines = append(lines, fmt.Sprintf("%s %s %s", strings.ReplaceAll(db.Schema, "_", "-"), db.Schema, withApp(testdb.ServerURL(t))))
+	}
+	for _, s := range []string{"s_one", "s_two"} {
+		dbs = append(dbs, headSchema(t, otherURL, s))
+		lines = append(lines, fmt.Sprintf("%s %s %s", s, s, withApp(otherURL)))
+	}
+	var topics []string
+	for i, db := range dbs {
+		topics = append(topics, fmt.Sprintf("t%d", i))
+		writeRows(t, db, topics[i], 0, 300)
+	}
+	c := kafkatest.New(t, kfake.SeedTopics(3, topics...))
+	file := writeFile(t, "targets.txt", strings.Join(lines, "\n"))
+	// 9 = 1 (the check) + 2 × (3 pooled + 1 LISTEN).
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_DB_CONN_BUDGET=9", "PGBOX_LANES=16", "PGBOX_BATCH_SIZE=5"), "run")
+	p.HTTPAddr(t)
+	most := 0
+	waitFor(t, "every target drained", 2*time.Minute, func() bool {
+		var n int
+		require.NoError(t, dbs[0].Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n))
+		most = max(most, n)
+		for _, db := range dbs {
+			if outboxCount(t, db) > 0 {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("at most %d connections", most)
+	require.LessOrEqual(t, most, 9, "the budget")
+	require.GreaterOrEqual(t, most, 6, "the pools were used: %d connections at most", most)
+	require.Contains(t, p.Output(), "databases=2 db_conn_budget=9 db_conns_planned=9")
+	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+// --console-addr with a target list is a usage error.
+func TestRunTargetsRefusesConsole(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "targets.txt", "acme s_acme\n")
+	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + defaultDB, "KAFKA_BROKERS=127.0.0.1:1", "PGBOX_TARGETS=" + file, "PGBOX_CONSOLE_ADDR=127.0.0.1:0"}, "run")
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "PGBOX_CONSOLE_ADDR (--console-addr) cannot be combined with PGBOX_TARGETS (--targets): the console serves one target; run a console per target with --database-url/--schema")
+}
+
+func checkDBConnBudget(t *testing.T, set setFn) {
+	_, otherURL := testdb.CreateDatabase(t, "t_budget_")
+	file := writeFile(t, "targets.txt", "a s_a\nb s_b "+otherURL+"\n")
+	env := []string{"DATABASE_URL=" + testdb.ServerURL(t), "KAFKA_BROKERS=127.0.0.1:1", "PGBOX_HTTP_ADDR=127.0.0.1:0", "PGBOX_TARGETS=" + file}
+	r := runWith(t, set, "6", env, "run")
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, "PGBOX_DB_CONN_BUDGET (--db-conn-budget) 6 is too small for the 2 databases of the target list: it needs at least 7, 3 per database")
+	a, e := with(set, "7", append(env, "PGBOX_TARGETS_REFRESH=1s"), "run")
+	p := startRelay(t, e, a...)
+	p.HTTPAddr(t)
+	waitFor(t, "the running line", 10*time.Second, func() bool {
+		return strings.Contains(p.Output(), "db_conn_budget=7 db_conns_planned=7")
+	})
+	// Spent: a third database's target is refused, naming the setting.
+	rewrite(t, file, "a s_a\nb s_b "+otherURL+"\nc s_c postgres://pgbox@127.0.0.1:1/third\n")
+	waitFor(t, "the third database refused", 15*time.Second, func() bool {
+		return strings.Contains(p.Output(), `target=c `) && strings.Contains(p.Output(), "no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) 7 for this database")
+	})
+	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+// The budget's split: each database's pool at most --db-max-conns and at
+// least 2, its LISTEN connection, the check's and the control database's
+// counted; a database added later gets the start's share if left, else
+// what is left, else an error naming the setting and the number needed.
+func TestConnBudget(t *testing.T) {
+	t.Parallel()
+	budget := func(total int, query string, noListen bool) *connBudget {
+		o := &options{DBMaxConns: 10}
+		o.Targets.ConnBudget, o.Targets.Query, o.Relay.NoListen = total, query, noListen
+		return newConnBudget(o)
+	}
+	share, err := budget(20, "", false).split(2)
+	require.NoError(t, err)
+	require.Equal(t, 8, share, "(20 - 1 check) / 2 databases - 1 LISTEN")
+	share, err = budget(20, "", false).split(1)
+	require.NoError(t, err)
+	require.Equal(t, 10, share, "at most --db-max-conns")
+	share, err = budget(7, "", false).split(2)
+	require.NoError(t, err)
+	require.Equal(t, 2, share)
+	_, err = budget(6, "", false).split(2)
+	require.ErrorIs(t, err, errUsage)
+	require.EqualError(t, err, "usage error: PGBOX_DB_CONN_BUDGET (--db-conn-budget) 6 is too small for the 2 databases of the target list: it needs at least 7, 3 per database (a pool of at least 2 and its LISTEN connection) plus 1 to check targets")
+	_, err = budget(6, "SELECT 1", false).split(1)
+	require.NoError(t, err)
+	_, err = budget(6, "SELECT 1", false).split(2)
+	require.ErrorContains(t, err, "it needs at least 8, 3 per database (a pool of at least 2 and its LISTEN connection) plus 1 to check targets and 1 to the --targets-query control database")
+	share, err = budget(6, "SELECT 1", true).split(2)
+	require.NoError(t, err)
+	require.Equal(t, 2, share, "--no-listen: no LISTEN connection counted")
+
+	b := budget(20, "", false)
+	share, err = b.split(1)
+	require.NoError(t, err)
+	n, err := b.take(share)
+	require.NoError(t, err)
+	require.Equal(t, 10, n)
+	n, err = b.take(share)
+	require.NoError(t, err)
+	require.Equal(t, 7, n, "a database added later: what is left")
+	require.Equal(t, 20, b.used)
+	_, err = b.take(share)
+	require.EqualError(t, err, "no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) 20 for this database: 20 of it are taken, a new database needs 3 more (raise it to at least 23 and restart the relay; the pools are sized at start)")
+	b.give(7)
+	n, err = b.take(share)
+	require.NoError(t, err)
+	require.Equal(t, 7, n, "a database gone gives its connections back")
+}
+
+// /readyz with a target list: ready when Kafka answers and a target holds
+// lanes, or when the list is empty; not while every target is refused.
+func TestRunTargetsReadiness(t *testing.T) {
+	t.Parallel()
+	behind := testdb.Empty(t)
+	c := kafkatest.New(t)
+	file := writeFile(t, "targets.txt", "# no tenants yet\n")
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file), "run")
+	base := "http://" + p.HTTPAddr(t)
+	code, body := httpGet(t, base+"/readyz")
+	require.Equal(t, 200, code, "an empty list: nothing to serve, ready: %s", body)
+	require.Contains(t, body, `"kafka":"ok"`)
+
+	rewrite(t, file, "behind "+behind.Schema+"\n")
+	waitFor(t, "the refused target", 15*time.Second, func() bool { return strings.Contains(p.Output(), "target refused") })
+	code, body = httpGet(t, base+"/readyz")
+	require.Equal(t, 503, code, "no target served: %s", body)
+	require.Contains(t, body, `"serving":0`)
+	require.Contains(t, body, `"refused":1`)
+	require.Contains(t, body, "relay migrate up")
+
+	migrateEmpty(t, behind)
+	waitFor(t, "ready once migrated", 30*time.Second, func() bool { code, _ := httpGet(t, base+"/readyz"); return code == 200 })
+	_, body = httpGet(t, base+"/readyz")
+	require.Contains(t, body, `"serving":1`)
+	require.NotContains(t, body, "problems")
+	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+// migrateEmpty applies pgbox's migrations to db's (empty) schema.
+func migrateEmpty(t *testing.T, db *testdb.DB) {
+	t.Helper()
+	require.NoError(t, migrations.Up(context.Background(), db.SQL(t)))
+}
+
+// --targets-query: the targets come from the control database, whose
+// connection the budget counts.
+func TestRunTargetsQuery(t *testing.T) {
+	t.Parallel()
+	acme := testdb.New(t)
+	control := controlTable(t, fmt.Sprintf(`('acme', '%s', NULL)`, acme.Schema))
+	c := kafkatest.New(t, kfake.SeedTopics(1, "t-acme"))
+	writeRows(t, acme, "t-acme", 0, 10)
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_CONTROL_URL="+control.URL, "PGBOX_TARGETS_QUERY=SELECT name, schema, database_url FROM tenants WHERE active"), "run")
+	p.HTTPAddr(t)
+	require.Len(t, eventIDs(t, c, "t-acme", 10), 10)
+	waitFor(t, "the running line", 10*time.Second, func() bool { return strings.Contains(p.Output(), `msg="relay running"`) })
+	// 2 (the check, the control database) + 10 (--db-max-conns) + 1 LISTEN.
+	require.Contains(t, p.Output(), "databases=1 db_conn_budget=20 db_conns_planned=13")
+	require.Equal(t, 0, p.stop(t), p.Output())
+}
