@@ -90,6 +90,14 @@ type TargetState struct {
 // and one LISTEN connection; all targets share one Kafka client. A
 // target that fails (its database down or slow, its tables missing) is
 // reported and retried on its own; the others go on.
+//
+// A relay alone watches its table every BusyPollInterval while rows come
+// (writers notify nobody then); a thousand targets watching so would
+// swamp the database. A Fleet's relays do not watch: each keeps its
+// sleeping flag set, so writers with outbox.Config.Notify send a
+// notification at each commit, and the Fleet's LISTEN connection wakes
+// the target it names. Writers without Notify are found by the poll
+// (PollInterval; an idle poll asks one cheap question per target).
 type Fleet struct {
 	cfg FleetConfig
 	log *slog.Logger

@@ -64,8 +64,10 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 			wait = backoffMin // some rows went out: retry the rest soon
 		case res.claimed > 0:
 			b.Reset()
-			busyUntil = time.Now().Add(busyWindow)
-			r.awake(ctx, &w)
+			if !r.fleetListens { // a Fleet's relays stay asleep: see Fleet
+				busyUntil = time.Now().Add(busyWindow)
+				r.awake(ctx, &w)
+			}
 			if res.claimed < r.cfg.BatchSize {
 				full, carry = false, res.slots
 			}

@@ -38,7 +38,9 @@ type Relay struct {
 	db  *db
 	// Set by a Fleet: kc is the Kafka client its relays share (nil: the
 	// relay connects its own), fleetListens that the Fleet's one LISTEN
-	// connection per pool wakes this relay (notified).
+	// connection per pool wakes this relay, which then never watches the
+	// table between notifications: its sleeping flag stays set, so writers
+	// with outbox.Config.Notify wake it at each commit.
 	kc           *kafkaClient
 	fleetListens bool
 	fleetLogs    bool // the Fleet logs why the relay stopped, once per change
