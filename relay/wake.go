@@ -113,7 +113,7 @@ func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time
 		case <-t.C:
 		}
 		if !watching {
-			if r.nothingToClaim(ctx) {
+			if r.fleetListens && r.nothingToClaim(ctx) {
 				continue // the idle poll found the outbox empty: sleep on
 			}
 			return true // the idle poll
@@ -125,9 +125,12 @@ func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time
 }
 
 // emptySQL reports whether the outbox holds no row a claim could take (no
-// unparked row, whoever's lane it is in, whatever its floor): an idle
-// poll's question, asked for far less than a claim that probes every
-// slot costs. Rows not visible yet are no more visible to a claim.
+// unparked row, whoever's lane it is in, whatever its floor): a Fleet
+// target's idle poll asks it first, for far less than a claim that probes
+// every slot costs (a thousand idle targets polling every second). Rows
+// not visible yet are no more visible to a claim. A relay alone claims at
+// each idle poll: what the claim does besides (floor warnings, the sweep's
+// look) then goes on while idle, as it always did.
 const emptySQL = `SELECT NOT EXISTS (SELECT 1 FROM pgbox_outbox WHERE parked_at IS NULL)`
 
 // nothingToClaim reports whether the idle poll may skip its pass: the
