@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"fmt"
+	"hash/fnv"
 	"sync"
 	"sync/atomic"
 
@@ -45,6 +47,12 @@ type db struct {
 	path    string        // the search_path value (the quoted schema); "" uses the pool's
 	prepare bool          // the pool's exec mode prepares statements (or describes them) before it runs them
 	slots   chan struct{} // nil: no cap
+	// tag starts each statement's text with a comment naming the schema
+	// (a hash of it), so each schema's statements are prepared statements
+	// of their own on a connection, always run under that schema's path:
+	// PostgreSQL keeps their plans instead of planning a statement again
+	// each time the connection serves another schema.
+	tag string
 }
 
 const setPathSQL = `SELECT set_config('search_path', $1, true)`
@@ -53,6 +61,9 @@ func newDB(pool *pgxpool.Pool, schema string) *db {
 	d := &db{pool: pool}
 	if schema != "" {
 		d.path = pgx.Identifier{schema}.Sanitize()
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(schema))
+		d.tag = fmt.Sprintf("/* pgbox %08x */ ", h.Sum32())
 		switch pool.Config().ConnConfig.DefaultQueryExecMode {
 		case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol: // parsed in the pipeline, after set_config
 		default:
@@ -68,7 +79,7 @@ func (d *db) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 		return d.pool.Exec(ctx, sql, args...)
 	}
 	var tag pgconn.CommandTag
-	err := d.send(ctx, sql, func(b *pgx.Batch) {
+	err := d.send(ctx, sql, func(b *pgx.Batch, sql string) {
 		b.Queue(sql, args...).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
 	})
 	return tag, err
@@ -79,7 +90,7 @@ func (d *db) queryRow(ctx context.Context, sql string, args []any, dest ...any) 
 	if d.path == "" {
 		return d.pool.QueryRow(ctx, sql, args...).Scan(dest...)
 	}
-	return d.send(ctx, sql, func(b *pgx.Batch) {
+	return d.send(ctx, sql, func(b *pgx.Batch, sql string) {
 		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(dest...) })
 	})
 }
@@ -101,12 +112,13 @@ func (d *db) query(ctx context.Context, sql string, args []any, read func(pgx.Ro
 		defer rows.Close()
 		return readAll(rows)
 	}
-	return d.send(ctx, sql, func(b *pgx.Batch) { b.Queue(sql, args...).Query(readAll) })
+	return d.send(ctx, sql, func(b *pgx.Batch, sql string) { b.Queue(sql, args...).Query(readAll) })
 }
 
 // send runs set_config and the statement queue adds, in one pipeline, on
 // a connection where sql is prepared.
-func (d *db) send(ctx context.Context, sql string, queue func(*pgx.Batch)) error {
+func (d *db) send(ctx context.Context, sql string, queue func(b *pgx.Batch, sql string)) error {
+	sql = d.tag + sql
 	release, err := d.slot(ctx)
 	if err != nil {
 		return err
@@ -125,7 +137,7 @@ func (d *db) send(ctx context.Context, sql string, queue func(*pgx.Batch)) error
 	}
 	b := &pgx.Batch{}
 	b.Queue(setPathSQL, d.path)
-	queue(b)
+	queue(b, sql)
 	err = c.SendBatch(ctx, b).Close()
 	if code := pgerr.Code(err); d.prepare && (code == "26000" || code == "0A000") {
 		// The statement is gone (a pooler's DISCARD ALL) or its result
