@@ -2,8 +2,6 @@ package relay
 
 import (
 	"context"
-	"fmt"
-	"hash/fnv"
 	"sync"
 	"sync/atomic"
 
@@ -37,7 +35,13 @@ import (
 // per connection, inside a transaction that sets the schema first, and the
 // pipeline runs that prepared statement. PostgreSQL analyzes a prepared
 // statement again whenever it runs under another search_path than last
-// time, so it always reads the tables of the schema set beside it.
+// time, so it always reads the tables of the schema set beside it. The
+// statements are the same text for every schema, so a connection holds one
+// prepared statement each, whatever number of schemas it serves (a
+// statement per schema was tried: no faster, and a backend serving a
+// thousand schemas held a thousand times the prepared statements); the
+// functions they call (pgbox_outbox_claim2...) are each schema's own, and
+// PostgreSQL keeps their plans apart.
 //
 // slots, when a Fleet sets it, caps the pool's connections one target
 // holds at once, so a target whose statements hang (a held lock, a slow
@@ -47,12 +51,6 @@ type db struct {
 	path    string        // the search_path value (the quoted schema); "" uses the pool's
 	prepare bool          // the pool's exec mode prepares statements (or describes them) before it runs them
 	slots   chan struct{} // nil: no cap
-	// tag starts each statement's text with a comment naming the schema
-	// (a hash of it), so each schema's statements are prepared statements
-	// of their own on a connection, always run under that schema's path:
-	// PostgreSQL keeps their plans instead of planning a statement again
-	// each time the connection serves another schema.
-	tag string
 }
 
 const setPathSQL = `SELECT set_config('search_path', $1, true)`
@@ -61,9 +59,6 @@ func newDB(pool *pgxpool.Pool, schema string) *db {
 	d := &db{pool: pool}
 	if schema != "" {
 		d.path = pgx.Identifier{schema}.Sanitize()
-		h := fnv.New32a()
-		_, _ = h.Write([]byte(schema))
-		d.tag = fmt.Sprintf("/* pgbox %08x */ ", h.Sum32())
 		switch pool.Config().ConnConfig.DefaultQueryExecMode {
 		case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol: // parsed in the pipeline, after set_config
 		default:
@@ -118,7 +113,6 @@ func (d *db) query(ctx context.Context, sql string, args []any, read func(pgx.Ro
 // send runs set_config and the statement queue adds, in one pipeline, on
 // a connection where sql is prepared.
 func (d *db) send(ctx context.Context, sql string, queue func(b *pgx.Batch, sql string)) error {
-	sql = d.tag + sql
 	release, err := d.slot(ctx)
 	if err != nil {
 		return err
