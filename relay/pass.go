@@ -24,6 +24,14 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 	)
 	defer r.waitFinish()
 	r.startWatch(ctx, &w)
+	if r.watchers != nil { // a Fleet's: it counts the relays watching (watchEvery)
+		r.watchers.Add(1)
+		defer func() {
+			if !w.asleep {
+				r.watchers.Add(-1)
+			}
+		}()
+	}
 	for {
 		if ctx.Err() != nil {
 			return
@@ -64,10 +72,8 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 			wait = backoffMin // some rows went out: retry the rest soon
 		case res.claimed > 0:
 			b.Reset()
-			if !r.fleetListens { // a Fleet's relays stay asleep: see Fleet
-				busyUntil = time.Now().Add(busyWindow)
-				r.awake(ctx, &w)
-			}
+			busyUntil = time.Now().Add(busyWindow)
+			r.awake(ctx, &w)
 			if res.claimed < r.cfg.BatchSize {
 				full, carry = false, res.slots
 			}

@@ -87,6 +87,9 @@ func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time
 			w.graceUntil = now.Add(sleepGrace)
 			if r.setSleeping(ctx, true) {
 				w.asleep = true
+				if r.watchers != nil {
+					r.watchers.Add(-1)
+				}
 				// Probe everything once more: rows committed before the
 				// flag was visible came with no notification.
 				return true
@@ -100,7 +103,7 @@ func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time
 		wait := r.cfg.PollInterval
 		if watching {
 			// Wake at the end of the watch at the latest, to set the flag.
-			wait = min(r.cfg.BusyPollInterval, watchUntil.Sub(now))
+			wait = min(r.watchEvery(), watchUntil.Sub(now))
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -147,6 +150,17 @@ func (r *Relay) nothingToClaim(ctx context.Context) bool {
 	return empty
 }
 
+// watchEvery is how often the relay watches its table while awake:
+// BusyPollInterval, or, for a Fleet's relay, slower when many of the
+// Fleet's relays are watching at once, so that together they send at most
+// FleetConfig.WatchRate watches a second.
+func (r *Relay) watchEvery() time.Duration {
+	if r.watchers == nil {
+		return r.cfg.BusyPollInterval
+	}
+	return max(r.cfg.BusyPollInterval, time.Duration(r.watchers.Load())*time.Second/time.Duration(r.watchRate))
+}
+
 func later(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a
@@ -181,6 +195,9 @@ func (r *Relay) watch(ctx context.Context, w *watcher) bool {
 func (r *Relay) awake(ctx context.Context, w *watcher) {
 	if w.asleep {
 		w.asleep = false
+		if r.watchers != nil {
+			r.watchers.Add(1)
+		}
 		r.setSleeping(ctx, false) // if it fails, writers notify a little longer
 	}
 }
