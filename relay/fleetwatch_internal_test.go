@@ -81,7 +81,19 @@ func TestFleetCountsWatchers(t *testing.T) {
 		}
 		return true
 	})
-	waitUntil("every target asleep", func() bool { return f.watchers.Load() == 0 })
+	// Each target watches through its busy window and, after setting its
+	// sleeping flag, a grace: asleep means no watcher for a whole second.
+	var zeroSince time.Time
+	waitUntil("every target asleep", func() bool {
+		if f.watchers.Load() != 0 {
+			zeroSince = time.Time{}
+			return false
+		}
+		if zeroSince.IsZero() {
+			zeroSince = time.Now()
+		}
+		return time.Since(zeroSince) > time.Second
+	})
 	w, err := outbox.NewWriter(outbox.Config{Notify: true})
 	require.NoError(t, err)
 	stop := time.Now().Add(time.Second)

@@ -24,14 +24,7 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 	)
 	defer r.waitFinish()
 	r.startWatch(ctx, &w)
-	if r.watchers != nil { // a Fleet's: it counts the relays watching (watchEvery)
-		r.watchers.Add(1)
-		defer func() {
-			if !w.asleep {
-				r.watchers.Add(-1)
-			}
-		}()
-	}
+	defer r.countWatching(&w, false)
 	for {
 		if ctx.Err() != nil {
 			return

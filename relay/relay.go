@@ -46,6 +46,10 @@ type Relay struct {
 	fleetLogs    bool // the Fleet logs why the relay stopped, once per change
 	watchers     *atomic.Int64
 	watchRate    int
+	// emptyPausedUntil: nothingToClaim does not ask until then; owned by
+	// the work loop.
+	emptyPausedUntil time.Time
+	emptySlow        time.Duration // tests: emptySlow when 0
 	// failed is the last database failure a retry or heartbeat met, until
 	// a heartbeat succeeds (Fleet.Targets reports it).
 	failed  atomic.Pointer[error]

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"time"
 )
@@ -59,6 +60,7 @@ type watcher struct {
 	sample    int64     // seen at sampledAt: the next floor
 	sampledAt time.Time //
 	asleep    bool      // the sleeping flag is set in the database
+	counted   bool      // counted in a Fleet's watchers (countWatching)
 	// graceUntil: keep watching until then although the busy window is over
 	// (after setting the flag, or when setting it failed).
 	graceUntil time.Time
@@ -87,9 +89,6 @@ func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time
 			w.graceUntil = now.Add(sleepGrace)
 			if r.setSleeping(ctx, true) {
 				w.asleep = true
-				if r.watchers != nil {
-					r.watchers.Add(-1)
-				}
 				// Probe everything once more: rows committed before the
 				// flag was visible came with no notification.
 				return true
@@ -100,6 +99,7 @@ func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time
 			watchUntil = w.graceUntil
 		}
 		watching := now.Before(watchUntil)
+		r.countWatching(w, watching)
 		wait := r.cfg.PollInterval
 		if watching {
 			// Wake at the end of the watch at the latest, to set the flag.
@@ -139,15 +139,47 @@ const emptySQL = `SELECT NOT EXISTS (SELECT 1 FROM pgbox_outbox WHERE parked_at 
 // nothingToClaim reports whether the idle poll may skip its pass: the
 // outbox holds no unparked row and no sweep is due. An error says no: the
 // pass then runs and reports it.
+//
+// The question has no lower bound (a row below a slot's floor counts: a
+// retried parked row, a long writer's), so under a held xmin horizon it
+// reads every deleted row the hold keeps, where a claim starts each slot
+// at its floor. When it took longer than emptySlow, the relay claims at
+// its idle polls for emptyPause instead of asking.
 func (r *Relay) nothingToClaim(ctx context.Context) bool {
-	if r.sweepWanted.Load() {
+	if r.sweepWanted.Load() || time.Now().Before(r.emptyPausedUntil) {
 		return false
 	}
 	var empty bool
-	if err := r.db.queryRow(ctx, emptySQL, nil, &empty); err != nil {
-		return false
+	t0 := time.Now()
+	err := r.db.queryRow(ctx, emptySQL, nil, &empty)
+	if took := time.Since(t0); took > cmp.Or(r.emptySlow, emptySlow) {
+		r.emptyPausedUntil = time.Now().Add(emptyPause)
+		r.log.DebugContext(ctx, "the idle poll's question is slow (a held horizon?): claiming at idle polls for a while",
+			"took", took, "for", emptyPause)
 	}
-	return empty
+	return err == nil && empty
+}
+
+// emptySlow and emptyPause: see nothingToClaim.
+const (
+	emptySlow  = 10 * time.Millisecond
+	emptyPause = 5 * time.Minute
+)
+
+// countWatching keeps a Fleet's count of its relays watching (watchEvery)
+// in step with whether this one is: in its busy window or its grace after
+// setting the sleeping flag, whether it sleeps or, without LISTEN, only
+// polls after.
+func (r *Relay) countWatching(w *watcher, watching bool) {
+	if r.watchers == nil || watching == w.counted {
+		return
+	}
+	w.counted = watching
+	if watching {
+		r.watchers.Add(1)
+	} else {
+		r.watchers.Add(-1)
+	}
 }
 
 // watchEvery is how often the relay watches its table while awake:
@@ -195,9 +227,6 @@ func (r *Relay) watch(ctx context.Context, w *watcher) bool {
 func (r *Relay) awake(ctx context.Context, w *watcher) {
 	if w.asleep {
 		w.asleep = false
-		if r.watchers != nil {
-			r.watchers.Add(1)
-		}
 		r.setSleeping(ctx, false) // if it fails, writers notify a little longer
 	}
 }
