@@ -163,7 +163,13 @@ func TestChaosTenants(t *testing.T) {
 	migrate := func() {
 		out, err := runBin(ctx, bin.Relay, "migrate", "up", "--targets", targetsFile)
 		require.NoError(t, err, "relay migrate up --targets:\n%s", out)
-		t.Logf("relay migrate up --targets:\n%s", out)
+		var table []string
+		for _, l := range strings.Split(out, "\n") {
+			if l != "" && !strings.HasPrefix(l, "time=") {
+				table = append(table, l)
+			}
+		}
+		t.Logf("relay migrate up --targets:\n%s", strings.Join(table, "\n"))
 	}
 	migrate()
 
@@ -350,6 +356,11 @@ func TestChaosTenants(t *testing.T) {
 		"before: the %v before cluster B stopped, during: the %v it was down (c01, c02 are on cluster B). Reported, never asserted.\n\n",
 		sc.Warm, outEnd.Sub(outStart).Round(time.Second))
 	printLatency(&b, tenants, cons.records(), outStart.Add(-sc.Warm), outStart, outEnd)
+	fmt.Fprintf(&b, "\ncommit→Kafka latency of the targets on cluster A (healthy throughout), 5 s windows by commit time (t: since cluster B stopped)\n\n")
+	printLatencySeries(&b, tenants, cons.records(), outStart, outStart.Add(-sc.Warm), outEnd.Add(sc.Between+10*time.Second))
+	if err := dumpTenantRecords(filepath.Join(dir, "records.tsv"), cons.records()); err != nil {
+		t.Logf("records dump: %v", err)
+	}
 	for _, v := range verdicts {
 		for _, ex := range v.Examples {
 			fmt.Fprintf(&b, "%s: %s\n", v.Tenant, ex)
@@ -630,4 +641,66 @@ func printLatency(out *strings.Builder, ts []*tenant, recs []harness.TenantRecor
 			len(a.during), q(a.during, .5), q(a.during, .99))
 	}
 	_ = tw.Flush()
+}
+
+// printLatencySeries prints, per 5 s window of commit time in [from, to),
+// the latency of the first copies of the cluster-A targets' events.
+func printLatencySeries(out *strings.Builder, ts []*tenant, recs []harness.TenantRecord, zero, from, to time.Time) {
+	healthy := map[string]bool{}
+	for _, tn := range ts {
+		healthy[tn.Name] = tn.cluster == "A"
+	}
+	const win = 5 * time.Second
+	n := int(to.Sub(from) / win)
+	if n <= 0 {
+		return
+	}
+	buckets := make([][]time.Duration, n)
+	seen := map[string]bool{}
+	for _, r := range recs {
+		var ev harness.TenantEvent
+		if json.Unmarshal(r.Value, &ev) != nil || !healthy[ev.Tenant] {
+			continue
+		}
+		id := fmt.Sprintf("%s/%d/%s/%d", ev.Tenant, ev.Epoch, ev.Key, ev.Seq)
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		at := time.Unix(0, ev.At)
+		i := int(at.Sub(from) / win)
+		if at.Before(from) || i >= n {
+			continue
+		}
+		buckets[i] = append(buckets[i], r.Recv.Sub(at))
+	}
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "t\tevents\tp50\tp99\tmax\t> 500ms\t")
+	for i, ds := range buckets {
+		if len(ds) == 0 {
+			continue
+		}
+		slices.Sort(ds)
+		slow := 0
+		for _, d := range ds {
+			if d > 500*time.Millisecond {
+				slow++
+			}
+		}
+		at := from.Add(time.Duration(i) * win).Sub(zero).Round(time.Second)
+		fmt.Fprintf(tw, "%v\t%d\t%v\t%v\t%v\t%d\t\n", at, len(ds), ds[len(ds)/2].Round(time.Millisecond),
+			ds[int(.99*float64(len(ds)-1))].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond), slow)
+	}
+	_ = tw.Flush()
+}
+
+// dumpTenantRecords writes every record read (tab-separated) for a look
+// after the run.
+func dumpTenantRecords(path string, recs []harness.TenantRecord) error {
+	var b strings.Builder
+	b.WriteString("topic\tpartition\toffset\tkey\trecv_unix_ns\tvalue\n")
+	for _, r := range recs {
+		fmt.Fprintf(&b, "%s\t%d\t%d\t%s\t%d\t%s\n", r.Topic, r.Partition, r.Offset, r.Key, r.Recv.UnixNano(), r.Value)
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
