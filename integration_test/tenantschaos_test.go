@@ -38,7 +38,8 @@ const (
 const (
 	tenantKeys       = 8 // keys per tenant
 	tenantPartitions = 4
-	tenantDropped    = "t03" // the tenant whose schema is dropped and recreated
+	tenantDropped    = "t03" // the tenant whose schema is dropped and recreated 3 s later
+	tenantFastDrop   = "t04" // the tenant whose schema is dropped and recreated at once
 	tenantAdded      = "t07" // the tenant added to the list mid-run
 )
 
@@ -74,10 +75,10 @@ func tenantTopic(name string) string { return "tenant." + name }
 // restarted; the second cluster stopped (pg_ctl stop -m immediate) for
 // CHAOS_TENANT_OUTAGE and started again; tenant t03's writer stopped, its
 // events checked all published, its schema dropped (CASCADE), recreated by
-// `relay migrate up --targets` and written again (epoch 2); tenant t07
-// added to the file mid-run. Verdict per target: 0 lost, 0 phantom, 0
-// foreign records, 0 per-key inversions; duplicates are counted (at least
-// once). The commit→Kafka p99 of each target before and during the outage
+// `relay migrate up --targets` 3 s later and written again (epoch 2); the
+// same for t04 recreated at once; tenant t07 added to the file mid-run.
+// Verdict per target: 0 lost, 0 phantom, 0 foreign records, 0 per-key
+// inversions; duplicates are counted (at least once). The commit→Kafka p99 of each target before and during the outage
 // is printed, never asserted.
 func TestChaosTenants(t *testing.T) {
 	if testing.Short() {
@@ -277,30 +278,40 @@ func TestChaosTenants(t *testing.T) {
 	note("cluster B started again after %v", outEnd.Sub(outStart).Round(time.Second))
 	sleepCtx(ctx, sc.Between)
 
-	// 3. Tenant t03's schema dropped and recreated. Its writer stops first
-	// and every event it committed must be on Kafka before the drop (rows
-	// dropped unpublished would be lost with the schema, by the operator's
-	// hand, not the relay's); its writer then writes epoch 2 into the new
-	// schema, from seq 1.
-	dropped := tenantByName(tenants, tenantDropped)
-	dropped.w.stop()
-	exp1, err := readOrders(ctx, dropped)
-	require.NoError(t, err)
-	dropped.expect1 = exp1
-	pre := harness.TenantExpect{Tenant: dropped.Name, Topic: dropped.topic, Events: map[int]map[string][]int64{1: exp1}}
-	waitPublished(ctx, cons, []harness.TenantExpect{pre}, sc.Drain)
-	v := harness.VerifyTenants([]harness.TenantExpect{pre}, cons.records())[0]
-	note("%s writer stopped: %d events committed, %d on Kafka before the drop (lost %d)", dropped.Name, v.Events, v.Published, v.Lost)
-	_, err = dropped.pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{dropped.Schema}.Sanitize()+" CASCADE")
-	require.NoError(t, err)
-	note("DROP SCHEMA %s CASCADE", dropped.Schema)
-	sleepCtx(ctx, 3*time.Second)
-	migrate()
-	require.NoError(t, createOrdersTable(ctx, dropped))
-	recreated := time.Now()
-	dropped.epoch = 2
-	dropped.w = startTenantWriter(ctx, dropped, sc.Rate)
-	note("%s recreated by relay migrate up --targets; its writer writes epoch 2", dropped.Schema)
+	// 3. Tenant t03's schema dropped and recreated 3 s later, then t04's
+	// recreated at once (DROP, then `relay migrate up` straight away: the
+	// relays may not notice a failure in between and go on with what they
+	// knew of the old tables). Each tenant's writer stops first and every
+	// event it committed must be on Kafka before the drop (rows dropped
+	// unpublished would be lost with the schema, by the operator's hand,
+	// not the relay's); its writer then writes epoch 2 into the new schema,
+	// from seq 1.
+	dropRecreate := func(name string, gap time.Duration) time.Time {
+		tn := tenantByName(tenants, name)
+		tn.w.stop()
+		exp1, err := readOrders(ctx, tn)
+		require.NoError(t, err)
+		tn.expect1 = exp1
+		pre := harness.TenantExpect{Tenant: tn.Name, Topic: tn.topic, Events: map[int]map[string][]int64{1: exp1}}
+		waitPublished(ctx, cons, []harness.TenantExpect{pre}, sc.Drain)
+		v := harness.VerifyTenants([]harness.TenantExpect{pre}, cons.records())[0]
+		note("%s writer stopped: %d events committed, %d on Kafka before the drop (lost %d)", tn.Name, v.Events, v.Published, v.Lost)
+		_, err = tn.pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{tn.Schema}.Sanitize()+" CASCADE")
+		require.NoError(t, err)
+		dropAt := time.Now()
+		sleepCtx(ctx, gap)
+		migrate()
+		require.NoError(t, createOrdersTable(ctx, tn))
+		recreated := time.Now()
+		tn.epoch = 2
+		tn.w = startTenantWriter(ctx, tn, sc.Rate)
+		note("DROP SCHEMA %s CASCADE, recreated by relay migrate up --targets %v later; its writer writes epoch 2",
+			tn.Schema, recreated.Sub(dropAt).Round(100*time.Millisecond))
+		return recreated
+	}
+	recreated := dropRecreate(tenantDropped, 3*time.Second)
+	sleepCtx(ctx, sc.Between)
+	recreatedFast := dropRecreate(tenantFastDrop, 0)
 	sleepCtx(ctx, sc.Between)
 
 	// 4. Tenant t07 added to the file; migrated after it is listed (the
@@ -374,11 +385,12 @@ func TestChaosTenants(t *testing.T) {
 	fmt.Fprintf(&b, "\nrelays exited on their own and restarted: %d\n", selfExits.Load())
 	fmt.Fprintf(&b, "first record on Kafka: c01 %s and c02 %s after cluster B was started again; t03's epoch 2 %s after its schema was recreated; t07 %s after it was added to the file\n",
 		resumed("c01", 1, outRestarted), resumed("c02", 1, outRestarted), resumed(tenantDropped, 2, recreated), resumed(tenantAdded, 1, addedAt))
+	fmt.Fprintf(&b, "first record of t04's epoch 2 on Kafka %s after its schema was recreated\n", resumed(tenantFastDrop, 2, recreatedFast))
 	fmt.Fprintf(&b, "\ncommit→Kafka latency per target (writer's send time, just before COMMIT, to this test's consumer), by commit time;\n"+
 		"before: the %v before cluster B stopped, during: the %v it was down (c01, c02 are on cluster B). Reported, never asserted.\n\n",
 		sc.Warm, outEnd.Sub(outStart).Round(time.Second))
 	printLatency(&b, tenants, recs, outStart.Add(-sc.Warm), outStart, outEnd)
-	fmt.Fprintf(&b, "\ncommit→Kafka latency of the targets on cluster A but t03 and t07 (healthy throughout), 5 s windows by commit time (t: since cluster B stopped)\n\n")
+	fmt.Fprintf(&b, "\ncommit→Kafka latency of the targets on cluster A but t03, t04 and t07 (healthy throughout), 5 s windows by commit time (t: since cluster B stopped)\n\n")
 	printLatencySeries(&b, tenants, recs, outStart, outStart.Add(-sc.Warm), outEnd.Add(sc.Between+10*time.Second))
 	if err := dumpTenantRecords(filepath.Join(dir, "records.tsv"), recs); err != nil {
 		t.Logf("records dump: %v", err)
@@ -670,8 +682,8 @@ func printLatency(out *strings.Builder, ts []*tenant, recs []harness.TenantRecor
 func printLatencySeries(out *strings.Builder, ts []*tenant, recs []harness.TenantRecord, zero, from, to time.Time) {
 	healthy := map[string]bool{}
 	for _, tn := range ts {
-		// t03 (dropped) and t07 (added) have faults of their own.
-		healthy[tn.Name] = tn.cluster == "A" && tn.Name != tenantDropped && tn.Name != tenantAdded
+		// t03, t04 (dropped) and t07 (added) have faults of their own.
+		healthy[tn.Name] = tn.cluster == "A" && tn.Name != tenantDropped && tn.Name != tenantFastDrop && tn.Name != tenantAdded
 	}
 	const win = 5 * time.Second
 	n := int(to.Sub(from) / win)
