@@ -285,9 +285,8 @@ func TestChaosTenants(t *testing.T) {
 
 	// 3. Tenant t03's schema dropped and recreated 3 s later, then t04's
 	// recreated at once (DROP, then `relay migrate up` on a list of t04
-	// alone straight away: the
-	// relays may not notice a failure in between and go on with what they
-	// knew of the old tables). Each tenant's writer stops first and every
+	// alone straight away: the relays may not notice a failure in between
+	// and go on with what they knew of the old tables). Each tenant's writer stops first and every
 	// event it committed must be on Kafka before the drop (rows dropped
 	// unpublished would be lost with the schema, by the operator's hand,
 	// not the relay's); its writer then writes epoch 2 into the new schema,
