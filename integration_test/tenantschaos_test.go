@@ -571,6 +571,7 @@ func createTenantTopics(broker string, ts []*tenant) error {
 // start and keeps each record with the time it arrived.
 type tenantConsumer struct {
 	c    sarama.Consumer
+	pcs  []sarama.PartitionConsumer
 	mu   sync.Mutex
 	recs []harness.TenantRecord
 	wg   sync.WaitGroup
@@ -589,6 +590,7 @@ func startTenantConsumer(broker string, ts []*tenant) (*tenantConsumer, error) {
 				_ = c.Close()
 				return nil, fmt.Errorf("consume %s/%d: %w", tn.topic, p, err)
 			}
+			tc.pcs = append(tc.pcs, pc)
 			tc.wg.Go(func() {
 				for m := range pc.Messages() {
 					now := time.Now()
@@ -609,9 +611,14 @@ func (tc *tenantConsumer) records() []harness.TenantRecord {
 	return slices.Clone(tc.recs)
 }
 
+// close stops every partition consumer (their Messages channels close,
+// ending the readers), then the consumer.
 func (tc *tenantConsumer) close() {
-	_ = tc.c.Close()
+	for _, pc := range tc.pcs {
+		pc.AsyncClose()
+	}
 	tc.wg.Wait()
+	_ = tc.c.Close()
 }
 
 // waitPublished waits until every expected event is on Kafka, or timeout.
