@@ -248,6 +248,7 @@ func TestChaosTenants(t *testing.T) {
 	for _, tn := range tenants {
 		tn.w = startTenantWriter(ctx, tn, sc.Rate)
 	}
+	load := startLoadSampler(supCtx)
 	var events []string
 	note := func(format string, args ...any) {
 		line := fmt.Sprintf("%6.1fs  ", time.Since(start).Seconds()) + fmt.Sprintf(format, args...)
@@ -400,9 +401,14 @@ func TestChaosTenants(t *testing.T) {
 		sc.Warm, outEnd.Sub(outStart).Round(time.Second))
 	printLatency(&b, tenants, recs, outStart.Add(-sc.Warm), outStart, outEnd)
 	fmt.Fprintf(&b, "\ncommit→Kafka latency of the targets on cluster A but t03, t04 and t07 (healthy throughout), 5 s windows by commit time (t: since cluster B stopped)\n\n")
-	printLatencySeries(&b, tenants, recs, outStart, outStart.Add(-sc.Warm), outEnd.Add(sc.Between+10*time.Second))
+	printLatencySeries(&b, tenants, recs, load, outStart, outStart.Add(-sc.Warm), outEnd.Add(sc.Between+10*time.Second))
 	if err := dumpTenantRecords(filepath.Join(dir, "records.tsv"), recs); err != nil {
 		t.Logf("records dump: %v", err)
+	}
+	for _, v := range verdicts {
+		if v.Duplicates > 0 {
+			fmt.Fprintf(&b, "%s: duplicate records by epoch %v, e.g. %s\n", v.Tenant, v.DupByEpoch, strings.Join(v.DupExamples, "; "))
+		}
 	}
 	for _, v := range verdicts {
 		for _, ex := range v.Examples {
@@ -695,7 +701,7 @@ func printLatency(out *strings.Builder, ts []*tenant, recs []harness.TenantRecor
 
 // printLatencySeries prints, per 5 s window of commit time in [from, to),
 // the latency of the first copies of the cluster-A targets' events.
-func printLatencySeries(out *strings.Builder, ts []*tenant, recs []harness.TenantRecord, zero, from, to time.Time) {
+func printLatencySeries(out *strings.Builder, ts []*tenant, recs []harness.TenantRecord, load *loadSampler, zero, from, to time.Time) {
 	healthy := map[string]bool{}
 	for _, tn := range ts {
 		// t03, t04 (dropped) and t07 (added) have faults of their own.
@@ -726,7 +732,7 @@ func printLatencySeries(out *strings.Builder, ts []*tenant, recs []harness.Tenan
 		buckets[i] = append(buckets[i], r.Recv.Sub(at))
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "t\tevents\tp50\tp99\tmax\t> 500ms\t")
+	fmt.Fprintln(tw, "t\tevents\tp50\tp99\tmax\t> 500ms\tload1 (machine)\t")
 	for i, ds := range buckets {
 		if len(ds) == 0 {
 			continue
@@ -739,8 +745,9 @@ func printLatencySeries(out *strings.Builder, ts []*tenant, recs []harness.Tenan
 			}
 		}
 		at := from.Add(time.Duration(i) * win).Sub(zero).Round(time.Second)
-		fmt.Fprintf(tw, "%v\t%d\t%v\t%v\t%v\t%d\t\n", at, len(ds), ds[len(ds)/2].Round(time.Millisecond),
-			ds[int(.99*float64(len(ds)-1))].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond), slow)
+		fmt.Fprintf(tw, "%v\t%d\t%v\t%v\t%v\t%d\t%s\t\n", at, len(ds), ds[len(ds)/2].Round(time.Millisecond),
+			ds[int(.99*float64(len(ds)-1))].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond), slow,
+			load.at(from.Add(time.Duration(i+1)*win)))
 	}
 	_ = tw.Flush()
 }
@@ -754,4 +761,43 @@ func dumpTenantRecords(path string, recs []harness.TenantRecord) error {
 		fmt.Fprintf(&b, "%s\t%d\t%d\t%s\t%d\t%s\n", r.Topic, r.Partition, r.Offset, r.Key, r.Recv.UnixNano(), r.Value)
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// loadSampler reads /proc/loadavg's 1-minute figure every second, so the
+// latency table can show what the shared machine was doing.
+type loadSampler struct {
+	mu      sync.Mutex
+	times   []time.Time
+	samples []string
+}
+
+func startLoadSampler(ctx context.Context) *loadSampler {
+	l := &loadSampler{}
+	go func() {
+		for ctx.Err() == nil {
+			if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+				if f := strings.Fields(string(b)); len(f) > 0 {
+					l.mu.Lock()
+					l.times, l.samples = append(l.times, time.Now()), append(l.samples, f[0])
+					l.mu.Unlock()
+				}
+			}
+			sleepCtx(ctx, time.Second)
+		}
+	}()
+	return l
+}
+
+// at is the last sample taken before t.
+func (l *loadSampler) at(t time.Time) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := "-"
+	for i, s := range l.times {
+		if s.After(t) {
+			break
+		}
+		out = l.samples[i]
+	}
+	return out
 }

@@ -130,6 +130,10 @@ type TenantVerdict struct {
 	Published  int64 // distinct committed events found on the tenant's topic
 	Lost       int64 // committed, never on the topic
 	Duplicates int64 // extra copies of an event (allowed: at least once)
+	// DupByEpoch splits Duplicates by the epoch of the event copied;
+	// DupExamples shows a few (epoch, key, seq, offsets).
+	DupByEpoch  map[int]int64
+	DupExamples []string
 	Inversions int64 // a key's first copies out of seq order
 	SplitKeys  int64 // keys found on more than one partition
 	Foreign    int64 // records on this tenant's topic that are not its own (another tenant's value, key or an unreadable value)
@@ -191,6 +195,14 @@ func VerifyTenants(expect []TenantExpect, recs []TenantRecord) []*TenantVerdict 
 			seen[id]++
 			if seen[id] > 1 {
 				v.Duplicates++
+				if v.DupByEpoch == nil {
+					v.DupByEpoch = map[int]int64{}
+				}
+				v.DupByEpoch[ev.Epoch]++
+				if len(v.DupExamples) < 3 {
+					v.DupExamples = append(v.DupExamples, fmt.Sprintf("epoch %d key %s seq %d again at p%d@%d",
+						ev.Epoch, ev.Key, ev.Seq, r.Partition, r.Offset))
+				}
 				continue
 			}
 			if !committed[id] {
