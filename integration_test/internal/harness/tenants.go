@@ -134,11 +134,11 @@ type TenantVerdict struct {
 	// DupExamples shows a few (epoch, key, seq, offsets).
 	DupByEpoch  map[int]int64
 	DupExamples []string
-	Inversions int64 // a key's first copies out of seq order
-	SplitKeys  int64 // keys found on more than one partition
-	Foreign    int64 // records on this tenant's topic that are not its own (another tenant's value, key or an unreadable value)
-	Phantom    int64 // events on the topic that were never committed
-	Examples   []string
+	Inversions  int64 // a key's first copies out of seq order
+	SplitKeys   int64 // keys found on more than one partition
+	Foreign     int64 // records on this tenant's topic that are not its own (another tenant's value, key or an unreadable value)
+	Phantom     int64 // events on the topic that were never committed
+	Examples    []string
 }
 
 // Failed reports whether the verdict breaks a guarantee.
