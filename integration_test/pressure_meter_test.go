@@ -513,3 +513,17 @@ func (m *meter) burstProgress(b *burstRange) (seen int64, last time.Time) {
 	defer m.mu.Unlock()
 	return b.seen, b.last
 }
+
+// missingIn counts the committed events numbered from..to that have not
+// arrived yet.
+func (m *meter) missingIn(from, to int64) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for seq := range m.pending {
+		if seq >= from && seq <= to {
+			n++
+		}
+	}
+	return n
+}

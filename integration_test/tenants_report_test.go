@@ -142,6 +142,20 @@ func (r *tenantsReport) markdown() string {
 		p(".\n\n**LOST:** %s\n", r.Lost)
 	}
 
+	if len(id.Top) > 0 {
+		p("\nThe statements the idle fleet ran most (pg_stat_statements, calls in the %v window, summed over the targets", id.For.Round(time.Second))
+		if id.Evicted > 0 {
+			p("; %d entries were evicted meanwhile, so these are lower bounds", id.Evicted)
+		}
+		p("):\n\n| calls/s | per target per s | statement |\n|---|---|---|\n")
+		for _, st := range id.Top {
+			q := strings.ReplaceAll(st.Query, "|", "\\|")
+			if len(q) > 120 {
+				q = q[:120] + "…"
+			}
+			p("| %.1f | %.3f | `%s` |\n", float64(st.Calls)/max(idleS, 1e-9), float64(st.Calls)/max(idleS, 1e-9)/float64(id.Targets), q)
+		}
+	}
 	p(`
 How each figure is taken:
 

@@ -65,8 +65,12 @@ const (
 const historySetSQL = `SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off`
 
 // historyTopSQL reads the outbox sequence's last value: NULL when the relay
-// may not read it (then the highest id a count saw stands in).
-const historyTopSQL = `SELECT CASE WHEN has_sequence_privilege(q, 'SELECT, USAGE') THEN pg_sequence_last_value(q) END
+// may not read it (then the highest id a count saw stands in), 0 when no id
+// was ever taken (pg_sequence_last_value is NULL then too: taken for "may
+// not read", an outbox never written to kept discovery looking for its
+// slots' rows for a second at every sample, thousands of statements each
+// time, in every idle target of a fleet; found by make tenants).
+const historyTopSQL = `SELECT CASE WHEN has_sequence_privilege(q, 'SELECT, USAGE') THEN coalesce(pg_sequence_last_value(q), 0) END
 FROM pg_get_serial_sequence('pgbox_outbox', 'id') AS s(name), LATERAL (SELECT s.name::regclass) AS r(q)`
 
 // historyDiscoverSQL finds the first unparked row of each slot in the id

@@ -167,6 +167,34 @@ func TestRecordHistorySequenceBack(t *testing.T) {
 	require.EqualValues(t, 5, backlog)
 }
 
+// An outbox never written to (its sequence never called, as in a new
+// tenant's schema) is known empty at the first sample: every slot's count
+// starts at id 1 and discovery reads nothing more. It used to take the
+// sequence's NULL last value for "may not read it" and search windows of
+// ids for rows for up to a second at every sample (thousands of
+// statements; with a fleet of idle targets, most of the database's load).
+func TestRecordHistoryNeverWritten(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.New(t)
+	r := testRelay(Config{Pool: db.Pool}, "")
+	backlog, err := r.recordHistory(ctx, nil)
+	require.NoError(t, err)
+	require.Zero(t, backlog)
+	for s := range r.hist.found {
+		require.True(t, r.hist.found[s], "slot %d not found after the first sample of an empty outbox", s)
+		require.EqualValues(t, 1, r.hist.from[s], "slot %d", s)
+	}
+	scan := r.hist.scan
+	_, err = db.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value)
+		SELECT gen_random_uuid(), g % 256, 't', 'k', 'v' FROM generate_series(1, 300) g`)
+	require.NoError(t, err)
+	backlog, err = r.recordHistory(ctx, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 300, backlog)
+	require.Equal(t, scan, r.hist.scan, "no discovery window once every slot is found")
+}
+
 // The backlog count runs on a goroutine of its own: a count that cannot
 // finish (here it waits for a lock on the history table until its
 // timeout, one heartbeat interval) delays neither the heartbeat that takes
