@@ -25,9 +25,12 @@ type tenantsReport struct {
 	Duplicates int64
 	Checked    int64 // records whose topic was checked against their tenant
 	Lost       string
-	Misrouted  []string
-	LoadStart  string
-	LoadEnd    string
+	// Unpublished rows were still in the outboxes when the run ended
+	// (committed, not on Kafka: waiting, not lost).
+	Unpublished int64
+	Misrouted   []string
+	LoadStart   string
+	LoadEnd     string
 
 	httpAddr string // the running relay's /metrics
 }
@@ -107,6 +110,9 @@ func (r *tenantsReport) markdown() string {
 	act := fmt.Sprintf("active: %d tx/s, %v, Notify", sc.Rate, sc.ActiveFor)
 	p("| %s | targets written to | %d (the other %d idle) | 1 | | %s / %s |\n", act, fa.Targets, n-fa.Targets, fa.Load, ba.Load)
 	p("| | transactions/s reached (measured window) | %.0f | %.0f | | |\n", fa.Rate, ba.Rate)
+	if fa.Late > 0 || ba.Late > 0 {
+		p("| | events not on Kafka %v after the writers stopped (left out of the latencies) | %d | %d | | |\n", sc.Drain, fa.Late, ba.Late)
+	}
 	p("| | commit→Kafka p50 | %s | %s | %s | |\n", ms(fa.P50), ms(ba.P50), ratio(float64(fa.P50), float64(ba.P50)))
 	p("| | commit→Kafka p99 (goal: fleet ≤ 2× baseline) | %s | %s | %s | |\n", ms(fa.P99), ms(ba.P99), ratio(float64(fa.P99), float64(ba.P99)))
 	p("| | commit→Kafka max | %s | %s | %s | |\n", ms(fa.Max), ms(ba.Max), ratio(float64(fa.Max), float64(ba.Max)))
@@ -116,7 +122,7 @@ func (r *tenantsReport) markdown() string {
 	drainPhase := fmt.Sprintf("drain: %d rows in one target", fd.Rows)
 	took := func(d drainResult) string {
 		if d.Took <= 0 {
-			return "not drained"
+			return fmt.Sprintf("not drained in %v (%d of %d arrived)", sc.Drain, d.Arrived, d.Rows)
 		}
 		return fmt.Sprintf("%.2f s", d.Took.Seconds())
 	}
@@ -135,6 +141,9 @@ func (r *tenantsReport) markdown() string {
 		p(", none misrouted")
 	} else {
 		p(".\n\n**MISROUTED:** %s", strings.Join(r.Misrouted, "; "))
+	}
+	if r.Unpublished > 0 {
+		p("; %d rows were still unpublished in their outboxes when the run ended (waiting, not lost)", r.Unpublished)
 	}
 	if r.Lost == "" {
 		p("; none lost.\n")

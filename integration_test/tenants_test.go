@@ -383,12 +383,34 @@ func (tn *tenants) run(ctx context.Context) *tenantsReport {
 	rep.Duplicates = tn.m.duplicateCount()
 	rep.Checked = tn.checked.Load()
 	if n := tn.m.missing(); n > 0 {
-		rep.Lost = fmt.Sprintf("%d committed events never reached Kafka", n)
+		// Not on Kafka is lost only when not in its outbox either: a relay
+		// too slow to publish it leaves it there.
+		waiting := tn.unpublished(ctx, append([]tenantTarget{soloTarget, tn.drained}, tn.actives...))
+		rep.Unpublished = waiting
+		if int64(n) > waiting {
+			rep.Lost = fmt.Sprintf("%d committed events never reached Kafka, and only %d rows are still in the outboxes", n, waiting)
+		}
 	}
 	tn.mu.Lock()
 	rep.Misrouted = slices.Clone(tn.misrouted)
 	tn.mu.Unlock()
 	return rep
+}
+
+// unpublished counts the rows left in the targets' outboxes (published
+// rows are deleted).
+func (tn *tenants) unpublished(ctx context.Context, targets []tenantTarget) int64 {
+	var total int64
+	for _, tg := range targets {
+		conn, err := pgx.Connect(ctx, tn.pg.URL(tg.db))
+		require.NoError(tn.t, err)
+		var n int64
+		err = conn.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{tg.schema, "pgbox_outbox"}.Sanitize()).Scan(&n)
+		_ = conn.Close(ctx)
+		require.NoError(tn.t, err)
+		total += n
+	}
+	return total
 }
 
 // reserve takes n sequence numbers and returns the first.
@@ -436,6 +458,7 @@ type drainResult struct {
 	Rows    int
 	Took    time.Duration // process start to the last record seen; 0: not drained within sc.Drain
 	AllUp   time.Duration // fleet: process start to every target running (0: not seen)
+	Arrived int           // when not drained within sc.Drain: how many arrived
 	Load    string
 	Started time.Time
 }
@@ -461,7 +484,10 @@ func (tn *tenants) drain(ctx context.Context, b *burstRange, start func()) drain
 	}
 	if r.Took == 0 {
 		seen, _ := tn.m.burstProgress(b)
-		tn.t.Errorf("tenants: %s: backlog of %d rows not drained within %v: %d arrived", tn.relay.Name, b.n, tn.sc.Drain, seen)
+		// Slow is not wrong: the end of the run tells lost events from
+		// events still waiting in an outbox.
+		r.Arrived = int(seen)
+		fmt.Printf("tenants: %s: backlog of %d rows not drained within %v: %d arrived\n", tn.relay.Name, b.n, tn.sc.Drain, seen)
 	}
 	return r
 }
@@ -473,6 +499,7 @@ type activeResult struct {
 	Rate          float64
 	P50, P99, Max time.Duration
 	WriteErrs     int64
+	Late          int // events of the phase not on Kafka sc.Drain after the writers stopped
 	Load          string
 	Proc          procSample // the relay, at the end of the window
 	CPU           float64    // the relay's CPU over the window, in cores
@@ -512,7 +539,8 @@ func (tn *tenants) active(ctx context.Context, targets []tenantTarget) activeRes
 		tn.sleep(ctx, 20*time.Millisecond)
 	}
 	if n := tn.m.missingIn(first, last); n > 0 {
-		t.Errorf("tenants: %s: %d events not on Kafka %v after the writers stopped", tn.relay.Name, n, sc.Drain)
+		r.Late = n
+		fmt.Printf("tenants: %s: %d events not on Kafka %v after the writers stopped\n", tn.relay.Name, n, sc.Drain)
 	}
 	var lat []time.Duration
 	for _, s := range tn.m.samples() {
