@@ -73,7 +73,7 @@ type tenantTarget struct {
 	name, schema, db string
 }
 
-func tenantTopic(name string) string { return "tenant." + name }
+func tenantsTopic(name string) string { return "tenant." + name }
 
 // tenantValue is a 200-byte value that starts as pressureValue does and
 // names the tenant whose table the row was written to.
@@ -261,7 +261,7 @@ func startTenants(ctx context.Context, t *testing.T, sc tenantsScale) *tenants {
 	require.NoError(t, waitListening(ctx, tn.addr))
 	var topics []string
 	for _, tg := range append(slices.Clone(tn.actives), tn.drained, solo) {
-		topics = append(topics, tenantTopic(tg.name))
+		topics = append(topics, tenantsTopic(tg.name))
 	}
 	admin, err := newAdmin(tn.addr)
 	require.NoError(t, err)
@@ -282,7 +282,7 @@ func startTenants(ctx context.Context, t *testing.T, sc tenantsScale) *tenants {
 func (tn *tenants) check(msg *sarama.ConsumerMessage) {
 	tn.checked.Add(1)
 	name, ok := tenantOf(msg.Value)
-	if ok && msg.Topic == tenantTopic(name) {
+	if ok && msg.Topic == tenantsTopic(name) {
 		return
 	}
 	tn.mu.Lock()
@@ -340,7 +340,7 @@ func (tn *tenants) run(ctx context.Context) *tenantsReport {
 			if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, pgx.Identifier{tg.schema}.Sanitize()); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, tenantBulkSQL, sc.Backlog, keys, slots, tenantTopic(tg.name), b.first, tg.name)
+			_, err := tx.Exec(ctx, tenantBulkSQL, sc.Backlog, keys, slots, tenantsTopic(tg.name), b.first, tg.name)
 			return err
 		})
 		require.NoError(t, err, "backlog of %d rows in %s", sc.Backlog, tg.schema)
@@ -520,7 +520,7 @@ func (tn *tenants) active(ctx context.Context, targets []tenantTarget) activeRes
 			return "", err
 		}
 		key := "k-" + strconv.Itoa(rand.IntN(1000))
-		return key, ow.Write(ctx, tx, outbox.Message{Topic: tenantTopic(tg.name), Key: []byte(key), Value: tenantValue(seq, tg.name)})
+		return key, ow.Write(ctx, tx, outbox.Message{Topic: tenantsTopic(tg.name), Key: []byte(key), Value: tenantValue(seq, tg.name)})
 	})
 	defer w.stop()
 	tn.sleep(ctx, sc.Warmup)
