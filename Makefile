@@ -12,7 +12,7 @@ BENCHTIME ?= 1x
 
 
 .PHONY: bench-remote
-.PHONY: demo test test-short bench bench-against vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios pressure tenants screenshots upgrade
+.PHONY: demo test test-short bench bench-against vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios chaos-tenants pressure tenants screenshots upgrade
 
 demo: ## run the orders→payments demo on an embedded Kafka broker
 	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) run ./examples/demo $(DEMO_ARGS)
@@ -35,6 +35,17 @@ test: ## the whole suite, with the race detector, against real PostgreSQL (the u
 # and broker. The small version of the same run is part of `make test`.
 chaos: ## the large chaos run, report as a table
 	CHAOS_SCALE=large $(GO) test -count=1 -run '^TestChaos$$' -timeout 300m -v ./integration_test/
+
+# The chaos run over many targets (issue 35; integration_test.TestChaosTenants):
+# 11 tenants (schemas of three databases on two private clusters) served by two
+# `relay run --targets FILE` processes while relays are SIGKILLed, the second
+# cluster is stopped (CHAOS_TENANT_OUTAGE, 60s here), a tenant's schema is
+# dropped and recreated, and a tenant is added to the file. Prints a verdict
+# per target and the commit→Kafka p99 of each target before and during the
+# outage. CHAOS_TENANT_RATE (tx/s per tenant, 40 here). The small version is
+# part of `make test`.
+chaos-tenants: ## the chaos run over many targets (relay run --targets), report per target
+	CHAOS_SCALE=large $(GO) test -count=1 -run '^TestChaosTenants$$' -timeout 60m -v ./integration_test/
 
 # The relay under production pressure (issues 26, 32; integration_test.TestPressure):
 # steady writers (PRESSURE_RATE=1000 tx/s, one 200-byte event each, over

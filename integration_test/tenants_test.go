@@ -329,7 +329,7 @@ func (tn *tenants) close() {
 func (tn *tenants) run(ctx context.Context) *tenantsReport {
 	t, sc, rep := tn.t, tn.sc, tn.rep
 	rep.LoadStart = loadAverage()
-	keys, slots := tenantKeys()
+	keys, slots := tenantsKeys()
 	// The two backlogs, written while no relay runs.
 	backlog := func(tg tenantTarget) *burstRange {
 		b := tn.m.watchBurst("backlog "+tg.name, tn.reserve(int64(sc.Backlog)), int64(sc.Backlog))
@@ -416,8 +416,8 @@ func (tn *tenants) unpublished(ctx context.Context, targets []tenantTarget) int6
 // reserve takes n sequence numbers and returns the first.
 func (tn *tenants) reserve(n int64) int64 { return tn.seq.Add(n) - n + 1 }
 
-// tenantKeys are the keys the backlogs spread over, with their slots.
-func tenantKeys() ([]string, []int32) {
+// tenantsKeys are the keys the backlogs spread over, with their slots.
+func tenantsKeys() ([]string, []int32) {
 	keys := make([]string, 1000)
 	slots := make([]int32, len(keys))
 	for i := range keys {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -62,7 +63,17 @@ type FleetConfig struct {
 	// that may hang at once, plus room for the rest. Defaults to
 	// [MaxConnsPerTargetDefault] (2).
 	MaxConnsPerTarget int
+	// WatchRate is the most watches a second (one index range scan over a
+	// target's newest ids) the Fleet's busy targets send together: each
+	// watches every BusyPollInterval, or every (busy targets / WatchRate)
+	// when that is longer. It bounds what steady traffic on many targets
+	// costs the databases, at the price of latency when many are busy.
+	// Defaults to [WatchRateDefault] (5000).
+	WatchRate int
 }
+
+// WatchRateDefault is FleetConfig.WatchRate's default.
+const WatchRateDefault = 5000
 
 // MaxConnsPerTargetDefault is FleetConfig.MaxConnsPerTarget's default.
 const MaxConnsPerTargetDefault = 2
@@ -91,17 +102,22 @@ type TargetState struct {
 // target that fails (its database down or slow, its tables missing) is
 // reported and retried on its own; the others go on.
 //
-// A relay alone watches its table every BusyPollInterval while rows come
-// (writers notify nobody then); a thousand targets watching so would
-// swamp the database. A Fleet's relays do not watch: each keeps its
-// sleeping flag set, so writers with outbox.Config.Notify send a
-// notification at each commit, and the Fleet's LISTEN connection wakes
-// the target it names. Writers without Notify are found by the poll
-// (PollInterval; an idle poll asks one cheap question per target).
+// A relay watches its table every BusyPollInterval while rows come
+// (writers notify nobody then: a notifying commit serializes with every
+// other notifying commit of the cluster, its WAL flush included); a
+// hundred busy targets watching every 2 ms would swamp the database. A
+// Fleet's relays watch together at most WatchRate times a second: with
+// few busy targets each watches every BusyPollInterval, with many each
+// less often. A target asleep (nothing found for two seconds) watches
+// nothing: writers with outbox.Config.Notify wake it through the Fleet's
+// LISTEN connection, others' rows are found by its poll (PollInterval; an
+// idle target's poll asks one cheap question first).
 type Fleet struct {
 	cfg FleetConfig
 	log *slog.Logger
 	kc  *kafkaClient
+	// watchers counts the relays watching their tables (Relay.watchEvery).
+	watchers atomic.Int64
 
 	mu      sync.Mutex
 	ctx     context.Context // Run's; nil while not running
@@ -138,6 +154,10 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 		return nil, fmt.Errorf("relay: FleetConfig.MaxConnsPerTarget is %d: use a positive number, or 0 for the default (%d)", cfg.MaxConnsPerTarget, MaxConnsPerTargetDefault)
 	}
 	cfg.MaxConnsPerTarget = cmp.Or(cfg.MaxConnsPerTarget, MaxConnsPerTargetDefault)
+	if cfg.WatchRate < 0 {
+		return nil, fmt.Errorf("relay: FleetConfig.WatchRate is %d: use a positive number of watches a second, or 0 for the default (%d)", cfg.WatchRate, WatchRateDefault)
+	}
+	cfg.WatchRate = cmp.Or(cfg.WatchRate, WatchRateDefault)
 	// The template passes New's checks with any pool; New copies the Kafka
 	// config and sets its partitioner, which the shared client then uses.
 	probe := cfg.Relay
@@ -368,6 +388,7 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 			return
 		}
 		r.kc, r.fleetListens, r.fleetLogs = f.kc, !cfg.NoListen, true
+		r.watchers, r.watchRate = &f.watchers, f.cfg.WatchRate
 		r.db.slots = make(chan struct{}, max(1, min(f.cfg.MaxConnsPerTarget, int(ft.t.Pool.Config().MaxConns)-1)))
 		f.set(ft, "running", nil, r)
 		started := time.Now()

@@ -142,9 +142,12 @@ func TestFleetServesTargets(t *testing.T) {
 		require.NoError(t, <-done)
 	})
 
-	for i := range 2 {
-		writeTo(t, ts.schemas[i], topicOf(i), 100, true)
-	}
+	writeTo(t, ts.schemas[0], topicOf(0), 60, true)
+	writeTo(t, ts.schemas[1], topicOf(1), 60, true)
+	// Rows whose writer sends no notification are found by the idle poll
+	// (which asks first whether the outbox holds any row).
+	writeTo(t, ts.schemas[0], topicOf(0), 40, false)
+	writeTo(t, ts.schemas[1], topicOf(1), 40, false)
 	for i := range 2 {
 		got := kafkatest.ReadAll(t, ts.addrs, topicOf(i), 100, 30*time.Second)
 		require.Len(t, got, 100)

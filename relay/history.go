@@ -65,11 +65,10 @@ const (
 const historySetSQL = `SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off`
 
 // historyTopSQL reads the outbox sequence's last value: NULL when the relay
-// may not read it (then the highest id a count saw stands in), 0 when no id
-// was ever taken (pg_sequence_last_value is NULL then too: taken for "may
-// not read", an outbox never written to kept discovery looking for its
-// slots' rows for a second at every sample, thousands of statements each
-// time, in every idle target of a fleet; found by make tenants).
+// may not read it (then the highest id a count saw stands in), 0 when the
+// sequence handed out no id yet (no row was ever written: every slot is
+// empty, found at once instead of searched for; unless rows were seen,
+// see recordHistory).
 const historyTopSQL = `SELECT CASE WHEN has_sequence_privilege(q, 'SELECT, USAGE') THEN coalesce(pg_sequence_last_value(q), 0) END
 FROM pg_get_serial_sequence('pgbox_outbox', 'id') AS s(name), LATERAL (SELECT s.name::regclass) AS r(q)`
 
@@ -133,6 +132,13 @@ func (r *Relay) recordHistory(ctx context.Context, published map[string]uint64) 
 		var top *int64
 		if err := tx.QueryRow(ctx, historyTopSQL).Scan(&top); err != nil {
 			return fmt.Errorf("read the outbox sequence: %w", err)
+		}
+		if top != nil && *top == 0 && h.top > 0 {
+			// No id handed out since a RESTART, or rows inserted with ids
+			// of their own before any: rows are there all the same, so 0
+			// says nothing; the highest id seen stands in, as when the
+			// sequence may not be read.
+			top = nil
 		}
 		if top != nil && *top < h.top {
 			*h = historyState{} // the sequence went back: find every slot again

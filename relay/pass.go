@@ -24,6 +24,7 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 	)
 	defer r.waitFinish()
 	r.startWatch(ctx, &w)
+	defer r.countWatching(&w, false)
 	for {
 		if ctx.Err() != nil {
 			return
@@ -64,10 +65,8 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 			wait = backoffMin // some rows went out: retry the rest soon
 		case res.claimed > 0:
 			b.Reset()
-			if !r.fleetListens { // a Fleet's relays stay asleep: see Fleet
-				busyUntil = time.Now().Add(busyWindow)
-				r.awake(ctx, &w)
-			}
+			busyUntil = time.Now().Add(busyWindow)
+			r.awake(ctx, &w)
 			if res.claimed < r.cfg.BatchSize {
 				full, carry = false, res.slots
 			}

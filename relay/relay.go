@@ -38,12 +38,18 @@ type Relay struct {
 	db  *db
 	// Set by a Fleet: kc is the Kafka client its relays share (nil: the
 	// relay connects its own), fleetListens that the Fleet's one LISTEN
-	// connection per pool wakes this relay, which then never watches the
-	// table between notifications: its sleeping flag stays set, so writers
-	// with outbox.Config.Notify wake it at each commit.
+	// connection per pool wakes this relay, watchers counts the Fleet's
+	// relays watching their tables (watchEvery), watchRate is
+	// FleetConfig.WatchRate.
 	kc           *kafkaClient
 	fleetListens bool
 	fleetLogs    bool // the Fleet logs why the relay stopped, once per change
+	watchers     *atomic.Int64
+	watchRate    int
+	// emptyPausedUntil: nothingToClaim does not ask until then; owned by
+	// the work loop.
+	emptyPausedUntil time.Time
+	emptySlow        time.Duration // tests: emptySlow when 0
 	// failed is the last database failure a retry or heartbeat met, until
 	// a heartbeat succeeds (Fleet.Targets reports it).
 	failed  atomic.Pointer[error]

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"time"
 )
@@ -59,6 +60,7 @@ type watcher struct {
 	sample    int64     // seen at sampledAt: the next floor
 	sampledAt time.Time //
 	asleep    bool      // the sleeping flag is set in the database
+	counted   bool      // counted in a Fleet's watchers (countWatching)
 	// graceUntil: keep watching until then although the busy window is over
 	// (after setting the flag, or when setting it failed).
 	graceUntil time.Time
@@ -97,10 +99,11 @@ func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time
 			watchUntil = w.graceUntil
 		}
 		watching := now.Before(watchUntil)
+		r.countWatching(w, watching)
 		wait := r.cfg.PollInterval
 		if watching {
 			// Wake at the end of the watch at the latest, to set the flag.
-			wait = min(r.cfg.BusyPollInterval, watchUntil.Sub(now))
+			wait = min(r.watchEvery(), watchUntil.Sub(now))
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -113,7 +116,7 @@ func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time
 		case <-t.C:
 		}
 		if !watching {
-			if r.nothingToClaim(ctx) {
+			if r.fleetListens && r.nothingToClaim(ctx) {
 				continue // the idle poll found the outbox empty: sleep on
 			}
 			return true // the idle poll
@@ -125,23 +128,69 @@ func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time
 }
 
 // emptySQL reports whether the outbox holds no row a claim could take (no
-// unparked row, whoever's lane it is in, whatever its floor): an idle
-// poll's question, asked for far less than a claim that probes every
-// slot costs. Rows not visible yet are no more visible to a claim.
+// unparked row, whoever's lane it is in, whatever its floor): a Fleet
+// target's idle poll asks it first, for far less than a claim that probes
+// every slot costs (a thousand idle targets polling every second). Rows
+// not visible yet are no more visible to a claim. A relay alone claims at
+// each idle poll: what the claim does besides (floor warnings, the sweep's
+// look) then goes on while idle, as it always did.
 const emptySQL = `SELECT NOT EXISTS (SELECT 1 FROM pgbox_outbox WHERE parked_at IS NULL)`
 
 // nothingToClaim reports whether the idle poll may skip its pass: the
 // outbox holds no unparked row and no sweep is due. An error says no: the
 // pass then runs and reports it.
+//
+// The question has no lower bound (a row below a slot's floor counts: a
+// retried parked row, a long writer's), so under a held xmin horizon it
+// reads every deleted row the hold keeps, where a claim starts each slot
+// at its floor. When it took longer than emptySlow, the relay claims at
+// its idle polls for emptyPause instead of asking.
 func (r *Relay) nothingToClaim(ctx context.Context) bool {
-	if r.sweepWanted.Load() {
+	if r.sweepWanted.Load() || time.Now().Before(r.emptyPausedUntil) {
 		return false
 	}
 	var empty bool
-	if err := r.db.queryRow(ctx, emptySQL, nil, &empty); err != nil {
-		return false
+	t0 := time.Now()
+	err := r.db.queryRow(ctx, emptySQL, nil, &empty)
+	if took := time.Since(t0); took > cmp.Or(r.emptySlow, emptySlow) {
+		r.emptyPausedUntil = time.Now().Add(emptyPause)
+		r.log.DebugContext(ctx, "the idle poll's question is slow (a held horizon?): claiming at idle polls for a while",
+			"took", took, "for", emptyPause)
 	}
-	return empty
+	return err == nil && empty
+}
+
+// emptySlow and emptyPause: see nothingToClaim.
+const (
+	emptySlow  = 10 * time.Millisecond
+	emptyPause = 5 * time.Minute
+)
+
+// countWatching keeps a Fleet's count of its relays watching (watchEvery)
+// in step with whether this one is: in its busy window or its grace after
+// setting the sleeping flag, whether it sleeps or, without LISTEN, only
+// polls after.
+func (r *Relay) countWatching(w *watcher, watching bool) {
+	if r.watchers == nil || watching == w.counted {
+		return
+	}
+	w.counted = watching
+	if watching {
+		r.watchers.Add(1)
+	} else {
+		r.watchers.Add(-1)
+	}
+}
+
+// watchEvery is how often the relay watches its table while awake:
+// BusyPollInterval, or, for a Fleet's relay, slower when many of the
+// Fleet's relays are watching at once, so that together they send at most
+// FleetConfig.WatchRate watches a second.
+func (r *Relay) watchEvery() time.Duration {
+	if r.watchers == nil {
+		return r.cfg.BusyPollInterval
+	}
+	return max(r.cfg.BusyPollInterval, time.Duration(r.watchers.Load())*time.Second/time.Duration(r.watchRate))
 }
 
 func later(a, b time.Time) time.Time {

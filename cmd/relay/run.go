@@ -105,22 +105,9 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	a.log.Info("relay running", "instance", r.Instance(), "lanes", a.opts.Relay.Lanes,
 		"cleanup_interval", a.opts.CleanupInterval.String(), "kafka", a.opts.Kafka.Redacted())
 
-	var runErr error
-	select {
-	case err := <-relayErr:
-		// Run returns early only when it cannot go on (lane count mismatch,
-		// a failure that needs an operator), or because ctx ended (both
-		// cases of this select can be ready at once).
-		if err != nil || ctx.Err() == nil {
-			runErr = cmp.Or(err, errors.New("relay stopped unexpectedly"))
-		}
-	case err := <-httpErr:
-		runErr = fmt.Errorf("http server: %w", err)
-	case <-ctx.Done():
-	}
-	if runErr == nil && ctx.Err() != nil {
-		a.log.Info("shutting down", "deadline", a.opts.ShutdownTimeout.String())
-	}
+	// Run returns early only when it cannot go on (lane count mismatch, a
+	// failure that needs an operator), or because ctx ended.
+	runErr := awaitStop(ctx, a, relayErr, httpErr, "relay")
 	cancel()
 
 	if err := waitStopped(stopped, pending, a.opts.ShutdownTimeout); err != nil {
@@ -132,6 +119,27 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 	s := r.Stats()
 	a.log.Info("relay stopped", "published", s.Published, "retried", s.Retried, "parked", s.Parked)
 	return nil
+}
+
+// awaitStop waits until ctx ends (SIGINT/SIGTERM), the relay (what) stops
+// by itself (runDone) or the HTTP server fails, and returns why it should
+// stop when that is an error. ctx's end and runDone can be ready at once:
+// a nil error or ctx's end is a clean stop.
+func awaitStop(ctx context.Context, a *app, runDone, httpErr <-chan error, what string) error {
+	var runErr error
+	select {
+	case err := <-runDone:
+		if err != nil || ctx.Err() == nil {
+			runErr = cmp.Or(err, errors.New(what+" stopped unexpectedly"))
+		}
+	case err := <-httpErr:
+		runErr = fmt.Errorf("http server: %w", err)
+	case <-ctx.Done():
+	}
+	if runErr == nil && ctx.Err() != nil {
+		a.log.Info("shutting down", "deadline", a.opts.ShutdownTimeout.String())
+	}
+	return runErr
 }
 
 // waitStopped waits until every pending part has reported on stopped, or

@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -246,21 +245,9 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 			}
 		})
 	}
-	var runErr error
-	select {
-	case err := <-fleetErr:
-		// Fleet.Run returns only when ctx ends: a target's failure is
-		// reported and retried, never returned.
-		if err != nil || ctx.Err() == nil {
-			runErr = cmp.Or(err, errors.New("relay fleet stopped unexpectedly"))
-		}
-	case err := <-httpErr:
-		runErr = fmt.Errorf("http server: %w", err)
-	case <-ctx.Done():
-	}
-	if runErr == nil && ctx.Err() != nil {
-		a.log.Info("shutting down", "deadline", o.ShutdownTimeout.String())
-	}
+	// Fleet.Run returns only when ctx ends: a target's failure is reported
+	// and retried, never returned.
+	runErr := awaitStop(ctx, a, fleetErr, httpErr, "relay fleet")
 	cancel()
 	if err := waitStopped(stopped, pending, o.ShutdownTimeout); err != nil {
 		closePools = false

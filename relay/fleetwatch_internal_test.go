@@ -1,0 +1,113 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/outbox"
+)
+
+// A Fleet's busy targets share WatchRate: each watches every
+// BusyPollInterval while few are busy, less often when many are.
+func TestFleetWatchEveryShared(t *testing.T) {
+	t.Parallel()
+	var watchers atomic.Int64
+	r := &Relay{cfg: Config{BusyPollInterval: 2 * time.Millisecond}}
+	require.Equal(t, 2*time.Millisecond, r.watchEvery(), "a relay alone")
+	r.watchers, r.watchRate = &watchers, 5000
+	for _, c := range []struct {
+		busy int64
+		want time.Duration
+	}{{0, 2 * time.Millisecond}, {1, 2 * time.Millisecond}, {10, 2 * time.Millisecond}, {100, 20 * time.Millisecond}, {1000, 200 * time.Millisecond}} {
+		watchers.Store(c.busy)
+		require.Equal(t, c.want, r.watchEvery(), "%d busy targets", c.busy)
+	}
+}
+
+// The Fleet counts its targets watching: all of them while starting, none
+// once they sleep, the one with rows while its rows come, none again
+// after.
+func TestFleetCountsWatchers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := kafkatest.New(t)
+	kafkatest.CreateTopic(t, c.ListenAddrs(), "w", 1, nil)
+	pool, err := pgxpool.New(ctx, testdb.ServerURL(t))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var ts []Target
+	var dbs []*testdb.DB
+	for i := range 3 {
+		d := testdb.New(t)
+		dbs = append(dbs, d)
+		ts = append(ts, Target{Name: fmt.Sprint(i), Pool: pool, Schema: d.Schema})
+	}
+	kc := kafkatest.Config()
+	kc.Producer.RequiredAcks = -1
+	f, err := NewFleet(FleetConfig{Relay: Config{Brokers: c.ListenAddrs(), Kafka: kc, HeartbeatInterval: 100 * time.Millisecond, LeaseTTL: time.Second},
+		Targets: ts})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(runCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	waitUntil := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out: %s (watchers %d)", what, f.watchers.Load())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitUntil("every target running", func() bool {
+		for _, s := range f.Targets() {
+			if s.Stats.Lanes == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	// Each target watches through its busy window and, after setting its
+	// sleeping flag, a grace: asleep means no watcher for a whole second.
+	var zeroSince time.Time
+	waitUntil("every target asleep", func() bool {
+		if f.watchers.Load() != 0 {
+			zeroSince = time.Time{}
+			return false
+		}
+		if zeroSince.IsZero() {
+			zeroSince = time.Now()
+		}
+		return time.Since(zeroSince) > time.Second
+	})
+	w, err := outbox.NewWriter(outbox.Config{Notify: true})
+	require.NoError(t, err)
+	stop := time.Now().Add(time.Second)
+	sawBusy := false
+	for time.Now().Before(stop) {
+		require.NoError(t, pgx.BeginFunc(ctx, dbs[1].Pool, func(tx pgx.Tx) error {
+			return w.Write(ctx, tx, outbox.Message{Topic: "w", Key: []byte("k"), Value: []byte("v")})
+		}))
+		n := f.watchers.Load()
+		require.LessOrEqual(t, n, int64(1), "only the target with rows watches")
+		sawBusy = sawBusy || n == 1
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.True(t, sawBusy, "the target with rows watched")
+	waitUntil("asleep again", func() bool { return f.watchers.Load() == 0 })
+	require.EqualValues(t, 0, f.watchers.Load())
+}
