@@ -109,7 +109,7 @@ func (r *tenantsReport) markdown() string {
 	fa, ba := r.Fleet.Active, r.Base.Active
 	act := fmt.Sprintf("active: %d tx/s, %v, Notify", sc.Rate, sc.ActiveFor)
 	p("| %s | targets written to | %d (the other %d idle) | 1 | | %s / %s |\n", act, fa.Targets, n-fa.Targets, fa.Load, ba.Load)
-	p("| | transactions/s reached (measured window) | %.0f | %.0f | | |\n", fa.Rate, ba.Rate)
+	p("| | writer transactions/s (measured window) | %.0f | %.0f | | |\n", fa.Rate, ba.Rate)
 	if fa.Late > 0 || ba.Late > 0 {
 		p("| | events not on Kafka %v after the writers stopped (left out of the latencies) | %d | %d | | |\n", sc.Drain, fa.Late, ba.Late)
 	}

@@ -525,9 +525,9 @@ func (tn *tenants) active(ctx context.Context, targets []tenantTarget) activeRes
 	defer w.stop()
 	tn.sleep(ctx, sc.Warmup)
 	r := activeResult{Targets: len(targets), Load: loadAverage()}
-	from, cpu0 := time.Now(), tn.cpuTicks()
+	from, cpu0, seq0 := time.Now(), tn.cpuTicks(), tn.seq.Load()
 	tn.sleep(ctx, sc.ActiveFor)
-	to, cpu1 := time.Now(), tn.cpuTicks()
+	to, cpu1, seq1 := time.Now(), tn.cpuTicks(), tn.seq.Load()
 	r.Proc = tn.procSample()
 	r.CPU = float64(cpu1-cpu0) / clockTicks / to.Sub(from).Seconds()
 	w.stop()
@@ -550,7 +550,9 @@ func (tn *tenants) active(ctx context.Context, targets []tenantTarget) activeRes
 	}
 	slices.Sort(lat)
 	r.Written = int64(len(lat))
-	r.Rate = float64(len(lat)) / to.Sub(from).Seconds()
+	// Transactions begun in the window (the writers number each one), not
+	// only those whose event arrived.
+	r.Rate = float64(seq1-seq0) / to.Sub(from).Seconds()
 	if len(lat) > 0 {
 		r.P50, r.P99, r.Max = quantile(lat, 0.50), quantile(lat, 0.99), lat[len(lat)-1]
 	}
