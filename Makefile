@@ -12,7 +12,7 @@ BENCHTIME ?= 1x
 
 
 .PHONY: bench-remote
-.PHONY: demo test test-short bench bench-against vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios chaos-tenants pressure screenshots upgrade
+.PHONY: demo test test-short bench bench-against vet fmt db-url db-stop db-wipe build clean chaos chaos-scenarios chaos-tenants pressure tenants screenshots upgrade
 
 demo: ## run the orders→payments demo on an embedded Kafka broker
 	@url=$$($(DEVDB) url) && DATABASE_URL="$$url" $(GO) run ./examples/demo $(DEMO_ARGS)
@@ -64,6 +64,22 @@ chaos-tenants: ## the chaos run over many targets (relay run --targets), report 
 # (a 25 s long writer) is part of `make test`.
 pressure: ## the relay under a held snapshot, dead rows, a long writer and bursts; writes docs/pressure.md
 	PRESSURE_SCALE=large PRESSURE_DOC=$(CURDIR)/docs/pressure.md $(GO) test -count=1 -run '^TestPressure$$' -timeout 120m -v ./integration_test/
+
+# Many tenants, one relay (issue 35; integration_test.TestTenants): one
+# `relay run --targets` process serving TENANTS_SCHEMAS=1000 schema targets
+# in one database plus TENANTS_DBS=20 databases of TENANTS_DB_SCHEMAS=10
+# schemas, beside a plain single-target `relay run --schema` in the same
+# run: the idle cost per target (transactions and statements per second,
+# connections, CPU, RSS), memory per target, commit→Kafka p50/p99 at
+# TENANTS_RATE=1000 tx/s over TENANTS_ACTIVE=100 targets (a separate
+# consumer measures), a TENANTS_BACKLOG=100000-row drain beside the idle
+# targets; writes docs/tenants-scale.md. Fails on a lost or misrouted
+# record, never on timings. Its own PostgreSQL cluster and broker;
+# TENANTS_WARMUP, TENANTS_IDLE, TENANTS_ACTIVE_FOR (durations) and
+# TENANTS_CONN_BUDGET reshape it; TENANTS_SCALE=small runs a 24-target
+# version in about a minute (not part of `make test`).
+tenants: ## one relay over 1,200 targets beside a single-target baseline; writes docs/tenants-scale.md
+	TENANTS_SCALE=large TENANTS_DOC=$(CURDIR)/docs/tenants-scale.md $(GO) test -count=1 -run '^TestTenants$$' -timeout 60m -v ./integration_test/
 
 # The upgrade test (integration_test.TestUpgrade; .ci/run runs it after
 # `make test`): the relay, writer and consumer built from the upgrade baseline

@@ -89,14 +89,31 @@ func dialOnce(addr string) error {
 // reached), it never drops a transaction.
 type writers struct {
 	pool   *pgxpool.Pool
-	seq    atomic.Int64
+	seq    *atomic.Int64
 	errs   atomic.Int64
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	once   sync.Once
 }
 
+// writeFunc writes one transaction's event, sequence number seq, and
+// returns its key.
+type writeFunc func(ctx context.Context, tx pgx.Tx, seq int64) (key string, err error)
+
 func startWriters(ctx context.Context, t *testing.T, url string, sc pressureScale, m *meter) *writers {
+	return startWritersFunc(ctx, t, url, sc.Rate, new(atomic.Int64), m, func(ctx context.Context, tx pgx.Tx, seq int64) (string, error) {
+		key := pressureKey(rand.IntN(sc.Keys))
+		if rand.IntN(pressureHotEvery) == 0 {
+			key = pressureHotKey
+		}
+		return key, outbox.Write(ctx, tx, outbox.Message{Topic: pressureTopic, Key: []byte(key), Value: pressureValue(seq)})
+	})
+}
+
+// startWritersFunc commits rate transactions per second, each written by
+// write, numbering the events from seq (shared by writer sets that feed
+// one meter).
+func startWritersFunc(ctx context.Context, t *testing.T, url string, rate int, seq *atomic.Int64, m *meter, write writeFunc) *writers {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(withParam(t, url, "application_name", "writer"))
 	require.NoError(t, err)
@@ -104,8 +121,8 @@ func startWriters(ctx context.Context, t *testing.T, url string, sc pressureScal
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(ctx)
-	w := &writers{pool: pool, cancel: cancel}
-	tokens := make(chan struct{}, sc.Rate) // a second's worth of schedule at most
+	w := &writers{pool: pool, seq: seq, cancel: cancel}
+	tokens := make(chan struct{}, rate) // a second's worth of schedule at most
 	w.wg.Go(func() {
 		defer close(tokens)
 		start, issued := time.Now(), int64(0)
@@ -117,7 +134,7 @@ func startWriters(ctx context.Context, t *testing.T, url string, sc pressureScal
 				return
 			case <-tick.C:
 			}
-			for due := int64(time.Since(start).Seconds()*float64(sc.Rate)) - issued; due > 0; due-- {
+			for due := int64(time.Since(start).Seconds()*float64(rate)) - issued; due > 0; due-- {
 				select {
 				case tokens <- struct{}{}:
 					issued++
@@ -137,13 +154,12 @@ func startWriters(ctx context.Context, t *testing.T, url string, sc pressureScal
 					continue // stopping: drop the schedule's leftovers
 				}
 				seq := w.seq.Add(1)
-				key := pressureKey(rand.IntN(sc.Keys))
-				if rand.IntN(pressureHotEvery) == 0 {
-					key = pressureHotKey
-				}
 				began := time.Now()
+				var key string
 				err := pgx.BeginFunc(txCtx, pool, func(tx pgx.Tx) error {
-					return outbox.Write(txCtx, tx, outbox.Message{Topic: pressureTopic, Key: []byte(key), Value: pressureValue(seq)})
+					var err error
+					key, err = write(txCtx, tx, seq)
+					return err
 				})
 				if err != nil {
 					w.errs.Add(1)
@@ -220,6 +236,13 @@ func (m *meter) keyCommitted(seq int64, began, at time.Time) {
 // client: arrival is when a consumer receives the record.
 func (m *meter) consume(ctx context.Context, t *testing.T, addr string) {
 	t.Helper()
+	m.consumeTopics(ctx, t, addr, []string{pressureTopic}, nil)
+}
+
+// consumeTopics reads every partition of topics from the start; check, when
+// set, sees every record first.
+func (m *meter) consumeTopics(ctx context.Context, t *testing.T, addr string, topics []string, check func(*sarama.ConsumerMessage)) {
+	t.Helper()
 	cfg := kafkatest.Config()
 	cfg.ClientID = "pressure-consumer"
 	cfg.Consumer.MaxWaitTime = 50 * time.Millisecond
@@ -228,20 +251,25 @@ func (m *meter) consume(ctx context.Context, t *testing.T, addr string) {
 	require.NoError(t, err)
 	m.consumer, err = sarama.NewConsumerFromClient(m.client)
 	require.NoError(t, err)
-	parts, err := m.client.Partitions(pressureTopic)
-	require.NoError(t, err)
-	for _, part := range parts {
-		pc, err := m.consumer.ConsumePartition(pressureTopic, part, sarama.OffsetOldest)
+	for _, topic := range topics {
+		parts, err := m.client.Partitions(topic)
 		require.NoError(t, err)
-		m.pcs = append(m.pcs, pc)
-		m.wg.Go(func() {
-			for msg := range pc.Messages() {
-				at := time.Now()
-				if seq, ok := parseSeq(msg.Value); ok {
-					m.arrived(seq, string(msg.Key) == pressureHotKey, at)
+		for _, part := range parts {
+			pc, err := m.consumer.ConsumePartition(topic, part, sarama.OffsetOldest)
+			require.NoError(t, err)
+			m.pcs = append(m.pcs, pc)
+			m.wg.Go(func() {
+				for msg := range pc.Messages() {
+					at := time.Now()
+					if check != nil {
+						check(msg)
+					}
+					if seq, ok := parseSeq(msg.Value); ok {
+						m.arrived(seq, string(msg.Key) == pressureHotKey, at)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -476,4 +504,26 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 		return 0
 	}
 	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
+}
+
+// burstProgress says how many of b's events arrived so far and when the
+// last of them did.
+func (m *meter) burstProgress(b *burstRange) (seen int64, last time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return b.seen, b.last
+}
+
+// missingIn counts the committed events numbered from..to that have not
+// arrived yet.
+func (m *meter) missingIn(from, to int64) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for seq := range m.pending {
+		if seq >= from && seq <= to {
+			n++
+		}
+	}
+	return n
 }
