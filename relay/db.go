@@ -133,7 +133,7 @@ func (d *db) send(ctx context.Context, sql string, queue func(b *pgx.Batch, sql 
 	b.Queue(setPathSQL, d.path)
 	queue(b, sql)
 	err = c.SendBatch(ctx, b).Close()
-	if code := pgerr.Code(err); d.prepare && (code == "26000" || code == "0A000") {
+	if code := pgerr.Code(err); d.prepare && (code == pgerr.CodeInvalidSQLStatementName || code == pgerr.CodeFeatureNotSupported) {
 		// The statement is gone (a pooler's DISCARD ALL) or its result
 		// changed shape (a migration): prepare it afresh next time.
 		forget(conn, sql)

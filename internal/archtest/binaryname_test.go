@@ -28,6 +28,10 @@ var labelLines = map[string][]string{
 	// PostgreSQL's application_name (pg_stat_activity).
 	"cmd/relay/db.go":                {"dbconf.Config("},
 	"internal/dbconf/dbconf_test.go": {"Config(", "application_name"},
+	// The scale run counts the relay's connections by application_name.
+	"integration_test/tenants_test.go":        {"application_name", "connections at the end"},
+	"integration_test/tenants_report_test.go": {"pg_stat_activity"},
+	"docs/tenants-scale.md":                   {"pg_stat_activity"},
 	// The Prometheus alert group, and the PrometheusRule generated from it.
 	"docs/alerts.yml":                       {"- name: "},
 	"deploy/kubernetes/prometheusrule.yaml": {"- name: "},

@@ -77,6 +77,11 @@ const (
 	CodeReadOnlyTransaction   = "25006"
 	CodeQueryCanceled         = "57014"
 	CodeUniqueViolation       = "23505"
+	// A prepared statement gone (a pooler's DISCARD ALL), and a cached
+	// plan whose result changed shape ("cached plan must not change result
+	// type", 0A000 feature_not_supported).
+	CodeInvalidSQLStatementName = "26000"
+	CodeFeatureNotSupported     = "0A000"
 )
 
 // retryableCodes are the SQLSTATEs outside classes 08 and 53 that retrying
