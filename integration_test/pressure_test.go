@@ -245,20 +245,27 @@ func (p *pressure) close() {
 	if p.conn != nil {
 		_ = p.conn.Close(context.Background())
 	}
-	for _, proc := range []*harness.Proc{p.relay, p.broker} {
+	tearDown(p.t, "pressure", 10*time.Second, p.pg, p.dir, p.relay, p.broker)
+}
+
+// tearDown ends a scenario's processes (each given grace to stop), destroys
+// its PostgreSQL cluster and removes its directory; when the test failed
+// it keeps both and says where.
+func tearDown(t testing.TB, what string, grace time.Duration, pg *pgcluster.Cluster, dir string, procs ...*harness.Proc) {
+	for _, proc := range procs {
 		if proc != nil {
-			_ = proc.Term(10 * time.Second)
+			_ = proc.Term(grace)
 		}
 	}
-	keep := p.t.Failed()
-	if p.pg != nil {
-		_ = p.pg.Destroy(keep)
+	keep := t.Failed()
+	if pg != nil {
+		_ = pg.Destroy(keep)
 	}
 	if keep {
-		fmt.Printf("pressure: logs kept in %s\n", p.dir)
+		fmt.Printf("%s: logs kept in %s\n", what, dir)
 		return
 	}
-	_ = os.RemoveAll(p.dir)
+	_ = os.RemoveAll(dir)
 }
 
 // run drives the phases and returns the report.

@@ -309,20 +309,7 @@ func (tn *tenants) close() {
 	if tn.stats != nil {
 		_ = tn.stats.Close(context.Background())
 	}
-	for _, proc := range []*harness.Proc{tn.relay, tn.broker} {
-		if proc != nil {
-			_ = proc.Term(30 * time.Second)
-		}
-	}
-	keep := tn.t.Failed()
-	if tn.pg != nil {
-		_ = tn.pg.Destroy(keep)
-	}
-	if keep {
-		fmt.Printf("tenants: logs kept in %s\n", tn.dir)
-		return
-	}
-	_ = os.RemoveAll(tn.dir)
+	tearDown(tn.t, "tenants", 30*time.Second, tn.pg, tn.dir, tn.relay, tn.broker)
 }
 
 // run drives the phases.
