@@ -117,7 +117,7 @@ func instanceRows(snap *inspect.Snapshot) []instanceRow {
 	var out []instanceRow
 	for _, i := range snap.Instances {
 		row := instanceRow{Instance: i, State: snap.InstanceState(i), Lanes: held[i.Instance]}
-		row.Bad = !i.Live || i.KafkaDownSince != nil || !i.KafkaReady
+		row.Bad = !i.Live || i.KafkaDownSince != nil || (!i.KafkaReady && !i.Dormant)
 		out = append(out, row)
 	}
 	return out

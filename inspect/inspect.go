@@ -253,6 +253,7 @@ func (s *Snapshot) readLanes(ctx context.Context, tx pgx.Tx, cfg Config) error {
 	s.Instances, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Instance, error) {
 		var i Instance
 		err := r.Scan(&i.Instance, &i.StartedAt, &i.HeartbeatAt, &i.Live, &i.KafkaReady, &i.KafkaDownSince, &i.Sleeping)
+		i.Dormant = i.Sleeping && !i.KafkaReady
 		return i, err
 	})
 	if err != nil {

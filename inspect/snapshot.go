@@ -128,6 +128,27 @@ type Instance struct {
 	// backlog is not being woken (writers without outbox.Config.Notify, or
 	// a pgbouncer that drops LISTEN).
 	Sleeping bool `json:"sleeping"`
+	// Dormant is set while the instance, a relay.Fleet's target idle for
+	// FleetConfig.DormantAfter, has given up its lanes until rows come: it
+	// is live and takes no lanes (its row reads sleeping and not
+	// kafka_ready, which no other instance ever is).
+	Dormant bool `json:"dormant"`
+}
+
+// DormantOnly reports whether every live instance is dormant and at least
+// one is: the lanes are then unowned because nothing is waiting, and the
+// first row wakes an instance.
+func (s *Snapshot) DormantOnly() bool {
+	n := 0
+	for _, i := range s.Instances {
+		switch {
+		case i.Live && !i.Dormant:
+			return false
+		case i.Live:
+			n++
+		}
+	}
+	return n > 0
 }
 
 // InboxTopic is one consumer's keys of one source topic, and their oldest

@@ -83,6 +83,8 @@ func instanceState(s *Snapshot, i Instance) string {
 	case i.KafkaDownSince != nil:
 		return fmt.Sprintf("running, Kafka unreachable since %s (%s)", i.KafkaDownSince.UTC().Format(time.RFC3339),
 			durtext.Short(s.Time.Sub(*i.KafkaDownSince)))
+	case i.Dormant:
+		return "live, dormant (found no rows for a while: holds no lanes until the fleet's poll or a NOTIFY finds rows)"
 	case !i.KafkaReady:
 		return "running, connecting to Kafka"
 	case i.Sleeping:

@@ -88,10 +88,11 @@ func exportOutbox(ch chan<- prometheus.Metric, snap *inspect.Snapshot) {
 		gauge(ch, dLaneAge, age, itoa(l.Lane))
 	}
 	unowned := 0
+	dormant := snap.DormantOnly() // no lane is held, and nothing waits for one
 	for _, l := range snap.Lanes {
 		if l.Held {
 			gauge(ch, dLaneOwner, 1, itoa(l.Lane), l.Owner)
-		} else {
+		} else if !dormant {
 			unowned++
 		}
 	}

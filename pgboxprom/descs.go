@@ -59,7 +59,7 @@ var (
 	dOldest    = desc("pgbox_outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished, unparked outbox row (0 when none). Exact: one index probe per slot.")
 	dLaneAge   = desc("pgbox_outbox_lane_oldest_unpublished_age_seconds", "Age of each lane's oldest unpublished, unparked outbox row (0 when none). Exact.", "lane")
 	dLaneOwner = desc("pgbox_relay_lane_owner", "1 for each lane and the instance holding its lease (read at scrape).", "lane", "owner")
-	dUnowned   = desc("pgbox_relay_lanes_unowned", "Lanes whose lease no live relay instance holds (read at scrape).")
+	dUnowned   = desc("pgbox_relay_lanes_unowned", "Lanes whose lease no live relay instance holds (read at scrape); 0 while every live instance is dormant (a relay.Fleet target idle for DormantAfter: it takes its lanes back when rows come).")
 
 	dInboxKeys   = desc("pgbox_inbox_keys", "Inbox keys by consumer and source topic (read at scrape)."+estimateNote, "consumer", "topic")
 	dInboxKeyEst = desc("pgbox_inbox_keys_estimated", "1 when pgbox_inbox_keys for this consumer and topic is a planner estimate, 0 when exact.", "consumer", "topic")

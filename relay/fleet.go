@@ -70,6 +70,15 @@ type FleetConfig struct {
 	// costs the databases, at the price of latency when many are busy.
 	// Defaults to [WatchRateDefault] (5000).
 	WatchRate int
+	// DormantAfter is how long a target finds no rows before it goes
+	// dormant: it gives up its lanes and stops renewing leases until rows
+	// come (a notification, or the Fleet's idle poll, which asks every
+	// idle target of a database in one round trip each PollInterval). A
+	// dormant target costs its database one question a second in a shared
+	// pipeline and one write every 30 seconds; waking costs it a
+	// heartbeat. Defaults to [DormantAfterDefault] (1 minute); negative:
+	// targets never go dormant.
+	DormantAfter time.Duration
 }
 
 // WatchRateDefault is FleetConfig.WatchRate's default.
@@ -92,7 +101,10 @@ type TargetState struct {
 	Err error
 	// Since is when State last changed.
 	Since time.Time
-	Stats outbox.RelayStats
+	// Dormant is set while the running relay, idle for DormantAfter, has
+	// given up its lanes until rows come.
+	Dormant bool
+	Stats   outbox.RelayStats
 }
 
 // Fleet runs one relay per target in one process: many schemas in one
@@ -110,8 +122,12 @@ type TargetState struct {
 // few busy targets each watches every BusyPollInterval, with many each
 // less often. A target asleep (nothing found for two seconds) watches
 // nothing: writers with outbox.Config.Notify wake it through the Fleet's
-// LISTEN connection, others' rows are found by its poll (PollInterval; an
-// idle target's poll asks one cheap question first).
+// LISTEN connection, others' rows are found by the Fleet's idle poll,
+// which asks every idle target of a pool whether it holds rows in one
+// round trip every PollInterval. A target idle for DormantAfter also
+// gives up its lanes and stops renewing leases until rows come, so a
+// thousand idle schemas of one database cost it about one round trip a
+// second (dormant.go).
 type Fleet struct {
 	cfg FleetConfig
 	log *slog.Logger
@@ -158,6 +174,7 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 		return nil, fmt.Errorf("relay: FleetConfig.WatchRate is %d: use a positive number of watches a second, or 0 for the default (%d)", cfg.WatchRate, WatchRateDefault)
 	}
 	cfg.WatchRate = cmp.Or(cfg.WatchRate, WatchRateDefault)
+	cfg.DormantAfter = cmp.Or(cfg.DormantAfter, DormantAfterDefault)
 	// The template passes New's checks with any pool; New copies the Kafka
 	// config and sets its partitioner, which the shared client then uses.
 	probe := cfg.Relay
@@ -389,6 +406,7 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 		}
 		r.kc, r.fleetListens, r.fleetLogs = f.kc, !cfg.NoListen, true
 		r.watchers, r.watchRate = &f.watchers, f.cfg.WatchRate
+		r.idleState.polled, r.idleState.after = r.fleetListens, f.cfg.DormantAfter
 		r.db.slots = make(chan struct{}, max(1, min(f.cfg.MaxConnsPerTarget, int(ft.t.Pool.Config().MaxConns)-1)))
 		f.set(ft, "running", nil, r)
 		started := time.Now()
@@ -420,7 +438,7 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 func (ft *fleetTarget) report() TargetState {
 	s := TargetState{Name: ft.t.Name, Schema: ft.t.Schema, State: ft.state, Err: ft.err, Since: ft.since}
 	if ft.r != nil {
-		s.Stats = ft.r.Stats()
+		s.Stats, s.Dormant = ft.r.Stats(), ft.r.Dormant()
 		if s.Err == nil && s.State == "running" {
 			s.Err = ft.r.lastErr()
 		}
@@ -458,8 +476,9 @@ func (f *Fleet) relays(pool *pgxpool.Pool, schema string) []*Relay {
 	return out
 }
 
-// listenPools starts a LISTEN connection for every pool that has targets
-// and none yet, and stops those of pools that have none left. f.mu is held.
+// listenPools starts a LISTEN connection and the idle poll (pollLoop) for
+// every pool that has targets and none yet, and stops those of pools that
+// have none left. f.mu is held.
 func (f *Fleet) listenPools() {
 	if f.cfg.Relay.NoListen {
 		return
@@ -481,12 +500,14 @@ func (f *Fleet) listenPools() {
 		ctx, cancel := context.WithCancel(f.ctx)
 		f.listens[p] = cancel
 		f.wg.Go(func() { f.listenLoop(ctx, p) })
+		f.wg.Go(func() { f.pollLoop(ctx, p) })
 	}
 }
 
 // listenLoop holds one connection to pool's database LISTENing on Channel
 // and wakes the target each notification names (the writer's schema), or
-// every target of the pool when it names none.
+// every target of the pool when it names none (a writer from before the
+// payload named its schema, a SQL writer's pg_notify with an empty payload).
 func (f *Fleet) listenLoop(ctx context.Context, pool *pgxpool.Pool) {
 	b := backoff.Backoff{Base: backoffMin, Limit: f.cfg.Relay.MaxBackoff}
 	for ctx.Err() == nil {
@@ -524,10 +545,11 @@ func (f *Fleet) listen(ctx context.Context, pool *pgxpool.Pool) error {
 // payload is "").
 func (f *Fleet) wake(pool *pgxpool.Pool, schema, payload string) {
 	f.mu.Lock()
+	// A schema no target has wakes none: another process may serve it (a
+	// list split over processes), or the writer's current_schema() is not
+	// where its rows went; the idle poll finds such rows within
+	// PollInterval.
 	rs := f.relays(pool, schema)
-	if len(rs) == 0 && schema != "" { // a schema no target has: wake them all
-		rs = f.relays(pool, "")
-	}
 	f.mu.Unlock()
 	for _, r := range rs {
 		if payload == "" {

@@ -82,8 +82,8 @@ func TestFleetAttackWakeDispatch(t *testing.T) {
 		{"co:6", map[string]*got{"co": {slots: []int{6}}}},
 		{"3,17", everyone(&got{slots: []int{3, 17}})},    // an old writer
 		{":3", everyone(&got{slots: []int{3}})},          // current_schema() NULL
-		{"nosuch:4", everyone(&got{slots: []int{4}})},    // a schema no target serves
-		{"b:4", everyone(&got{slots: []int{4}})},         // its target waits for an operator
+		{"nosuch:4", map[string]*got{}},                  // a schema no target serves here: the idle poll finds its rows
+		{"b:4", map[string]*got{}},                       // its target waits for an operator: likewise
 		{"a:garbage", map[string]*got{"a": {all: true}}}, // unparsable slots: all of a's
 	} {
 		schema, _ := splitPayload(tc.payload)

@@ -50,6 +50,7 @@ type Relay struct {
 	// the work loop.
 	emptyPausedUntil time.Time
 	emptySlow        time.Duration // tests: emptySlow when 0
+	idleState        fleetIdle     // a Fleet's idle poll and dormancy (dormant.go)
 	// failed is the last database failure a retry or heartbeat met, until
 	// a heartbeat succeeds (Fleet.Targets reports it).
 	failed  atomic.Pointer[error]
@@ -335,11 +336,15 @@ func (r *Relay) heartbeatLoop(ctx context.Context, stop context.CancelCauseFunc)
 	t := time.NewTicker(r.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
-		if err := r.heartbeat(ctx); err != nil && r.stopOn("heartbeat", err, stop) {
-			return
+		if r.idleState.wanted.Load() {
+			r.dormantBeat(ctx)
+		} else {
+			if err := r.heartbeat(ctx); err != nil && r.stopOn("heartbeat", err, stop) {
+				return
+			}
+			r.alertOutage(ctx)
+			r.summarize(ctx)
 		}
-		r.alertOutage(ctx)
-		r.summarize(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -351,7 +356,10 @@ func (r *Relay) heartbeatLoop(ctx context.Context, stop context.CancelCauseFunc)
 
 func (r *Relay) heartbeat(ctx context.Context) error {
 	// A heartbeat slower than the lease is worthless; don't let one hang.
-	hctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL/2)
+	// Nor is one cut off when Run stops: the server could commit it after
+	// the release that follows (releaseSQL), leaving the instance row
+	// behind; Run waits for it instead (at most LeaseTTL/2).
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL/2)
 	defer cancel()
 	start := time.Now()
 	var held, released, live int
@@ -365,6 +373,7 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 		return err
 	}
 	r.failed.Store(nil)
+	r.idleState.dormant.Store(false)
 	if released > 0 || time.Since(r.t0) >= time.Duration(r.leaseUntil.Load()) {
 		// Lanes were handed over, or the leases may have lapsed before this
 		// renewal: rows claimed so far are not sent any more (they stay for

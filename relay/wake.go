@@ -60,6 +60,7 @@ type watcher struct {
 	sample    int64     // seen at sampledAt: the next floor
 	sampledAt time.Time //
 	asleep    bool      // the sleeping flag is set in the database
+	asleepAt  time.Time // when it was set, or the relay last woke from dormancy
 	counted   bool      // counted in a Fleet's watchers (countWatching)
 	// graceUntil: keep watching until then although the busy window is over
 	// (after setting the flag, or when setting it failed).
@@ -88,7 +89,7 @@ func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time
 		if !now.Before(watchUntil) && !w.asleep && !r.cfg.NoListen {
 			w.graceUntil = now.Add(sleepGrace)
 			if r.setSleeping(ctx, true) {
-				w.asleep = true
+				w.asleep, w.asleepAt = true, now
 				// Probe everything once more: rows committed before the
 				// flag was visible came with no notification.
 				return true
@@ -100,6 +101,13 @@ func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time
 		}
 		watching := now.Before(watchUntil)
 		r.countWatching(w, watching)
+		if !watching && w.asleep && r.mayIdle() {
+			// The Fleet polls for it (dormant.go).
+			if r.idleWait(ctx, w) {
+				return false
+			}
+			continue
+		}
 		wait := r.cfg.PollInterval
 		if watching {
 			// Wake at the end of the watch at the latest, to set the flag.

@@ -525,7 +525,7 @@ func (fr *fleetRun) TargetCounts() map[string]int {
 
 // fleetReadiness answers /readyz with a target list: ready when Kafka
 // answers and at least one target holds lanes (or is a standby: more
-// instances than lanes), or when the list is empty. A target refused or
+// instances than lanes, or dormant), or when the list is empty. A target refused or
 // failing does not make the process unready while another is served: one
 // tenant's missing migration must not stop a rollout; a relay serving none
 // of its targets is not ready.
@@ -541,7 +541,8 @@ type fleetReadyReport struct {
 	Kafka string `json:"kafka"`
 	// Targets counts the targets per state (refused: not served).
 	Targets map[string]int `json:"targets"`
-	// Serving counts the running targets that hold lanes or stand by.
+	// Serving counts the running targets that hold lanes, stand by, or are
+	// dormant (idle, lanes given up until rows come).
 	Serving int `json:"serving"`
 	// Problems lists up to 20 targets not running, or running with a
 	// failure, as "name: state: error".
@@ -565,7 +566,7 @@ func (r *fleetReadiness) report(ctx context.Context) (bool, any) {
 		}
 	}
 	for _, s := range states {
-		if s.State == "running" && (s.Stats.Lanes > 0 || s.Stats.Instances > r.lanes) {
+		if s.State == "running" && (s.Stats.Lanes > 0 || s.Stats.Instances > r.lanes || s.Dormant) {
 			rep.Serving++
 		}
 		if s.State != "running" || s.Err != nil {

@@ -76,9 +76,11 @@ type TargetFigures struct {
 	DeadLettersCapped    bool     `json:"dead_letters_capped,omitempty"`
 	RelaysLive           int      `json:"relay_instances_live"`
 	// Lanes is the lane table's lane count (0: no relay ever ran), LanesHeld
-	// how many of them a relay holds.
-	Lanes     int `json:"lanes"`
-	LanesHeld int `json:"lanes_held"`
+	// how many of them a relay holds; Dormant that every live relay is
+	// dormant (idle, lanes given up until rows come: relay.FleetConfig.DormantAfter).
+	Lanes     int  `json:"lanes"`
+	LanesHeld int  `json:"lanes_held"`
+	Dormant   bool `json:"dormant,omitempty"`
 	// The xmin horizon of the target's database (inspect.Horizon).
 	HorizonAgeSeconds      *float64 `json:"xmin_horizon_age_seconds"`
 	HorizonAgeTransactions int64    `json:"xmin_horizon_age_transactions"`
@@ -111,6 +113,7 @@ func figuresOf(s *inspect.Snapshot) *TargetFigures {
 			f.LanesHeld++
 		}
 	}
+	f.Dormant = s.DormantOnly()
 	return f
 }
 
@@ -355,8 +358,11 @@ func secondsText(s *float64) string {
 }
 
 func lanesText(f *TargetFigures) string {
-	if f.Lanes == 0 {
+	switch {
+	case f.Lanes == 0:
 		return "-"
+	case f.Dormant:
+		return "dormant"
 	}
 	return fmt.Sprintf("%d/%d", f.LanesHeld, f.Lanes)
 }

@@ -1,0 +1,332 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgbox/pgbox/internal/backoff"
+)
+
+// What an idle target of a Fleet costs its database.
+//
+// A relay alone, asleep, asks its outbox every PollInterval whether it
+// holds a row and renews its leases every HeartbeatInterval: two small
+// transactions a second or so, nothing for one relay and a saturated pool
+// for a thousand schemas of one database (measured: heartbeats timed out
+// behind the polls, and relays that cannot confirm their leases hold their
+// batches back, as they must). So a Fleet's idle targets cost it less:
+//
+//   - The idle poll is the Fleet's. Every PollInterval one goroutine per
+//     pool asks every idle target of that pool the same question
+//     (idleQuestion) in one pipeline on one connection, each question its
+//     own implicit transaction (one target's dropped schema fails its own
+//     question only), and wakes the targets that hold rows, failed or
+//     answered slowly. A thousand idle schemas cost one round trip a
+//     second, and read-only transactions write no WAL.
+//   - A target idle for DormantAfter goes dormant: its heartbeat gives up
+//     its lanes and stops renewing them; its instance row stays, marked
+//     dormant (dormantSQL), renewed every dormantBeat. Writers with
+//     outbox.Config.Notify still notify it (it is a live, sleeping
+//     instance to them); the Fleet's poll finds everybody else's rows. On
+//     waking it heartbeats at once, takes its lanes back and claims.
+//
+// A dormant instance is not a lane holder to anyone: it leaves the
+// ranking (kafka_ready false, which every relay version reads as "takes
+// no lanes"), so another live instance of the target takes its lanes when
+// they expire, and its own lanes keep their owner only until they expire.
+// Going dormant is a hand-over like any other: the generation moves first
+// (leaseHeld), nothing claimed before is sent after, and the lanes stay
+// unclaimable by others for one heartbeat interval, so a batch already on
+// its way finishes under the lease it was claimed under.
+
+// DormantAfterDefault is FleetConfig.DormantAfter's default.
+const DormantAfterDefault = time.Minute
+
+// dormantBeat is how often a dormant instance renews its row; dormantTTL
+// how long the row counts as live without a renewal.
+const (
+	dormantBeat = 30 * time.Second
+	dormantTTL  = 3 * dormantBeat
+)
+
+// dormantSQL makes the instance dormant, or renews a dormant one: its
+// lanes expire within the grace ($3) and are not renewed, its row stays
+// live for $2 with kafka_ready false (out of the lane ranking: see
+// heartbeatSQL) and sleeping true (writers with Notify wake it). The
+// combination sleeping and not kafka_ready marks a dormant instance (an
+// instance that has not reached Kafka never sleeps); the next heartbeat
+// sets kafka_ready again.
+//
+// $1 instance, $2 dormant row TTL, $3 release grace.
+const dormantSQL = `WITH rel AS (
+	UPDATE pgbox_relay_lanes SET expires_at = least(expires_at, now() + $3::interval) WHERE owner = $1
+)
+UPDATE pgbox_relay_instances SET heartbeat_at = now(), expires_at = now() + $2::interval,
+	kafka_ready = false, kafka_down_since = NULL, sleeping = true
+WHERE instance = $1`
+
+// fleetIdle is a Fleet relay's idle state, shared by its work loop, its
+// heartbeat loop and its Fleet's poll.
+type fleetIdle struct {
+	polled bool          // the Fleet polls for this relay while it is idle
+	after  time.Duration // DormantAfter; negative: never dormant
+
+	idle    atomic.Bool // waiting for the Fleet's poll or a notification
+	slow    atomic.Bool // the Fleet's question took longer than emptySlow
+	wanted  atomic.Bool // the work loop wants the relay dormant
+	dormant atomic.Bool // the heartbeat made it dormant (the lanes are given up)
+	beatAt  time.Time   // the last dormantSQL; the heartbeat goroutine's
+}
+
+// Dormant reports whether the relay has given up its lanes while idle
+// (Fleet targets only: FleetConfig.DormantAfter).
+func (r *Relay) Dormant() bool { return r.idleState.dormant.Load() }
+
+// dormantBeat makes the instance dormant, or renews its dormant row every
+// dormantBeat. It runs on the heartbeat goroutine, the only one that
+// touches the lease state.
+func (r *Relay) dormantBeat(ctx context.Context) {
+	s := &r.idleState
+	if s.dormant.Load() && time.Since(s.beatAt) < dormantBeat {
+		return
+	}
+	if !s.dormant.Load() {
+		// Before the lanes go: nothing claimed from here on is sent.
+		r.leaseGen.Add(1)
+		r.leaseUntil.Store(0)
+	}
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL/2)
+	defer cancel()
+	if _, err := r.db.exec(hctx, dormantSQL, r.id, dormantTTL, r.cfg.HeartbeatInterval); err != nil {
+		if ctx.Err() == nil {
+			r.failed.Store(&err)
+			r.log.WarnContext(ctx, "going dormant failed, retrying", "error", err)
+		}
+		return
+	}
+	r.failed.Store(nil)
+	s.beatAt = time.Now()
+	if !s.dormant.Swap(true) {
+		r.lanes.Store(0)
+		r.log.DebugContext(ctx, "dormant: no rows for a while, lanes given up until rows come", "after", s.after)
+	}
+}
+
+// idleWait is waitForWork's wait while the Fleet polls for the relay: it
+// blocks until the Fleet's poll or a notification wakes it (true), the
+// relay is due to go dormant (false: the caller waits again), or ctx ends.
+func (r *Relay) idleWait(ctx context.Context, w *watcher) bool {
+	s := &r.idleState
+	var due <-chan time.Time
+	if s.after >= 0 && !s.wanted.Load() {
+		left := s.after - time.Since(w.asleepAt)
+		if left <= 0 {
+			r.waitFinish() // the last batch's rows are deleted under the lease
+			s.wanted.Store(true)
+			r.beatNow()
+		} else {
+			t := time.NewTimer(left)
+			defer t.Stop()
+			due = t.C
+		}
+	}
+	s.idle.Store(true)
+	defer s.idle.Store(false)
+	select {
+	case <-ctx.Done():
+		return true
+	case <-due:
+		return false
+	case <-r.wake:
+	}
+	if s.wanted.Swap(false) {
+		w.asleepAt = time.Now()
+		r.beatNow() // take the lanes back at once
+	}
+	if s.slow.Swap(false) {
+		r.emptyPausedUntil = time.Now().Add(emptyPause)
+	}
+	return true
+}
+
+// mayIdle reports whether the Fleet may poll for the relay: it is a
+// Fleet's relay and its own idle poll would only ask emptySQL.
+func (r *Relay) mayIdle() bool {
+	return r.idleState.polled && !r.sweepWanted.Load() && !time.Now().Before(r.emptyPausedUntil)
+}
+
+// idleQuestion is emptySQL for the Fleet's poll: the schema is named, as
+// the question travels without the set_config of the relay's statements.
+func idleQuestion(schema string) string {
+	return "SELECT EXISTS (SELECT 1 FROM " + pgx.Identifier{schema, "pgbox_outbox"}.Sanitize() + " WHERE parked_at IS NULL)"
+}
+
+// pollChunk bounds the questions one pipeline sends.
+const pollChunk = 256
+
+// pollLoop runs the Fleet's idle poll of pool's targets every
+// PollInterval until ctx ends.
+func (f *Fleet) pollLoop(ctx context.Context, pool *pgxpool.Pool) {
+	b := backoff.Backoff{Base: backoffMin, Limit: f.cfg.Relay.MaxBackoff}
+	t := time.NewTicker(f.cfg.Relay.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		f.mu.Lock()
+		var idle []*Relay
+		for _, r := range f.relays(pool, "") {
+			if r.idleState.idle.Load() {
+				idle = append(idle, r)
+			}
+		}
+		f.mu.Unlock()
+		if err := f.poll(ctx, pool, idle); err != nil && ctx.Err() == nil {
+			// Each relay polls itself, and reports the failure as its own.
+			for _, r := range idle {
+				r.markAllDirty()
+				r.wakeUp()
+			}
+			d := b.Next()
+			f.log.WarnContext(ctx, "the idle targets' poll failed; they poll themselves", "database", pool.Config().ConnConfig.Database,
+				"error", err, "backoff", d)
+			backoff.Sleep(ctx, d)
+			continue
+		}
+		b.Reset()
+	}
+}
+
+// poll asks each of rs whether its outbox holds a row to claim, in
+// pipelines of pollChunk questions on one connection, and wakes those that
+// do, whose question failed, or took longer than emptySlow.
+func (f *Fleet) poll(ctx context.Context, pool *pgxpool.Pool, rs []*Relay) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, max(f.cfg.Relay.LeaseTTL, 5*time.Second))
+	defer cancel()
+	c, err := pool.Acquire(pctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	for len(rs) > 0 {
+		n := min(len(rs), pollChunk)
+		if err := pollPipeline(pctx, c.Conn().PgConn(), rs[:n]); err != nil {
+			return err
+		}
+		rs = rs[n:]
+	}
+	return nil
+}
+
+// pollPipeline sends one question per relay, each followed by a sync (its
+// own implicit transaction), and wakes the relays whose answer is not a
+// quick "no rows". A connection error is returned (the connection is
+// closed by then).
+func pollPipeline(ctx context.Context, pc *pgconn.PgConn, rs []*Relay) error {
+	p := pc.StartPipeline(ctx)
+	for _, r := range rs {
+		p.SendQueryParams(idleQuestion(r.cfg.Schema), nil, nil, nil, nil)
+		p.SendPipelineSync()
+	}
+	if err := p.Flush(); err != nil {
+		_ = p.Close()
+		return err
+	}
+	type answer struct {
+		rows, failed bool
+		took         time.Duration
+	}
+	answers := make([]answer, len(rs))
+	last := time.Now()
+	for i := range rs {
+		rows, qerr := pollAnswer(p)
+		if qerr != nil && !isPgError(qerr) {
+			_ = p.Close()
+			return qerr
+		}
+		// Answers arrive as the server works through the pipeline: the
+		// time since the previous one is about what this question cost.
+		now := time.Now()
+		answers[i], last = answer{rows: rows, failed: qerr != nil, took: now.Sub(last)}, now
+	}
+	if err := p.Close(); err != nil {
+		return err
+	}
+	took := make([]time.Duration, len(answers))
+	for i, a := range answers {
+		took[i] = a.took
+	}
+	slices.Sort(took)
+	median := took[len(took)/2]
+	for i, r := range rs {
+		a := answers[i]
+		// Slow: reading dead rows a held horizon keeps (the relay then
+		// claims at its own polls for a while: nothingToClaim), not a
+		// loaded server, which slows every answer alike.
+		limit := emptySlowOf(r)
+		slow := a.took > max(limit, 4*median) || a.took > 10*limit
+		if slow {
+			r.idleState.slow.Store(true)
+		}
+		if a.rows || a.failed || slow {
+			r.markAllDirty()
+			r.wakeUp()
+		}
+	}
+	return nil
+}
+
+func emptySlowOf(r *Relay) time.Duration {
+	if r.emptySlow > 0 {
+		return r.emptySlow
+	}
+	return emptySlow
+}
+
+// pollAnswer reads one question's answer and its sync: whether the outbox
+// holds rows, or the question's error.
+func pollAnswer(p *pgconn.Pipeline) (rows bool, err error) {
+	res, err := p.GetResults()
+	if err == nil {
+		rr, ok := res.(*pgconn.ResultReader)
+		if !ok {
+			return false, fmt.Errorf("relay: idle poll: unexpected pipeline result %T", res)
+		}
+		for rr.NextRow() {
+			v := rr.Values()
+			rows = len(v) == 1 && string(v[0]) == "t"
+		}
+		if _, err = rr.Close(); err != nil && !isPgError(err) {
+			return false, err
+		}
+	} else if !isPgError(err) {
+		return false, err
+	}
+	res, serr := p.GetResults()
+	if serr != nil {
+		return false, serr
+	}
+	if _, ok := res.(*pgconn.PipelineSync); !ok {
+		return false, fmt.Errorf("relay: idle poll: expected a sync, got %T", res)
+	}
+	return rows, err
+}
+
+func isPgError(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe)
+}
