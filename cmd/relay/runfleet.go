@@ -167,7 +167,7 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 		return err
 	}
 	rc.Pool = nil
-	f, err := relay.NewFleet(relay.FleetConfig{Relay: rc})
+	f, err := relay.NewFleet(relay.FleetConfig{Relay: rc, DormantAfter: o.Targets.fleetDormantAfter()})
 	if err != nil {
 		return err
 	}

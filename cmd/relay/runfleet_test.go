@@ -20,6 +20,7 @@ import (
 
 func init() {
 	flagChecks["db-conn-budget"] = flagCheck{check: checkDBConnBudget, bad: "0"}
+	flagChecks["dormant-after"] = flagCheck{check: checkDormantAfter, bad: "-1s"}
 }
 
 // fleetEnv is runEnv for `relay run` with a target list: DATABASE_URL is
@@ -368,5 +369,35 @@ func TestRunTargetsQuery(t *testing.T) {
 	waitFor(t, "the running line", 10*time.Second, func() bool { return strings.Contains(p.Output(), `msg="relay running"`) })
 	// 2 (the check, the control database) + 10 (--db-max-conns) + 1 LISTEN.
 	require.Contains(t, p.Output(), "databases=1 db_conn_budget=20 db_conns_planned=13")
+	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+// --dormant-after: a served target idle that long gives its lanes up
+// (its instance row stays, dormant); 0 keeps them.
+func checkDormantAfter(t *testing.T, set setFn) {
+	c := kafkatest.New(t)
+	db := testdb.New(t)
+	file := writeFile(t, "targets.txt", "a "+db.Schema+"\n")
+	held := func() (lanes int, dormant bool) {
+		require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT
+			(SELECT count(*) FROM pgbox_relay_lanes WHERE owner IS NOT NULL AND expires_at > now())::int,
+			EXISTS (SELECT 1 FROM pgbox_relay_instances WHERE sleeping AND NOT kafka_ready AND expires_at > now())`).Scan(&lanes, &dormant))
+		return lanes, dormant
+	}
+	a, e := with(set, "500ms", fleetEnv(t, c, "PGBOX_TARGETS="+file), "run")
+	p := startRelay(t, e, a...)
+	waitFor(t, "lanes taken, then given up", 20*time.Second, func() bool {
+		lanes, dormant := held()
+		return lanes == 0 && dormant
+	})
+	require.Equal(t, 0, p.stop(t), p.Output())
+
+	a, e = with(set, "0", fleetEnv(t, c, "PGBOX_TARGETS="+file), "run")
+	p = startRelay(t, e, a...)
+	waitFor(t, "lanes taken", 20*time.Second, func() bool { lanes, _ := held(); return lanes == 4 })
+	time.Sleep(2 * time.Second) // well past a sleep (2 s without rows) and four 500 ms dormancies
+	lanes, dormant := held()
+	require.Equal(t, 4, lanes, p.Output())
+	require.False(t, dormant)
 	require.Equal(t, 0, p.stop(t), p.Output())
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/internal/dbconf"
+	"github.com/pgbox/pgbox/relay"
 )
 
 // A target is one (database, schema) holding pgbox's tables. Without
@@ -55,6 +56,9 @@ type targetOptions struct {
 	// EachConcurrency is --targets-concurrency: `status` and `cleanup`.
 	EachConcurrency int
 	ConnBudget      int
+	// DormantAfter is --dormant-after (0: never; relay.FleetConfig's
+	// negative).
+	DormantAfter time.Duration
 
 	// fromFile is the file as validate read it: the first load uses it.
 	fromFile []targetSpec
@@ -76,6 +80,8 @@ func (t *targetOptions) bind(s *settings, has map[string]bool) {
 			"how often a running command re-reads --targets or --targets-query; a failed read is logged and the previous list kept")
 	}
 	if has[groupRelay] {
+		s.duration(&t.DormantAfter, g, "dormant-after", "PGBOX_DORMANT_AFTER", relay.DormantAfterDefault, 0,
+			"with --targets or --targets-query, how long a target finds no rows before it goes dormant: it gives up its lanes and stops renewing leases until a notification or the idle poll finds rows (0: never)")
 		s.integer(&t.ConnBudget, g, "db-conn-budget", "PGBOX_DB_CONN_BUDGET", dbConnBudgetDefault, 1, 100_000,
 			"with --targets or --targets-query, the most database connections `relay run` opens in all: each database's pool (at most --db-max-conns, at least 2) and its LISTEN connection, one to check targets, one to --control-url")
 	}
@@ -87,6 +93,14 @@ func (t *targetOptions) bind(s *settings, has map[string]bool) {
 		s.integer(&t.EachConcurrency, g, "targets-concurrency", "PGBOX_TARGETS_CONCURRENCY", targetsConcurrencyDefault, 1, 64,
 			"most targets `status` and `cleanup` work on at once (with --targets or --targets-query)")
 	}
+}
+
+// fleetDormantAfter is --dormant-after as relay.FleetConfig.DormantAfter.
+func (t *targetOptions) fleetDormantAfter() time.Duration {
+	if t.DormantAfter == 0 {
+		return -1
+	}
+	return t.DormantAfter
 }
 
 // listed reports whether a target list replaces --database-url/--schema.
