@@ -100,6 +100,7 @@ func (r *tenantsReport) markdown() string {
 	p("| | relay Go heap in use (go_memstats_heap_alloc_bytes) | %s | %s (one target) | | |\n", mib(id.Proc.Heap), mib(r.One.Heap))
 	p("| | goroutines | %d | %d (one target) | | |\n", id.Proc.Goroutines, r.One.Goroutines)
 	p("| | targets running (pgbox_relay_targets) | %d of %d | | | |\n", id.Running, id.Targets)
+	p("| | targets dormant at the end (lanes given up; `--dormant-after %v`) | %d of %d | | | |\n", sc.Dormant, id.Dormant, id.Targets)
 	if n > 1 {
 		p("| memory per target | RSS (fleet − one target) / %d | %s | | | |\n", n-1, kib(float64(id.Proc.RSS-r.One.RSS)/float64(n-1)))
 		if id.Proc.Heap >= 0 && r.One.Heap >= 0 {
@@ -168,7 +169,7 @@ func (r *tenantsReport) markdown() string {
 	p(`
 How each figure is taken:
 
-- **Idle**: after the fleet drained its backlog and a %v warm-up, nothing is written for %v. Transactions are pg_stat_database's xact_commit + xact_rollback over the scenario's databases only (the sampler connects to another); statements are pg_stat_statements calls there. Both divided by the seconds and the targets. Connections are the pgbox-relay sessions in pg_stat_activity at the end; CPU is /proc/<pid>/stat utime + stime over the window; RSS is VmRSS; the heap and goroutines come from the relay's /metrics.
+- **Idle**: after the fleet drained its backlog, a %v warm-up and the fleet's --dormant-after plus 10 s (the steady state of idle targets: dormant), nothing is written for %v. Transactions are pg_stat_database's xact_commit + xact_rollback over the scenario's databases only (the sampler connects to another); statements are pg_stat_statements calls there. Both divided by the seconds and the targets. Connections are the pgbox-relay sessions in pg_stat_activity at the end; CPU is /proc/<pid>/stat utime + stime over the window; RSS is VmRSS; the heap and goroutines come from the relay's /metrics.
 - **Memory per target**: the fleet's idle RSS (and heap) minus the same binary's with a one-line target list after the same warm-up, over the other targets. RSS includes what the Go runtime has not returned to the OS, so it moves by a few MiB between runs.
 - **Active**: writers commit %d transactions/s, each one outbox row through outbox.Writer with Config.Notify, their search_path set to the target's schema (set_config(..., true)); the target is picked at random among the active ones. The commit time is taken when COMMIT returns, the arrival when a separate consumer (its own Kafka client) receives the record; the value carries the event's sequence number and tenant. The figures cover the events committed in the %v window after a %v warm-up, every one of which arrived.
 - **Drain**: the backlog is written in one INSERT while no relay runs (the fleet's target and the baseline's schema each have theirs). The clock starts just before the relay process starts and stops when the consumer has seen the last of its records: it covers the process's start, the check of every target and, for the fleet, the other targets starting beside it.

@@ -42,6 +42,7 @@ const (
 	envTenantsIdle      = "TENANTS_IDLE"        // how long the idle cost is measured
 	envTenantsActiveFor = "TENANTS_ACTIVE_FOR"  // how long the active phase is measured
 	envTenantsDoc       = "TENANTS_DOC"         // write the report as markdown to this file
+	envTenantsDormant   = "TENANTS_DORMANT"     // the fleet's --dormant-after (Go duration; 0s: never)
 )
 
 // tenantsScale is one size of the scenario.
@@ -57,6 +58,7 @@ type tenantsScale struct {
 	Idle      time.Duration
 	ActiveFor time.Duration
 	Drain     time.Duration // how long a drain, or the last events of an active phase, may take before they count as lost
+	Dormant   time.Duration // the fleet's --dormant-after; its idle phase starts that long (plus 10 s) after the warm-up
 }
 
 func (sc tenantsScale) targets() int { return sc.Schemas + sc.DBs*sc.DBSchemas }
@@ -135,10 +137,10 @@ func TestTenants(t *testing.T) {
 		t.Skipf("set %s=small or large (make tenants) to run the many-tenants scale test", envTenantsScale)
 	case "small":
 		sc = tenantsScale{Schemas: 20, DBs: 2, DBSchemas: 2, Active: 10, Rate: 200, Backlog: 5000,
-			Warmup: 3 * time.Second, Idle: 5 * time.Second, ActiveFor: 5 * time.Second, Drain: 2 * time.Minute}
+			Warmup: 3 * time.Second, Idle: 5 * time.Second, ActiveFor: 5 * time.Second, Drain: 2 * time.Minute, Dormant: 2 * time.Second}
 	case "large":
 		sc = tenantsScale{Schemas: 1000, DBs: 20, DBSchemas: 10, Active: 100, Rate: 1000, Backlog: 100_000,
-			Warmup: 10 * time.Second, Idle: 60 * time.Second, ActiveFor: 60 * time.Second, Drain: 5 * time.Minute}
+			Warmup: 10 * time.Second, Idle: 60 * time.Second, ActiveFor: 60 * time.Second, Drain: 5 * time.Minute, Dormant: time.Minute}
 	default:
 		t.Fatalf("%s=%q: want small or large", envTenantsScale, v)
 	}
@@ -152,6 +154,7 @@ func TestTenants(t *testing.T) {
 	envDuration(t, envTenantsWarmup, &sc.Warmup)
 	envDuration(t, envTenantsIdle, &sc.Idle)
 	envDuration(t, envTenantsActiveFor, &sc.ActiveFor)
+	envDuration(t, envTenantsDormant, &sc.Dormant)
 	if sc.Schemas < 2 {
 		t.Fatalf("%s=%d: at least 2 (active targets and the drained one)", envTenantsSchemas, sc.Schemas)
 	}
@@ -356,9 +359,11 @@ func (tn *tenants) run(ctx context.Context) *tenantsReport {
 	// The fleet.
 	fmt.Printf("tenants: fleet drain (load %s)\n", loadAverage())
 	rep.Fleet.Drain = tn.drain(ctx, fleetBacklog, func() {
-		tn.startRelay("relay-fleet", "run", "--targets", tn.files.fleet, "--db-conn-budget", strconv.Itoa(sc.Budget))
+		tn.startRelay("relay-fleet", "run", "--targets", tn.files.fleet, "--db-conn-budget", strconv.Itoa(sc.Budget),
+			"--dormant-after", sc.Dormant.String())
 	})
-	tn.sleep(ctx, sc.Warmup)
+	// The idle cost is the steady state's: the idle targets dormant.
+	tn.sleep(ctx, sc.Warmup+sc.Dormant+10*time.Second)
 	fmt.Printf("tenants: fleet idle (load %s)\n", loadAverage())
 	rep.Idle = tn.idle(ctx)
 	fmt.Printf("tenants: fleet active (load %s)\n", loadAverage())
@@ -558,6 +563,7 @@ type idleResult struct {
 	Load      string
 	Targets   int
 	Running   int // targets the relay reports running
+	Dormant   int // targets whose relay is dormant at the end (read from their instance tables)
 	Top       []stmtCalls
 	Evicted   int64 // pg_stat_statements entries deallocated during the window (the calls are then a lower bound)
 }
@@ -633,7 +639,34 @@ func (tn *tenants) idle(ctx context.Context) idleResult {
 	if n, ok := tn.metric(`pgbox_relay_targets{state="running"}`); ok {
 		r.Running = int(n)
 	}
+	r.Dormant = tn.dormant(ctx)
 	return r
+}
+
+// dormant counts the fleet's targets whose every live relay instance is
+// dormant (inspect.Instance.Dormant: sleeping and not kafka_ready).
+func (tn *tenants) dormant(ctx context.Context) int {
+	byDB := map[string][]string{}
+	for _, tg := range tn.fleet {
+		byDB[tg.db] = append(byDB[tg.db], tg.schema)
+	}
+	total := 0
+	for db, schemas := range byDB {
+		q := make([]string, len(schemas))
+		for i, s := range schemas {
+			tbl := pgx.Identifier{s, "pgbox_relay_instances"}.Sanitize()
+			q[i] = `SELECT (EXISTS (SELECT 1 FROM ` + tbl + ` WHERE expires_at > now() AND sleeping AND NOT kafka_ready)
+				AND NOT EXISTS (SELECT 1 FROM ` + tbl + ` WHERE expires_at > now() AND kafka_ready))::int AS d`
+		}
+		conn, err := pgx.Connect(ctx, tn.pg.URL(db))
+		require.NoError(tn.t, err)
+		var n int
+		err = conn.QueryRow(ctx, `SELECT coalesce(sum(d), 0)::int FROM (`+strings.Join(q, " UNION ALL ")+`) x`).Scan(&n)
+		_ = conn.Close(ctx)
+		require.NoError(tn.t, err, "counting dormant targets in %s", db)
+		total += n
+	}
+	return total
 }
 
 // dbCounters reads the scenario's databases' transactions and, when
