@@ -85,7 +85,7 @@ func (t *targetOptions) bind(s *settings, has map[string]bool) {
 	}
 	if has[groupTargetsEach] {
 		s.integer(&t.EachConcurrency, g, "targets-concurrency", "PGBOX_TARGETS_CONCURRENCY", targetsConcurrencyDefault, 1, 64,
-			"most targets `status` and `cleanup` work on at once (with --targets or --targets-query)")
+			"most targets `status` and `cleanup` work on at once, and `run` reads for /metrics and prunes at once (with --targets or --targets-query)")
 	}
 }
 
