@@ -71,7 +71,7 @@ func TestTargetMetricsValues(t *testing.T) {
 	file := writeFile(t, "targets.txt", "acme s_acme\n")
 	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + defaultDB, "KAFKA_BROKERS=127.0.0.1:1", "PGBOX_TARGETS=" + file}, "run", "--target-metrics=top10")
 	require.Equal(t, 2, r.Code, r.Stderr)
-	require.Contains(t, r.Stderr, `PGBOX_TARGET_METRICS (--target-metrics)`)
+	require.Contains(t, r.Stderr, `invalid value "top10" for --target-metrics (env PGBOX_TARGET_METRICS)`)
 	require.Contains(t, r.Stderr, `"none", "all" or "top:N" with N from 1 to 1000`)
 }
 

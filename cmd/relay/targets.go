@@ -77,7 +77,7 @@ func (t *targetOptions) bind(s *settings, has map[string]bool) {
 	}
 	if has[groupRelay] {
 		s.integer(&t.ConnBudget, g, "db-conn-budget", "PGBOX_DB_CONN_BUDGET", dbConnBudgetDefault, 1, 100_000,
-			"with --targets or --targets-query, the most database connections `relay run` opens in all: each database's pool (at most --db-max-conns, at least 2) and its LISTEN connection, one to check targets, one to --control-url")
+			"with --targets or --targets-query, the most database connections `relay run` opens in all: each database's pool (at most --db-max-conns, at least 2) and its LISTEN connection, one to check targets, one to --control-url, and 3 for a cleanup pass (with --cleanup-interval; more passes at once while the budget has room)")
 	}
 	if has[groupMigrate] {
 		s.integer(&t.Concurrency, g, "migrate-concurrency", "PGBOX_MIGRATE_CONCURRENCY", migrateConcurrencyDefault, 1, 64,
