@@ -46,7 +46,8 @@ type FleetTarget struct {
 	// Relay is the target's relay counters (relay.TargetState.Stats); nil
 	// when the fleet does not run it.
 	Relay *outbox.RelayStats
-	// Read is ReadOK, ReadFailed, ReadUnreachable or ReadPending.
+	// Read is ReadOK, ReadFailed, ReadUnreachable or ReadPending (any
+	// other value counts as pending).
 	Read string
 	// Snapshot is the last read that succeeded, nil when none did or the
 	// last read failed.
@@ -126,6 +127,9 @@ func (c *Collector) collectFleet(ch chan<- prometheus.Metric) {
 	var readSeconds, readAge float64
 	var oldestRead time.Time
 	for _, t := range targets {
+		if _, ok := reads[t.Read]; !ok {
+			t.Read = ReadPending // unset, or not one of the results
+		}
 		reads[t.Read]++
 		if t.Series {
 			exportTarget(ch, t)

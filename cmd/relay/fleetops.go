@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -131,7 +132,7 @@ type fleetReader struct {
 
 func newFleetReader(fr *fleetRun) *fleetReader {
 	o := fr.a.opts
-	return &fleetReader{fr: fr, series: o.TargetMetrics, every: o.Targets.Refresh, limit: o.Targets.EachConcurrency,
+	return &fleetReader{fr: fr, series: o.TargetMetrics, every: cmp.Or(o.Targets.Refresh, targetsRefreshDefault), limit: o.Targets.EachConcurrency,
 		lanes: o.Relay.Lanes, log: fr.a.log.With("component", "metrics"), last: map[string]targetRead{}}
 }
 
@@ -150,7 +151,7 @@ func (r *fleetReader) Run(ctx context.Context) {
 	}
 }
 
-// servedTarget is a served target and its database's pool.
+// servedPool is a served target and its database's pool.
 type servedPool struct {
 	spec targetSpec
 	pool *pgxpool.Pool
@@ -172,12 +173,9 @@ func (fr *fleetRun) servedPools() []servedPool {
 
 func (r *fleetReader) round(ctx context.Context) {
 	targets := r.fr.servedPools()
+	served := namesOf(targets)
 	r.mu.Lock()
-	for name := range r.last { // targets no longer served
-		if !slices.ContainsFunc(targets, func(t servedPool) bool { return t.spec.Name == name }) {
-			delete(r.last, name)
-		}
-	}
+	maps.DeleteFunc(r.last, func(name string, _ targetRead) bool { return !served[name] }) // no longer served
 	r.mu.Unlock()
 	cfg := inspect.Config{Lanes: r.lanes, StatementTimeout: targetReadTimeout / 2, Logger: r.log}
 	onTargets(ctx, len(targets), r.limit, func(i int) {
@@ -259,6 +257,10 @@ func (s targetSeries) choose(lines []targetLine, targets []servedPool) []string 
 	}
 	sortLines(lines)
 	var names []string
+	read := map[string]bool{}
+	for _, l := range lines {
+		read[l.Name] = true
+	}
 	for _, l := range lines[:min(s.top, len(lines))] {
 		names = append(names, l.Name)
 	}
@@ -266,9 +268,18 @@ func (s targetSeries) choose(lines []targetLine, targets []servedPool) []string 
 		if len(names) >= s.top {
 			break
 		}
-		if !slices.ContainsFunc(lines, func(l targetLine) bool { return l.Name == t.spec.Name }) {
+		if !read[t.spec.Name] {
 			names = append(names, t.spec.Name)
 		}
+	}
+	return names
+}
+
+// namesOf returns the names of targets as a set.
+func namesOf(targets []servedPool) map[string]bool {
+	names := make(map[string]bool, len(targets))
+	for _, t := range targets {
+		names[t.spec.Name] = true
 	}
 	return names
 }
@@ -361,11 +372,8 @@ func (c *fleetCleanup) round(ctx context.Context) {
 			c.log.Debug("cleanup: target done", "target", name, "schema", t.spec.Schema, "result", results[i])
 		}
 	}
-	for name := range c.failing { // no longer served
-		if !slices.ContainsFunc(targets, func(t servedPool) bool { return t.spec.Name == name }) {
-			delete(c.failing, name)
-		}
-	}
+	served := namesOf(targets)
+	maps.DeleteFunc(c.failing, func(name, _ string) bool { return !served[name] }) // no longer served
 	c.log.Info("cleanup: round done", "targets", len(targets), "failed", failed, "concurrency", 1+extra,
 		"took", fmtDuration(time.Since(start).Round(time.Millisecond)))
 }
