@@ -28,10 +28,12 @@ import (
 // `relay status` and `relay cleanup` over a list use (readTarget,
 // cleanTarget).
 
-// targetSeries is --target-metrics: which targets get series of their own.
+// targetSeries is --target-metrics: which targets get series of their own,
+// or (off) no database reads at all.
 type targetSeries struct {
 	all bool
 	top int // with all false: the N worst targets; 0 none
+	off bool
 }
 
 // targetMetricsDefault is --target-metrics: the ten worst targets, in the
@@ -45,6 +47,8 @@ const targetMetricsTopMax = 1000
 
 func (s targetSeries) String() string {
 	switch {
+	case s.off:
+		return "off"
 	case s.all:
 		return "all"
 	case s.top > 0:
@@ -60,6 +64,8 @@ func parseTargetSeries(v string) (targetSeries, bool) {
 		return targetSeries{}, true
 	case "all":
 		return targetSeries{all: true}, true
+	case "off":
+		return targetSeries{off: true}, true
 	}
 	n, ok := strings.CutPrefix(v, "top:")
 	if !ok {
@@ -78,8 +84,8 @@ func (o *options) bindTargetMetrics(s *settings, has map[string]bool) {
 		return
 	}
 	value(s, &o.TargetMetrics, groupTargets, "target-metrics", "PGBOX_TARGET_METRICS", targetMetricsDefault,
-		"with --targets or --targets-query, which targets /metrics gives series of their own (labelled target): none, all, or top:N, the N worst as `relay status` orders them; the fleet's totals are always exported",
-		fmt.Sprintf(`"none", "all" or "top:N" with N from 1 to %d`, targetMetricsTopMax), parseTargetSeries)
+		"with --targets or --targets-query, which targets /metrics gives series of their own (labelled target): none, all, or top:N, the N worst as `relay status` orders them, beside the fleet's totals; off reads no target's database for /metrics (no totals either)",
+		fmt.Sprintf(`"none", "all", "top:N" with N from 1 to %d, or "off"`, targetMetricsTopMax), parseTargetSeries)
 }
 
 // targetReadTimeout bounds one target's read for the metrics, the wait

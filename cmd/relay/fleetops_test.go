@@ -35,22 +35,31 @@ func targetSeriesIn(m string) map[string]bool {
 }
 
 // --target-metrics: all gives every target series of its own, none
-// gives none; the fleet's totals are there either way.
+// gives none; the fleet's totals are there either way; off reads no
+// database for /metrics.
 func checkTargetMetrics(t *testing.T, set setFn) {
 	acme, globex := testdb.New(t), testdb.New(t)
 	c := kafkatest.New(t, kfake.SeedTopics(1, "t-acme"))
 	file := writeFile(t, "targets.txt", fmt.Sprintf("acme %s\nglobex %s\n", acme.Schema, globex.Schema))
-	for v, want := range map[string]int{"all": 2, "none": 0} {
+	for v, want := range map[string]int{"all": 2, "none": 0, "off": 0} {
 		a, e := with(set, v, fleetEnv(t, c, "PGBOX_TARGETS="+file), "run")
 		p := startRelay(t, e, a...)
 		base := "http://" + p.HTTPAddr(t)
 		var m string
-		waitFor(t, "both targets read", 15*time.Second, func() bool {
+		waitFor(t, "both targets running and read", 15*time.Second, func() bool {
 			m = metricsOf(t, base)
-			return strings.Contains(m, `pgbox_fleet_targets_read{result="ok"} 2`)
+			return strings.Contains(m, `pgbox_relay_targets{state="running"} 2`) &&
+				(v == "off" || strings.Contains(m, `pgbox_fleet_targets_read{result="ok"} 2`))
 		})
 		require.Len(t, targetSeriesIn(m), want, "%s:\n%s", v, m)
-		require.Contains(t, m, "pgbox_fleet_outbox_parked_rows 0")
+		if v == "off" {
+			time.Sleep(1500 * time.Millisecond) // a refresh: a reader would have read them
+			m = metricsOf(t, base)
+			require.NotContains(t, m, "pgbox_fleet_")
+			require.NotContains(t, m, "pgbox_scrape_database_up")
+		} else {
+			require.Contains(t, m, "pgbox_fleet_outbox_parked_rows 0")
+		}
 		require.Contains(t, p.Output(), "target_metrics="+v)
 		require.Equal(t, 0, p.stop(t), p.Output())
 	}
@@ -59,7 +68,7 @@ func checkTargetMetrics(t *testing.T, set setFn) {
 // Bad values of --target-metrics name the setting and what it accepts.
 func TestTargetMetricsValues(t *testing.T) {
 	t.Parallel()
-	for v, want := range map[string]targetSeries{"none": {}, "all": {all: true}, "top:3": {top: 3}, " TOP:1000 ": {top: 1000}} {
+	for v, want := range map[string]targetSeries{"none": {}, "all": {all: true}, "top:3": {top: 3}, " TOP:1000 ": {top: 1000}, "off": {off: true}} {
 		got, ok := parseTargetSeries(v)
 		require.True(t, ok, v)
 		require.Equal(t, want, got, v)
@@ -72,7 +81,7 @@ func TestTargetMetricsValues(t *testing.T) {
 	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + defaultDB, "KAFKA_BROKERS=127.0.0.1:1", "PGBOX_TARGETS=" + file}, "run", "--target-metrics=top10")
 	require.Equal(t, 2, r.Code, r.Stderr)
 	require.Contains(t, r.Stderr, `invalid value "top10" for --target-metrics (env PGBOX_TARGET_METRICS)`)
-	require.Contains(t, r.Stderr, `"none", "all" or "top:N" with N from 1 to 1000`)
+	require.Contains(t, r.Stderr, `must be "none", "all", "top:N" with N from 1 to 1000, or "off"`)
 }
 
 // The cardinality bound: 5,000 targets, each read, with top:N give N

@@ -247,8 +247,13 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 
 	// The database figures of every target are read by the reader, in
 	// rounds; a scrape exports its last reads.
-	reader := newFleetReader(fr)
-	exp, err := newMetrics(pgboxprom.Config{Relay: f, Targets: fr, Fleet: reader, Logger: a.log.With("component", "metrics")})
+	mcfg := pgboxprom.Config{Relay: f, Targets: fr, Logger: a.log.With("component", "metrics")}
+	var reader *fleetReader
+	if !o.TargetMetrics.off {
+		reader = newFleetReader(fr)
+		mcfg.Fleet = reader
+	}
+	exp, err := newMetrics(mcfg)
 	if err != nil {
 		cancel()
 		<-watchDone
@@ -279,7 +284,9 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 	start("relay", func() { fleetErr <- f.Run(runCtx) })
 	start("targets", func() { fr.follow(runCtx, list, changes); <-watchDone })
 	start("metrics", func() { exp.col.Run(runCtx) })
-	start("target reads", func() { reader.Run(runCtx) })
+	if reader != nil {
+		start("target reads", func() { reader.Run(runCtx) })
+	}
 	if o.CleanupInterval > 0 {
 		start("cleanup", func() { newFleetCleanup(fr, lk).Run(runCtx) })
 	}
