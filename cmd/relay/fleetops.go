@@ -193,12 +193,26 @@ func (r *fleetReader) round(ctx context.Context) {
 			return // shutting down: not the target's failure
 		}
 		r.mu.Lock()
-		r.last[t.spec.Name] = targetRead{state: state, detail: detail, snap: snap}
+		r.last[t.spec.Name] = targetRead{state: state, detail: detail, snap: trimSnapshot(snap)}
 		r.mu.Unlock()
 		if snap == nil {
 			r.log.Debug("target's figures not read", "target", t.spec.Name, "schema", t.spec.Schema, "state", state, "detail", detail)
 		}
 	})
+}
+
+// trimSnapshot keeps what the metrics and the ranking read of a snapshot:
+// the totals, lanes, inbox ages, dead letters and the horizon per kind,
+// not the lists (parked rows, holders, instances, the backlog per topic and
+// lane), so that thousands of them stay small.
+func trimSnapshot(s *inspect.Snapshot) *inspect.Snapshot {
+	if s == nil {
+		return nil
+	}
+	c := *s
+	c.Topics, c.LaneAges, c.ParkedTopics, c.Parked, c.Instances = nil, nil, nil, nil, nil
+	c.Horizon.Holders = nil
+	return &c
 }
 
 // FleetTargets makes fleetReader a pgboxprom.Fleet: every served target's
