@@ -179,6 +179,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	// shows it running; it takes no lanes until it has reached Kafka.
 	r.kafkaReady.Store(false)
 	r.kafkaDown()
+	// A Fleet's target starts dormant: it registers as such and takes its
+	// lanes when the Fleet's idle poll or a notification finds rows
+	// (dormant.go), so a thousand targets starting at once do not all
+	// heartbeat, count their backlogs and claim.
+	r.idleState.wanted.Store(r.idleState.polled && r.idleState.after >= 0)
+	r.idleState.dormant.Store(false)
 	runCtx, cancel := context.WithCancelCause(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { r.heartbeatLoop(runCtx, cancel) })
@@ -191,13 +197,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	})
 	if err == nil { // else ctx ended the retries, or the heartbeat stopped Run
 		r.kafkaUp(runCtx)
-		if r.idleState.polled && r.idleState.after >= 0 {
-			// A Fleet's target starts dormant: it takes its lanes when the
-			// Fleet's idle poll or a notification finds rows (dormant.go),
-			// so a thousand targets starting at once do not all heartbeat
-			// and claim.
-			r.idleState.wanted.Store(true)
-		}
 		r.kafkaReady.Store(true)
 		r.beatNow()
 		r.log.InfoContext(ctx, "relay started", "lanes", r.cfg.Lanes, "brokers", r.cfg.Brokers)
@@ -349,9 +348,9 @@ func (r *Relay) heartbeatLoop(ctx context.Context, stop context.CancelCauseFunc)
 			if err := r.heartbeat(ctx); err != nil && r.stopOn("heartbeat", err, stop) {
 				return
 			}
-			r.alertOutage(ctx)
 			r.summarize(ctx)
 		}
+		r.alertOutage(ctx)
 		select {
 		case <-ctx.Done():
 			return
