@@ -142,7 +142,7 @@ func TestClaimCostMigrationClaimsWhat00120Claims(t *testing.T) {
 	_, err = pool.Exec(ctx, createLanesSQL, 4)
 	require.NoError(t, err)
 	var held, released, live int
-	require.NoError(t, pool.QueryRow(ctx, heartbeatSQL, "me", "1 hour", 4, "0s", true, false).Scan(&held, &released, &live))
+	require.NoError(t, pool.QueryRow(ctx, heartbeatSQL, "me", "1 hour", 4, "0s", true, false).Scan(&held, &released, &live, new(int), new(int)))
 	_, err = pool.Exec(ctx, `UPDATE pgbox_relay_lanes SET owner = 'other' WHERE lane = 1`)
 	require.NoError(t, err)
 	var msgs []outbox.Message

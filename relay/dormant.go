@@ -81,8 +81,11 @@ type fleetIdle struct {
 	polled bool          // the Fleet polls for this relay while it is idle
 	after  time.Duration // DormantAfter; negative: never dormant
 
-	idle    atomic.Bool // waiting for the Fleet's poll or a notification
-	slow    atomic.Bool // the Fleet's question took longer than emptySlow
+	idle atomic.Bool // waiting for the Fleet's poll or a notification
+	slow atomic.Bool // the Fleet's question was slow at slowPolls polls in a row
+	// slowRun counts the Fleet's polls in a row whose question was slow
+	// (the poll goroutine of the relay's pool writes it).
+	slowRun atomic.Int32
 	wanted  atomic.Bool // the work loop wants the relay dormant
 	dormant atomic.Bool // the heartbeat made it dormant (the lanes are given up)
 	beatAt  time.Time   // the last dormantSQL; the heartbeat goroutine's
@@ -173,10 +176,35 @@ func (r *Relay) mayIdle() bool {
 // It also returns the microseconds the server spent on it (since it read
 // the question's Bind message): a loaded client reads answers late, which
 // must not make a question look slow.
+//
+// A row a parked row holds back (its key's earlier row, parked) does not
+// count: the claim would not take it either (pgbox_outbox_claim2 tests
+// the same condition), and counting it would wake a dormant target at
+// every poll for as long as the row stays parked, to claim nothing. The
+// condition must be the claim's exactly, or looser: a row the question
+// calls held while the claim would take it would never wake a dormant
+// target.
 func idleQuestion(schema string) string {
-	return "SELECT EXISTS (SELECT 1 FROM " + pgx.Identifier{schema, "pgbox_outbox"}.Sanitize() + " WHERE parked_at IS NULL), " +
+	t := pgx.Identifier{schema, "pgbox_outbox"}.Sanitize()
+	return "SELECT EXISTS (SELECT 1 FROM " + t + " c WHERE c.parked_at IS NULL AND (c.key IS NULL OR NOT EXISTS (" +
+		"SELECT 1 FROM " + t + " p WHERE p.parked_at IS NOT NULL AND p.key IS NOT NULL " +
+		"AND p.topic = c.topic AND sha256(p.key) = sha256(c.key) AND p.key = c.key AND p.id < c.id))), " +
 		"(extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000000)::bigint"
 }
+
+// slowPolls is how many polls in a row must find a target's question
+// slow before it polls for itself (emptyPause).
+const slowPolls = 3
+
+// idleLockTimeoutSQL bounds how long a question waits for a lock on its
+// outbox (ACCESS EXCLUSIVE: a VACUUM FULL, an ALTER, a TRUNCATE of one
+// target): the questions of a pipeline are answered one after the other,
+// so one target's lock would hold up every idle target of the pool until
+// the poll's timeout, and then wake them all. A question that times out
+// fails alone: its target is woken and claims for itself. It is LOCAL: it
+// ends with the question's own implicit transaction (its Sync), so a
+// pooler's server connection keeps no setting.
+const idleLockTimeoutSQL = `SELECT set_config('lock_timeout', '100ms', true)`
 
 // pollChunk bounds the questions one pipeline sends.
 const pollChunk = 256
@@ -248,6 +276,7 @@ func (f *Fleet) poll(ctx context.Context, pool *pgxpool.Pool, rs []*Relay) error
 func pollPipeline(ctx context.Context, pc *pgconn.PgConn, rs []*Relay) error {
 	p := pc.StartPipeline(ctx)
 	for _, r := range rs {
+		p.SendQueryParams(idleLockTimeoutSQL, nil, nil, nil, nil)
 		p.SendQueryParams(idleQuestion(r.cfg.Schema), nil, nil, nil, nil)
 		p.SendPipelineSync()
 	}
@@ -281,9 +310,20 @@ func pollPipeline(ctx context.Context, pc *pgconn.PgConn, rs []*Relay) error {
 		a := answers[i]
 		// Slow: reading dead rows a held horizon keeps (the relay then
 		// claims at its own polls for a while: nothingToClaim), not a
-		// loaded server, which slows every answer alike.
-		slow := a.took > max(emptySlowOf(r), 4*median)
+		// loaded server, which slows every answer alike. Only an answer
+		// slow at slowPolls polls in a row counts: a transient lock
+		// (autovacuum truncating the emptied table, an ALTER) slows one,
+		// and a slow verdict keeps the target out of this poll and of
+		// dormancy for emptyPause; a held horizon slows every answer
+		// until it ends.
+		slow := false
+		if a.took > max(emptySlowOf(r), 4*median) {
+			slow = r.idleState.slowRun.Add(1) >= slowPolls
+		} else if !a.failed {
+			r.idleState.slowRun.Store(0)
+		}
 		if slow {
+			r.idleState.slowRun.Store(0)
 			r.idleState.slow.Store(true)
 		}
 		if a.rows || a.failed || slow {
@@ -301,27 +341,15 @@ func emptySlowOf(r *Relay) time.Duration {
 	return emptySlow
 }
 
-// pollAnswer reads one question's answer and its sync: whether the outbox
-// holds rows and what the question cost the server, or its error.
+// pollAnswer reads one question's answers (idleLockTimeoutSQL's, then the
+// question's) and its sync: whether the outbox holds rows and what the
+// question cost the server, or the error. After an error the server skips
+// the rest up to the sync.
 func pollAnswer(p *pgconn.Pipeline) (rows bool, took time.Duration, err error) {
-	res, err := p.GetResults()
-	if err == nil {
-		rr, ok := res.(*pgconn.ResultReader)
-		if !ok {
-			return false, 0, fmt.Errorf("relay: idle poll: unexpected pipeline result %T", res)
-		}
-		for rr.NextRow() {
-			v := rr.Values()
-			if len(v) == 2 {
-				rows = string(v[0]) == "t"
-				us, _ := strconv.ParseInt(string(v[1]), 10, 64)
-				took = time.Duration(us) * time.Microsecond
-			}
-		}
-		if _, err = rr.Close(); err != nil && !isPgError(err) {
-			return false, 0, err
-		}
-	} else if !isPgError(err) {
+	if _, _, err = pollResult(p); err == nil {
+		rows, took, err = pollResult(p)
+	}
+	if err != nil && !isPgError(err) {
 		return false, 0, err
 	}
 	res, serr := p.GetResults()
@@ -331,6 +359,29 @@ func pollAnswer(p *pgconn.Pipeline) (rows bool, took time.Duration, err error) {
 	if _, ok := res.(*pgconn.PipelineSync); !ok {
 		return false, 0, fmt.Errorf("relay: idle poll: expected a sync, got %T", res)
 	}
+	return rows, took, err
+}
+
+// pollResult reads one statement's result: its first value is true, its
+// second the microseconds the server spent (idleQuestion), or its error.
+func pollResult(p *pgconn.Pipeline) (rows bool, took time.Duration, err error) {
+	res, err := p.GetResults()
+	if err != nil {
+		return false, 0, err
+	}
+	rr, ok := res.(*pgconn.ResultReader)
+	if !ok {
+		return false, 0, fmt.Errorf("relay: idle poll: unexpected pipeline result %T", res)
+	}
+	for rr.NextRow() {
+		v := rr.Values()
+		rows = len(v) > 0 && string(v[0]) == "t"
+		if len(v) == 2 {
+			us, _ := strconv.ParseInt(string(v[1]), 10, 64)
+			took = time.Duration(us) * time.Microsecond
+		}
+	}
+	_, err = rr.Close()
 	return rows, took, err
 }
 

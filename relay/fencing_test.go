@@ -29,7 +29,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 
 	heartbeat := func(instance string) {
 		var held, released, live int
-		require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, instance, "1 hour", 1, "0s", true, false).Scan(&held, &released, &live))
+		require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, instance, "1 hour", 1, "0s", true, false).Scan(&held, &released, &live, new(int), new(int)))
 	}
 	old := testRelay(Config{Pool: db.Pool, BatchSize: 10, Lanes: 1}, "old")
 	heartbeat("old")

@@ -30,7 +30,7 @@ func newFloorBundle(t *testing.T) *floorBundle {
 	_, err := db.Pool.Exec(ctx, createLanesSQL, 1)
 	require.NoError(t, err)
 	var held, released, live int
-	require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, "me", "1 hour", 1, "0s", true, false).Scan(&held, &released, &live))
+	require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, "me", "1 hour", 1, "0s", true, false).Scan(&held, &released, &live, new(int), new(int)))
 	return &floorBundle{t: t, db: db, r: testRelay(Config{Pool: db.Pool, BatchSize: 500, Lanes: 1}, "me")}
 }
 

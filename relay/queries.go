@@ -5,8 +5,13 @@ package relay
 
 // lanesStateSQL reads the lane table's shape under a lock that serializes
 // relays starting at once.
+//
+// A live dormant instance (a Fleet's idle target: dormantSQL) holds no
+// lane but takes its lanes back when rows come, with its lane count: it
+// counts as a live other too.
 const lanesStateSQL = `SELECT count(*)::int, coalesce(min(lanes), 0)::int, coalesce(max(lanes), 0)::int,
-	count(*) FILTER (WHERE owner IS NOT NULL AND owner <> $1 AND expires_at > now())::int
+	(count(*) FILTER (WHERE owner IS NOT NULL AND owner <> $1 AND expires_at > now())
+	 + (SELECT count(*) FROM pgbox_relay_instances WHERE instance <> $1 AND expires_at > now() AND sleeping AND NOT kafka_ready))::int
 FROM pgbox_relay_lanes`
 
 const lockLanesSQL = `LOCK TABLE pgbox_relay_lanes IN SHARE ROW EXCLUSIVE MODE`
@@ -34,6 +39,14 @@ const createLanesSQL = `INSERT INTO pgbox_relay_lanes (lane, lanes) SELECT g, $1
 // false, $5) is registered (so status shows it running) but left out of the
 // ranking: it takes no lanes, and the others keep theirs. $6 says Kafka is
 // unreachable now: kafka_down_since keeps the start of the outage.
+//
+// Its last columns count the lanes of another lane count, and all lanes.
+// Lanes of another count: another relay reshaped the table while this one
+// held none (it was dormant, or paused past its lease), and this one would
+// hold nothing while the others leave it its share; the relay stops with
+// ErrLaneCountMismatch. No lanes at all (the schema was dropped and
+// recreated, the table truncated): the relay creates them again
+// (ensureLanes).
 //
 // $1 instance, $2 lease TTL, $3 lane count, $4 release grace, $5 Kafka
 // reached since start, $6 Kafka unreachable now.
@@ -67,7 +80,9 @@ const heartbeatSQL = `WITH me AS (
 )
 SELECT (SELECT count(*) FROM held)::int,
        (SELECT count(*) FROM released)::int,
-       (SELECT count(*) FROM live)::int`
+       (SELECT count(*) FROM live)::int,
+       (SELECT count(*) FROM pgbox_relay_lanes WHERE lanes <> $3)::int,
+       (SELECT count(*) FROM pgbox_relay_lanes)::int`
 
 // releaseSQL gives up every lane and the instance row on shutdown, so the
 // others take over at their next heartbeat instead of after LeaseTTL.

@@ -157,7 +157,10 @@ func (r *Relay) Stats() outbox.RelayStats {
 // Run publishes until ctx is canceled, then finishes or releases the
 // in-flight batch (waiting at most StopTimeout for a send), gives up its
 // lanes and returns nil. It returns an error when it cannot start
-// (ErrLaneCountMismatch, ErrRunning), and, at start or while running, when
+// (ErrLaneCountMismatch, ErrRunning), when another relay reshaped the lanes
+// to another count while it ran holding none (ErrLaneCountMismatch: a
+// dormant Fleet target, an instance paused past its lease), and, at start
+// or while running, when
 // the database fails in a way retrying cannot fix: an error wrapping
 // ErrNeedsOperator that names the fix (missing pgbox tables, a revoked grant),
 // logged at ERROR. Other database and broker failures are logged and retried
@@ -209,7 +212,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	fatal := context.Cause(runCtx)
 	cancel(nil)
 	wg.Wait()
-	if !errors.Is(fatal, ErrNeedsOperator) {
+	if !errors.Is(fatal, ErrNeedsOperator) && !errors.Is(fatal, ErrLaneCountMismatch) {
 		fatal = nil
 	}
 
@@ -345,7 +348,12 @@ func (r *Relay) heartbeatLoop(ctx context.Context, stop context.CancelCauseFunc)
 		if r.idleState.wanted.Load() {
 			r.dormantBeat(ctx)
 		} else {
-			if err := r.heartbeat(ctx); err != nil && r.stopOn("heartbeat", err, stop) {
+			err := r.heartbeat(ctx)
+			if errors.Is(err, ErrLaneCountMismatch) {
+				stop(fmt.Errorf("relay: heartbeat: %w", err))
+				return
+			}
+			if err != nil && r.stopOn("heartbeat", err, stop) {
 				return
 			}
 			r.summarize(ctx)
@@ -368,15 +376,26 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL/2)
 	defer cancel()
 	start := time.Now()
-	var held, released, live int
+	var held, released, live, foreign, total int
 	err := r.db.queryRow(hctx, heartbeatSQL, []any{r.id, r.cfg.LeaseTTL, r.cfg.Lanes, r.cfg.HeartbeatInterval,
-		r.kafkaReady.Load(), r.kafkaDownAt.Load() != 0}, &held, &released, &live)
+		r.kafkaReady.Load(), r.kafkaDownAt.Load() != 0}, &held, &released, &live, &foreign, &total)
 	if err != nil {
 		if ctx.Err() == nil && !pgerr.NeedsOperator(err) {
 			r.failed.Store(&err)
 			r.log.WarnContext(ctx, "heartbeat failed", "error", err)
 		}
 		return err
+	}
+	if total == 0 { // recreated or truncated under the relay
+		if err := r.ensureLanes(hctx); err != nil {
+			return err
+		}
+		r.log.WarnContext(ctx, "pgbox_relay_lanes was empty (its schema recreated, or the table truncated): lanes created again", "lanes", r.cfg.Lanes)
+		r.beatNow() // take them now
+	}
+	if foreign > 0 {
+		return fmt.Errorf("%w: %d lanes of pgbox_relay_lanes have another lane count than Config.Lanes (%d): another relay reshaped them while this one held none; give every instance the same Lanes",
+			ErrLaneCountMismatch, foreign, r.cfg.Lanes)
 	}
 	r.failed.Store(nil)
 	r.idleState.dormant.Store(false)
