@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/dbconf"
 	"github.com/pgbox/pgbox/migrations"
 )
@@ -247,7 +248,7 @@ func targetLockID(schema string) int64 {
 // appliedVersions reads the versions applied to the target's schema (none
 // when the schema or goose's table does not exist); it takes no lock and
 // writes nothing.
-func appliedVersions(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
+func appliedVersions(ctx context.Context, pool inspect.Querier) ([]int64, error) {
 	var hasTable bool
 	if err := pool.QueryRow(ctx, versionTableSQL, migrations.TableName).Scan(&hasTable); err != nil {
 		return nil, fmt.Errorf("read %s: %w", migrations.TableName, err)

@@ -231,17 +231,30 @@ func readTargetLine(ctx context.Context, t targetSpec, log *logger) (state, deta
 		return stateUnreachable, unreachableText(err, t), nil
 	}
 	defer pool.Close()
+	return readTarget(ctx, pool, t, log)
+}
+
+// targetReader is what readTarget reads a target through: its own pool
+// (search_path its schema), or the console's targetDB over a shared one.
+type targetReader interface {
+	inspect.DB
+	inspect.Querier
+}
+
+// readTarget reads one target's state and figures through db, whose
+// search_path is the target's schema. It writes nothing and takes no lock.
+func readTarget(ctx context.Context, db targetReader, t targetSpec, log *logger) (state, detail string, fig *TargetFigures) {
 	failed := func(err error) (string, string, *TargetFigures) {
 		return stateFailed, oneLine(dbconf.RedactErr(err, t.DatabaseURL)), nil
 	}
 	var exists bool
-	if err := pool.QueryRow(ctx, schemaExistsSQL, t.Schema).Scan(&exists); err != nil {
+	if err := db.QueryRow(ctx, schemaExistsSQL, t.Schema).Scan(&exists); err != nil {
 		return failed(fmt.Errorf("look up schema %q: %w", t.Schema, err))
 	}
 	if !exists {
 		return stateNoSchema, "`relay migrate up` with the target list creates it", nil
 	}
-	applied, err := appliedVersions(ctx, pool)
+	applied, err := appliedVersions(ctx, db)
 	if err != nil {
 		return failed(err)
 	}
@@ -253,7 +266,7 @@ func readTargetLine(ctx context.Context, t targetSpec, log *logger) (state, deta
 			detail = "never migrated: run `relay migrate up`"
 		}
 	}
-	snap, err := inspect.Read(ctx, pool, inspect.Config{Lanes: relay.LanesDefault, Logger: log})
+	snap, err := inspect.Read(ctx, db, inspect.Config{Lanes: relay.LanesDefault, Logger: log})
 	switch {
 	case err == nil:
 		return state, detail, figuresOf(snap)
