@@ -1,0 +1,197 @@
+package main
+
+import (
+	"fmt"
+	"html"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testdb"
+)
+
+// fleetConsole is a client of a fleet console: basic auth as user, no
+// redirect followed.
+type fleetConsole struct {
+	base, user string
+}
+
+func (c fleetConsole) do(t *testing.T, method, path string, form url.Values) (int, string, http.Header) {
+	t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, c.base+path, body)
+	require.NoError(t, err)
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	if c.user != "" {
+		req.SetBasicAuth(c.user, consolePass)
+	}
+	cl := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := cl.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b), resp.Header
+}
+
+func (c fleetConsole) get(t *testing.T, path string) string {
+	t.Helper()
+	code, body, _ := c.do(t, "GET", path, nil)
+	require.Equal(t, http.StatusOK, code, body)
+	return body
+}
+
+var (
+	fleetRowRE    = regexp.MustCompile(`<tr[^>]*data-target="([^"]+)"`)
+	hiddenInputRE = regexp.MustCompile(`<input type="hidden" name="([^"]+)" value="([^"]*)">`)
+)
+
+// fleetOrder is the targets of a fleet overview page, in its order.
+func fleetOrder(page string) []string {
+	var names []string
+	for _, m := range fleetRowRE.FindAllStringSubmatch(page, -1) {
+		names = append(names, m[1])
+	}
+	return names
+}
+
+// fleetLine is the overview's line of the target name.
+func fleetLine(t *testing.T, page, name string) string {
+	t.Helper()
+	i := strings.Index(page, `data-target="`+name+`"`)
+	require.GreaterOrEqual(t, i, 0, "no line for %s", name)
+	j := strings.Index(page[i:], "</tr>")
+	return page[i : i+j]
+}
+
+func hiddenForm(t *testing.T, page string) url.Values {
+	t.Helper()
+	f := url.Values{}
+	for _, m := range hiddenInputRE.FindAllStringSubmatch(page, -1) {
+		f.Add(m[1], html.UnescapeString(m[2]))
+	}
+	require.NotEmpty(t, f.Get("csrf"), "no form on the page")
+	return f
+}
+
+// `relay run --targets --console-addr`: the fleet overview lists every
+// target, the worst first (a target whose schema is missing, one never
+// migrated, then the served ones by their figures); each target's pages
+// read its own schema only; an action on one target touches its rows only
+// (two targets' parked rows with the same id) and is audited in its schema
+// with its name; a form of one target is refused by another; an unknown
+// target is a 404 naming it, after authentication.
+func TestRunTargetsConsole(t *testing.T) {
+	t.Parallel()
+	acme, globex := testdb.New(t), testdb.New(t)
+	behind := testdb.Empty(t)
+	missing := "s_missing_" + strings.ReplaceAll(acme.Schema, "pgbox_test_", "")
+	c := kafkatest.New(t, kfake.SeedTopics(1, "orders"))
+	park := func(db *testdb.DB, key string) {
+		opsExec(t, db, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value, attempts, last_error, parked_at)
+			VALUES (gen_random_uuid(), 0, 'orders', $1, 'v', 5, 'MESSAGE_TOO_LARGE', now() - interval '1 hour')`, []byte(key))
+	}
+	park(acme, "acme-key-1")
+	park(acme, "acme-key-2")
+	park(globex, "globex-key-1")
+	file := writeFile(t, "targets.txt", fmt.Sprintf("acme %s\nglobex %s\nbehind %s\nmissing %s\n", acme.Schema, globex.Schema, behind.Schema, missing))
+
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_CONSOLE_ADDR=127.0.0.1:0",
+		"PGBOX_CONSOLE_USERS="+consoleUsers(t), "PGBOX_CONSOLE_OPERATORS=otto"), "run")
+	base := "http://" + consoleAddr(t, p)
+	vera, otto := fleetConsole{base: base, user: "vera"}, fleetConsole{base: base, user: "otto"}
+
+	// Unauthenticated: 401, whatever the target.
+	code, _, _ := fleetConsole{base: base}.do(t, "GET", "/t/nobody/", nil)
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, _, _ = fleetConsole{base: base}.do(t, "GET", "/", nil)
+	require.Equal(t, http.StatusUnauthorized, code)
+
+	// The overview: the figures are read in the background; once read,
+	// the worst first.
+	var page string
+	waitFor(t, "every target's figures", time.Minute, func() bool {
+		page = vera.get(t, "/")
+		return strings.Count(page, `class="summary note">not read yet`) == 0 && !strings.Contains(page, "reading every target") &&
+			strings.Contains(page, "Figures as of") && strings.Contains(fleetLine(t, page, "globex"), "running")
+	})
+	require.Equal(t, []string{"behind", "missing", "acme", "globex"}, fleetOrder(page), page)
+	require.Contains(t, page, `4 targets, <span class="bad" id="fleet-problems">2 needing attention</span>`)
+	require.Regexp(t, `(?s)refused: .*never migrated: run .*relay migrate up`, fleetLine(t, page, "behind"))
+	require.Contains(t, fleetLine(t, page, "missing"), "refused")
+	require.Contains(t, fleetLine(t, page, "missing"), "no_schema")
+	acmeLine := fleetLine(t, page, "acme")
+	require.Contains(t, acmeLine, `<span class="ok">ok</span>`)
+	require.Regexp(t, `<td class="n">2</td><td class="n">0</td>`, acmeLine, "parked 2, dead 0")
+	require.Regexp(t, `<td class="n">1</td><td class="n">0</td>`, fleetLine(t, page, "globex"), "parked 1, dead 0")
+
+	// Filter and picker.
+	require.Equal(t, []string{"acme"}, fleetOrder(vera.get(t, "/?q=acm")))
+	require.Equal(t, []string{"behind", "missing"}, fleetOrder(vera.get(t, "/?state=problems")))
+	code, _, hdr := vera.do(t, "GET", "/t?name=acme", nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/t/acme/", hdr.Get("Location"))
+
+	// Unknown targets: 404 naming them.
+	for _, path := range []string{"/t/nobody/", "/t/nobody/parked", "/t?name=nobody"} {
+		code, body, _ := vera.do(t, "GET", path, nil)
+		require.Equal(t, http.StatusNotFound, code, path)
+		require.Contains(t, body, `no target named &#34;nobody&#34; in the target list`, path)
+	}
+
+	// A target's pages read its schema only; their links stay in it.
+	ap := vera.get(t, "/t/acme/parked")
+	require.Contains(t, ap, "acme-key-1")
+	require.NotContains(t, ap, "globex-key-1")
+	require.Contains(t, ap, `href="/t/acme/parked/row?id=1"`)
+	require.Contains(t, ap, `Target <b>acme</b>`)
+	require.Contains(t, vera.get(t, "/t/globex/parked"), "globex-key-1")
+	require.Contains(t, vera.get(t, "/t/acme/"), "acme")
+	code, body, _ := vera.do(t, "GET", "/t/missing/parked", nil)
+	require.Equal(t, http.StatusInternalServerError, code)
+	require.Contains(t, body, "pgbox_outbox", "a missing schema's page says its tables are missing")
+
+	// An action on acme: its row 1 only, not globex's row 1.
+	form := hiddenForm(t, otto.get(t, "/t/acme/parked/confirm?action=retry&ids=1"))
+	require.Equal(t, "1", form.Get("confirmed"))
+	code, _, hdr = otto.do(t, "POST", "/t/globex/parked/retry", form)
+	require.Equal(t, http.StatusForbidden, code, "acme's form is refused by globex")
+	code, body, hdr = otto.do(t, "POST", "/t/acme/parked/retry", form)
+	require.Equal(t, http.StatusSeeOther, code, body)
+	require.True(t, strings.HasPrefix(hdr.Get("Location"), "/t/acme/parked?"), hdr.Get("Location"))
+	require.Contains(t, otto.get(t, hdr.Get("Location")), "parked.retry by otto: ok (1 of 1 row)")
+	require.Equal(t, 1, scalar(t, acme, `SELECT count(*) FROM pgbox_outbox WHERE parked_at IS NOT NULL`))
+	require.Equal(t, 1, scalar(t, globex, `SELECT count(*) FROM pgbox_outbox WHERE parked_at IS NOT NULL`))
+	require.Equal(t, 1, scalar(t, acme, `SELECT count(*) FROM pgbox_console_audit WHERE action = 'parked.retry' AND actor = 'otto' AND target LIKE 'fleet_target="acme" %'`))
+	require.Equal(t, 0, scalar(t, globex, `SELECT count(*) FROM pgbox_console_audit WHERE action = 'parked.retry' AND result = 'ok'`))
+	require.Regexp(t, `msg="console action" .*target=acme .*action=parked.retry`, p.Output())
+
+	// A viewer's action on a target is refused and audited there.
+	form = hiddenForm(t, otto.get(t, "/t/globex/parked/confirm?action=discard&ids=1"))
+	code, _, _ = vera.do(t, "POST", "/t/globex/parked/discard", form)
+	require.Equal(t, http.StatusForbidden, code)
+	require.Equal(t, 1, scalar(t, globex, `SELECT count(*) FROM pgbox_outbox WHERE parked_at IS NOT NULL`))
+	require.Equal(t, 1, scalar(t, globex, `SELECT count(*) FROM pgbox_console_audit WHERE actor = 'vera' AND result LIKE 'refused: needs the operator role%'`))
+
+	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+func scalar(t *testing.T, db *testdb.DB, sql string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Pool.QueryRow(t.Context(), sql).Scan(&n))
+	return n
+}
