@@ -375,11 +375,11 @@ type fleetData struct {
 
 // Fleet overview ranks, the worst first.
 const (
-	rankNotServed = iota // the relay does not serve it (refused, needs operator)
-	rankUnreadable       // its figures could not be read (unreachable, failed)
-	rankSchema           // its schema is missing or behind
-	rankRelayErr         // served, with a failure it has not recovered from
-	rankUnread           // not read yet
+	rankNotServed  = iota // the relay does not serve it (refused, needs operator)
+	rankUnreadable        // its figures could not be read (unreachable, failed)
+	rankSchema            // its schema is missing or behind
+	rankRelayErr          // served, with a failure it has not recovered from
+	rankUnread            // not read yet
 	rankOK
 )
 

@@ -75,7 +75,7 @@ type consoleFleet struct {
 	log *logger
 
 	mu    sync.Mutex
-	dbs   map[string]*targetDB               // by target name
+	dbs   map[string]*targetDB            // by target name
 	slots map[*pgxpool.Pool]chan struct{} // the console's connections per pool
 }
 

@@ -167,7 +167,7 @@ func TestRunTargetsConsole(t *testing.T) {
 	// An action on acme: its row 1 only, not globex's row 1.
 	form := hiddenForm(t, otto.get(t, "/t/acme/parked/confirm?action=retry&ids=1"))
 	require.Equal(t, "1", form.Get("confirmed"))
-	code, _, hdr = otto.do(t, "POST", "/t/globex/parked/retry", form)
+	code, _, _ = otto.do(t, "POST", "/t/globex/parked/retry", form)
 	require.Equal(t, http.StatusForbidden, code, "acme's form is refused by globex")
 	code, body, hdr = otto.do(t, "POST", "/t/acme/parked/retry", form)
 	require.Equal(t, http.StatusSeeOther, code, body)
