@@ -294,7 +294,7 @@ func (f *FleetHandler) handler(name string) (*Handler, error) {
 	cfg.DB = db
 	cfg.CSRFKey = f.cfg.Console.CSRFKey
 	cfg.Prefix = f.base.cfg.Prefix + "/t/" + url.PathEscape(name)
-	cfg.Logger = f.base.cfg.Logger.With("target", name)
+	cfg.Logger = f.base.cfg.Logger.With("fleet_target", name)
 	cfg.Published = func() uint64 { return f.published(name) }
 	h := newHandler(cfg, f.base.auth, f.base.logins)
 	h.pages = f.base.pages

@@ -177,7 +177,7 @@ func TestRunTargetsConsole(t *testing.T) {
 	require.Equal(t, 1, scalar(t, globex, `SELECT count(*) FROM pgbox_outbox WHERE parked_at IS NOT NULL`))
 	require.Equal(t, 1, scalar(t, acme, `SELECT count(*) FROM pgbox_console_audit WHERE action = 'parked.retry' AND actor = 'otto' AND target LIKE 'fleet_target="acme" %'`))
 	require.Equal(t, 0, scalar(t, globex, `SELECT count(*) FROM pgbox_console_audit WHERE action = 'parked.retry' AND result = 'ok'`))
-	require.Regexp(t, `msg="console action" .*target=acme .*action=parked.retry`, p.Output())
+	require.Regexp(t, `msg="console action" component=console fleet_target=acme .*action=parked.retry`, p.Output())
 
 	// A viewer's action on a target is refused and audited there.
 	form = hiddenForm(t, otto.get(t, "/t/globex/parked/confirm?action=discard&ids=1"))
