@@ -619,7 +619,7 @@ func (s *summaries) readAll(f *FleetHandler, names []string) {
 			defer func() { <-sem }()
 			ctx, cancel := context.WithTimeout(s.ctx, f.cfg.SummaryTimeout)
 			sum := f.cfg.Fleet.Summarize(ctx, name)
-			if ctx.Err() == context.DeadlineExceeded && sum.State == SummaryOK {
+			if ctx.Err() == context.DeadlineExceeded { // whatever it says, it is cut short
 				sum = FleetSummary{State: SummaryFailed, Detail: fmt.Sprintf("not read within %v", f.cfg.SummaryTimeout)}
 			}
 			cancel()
