@@ -3,6 +3,7 @@ package console
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net/http"
@@ -188,9 +189,10 @@ func NewFleet(cfg FleetConfig) (*FleetHandler, error) {
 	bc := cfg.Console
 	bc.DB, bc.Cleaner, bc.Published = noFleetDB{}, nil, nil
 	if bc.CSRFKey == nil {
-		// The fleet's own pages hold no form: a key of their own, never
-		// checked, spares them a database.
-		bc.CSRFKey = []byte("pgbox-fleet-pages-have-no-forms")
+		// The fleet's own pages hold no form and take no POST: a random
+		// key of their own spares them a database.
+		bc.CSRFKey = make([]byte, 32)
+		_, _ = rand.Read(bc.CSRFKey)
 	}
 	base, err := New(bc)
 	if err != nil {

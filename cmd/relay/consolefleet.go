@@ -47,7 +47,8 @@ func (fr *fleetRun) serveFleetConsole(ctx context.Context, lk *lazyKafka) (<-cha
 		return nil, nil, usageError("%v", err)
 	}
 	cc := a.cleanupConfig(nil, lk, false).CutoffsConfig()
-	cf := &consoleFleet{fr: fr, log: a.log.With("component", "console"), dbs: map[string]*targetDB{}, slots: map[*pgxpool.Pool]chan struct{}{}}
+	cf := &consoleFleet{fr: fr, log: a.log.With("component", "console"), dbs: map[string]*targetDB{},
+		slots: map[*pgxpool.Pool]chan struct{}{}, redact: map[string]string{}}
 	h, err := console.NewFleet(console.FleetConfig{
 		Console: console.Config{Auth: auth, HidePayloads: o.HidePayloads, Logger: a.log.With("component", "console"),
 			Inspect: inspect.Config{Lanes: a.opts.Relay.Lanes, Cutoffs: &cc}},
@@ -74,9 +75,10 @@ type consoleFleet struct {
 	fr  *fleetRun
 	log *logger
 
-	mu    sync.Mutex
-	dbs   map[string]*targetDB            // by target name
-	slots map[*pgxpool.Pool]chan struct{} // the console's connections per pool
+	mu     sync.Mutex
+	dbs    map[string]*targetDB            // by target name
+	slots  map[*pgxpool.Pool]chan struct{} // the console's connections per pool
+	redact map[string]string               // database URL -> without its password
 }
 
 // Targets lists the targets of the list: the Fleet's state of those it
@@ -89,21 +91,38 @@ func (cf *consoleFleet) Targets() []console.FleetTarget {
 	}
 	fr := cf.fr
 	fr.mu.Lock()
-	defer fr.mu.Unlock()
-	out := make([]console.FleetTarget, 0, len(fr.list))
-	for _, t := range fr.list {
-		ft := console.FleetTarget{Name: t.Name, Schema: t.Schema, Database: dbconf.RedactDSN(t.DatabaseURL), State: "unchecked"}
+	list := fr.list
+	refused := make(map[string]string, len(fr.refused))
+	for name, r := range fr.refused {
+		refused[name] = r.err
+	}
+	fr.mu.Unlock()
+	out := make([]console.FleetTarget, 0, len(list))
+	for _, t := range list {
+		ft := console.FleetTarget{Name: t.Name, Schema: t.Schema, Database: cf.redacted(t.DatabaseURL), State: "unchecked"}
 		if s, ok := states[t.Name]; ok {
 			ft.State, ft.Lanes, ft.Published = s.State, s.Stats.Lanes, s.Stats.Published
 			if s.Err != nil {
 				ft.Err = s.Err.Error()
 			}
-		} else if r, ok := fr.refused[t.Name]; ok {
-			ft.State, ft.Err = targetStateRefused, r.err
+		} else if err, ok := refused[t.Name]; ok {
+			ft.State, ft.Err = targetStateRefused, err
 		}
 		out = append(out, ft)
 	}
 	return out
+}
+
+// redacted is url without its password, parsed once per database.
+func (cf *consoleFleet) redacted(url string) string {
+	cf.mu.Lock()
+	defer cf.mu.Unlock()
+	r, ok := cf.redact[url]
+	if !ok {
+		r = dbconf.RedactDSN(url)
+		cf.redact[url] = r
+	}
+	return r
 }
 
 // spec returns the listed target name and its database's pool (nil when

@@ -186,6 +186,20 @@ func TestRunTargetsConsole(t *testing.T) {
 	require.Equal(t, 1, scalar(t, globex, `SELECT count(*) FROM pgbox_outbox WHERE parked_at IS NOT NULL`))
 	require.Equal(t, 1, scalar(t, globex, `SELECT count(*) FROM pgbox_console_audit WHERE actor = 'vera' AND result LIKE 'refused: needs the operator role%'`))
 
+	// A dead letter replayed on globex (through inspect.ReplayDead's own
+	// transaction) lands in globex's outbox, not acme's.
+	opsExec(t, globex, `INSERT INTO pgbox_consumer_dead
+		(consumer, topic, partition, "offset", key, attempts, error, dlq_topic, record_stored, record_key, record_value, record_headers)
+		VALUES ('svc', 'orders', 0, 7, 'zz-dead-letter', 3, 'account closed', 'orders.dlq', true, 'zz-dead-letter', 'v', '[]')`)
+	require.Contains(t, vera.get(t, "/t/globex/dead"), "zz-dead-letter")
+	require.NotContains(t, vera.get(t, "/t/acme/dead"), "zz-dead-letter")
+	form = hiddenForm(t, otto.get(t, "/t/globex/dead/confirm?ids=1"))
+	code, body, hdr = otto.do(t, "POST", "/t/globex/dead/replay", form)
+	require.Equal(t, http.StatusSeeOther, code, body)
+	require.Contains(t, otto.get(t, hdr.Get("Location")), "dead.replay by otto: ok (1 of 1 row)")
+	require.Equal(t, 1, scalar(t, globex, `SELECT replays FROM pgbox_consumer_dead`))
+	require.Equal(t, 0, scalar(t, acme, `SELECT count(*) FROM pgbox_consumer_dead`))
+
 	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
