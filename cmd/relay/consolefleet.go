@@ -82,7 +82,7 @@ type consoleFleet struct {
 }
 
 // Targets lists the targets of the list: the Fleet's state of those it
-// serves, "refused" with the reason for the others, "unchecked" for those
+// serves, "refused" with the reason for the others, "starting" for those
 // the binary has not checked yet.
 func (cf *consoleFleet) Targets() []console.FleetTarget {
 	states := map[string]relay.TargetState{}
@@ -99,7 +99,7 @@ func (cf *consoleFleet) Targets() []console.FleetTarget {
 	fr.mu.Unlock()
 	out := make([]console.FleetTarget, 0, len(list))
 	for _, t := range list {
-		ft := console.FleetTarget{Name: t.Name, Schema: t.Schema, Database: cf.redacted(t.DatabaseURL), State: "unchecked"}
+		ft := console.FleetTarget{Name: t.Name, Schema: t.Schema, Database: cf.redacted(t.DatabaseURL), State: "starting"}
 		if s, ok := states[t.Name]; ok {
 			ft.State, ft.Lanes, ft.Published = s.State, s.Stats.Lanes, s.Stats.Published
 			if s.Err != nil {
@@ -165,12 +165,35 @@ func (cf *consoleFleet) db(name string) (*targetDB, targetSpec, error) {
 	}
 	slots, ok := cf.slots[pool]
 	if !ok {
+		cf.forgetClosedPools()
 		slots = make(chan struct{}, consoleConns(pool.Config().MaxConns))
 		cf.slots[pool] = slots
 	}
 	db := &targetDB{pool: pool, schema: t.Schema, path: pgx.Identifier{t.Schema}.Sanitize(), slots: slots}
 	cf.dbs[name] = db
 	return db, t, nil
+}
+
+// forgetClosedPools drops what the console keeps of pools the fleetRun
+// has closed (their databases are no longer listed), when a new pool
+// appears: a pool is opened once per database, so this runs rarely.
+func (cf *consoleFleet) forgetClosedPools() {
+	live := map[*pgxpool.Pool]bool{}
+	cf.fr.mu.Lock()
+	for _, db := range cf.fr.dbs {
+		live[db.pool] = true
+	}
+	cf.fr.mu.Unlock()
+	for p := range cf.slots {
+		if !live[p] {
+			delete(cf.slots, p)
+		}
+	}
+	for name, db := range cf.dbs {
+		if !live[db.pool] {
+			delete(cf.dbs, name)
+		}
+	}
 }
 
 // Summarize reads the target's `relay status` line.

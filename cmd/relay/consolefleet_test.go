@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"html"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -208,4 +210,59 @@ func scalar(t *testing.T, db *testdb.DB, sql string) int {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(t.Context(), sql).Scan(&n))
 	return n
+}
+
+// targetDB, the console's view of one target over a shared pool: each of
+// its calls reads the target's schema whatever the pool's search_path,
+// leaves the pool's connections as they were, and holds at most its slots'
+// connections, each given back when its transaction or rows end.
+func TestTargetDBScopesToSchema(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	acme, globex := testdb.New(t), testdb.New(t)
+	opsExec(t, acme, `INSERT INTO pgbox_console_secret (name, value) VALUES ('which', 'acme')`)
+	opsExec(t, globex, `INSERT INTO pgbox_console_secret (name, value) VALUES ('which', 'globex'), ('other', 'globex')`)
+	// The pool's own search_path is acme's: a statement of globex's
+	// targetDB must never read it.
+	db := &targetDB{pool: acme.Pool, schema: globex.Schema, path: `"` + globex.Schema + `"`, slots: make(chan struct{}, 1)}
+
+	var which string
+	require.NoError(t, db.QueryRow(ctx, `SELECT convert_from(value, 'UTF8') FROM pgbox_console_secret WHERE name = 'which'`).Scan(&which))
+	require.Equal(t, "globex", which)
+	rows, err := db.Query(ctx, `SELECT name FROM pgbox_console_secret ORDER BY name`)
+	require.NoError(t, err)
+	var names []string
+	for rows.Next() {
+		var n string
+		require.NoError(t, rows.Scan(&n))
+		names = append(names, n)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"other", "which"}, names, "read to the end: its slot is given back")
+	tag, err := db.Exec(ctx, `DELETE FROM pgbox_console_secret WHERE name = 'other'`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+	require.Equal(t, 1, scalar(t, globex, `SELECT count(*) FROM pgbox_console_secret`))
+	require.Equal(t, 1, scalar(t, acme, `SELECT count(*) FROM pgbox_console_secret`), "acme's table untouched")
+
+	// One slot: a transaction holds it until it ends, rows until closed.
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err = db.Begin(short)
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the slot is held")
+	require.NoError(t, tx.QueryRow(ctx, `SELECT convert_from(value, 'UTF8') FROM pgbox_console_secret`).Scan(&which))
+	require.Equal(t, "globex", which)
+	require.NoError(t, tx.Commit(ctx))
+	require.ErrorIs(t, tx.Rollback(ctx), pgx.ErrTxClosed, "after Commit: its slot is not given back twice")
+	rows, err = db.Query(ctx, `SELECT name FROM pgbox_console_secret`)
+	require.NoError(t, err)
+	rows.Close()
+	rows.Close()
+	require.Empty(t, db.slots, "every slot given back once")
+
+	var path string
+	require.NoError(t, acme.Pool.QueryRow(ctx, `SHOW search_path`).Scan(&path))
+	require.Contains(t, path, acme.Schema, "the pool's connections keep their own search_path")
 }
