@@ -61,6 +61,10 @@ type FleetTarget struct {
 	// failure of a running one ("" when all is well).
 	State string
 	Err   string
+	// Dormant is set while the running relay, idle a while, has given
+	// up its lanes until rows come (relay.TargetState.Dormant): no lanes
+	// held is then expected.
+	Dormant bool
 	// Lanes is how many lanes this process's relay holds for the target.
 	Lanes int
 	// Published counts the rows this process's relay published for it

@@ -101,7 +101,7 @@ func (cf *consoleFleet) Targets() []console.FleetTarget {
 	for _, t := range list {
 		ft := console.FleetTarget{Name: t.Name, Schema: t.Schema, Database: cf.redacted(t.DatabaseURL), State: "starting"}
 		if s, ok := states[t.Name]; ok {
-			ft.State, ft.Lanes, ft.Published = s.State, s.Stats.Lanes, s.Stats.Published
+			ft.State, ft.Dormant, ft.Lanes, ft.Published = s.State, s.Dormant, s.Stats.Lanes, s.Stats.Published
 			if s.Err != nil {
 				ft.Err = s.Err.Error()
 			}
