@@ -25,8 +25,8 @@ import (
 // (set_config(..., true): it ends with the transaction), and at most
 // consoleConns of that pool's connections at once, so the console can
 // never take the relay's. The fleet overview's figures are `relay status`'s
-// (readTarget), read in the background at most --targets-concurrency
-// targets at a time.
+// (readTarget), read in the background, console.SummaryConcurrencyDefault
+// (4) targets at a time.
 
 // consoleConnsMax is the most connections of a database's pool the console
 // uses at once: a quarter of the pool, at least 1, at most this.
@@ -52,8 +52,7 @@ func (fr *fleetRun) serveFleetConsole(ctx context.Context, lk *lazyKafka) (<-cha
 	h, err := console.NewFleet(console.FleetConfig{
 		Console: console.Config{Auth: auth, HidePayloads: o.HidePayloads, Logger: a.log.With("component", "console"),
 			Inspect: inspect.Config{Lanes: a.opts.Relay.Lanes, Cutoffs: &cc}},
-		Fleet:              cf,
-		SummaryConcurrency: a.opts.Targets.EachConcurrency,
+		Fleet: cf,
 	})
 	if err != nil {
 		return nil, nil, err

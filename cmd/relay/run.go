@@ -27,7 +27,7 @@ a target whose schema is missing or behind is refused alone (logged at ERROR, ch
 again at each refresh). Cleanup does not run then (use ` + "`relay cleanup`" + `).
 The console (--console-addr) then lists every target, the worst first, and serves
 each target's pages under /t/NAME/, over the pools the relay has (no connection of
-its own), its figures read --targets-concurrency targets at a time.`
+its own), its figures read in the background, 4 targets at a time.`
 
 const checkSchemaSQL = `SELECT 1 FROM pgbox_outbox, pgbox_relay_lanes, pgbox_inbox LIMIT 0`
 
