@@ -199,3 +199,15 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// NewFleet refuses a config it cannot serve, saying how to fix it.
+func TestNewFleetValidates(t *testing.T) {
+	t.Parallel()
+	_, err := console.NewFleet(console.FleetConfig{})
+	require.ErrorContains(t, err, "console: missing Fleet")
+	_, err = console.NewFleet(console.FleetConfig{Fleet: &testFleet{}, SummaryConcurrency: -1, SummaryTimeout: -time.Second})
+	require.ErrorContains(t, err, "SummaryConcurrency -1 is negative (use a positive count, or 0 for 4)")
+	require.ErrorContains(t, err, "SummaryTimeout -1s is negative")
+	_, err = console.NewFleet(console.FleetConfig{Fleet: &testFleet{}, Console: console.Config{Prefix: "console"}})
+	require.ErrorContains(t, err, `Prefix "console" must start with /`)
+}
