@@ -301,10 +301,11 @@ func (f *FleetHandler) handler(name string) (*Handler, error) {
 	cfg.CSRFKey = f.cfg.Console.CSRFKey
 	cfg.Prefix = f.base.cfg.Prefix + "/t/" + url.PathEscape(name)
 	cfg.Logger = f.base.cfg.Logger.With("fleet_target", name)
-	cfg.Published = func() uint64 { return f.published(name) }
+	cfg.Published = func() uint64 { t, _ := f.target(name); return t.Published }
 	h := newHandler(cfg, f.base.auth, f.base.logins)
 	h.pages = f.base.pages
 	h.fleetName, h.home = name, f.base.cfg.Prefix
+	h.fleetTarget = func() (FleetTarget, bool) { return f.target(name) }
 	h.routes()
 	f.handlers[name] = h
 	return h, nil
@@ -319,14 +320,15 @@ func sameDB(a, b DB) bool {
 	return a == b
 }
 
-// published is the target's published count, for its overview's rate.
-func (f *FleetHandler) published(name string) uint64 {
+// target is what Fleet.Targets says of name: its pages' banner and its
+// overview's publish rate.
+func (f *FleetHandler) target(name string) (FleetTarget, bool) {
 	for _, t := range f.cfg.Fleet.Targets() {
 		if t.Name == name {
-			return t.Published
+			return t, true
 		}
 	}
-	return 0
+	return FleetTarget{}, false
 }
 
 // pick is the target picker's form: it goes to the target named.

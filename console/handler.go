@@ -38,6 +38,8 @@ type Handler struct {
 	// (FleetHandler), "" otherwise; home is the fleet's prefix.
 	fleetName string
 	home      string
+	// fleetTarget reads the target's relay state for its pages' banner.
+	fleetTarget func() (FleetTarget, bool)
 }
 
 // New validates cfg and returns the console's handler.
@@ -253,6 +255,9 @@ type page struct {
 	Target string
 	Home   string
 	Fleet  bool
+	// TargetState is the relay's state of Target in this process (nil:
+	// not listed any more).
+	TargetState *FleetTarget
 }
 
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, name, title string, data any, start time.Time) {
@@ -264,6 +269,7 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, name, title str
 	}
 	p := page{Title: title, Nav: name, Prefix: h.cfg.Prefix, Who: who, CSRF: tok, Hide: h.cfg.HidePayloads, Data: data,
 		Took: time.Since(start).Round(time.Millisecond), Target: h.fleetName, Home: h.home, Fleet: h.fleetName == "" && h.home != ""}
+	p.TargetState = h.targetState()
 	if done := r.URL.Query().Get("done"); done != "" && h.cfg.DB != nil {
 		ctx, cancel := h.ctx(r)
 		defer cancel()
@@ -284,6 +290,18 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, name, title str
 	_, _ = w.Write(buf.Bytes())
 }
 
+// targetState is the relay's state of a fleet console's target, for its
+// pages' banner (nil outside a fleet console, or when no longer listed).
+func (h *Handler) targetState() *FleetTarget {
+	if h.fleetTarget == nil {
+		return nil
+	}
+	if t, ok := h.fleetTarget(); ok {
+		return &t
+	}
+	return nil
+}
+
 // ownFlash reports whether rec may be shown as the flash of page to who:
 // only the outcome of who's own action (same name, same way of
 // authenticating) on that page's rows. Any audit id can be put in a link's
@@ -297,7 +315,8 @@ func ownFlash(rec *AuditRecord, who Identity, page string) bool {
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	who, _ := IdentityFrom(r.Context())
 	var buf bytes.Buffer
-	p := page{Title: http.StatusText(status), Prefix: h.cfg.Prefix, Who: who, Data: msg, Target: h.fleetName, Home: h.home, Fleet: h.fleetName == "" && h.home != ""}
+	p := page{Title: http.StatusText(status), Prefix: h.cfg.Prefix, Who: who, Data: msg, Target: h.fleetName, Home: h.home, Fleet: h.fleetName == "" && h.home != "",
+		TargetState: h.targetState()}
 	if err := h.pages["error"].ExecuteTemplate(&buf, "layout", p); err != nil {
 		http.Error(w, msg, status)
 		return

@@ -159,10 +159,13 @@ func TestRunTargetsConsole(t *testing.T) {
 	require.Contains(t, ap, "acme-key-1")
 	require.NotContains(t, ap, "globex-key-1")
 	require.Contains(t, ap, `href="/t/acme/parked/row?id=1"`)
-	require.Contains(t, ap, `Target <b>acme</b>`)
+	require.Contains(t, ap, `Target <b>acme</b> · relay: <span id="target-state">running</span>, 4 lanes held`)
+	_, body, _ := vera.do(t, "GET", "/t/missing/audit", nil)
+	require.Regexp(t, `(?s)Target <b>missing</b> · relay: <span id="target-state">refused</span>, 0 lanes held · <span class="err">target &#34;missing&#34;.*does not exist`,
+		body)
 	require.Contains(t, vera.get(t, "/t/globex/parked"), "globex-key-1")
 	require.Contains(t, vera.get(t, "/t/acme/"), "acme")
-	code, body, _ := vera.do(t, "GET", "/t/missing/parked", nil)
+	code, body, _ = vera.do(t, "GET", "/t/missing/parked", nil)
 	require.Equal(t, http.StatusInternalServerError, code)
 	require.Contains(t, body, "pgbox_outbox", "a missing schema's page says its tables are missing")
 
