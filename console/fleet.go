@@ -349,9 +349,11 @@ func (f *FleetHandler) pick(w http.ResponseWriter, r *http.Request) {
 type fleetRow struct {
 	FleetTarget
 	Link string
-	// Sum is the target's last summary (nil: not read yet), read at At.
-	Sum *FleetSummary
-	At  time.Time
+	// Sum is the target's last summary (nil: not read yet), read at At;
+	// SumState its state as shown ("no schema").
+	Sum      *FleetSummary
+	SumState string
+	At       time.Time
 	// Problem is set when the line is shown as needing attention.
 	Problem bool
 	rank    int
@@ -424,8 +426,8 @@ func (f *FleetHandler) overview(w http.ResponseWriter, r *http.Request) {
 	for _, t := range targets {
 		row := fleetRow{FleetTarget: t, Link: f.base.cfg.Prefix + "/t/" + url.PathEscape(t.Name) + "/"}
 		if s, at, ok := f.sums.get(t.Name); ok {
-			row.Sum, row.At = &s, at
-			states[strings.ReplaceAll(s.State, "_", " ")] = true
+			row.Sum, row.At, row.SumState = &s, at, strings.ReplaceAll(s.State, "_", " ")
+			states[row.SumState] = true
 		}
 		row.rank = rankOf(t, row.Sum)
 		row.Problem = row.rank < rankUnread
@@ -491,7 +493,7 @@ func matchState(row fleetRow, state string) bool {
 	case "problems":
 		return row.Problem
 	}
-	return row.State == state || (row.Sum != nil && strings.ReplaceAll(row.Sum.State, "_", " ") == state)
+	return row.State == state || (row.Sum != nil && row.SumState == state)
 }
 
 // compareRows orders the worst first: by rank, then the oldest unpublished

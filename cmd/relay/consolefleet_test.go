@@ -134,7 +134,7 @@ func TestRunTargetsConsole(t *testing.T) {
 	require.Contains(t, page, `4 targets, <span class="bad" id="fleet-problems">2 needing attention</span>`)
 	require.Regexp(t, `(?s)refused: .*never migrated: run .*relay migrate up`, fleetLine(t, page, "behind"))
 	require.Contains(t, fleetLine(t, page, "missing"), "refused")
-	require.Contains(t, fleetLine(t, page, "missing"), "no_schema")
+	require.Contains(t, fleetLine(t, page, "missing"), `<span class="bad">no schema</span>`)
 	acmeLine := fleetLine(t, page, "acme")
 	require.Contains(t, acmeLine, `<span class="ok">ok</span>`)
 	require.Regexp(t, `<td class="n">2</td><td class="n">0</td>`, acmeLine, "parked 2, dead 0")
