@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -268,4 +270,77 @@ func TestTargetDBScopesToSchema(t *testing.T) {
 	var path string
 	require.NoError(t, acme.Pool.QueryRow(ctx, `SHOW search_path`).Scan(&path))
 	require.Contains(t, path, acme.Schema, "the pool's connections keep their own search_path")
+}
+
+// The fleet console opens no connection: with --db-conn-budget 4 (the
+// check connection, a pool of 2 and its LISTEN), operators loading the
+// overview and every target's pages at once leave the process within 4
+// connections, and every target's figures are still read.
+func TestRunTargetsConsoleConnBudget(t *testing.T) {
+	t.Parallel()
+	app := fmt.Sprintf("pgbox-console-budget-%d", time.Now().UnixNano())
+	u, err := url.Parse(testdb.ServerURL(t))
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	var lines, names []string
+	var first *testdb.DB
+	for i := range 8 {
+		db := testdb.New(t)
+		if first == nil {
+			first = db
+		}
+		name := fmt.Sprintf("tenant%d", i)
+		names = append(names, name)
+		lines = append(lines, fmt.Sprintf("%s %s %s", name, db.Schema, u.String()))
+	}
+	c := kafkatest.New(t)
+	file := writeFile(t, "targets.txt", strings.Join(lines, "\n"))
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_DB_CONN_BUDGET=4", "PGBOX_CONSOLE_ADDR=127.0.0.1:0",
+		"PGBOX_CONSOLE_USERS="+consoleUsers(t)), "run")
+	vera := fleetConsole{base: "http://" + consoleAddr(t, p), user: "vera"}
+
+	most := 0
+	sample := func() {
+		var n int
+		require.NoError(t, first.Pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n))
+		most = max(most, n)
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var pages atomic.Int64
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				name := names[(w+i)%len(names)]
+				for _, path := range []string{"/t/" + name + "/", "/t/" + name + "/parked", "/t/" + name + "/dead", "/?refresh=1"} {
+					code, _, _ := vera.do(t, "GET", path, nil)
+					if code != http.StatusOK {
+						t.Errorf("%s: %d", path, code)
+					}
+					pages.Add(1)
+				}
+			}
+		})
+	}
+	waitFor(t, "every target's figures read", time.Minute, func() bool {
+		sample()
+		page := vera.get(t, "/")
+		return strings.Count(page, `<span class="ok">ok</span>`) == len(names)
+	})
+	for range 20 {
+		sample()
+		time.Sleep(100 * time.Millisecond)
+	}
+	close(done)
+	wg.Wait()
+	t.Logf("at most %d connections, %d pages served", most, pages.Load())
+	require.LessOrEqual(t, most, 4, "the budget")
+	require.Equal(t, 0, p.stop(t), p.Output())
 }
