@@ -254,12 +254,12 @@ func (f *FleetHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.base.failErr(w, r, fmt.Errorf("target %q: %w", name, err))
 		return
 	}
-	if rest == "" {
-		http.Redirect(w, r, h.cfg.Prefix+"/", http.StatusSeeOther)
-		return
-	}
 	id, ok := h.login(w, r) // a failed login is audited in the target's schema
 	if !ok {
+		return
+	}
+	if rest == "" { // after the login: a stranger learns no names
+		http.Redirect(w, r, h.cfg.Prefix+"/", http.StatusSeeOther)
 		return
 	}
 	h.serveAs(w, r, id, rest)

@@ -121,8 +121,13 @@ func TestRunTargetsConsole(t *testing.T) {
 	// Unauthenticated: 401, whatever the target.
 	code, _, _ := fleetConsole{base: base}.do(t, "GET", "/t/nobody/", nil)
 	require.Equal(t, http.StatusUnauthorized, code)
+	code, _, _ = fleetConsole{base: base}.do(t, "GET", "/t/acme", nil)
+	require.Equal(t, http.StatusUnauthorized, code, "a known name answers as an unknown one")
 	code, _, _ = fleetConsole{base: base}.do(t, "GET", "/", nil)
 	require.Equal(t, http.StatusUnauthorized, code)
+	code, _, hdr := vera.do(t, "GET", "/t/acme", nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/t/acme/", hdr.Get("Location"))
 
 	// The overview: the figures are read in the background; once read,
 	// the worst first.
@@ -145,7 +150,7 @@ func TestRunTargetsConsole(t *testing.T) {
 	// Filter and picker.
 	require.Equal(t, []string{"acme"}, fleetOrder(vera.get(t, "/?q=acm")))
 	require.Equal(t, []string{"behind", "missing"}, fleetOrder(vera.get(t, "/?state=problems")))
-	code, _, hdr := vera.do(t, "GET", "/t?name=acme", nil)
+	code, _, hdr = vera.do(t, "GET", "/t?name=acme", nil)
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, "/t/acme/", hdr.Get("Location"))
 
