@@ -50,6 +50,11 @@ type Config struct {
 	// one), exported as pgbox_relay_targets{state}: one series per state,
 	// none per target. Defaults to nil: not exported.
 	Targets Targets
+	// Fleet is a fleet's targets as last read: the fleet's totals of the
+	// database figures, and the series of the targets it chooses, labelled
+	// target (see [Fleet]). It replaces DB: set one or the other. Defaults
+	// to nil: not exported.
+	Fleet Fleet
 	// Cleaner's counters and its last pass's windows, which also give the
 	// inbox cutoff metrics. Defaults to nil.
 	Cleaner *cleanup.Cleaner
@@ -116,6 +121,9 @@ func New(cfg Config) (*Collector, error) {
 	if cfg.LatencyPoll < 0 {
 		return nil, fmt.Errorf("pgboxprom: LatencyPoll %v is negative (use a positive duration, or zero for %v)", cfg.LatencyPoll, LatencyPollDefault)
 	}
+	if cfg.Fleet != nil && cfg.DB != nil {
+		return nil, fmt.Errorf("pgboxprom: Fleet and DB are both set: a fleet's targets are read by the Fleet (set DB for one database, Fleet for a fleet)")
+	}
 	if cfg.ScrapeTimeout == 0 {
 		cfg.ScrapeTimeout = ScrapeTimeoutDefault
 	}
@@ -180,6 +188,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range allDescs {
 		ch <- d
 	}
+	for _, d := range fleetDescs {
+		ch <- d
+	}
 	c.latency.Describe(ch)
 }
 
@@ -208,6 +219,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.cfg.DB != nil {
 		c.collectDB(ch)
+	}
+	if c.cfg.Fleet != nil {
+		c.collectFleet(ch)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -31,7 +32,8 @@ import (
 //     question only), and wakes the targets that hold rows, failed or
 //     answered slowly. A thousand idle schemas cost one round trip a
 //     second, and read-only transactions write no WAL.
-//   - A target idle for DormantAfter goes dormant: its heartbeat gives up
+//   - A target starts dormant, and goes dormant again once idle for
+//     DormantAfter: its heartbeat gives up
 //     its lanes and stops renewing them; its instance row stays, marked
 //     dormant (dormantSQL), renewed every dormantBeat. Writers with
 //     outbox.Config.Notify still notify it (it is a live, sleeping
@@ -69,9 +71,9 @@ const (
 const dormantSQL = `WITH rel AS (
 	UPDATE pgbox_relay_lanes SET expires_at = least(expires_at, now() + $3::interval) WHERE owner = $1
 )
-UPDATE pgbox_relay_instances SET heartbeat_at = now(), expires_at = now() + $2::interval,
-	kafka_ready = false, kafka_down_since = NULL, sleeping = true
-WHERE instance = $1`
+INSERT INTO pgbox_relay_instances (instance, expires_at, kafka_ready, sleeping) VALUES ($1, now() + $2::interval, false, true)
+ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at,
+	kafka_ready = false, kafka_down_since = NULL, sleeping = true`
 
 // fleetIdle is a Fleet relay's idle state, shared by its work loop, its
 // heartbeat loop and its Fleet's poll.
@@ -165,8 +167,12 @@ func (r *Relay) mayIdle() bool {
 
 // idleQuestion is emptySQL for the Fleet's poll: the schema is named, as
 // the question travels without the set_config of the relay's statements.
+// It also returns the microseconds the server spent on it (since it read
+// the question's Bind message): a loaded client reads answers late, which
+// must not make a question look slow.
 func idleQuestion(schema string) string {
-	return "SELECT EXISTS (SELECT 1 FROM " + pgx.Identifier{schema, "pgbox_outbox"}.Sanitize() + " WHERE parked_at IS NULL)"
+	return "SELECT EXISTS (SELECT 1 FROM " + pgx.Identifier{schema, "pgbox_outbox"}.Sanitize() + " WHERE parked_at IS NULL), " +
+		"(extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000000)::bigint"
 }
 
 // pollChunk bounds the questions one pipeline sends.
@@ -251,17 +257,13 @@ func pollPipeline(ctx context.Context, pc *pgconn.PgConn, rs []*Relay) error {
 		took         time.Duration
 	}
 	answers := make([]answer, len(rs))
-	last := time.Now()
 	for i := range rs {
-		rows, qerr := pollAnswer(p)
+		rows, took, qerr := pollAnswer(p)
 		if qerr != nil && !isPgError(qerr) {
 			_ = p.Close()
 			return qerr
 		}
-		// Answers arrive as the server works through the pipeline: the
-		// time since the previous one is about what this question cost.
-		now := time.Now()
-		answers[i], last = answer{rows: rows, failed: qerr != nil, took: now.Sub(last)}, now
+		answers[i] = answer{rows: rows, failed: qerr != nil, took: took}
 	}
 	if err := p.Close(); err != nil {
 		return err
@@ -277,8 +279,7 @@ func pollPipeline(ctx context.Context, pc *pgconn.PgConn, rs []*Relay) error {
 		// Slow: reading dead rows a held horizon keeps (the relay then
 		// claims at its own polls for a while: nothingToClaim), not a
 		// loaded server, which slows every answer alike.
-		limit := emptySlowOf(r)
-		slow := a.took > max(limit, 4*median) || a.took > 10*limit
+		slow := a.took > max(emptySlowOf(r), 4*median)
 		if slow {
 			r.idleState.slow.Store(true)
 		}
@@ -298,32 +299,36 @@ func emptySlowOf(r *Relay) time.Duration {
 }
 
 // pollAnswer reads one question's answer and its sync: whether the outbox
-// holds rows, or the question's error.
-func pollAnswer(p *pgconn.Pipeline) (rows bool, err error) {
+// holds rows and what the question cost the server, or its error.
+func pollAnswer(p *pgconn.Pipeline) (rows bool, took time.Duration, err error) {
 	res, err := p.GetResults()
 	if err == nil {
 		rr, ok := res.(*pgconn.ResultReader)
 		if !ok {
-			return false, fmt.Errorf("relay: idle poll: unexpected pipeline result %T", res)
+			return false, 0, fmt.Errorf("relay: idle poll: unexpected pipeline result %T", res)
 		}
 		for rr.NextRow() {
 			v := rr.Values()
-			rows = len(v) == 1 && string(v[0]) == "t"
+			if len(v) == 2 {
+				rows = string(v[0]) == "t"
+				us, _ := strconv.ParseInt(string(v[1]), 10, 64)
+				took = time.Duration(us) * time.Microsecond
+			}
 		}
 		if _, err = rr.Close(); err != nil && !isPgError(err) {
-			return false, err
+			return false, 0, err
 		}
 	} else if !isPgError(err) {
-		return false, err
+		return false, 0, err
 	}
 	res, serr := p.GetResults()
 	if serr != nil {
-		return false, serr
+		return false, 0, serr
 	}
 	if _, ok := res.(*pgconn.PipelineSync); !ok {
-		return false, fmt.Errorf("relay: idle poll: expected a sync, got %T", res)
+		return false, 0, fmt.Errorf("relay: idle poll: expected a sync, got %T", res)
 	}
-	return rows, err
+	return rows, took, err
 }
 
 func isPgError(err error) bool {

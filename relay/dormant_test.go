@@ -239,3 +239,45 @@ func TestStopLeavesNoInstanceRow(t *testing.T) {
 		require.Zero(t, n, "round %d: an instance row outlived its relay's stop", i)
 	}
 }
+
+// Attack: a held xmin horizon keeps the dead rows of one target's
+// published backlog, so the idle poll's question for it reads them all.
+// That target alone is found slow (by the server's own clock, not by when
+// the answer arrived): it claims at its own polls (from its floors) and
+// stays awake, while the other targets of the same pipeline go dormant.
+func TestFleetIdlePollSlowTargetStaysAwake(t *testing.T) {
+	t.Parallel()
+	ts := newTenants(t, 3)
+	ctx := context.Background()
+	slow := ts.schemas[1]
+	hold, err := pgx.Connect(ctx, slow.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = hold.Close(context.Background()) })
+	htx, err := hold.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	var one int
+	require.NoError(t, htx.QueryRow(ctx, `SELECT 1`).Scan(&one)) // the snapshot is taken: VACUUM keeps what it sees
+	_, err = slow.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value)
+		SELECT gen_random_uuid(), g % 256, 'dead', NULL, 'x' FROM generate_series(1, 300000) g`)
+	require.NoError(t, err)
+	_, err = slow.Pool.Exec(ctx, `DELETE FROM pgbox_outbox`)
+	require.NoError(t, err)
+	var took time.Duration
+	t0 := time.Now()
+	_, err = slow.Pool.Exec(ctx, `SELECT EXISTS (SELECT 1 FROM pgbox_outbox WHERE parked_at IS NULL)`)
+	require.NoError(t, err)
+	took = time.Since(t0)
+	if took < 20*time.Millisecond {
+		t.Skipf("the question over 300,000 dead rows took %v: not slow on this server, nothing to attack", took)
+	}
+
+	f, _ := dormantFleet(t, ts, "slow")
+	waitFor(t, "t0 and t2 dormant", func() bool { return faState(t, f, "t0").Dormant && faState(t, f, "t2").Dormant })
+	time.Sleep(time.Second) // a few more polls
+	require.False(t, faState(t, f, "t1").Dormant, "the slow target went dormant: the poll asks it the slow question every second")
+	require.Greater(t, faState(t, f, "t1").Stats.Lanes, 0)
+	// It still publishes (its own polls claim).
+	writeTo(t, slow, topicOf(1), 5, false)
+	require.Len(t, kafkatest.ReadAll(t, ts.addrs, topicOf(1), 5, 30*time.Second), 5)
+	require.NoError(t, htx.Rollback(ctx))
+}

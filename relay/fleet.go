@@ -530,7 +530,7 @@ func (f *Fleet) listen(ctx context.Context, pool *pgxpool.Pool) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{f.cfg.Relay.Channel}.Sanitize()); err != nil {
 		return err
 	}
-	f.wake(pool, "", "") // notifications sent while nobody listened are lost
+	f.wake(pool, "", "") // notifications sent while nobody listened are lost (the idle poll asks the idle targets)
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -548,10 +548,15 @@ func (f *Fleet) wake(pool *pgxpool.Pool, schema, payload string) {
 	// A schema no target has wakes none: another process may serve it (a
 	// list split over processes), or the writer's current_schema() is not
 	// where its rows went; the idle poll finds such rows within
-	// PollInterval.
+	// PollInterval. A notification naming no schema wakes the targets
+	// that are not idle: the idle ones (a thousand, dormant) are asked by
+	// the idle poll within PollInterval, which wakes those with rows.
 	rs := f.relays(pool, schema)
 	f.mu.Unlock()
 	for _, r := range rs {
+		if schema == "" && r.idleState.idle.Load() {
+			continue
+		}
 		if payload == "" {
 			r.markAllDirty()
 		} else {

@@ -54,7 +54,7 @@ func TestFleetCountsWatchers(t *testing.T) {
 	kc := kafkatest.Config()
 	kc.Producer.RequiredAcks = -1
 	f, err := NewFleet(FleetConfig{Relay: Config{Brokers: c.ListenAddrs(), Kafka: kc, HeartbeatInterval: 100 * time.Millisecond, LeaseTTL: time.Second},
-		Targets: ts})
+		Targets: ts, DormantAfter: -1}) // every target takes its lanes at start (it would start dormant)
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -25,6 +25,13 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 	defer r.waitFinish()
 	r.startWatch(ctx, &w)
 	defer r.countWatching(&w, false)
+	if r.idleState.wanted.Load() && r.setSleeping(ctx, true) {
+		// A Fleet's target starts dormant (Run), its sleeping flag set so
+		// that writers notify it; without its instance row yet, it starts
+		// as any relay does.
+		w.asleep, w.asleepAt = true, time.Now()
+		full = r.waitForWork(ctx, &w, busyUntil)
+	}
 	for {
 		if ctx.Err() != nil {
 			return

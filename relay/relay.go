@@ -191,6 +191,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	})
 	if err == nil { // else ctx ended the retries, or the heartbeat stopped Run
 		r.kafkaUp(runCtx)
+		if r.idleState.polled && r.idleState.after >= 0 {
+			// A Fleet's target starts dormant: it takes its lanes when the
+			// Fleet's idle poll or a notification finds rows (dormant.go),
+			// so a thousand targets starting at once do not all heartbeat
+			// and claim.
+			r.idleState.wanted.Store(true)
+		}
 		r.kafkaReady.Store(true)
 		r.beatNow()
 		r.log.InfoContext(ctx, "relay started", "lanes", r.cfg.Lanes, "brokers", r.cfg.Brokers)

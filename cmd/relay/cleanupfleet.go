@@ -113,12 +113,24 @@ func cleanTarget(ctx context.Context, a *app, t targetSpec, kafka *onceKafka, lo
 	rep, err := c.RunOnce(ctx)
 	if err != nil {
 		if rep.Deleted > 0 {
-			return "", fmt.Errorf("%w (the pass had deleted %d rows before it failed)", err, rep.Deleted)
+			return "", &partialPass{err: err, deleted: rep.Deleted}
 		}
 		return "", err
 	}
 	return passResult(rep), nil
 }
+
+// partialPass is a pass that failed after it had deleted rows.
+type partialPass struct {
+	err     error
+	deleted int64
+}
+
+func (p *partialPass) Error() string {
+	return fmt.Sprintf("%v (the pass had deleted %d rows before it failed)", p.err, p.deleted)
+}
+
+func (p *partialPass) Unwrap() error { return p.err }
 
 // passResult is a pass's line: what it deleted (or would), and the topics
 // it did not prune, each with its reason.

@@ -25,8 +25,8 @@ import (
 // (set_config(..., true): it ends with the transaction), and at most
 // consoleConns of that pool's connections at once, so the console can
 // never take the relay's. The fleet overview's figures are `relay status`'s
-// (readTarget), read in the background, console.SummaryConcurrencyDefault
-// (4) targets at a time.
+// (readTarget), read in the background, --targets-concurrency targets at
+// a time.
 
 // consoleConnsMax is the most connections of a database's pool the console
 // uses at once: a quarter of the pool, at least 1, at most this.
@@ -52,7 +52,8 @@ func (fr *fleetRun) serveFleetConsole(ctx context.Context, lk *lazyKafka) (<-cha
 	h, err := console.NewFleet(console.FleetConfig{
 		Console: console.Config{Auth: auth, HidePayloads: o.HidePayloads, Logger: a.log.With("component", "console"),
 			Inspect: inspect.Config{Lanes: a.opts.Relay.Lanes, Cutoffs: &cc}},
-		Fleet: cf,
+		Fleet:              cf,
+		SummaryConcurrency: a.opts.Targets.EachConcurrency,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -204,9 +205,10 @@ func (cf *consoleFleet) Summarize(ctx context.Context, name string) console.Flee
 		}
 		return console.FleetSummary{State: console.SummaryUnreachable, Detail: err.Error()}
 	}
-	state, detail, fig := readTarget(ctx, db, t, cf.log)
+	state, detail, snap := readTarget(ctx, db, t, inspect.Config{Lanes: relay.LanesDefault, Logger: cf.log})
 	s := console.FleetSummary{State: state, Detail: detail}
-	if fig != nil {
+	if snap != nil {
+		fig := figuresOf(snap)
 		s.Figures = &console.FleetFigures{
 			Unpublished: fig.Unpublished, UnpublishedEstimated: fig.UnpublishedEstimated, OldestAge: fig.OldestAge,
 			Parked: fig.Parked, ParkedCapped: fig.ParkedCapped, DeadLetters: fig.DeadLetters, DeadLettersCapped: fig.DeadLettersCapped,

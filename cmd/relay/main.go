@@ -54,7 +54,7 @@ func init() {
 	commands = []*command{
 		{name: "run", synopsis: "run", summary: "Publish the outbox to Kafka and prune old rows on a schedule.",
 			doc:    runDoc,
-			groups: []string{groupDB, groupTargets, groupTargetsWatch, groupKafka, groupRelay, groupCleanup, groupHTTP, groupConsole, groupLog}, run: cmdRun},
+			groups: []string{groupDB, groupTargets, groupTargetsWatch, groupTargetsEach, groupKafka, groupRelay, groupCleanup, groupHTTP, groupConsole, groupLog}, run: cmdRun},
 		{name: "migrate", synopsis: "migrate up|down|status", summary: "Apply, roll back (one version per run) or list pgbox's migrations.",
 			doc:    migrateDoc,
 			groups: []string{groupDB, groupTargets, groupMigrate, groupLog}, run: cmdMigrate},

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/dbconf"
 	"github.com/pgbox/pgbox/migrations"
 )
@@ -248,7 +247,7 @@ func targetLockID(schema string) int64 {
 // appliedVersions reads the versions applied to the target's schema (none
 // when the schema or goose's table does not exist); it takes no lock and
 // writes nothing.
-func appliedVersions(ctx context.Context, pool inspect.Querier) ([]int64, error) {
+func appliedVersions(ctx context.Context, pool querier) ([]int64, error) {
 	var hasTable bool
 	if err := pool.QueryRow(ctx, versionTableSQL, migrations.TableName).Scan(&hasTable); err != nil {
 		return nil, fmt.Errorf("read %s: %w", migrations.TableName, err)
@@ -266,6 +265,13 @@ func appliedVersions(ctx context.Context, pool inspect.Querier) ([]int64, error)
 	}
 	slices.Sort(vs)
 	return vs, nil
+}
+
+// querier is what appliedVersions reads through: a pool with the target's
+// schema as its search_path, or a transaction that set it.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 func newest(vs []int64) int64 {

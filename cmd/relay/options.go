@@ -51,6 +51,8 @@ type options struct {
 	DBMaxConns  int
 
 	Targets targetOptions
+	// TargetMetrics is --target-metrics (`relay run` with a target list).
+	TargetMetrics targetSeries
 
 	Kafka         kafkaOptions
 	kafkaRequired bool
@@ -98,6 +100,7 @@ func (o *options) bind(s *settings, groups ...string) {
 			"most pooled database connections (the relay's LISTEN holds one more, unless --no-listen); with a target list, per database, within --db-conn-budget")
 	}
 	o.Targets.bind(s, has)
+	o.bindTargetMetrics(s, has)
 	if has[groupKafka] || has[groupKafkaOptional] {
 		g := groupKafka
 		brokersDoc := "comma-separated Kafka bootstrap brokers, host:port (required)"

@@ -24,10 +24,13 @@ Stops on SIGINT/SIGTERM within --shutdown-timeout.
 With --targets or --targets-query: serves every target of the list in this process,
 re-reading it every --targets-refresh, within --db-conn-budget database connections;
 a target whose schema is missing or behind is refused alone (logged at ERROR, checked
-again at each refresh). Cleanup does not run then (use ` + "`relay cleanup`" + `).
-The console (--console-addr) then lists every target, the worst first, and serves
-each target's pages under /t/NAME/, over the pools the relay has (no connection of
-its own), its figures read in the background, 4 targets at a time.`
+again at each refresh). Every --cleanup-interval each served target is pruned under its
+own cleanup lease, and every --targets-refresh each one's database figures are read for
+/metrics (the fleet's totals, and series of their own for the targets --target-metrics
+chooses), both --targets-concurrency targets at a time. The console (--console-addr)
+then lists every target, the worst first, and serves each target's pages under
+/t/NAME/, over the pools the relay has (no connection of its own), its figures read
+in the background, --targets-concurrency targets at a time.`
 
 const checkSchemaSQL = `SELECT 1 FROM pgbox_outbox, pgbox_relay_lanes, pgbox_inbox LIMIT 0`
 

@@ -43,20 +43,29 @@ var targetStates = []string{"starting", "running", "needs operator", "stopped", 
 // connBudget splits --db-conn-budget over the databases of the list: each
 // database's pool (at most --db-max-conns, at least minPoolConns) and its
 // LISTEN connection, plus the connections the process opens besides:
-// one to check targets (checks run one at a time) and, with
-// --targets-query, one to the control database.
+// one to check targets (checks run one at a time), with --targets-query
+// one to the control database, and with --cleanup-interval one cleanup
+// pass's pool (cleanupTargetConns; more passes at once borrow what is
+// free).
 type connBudget struct {
-	total  int
-	fixed  int // the check connection and the control connection
-	listen int // per database: 1, or 0 with --no-listen
-	perDB  int // --db-max-conns
-	used   int // fixed plus every open pool's MaxConns and LISTEN
+	total   int
+	fixed   int // the check connection, the control connection, a cleanup pass
+	cleanup int // of fixed, the cleanup pass's
+	listen  int // per database: 1, or 0 with --no-listen
+	perDB   int // --db-max-conns
+
+	mu   sync.Mutex // reconcile takes and gives, the cleanup borrows
+	used int        // fixed plus every open pool's MaxConns and LISTEN, plus what is borrowed
 }
 
 func newConnBudget(o *options) *connBudget {
 	b := &connBudget{total: o.Targets.ConnBudget, fixed: 1, listen: 1, perDB: o.DBMaxConns}
 	if o.Targets.Query != "" {
 		b.fixed++
+	}
+	if o.CleanupInterval > 0 {
+		b.cleanup = cleanupTargetConns
+		b.fixed += b.cleanup
 	}
 	if o.Relay.NoListen {
 		b.listen = 0
@@ -72,8 +81,11 @@ func (b *connBudget) what() string {
 		s += " and its LISTEN connection"
 	}
 	s += ") plus 1 to check targets"
-	if b.fixed > 1 {
+	if b.fixed-b.cleanup > 1 {
 		s += " and 1 to the --targets-query control database"
+	}
+	if b.cleanup > 0 {
+		s += fmt.Sprintf(" and %d for a cleanup pass (--cleanup-interval)", b.cleanup)
 	}
 	return s
 }
@@ -98,6 +110,8 @@ func (b *connBudget) split(dbs int) (int, error) {
 // naming the setting and the number needed, when less than minPoolConns
 // plus LISTEN is left.
 func (b *connBudget) take(share int) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	free := b.total - b.used - b.listen
 	if free < minPoolConns {
 		return 0, fmt.Errorf("no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) %d for this database: %d of it are taken, a new database needs %d more (raise it to at least %d and restart the relay; the pools are sized at start)",
@@ -108,7 +122,36 @@ func (b *connBudget) take(share int) (int, error) {
 	return n, nil
 }
 
-func (b *connBudget) give(conns int) { b.used -= conns + b.listen }
+func (b *connBudget) give(conns int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.used -= conns + b.listen
+}
+
+// borrow lends up to most units of size connections from the budget's
+// free room, leaving room for a new database's smallest pool; it returns
+// how many units it lent. giveBack returns them.
+func (b *connBudget) borrow(size, most int) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	free := b.total - b.used - (minPoolConns + b.listen)
+	n := max(0, min(most, free/size))
+	b.used += n * size
+	return n
+}
+
+func (b *connBudget) giveBack(conns int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.used -= conns
+}
+
+// planned is how many connections the budget has handed out.
+func (b *connBudget) planned() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
+}
 
 // fleetDB is one database of the list: the pool its targets share.
 type fleetDB struct {
@@ -201,15 +244,17 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 		<-watchDone
 		return err
 	}
-	if o.CleanupInterval > 0 {
-		a.log.Warn("cleanup does not run in `relay run` with a target list (--cleanup-interval is ignored): prune each target with `relay cleanup` from a scheduled job",
-			"source", o.Targets.sourceSetting())
-	}
 	fr.reconcile(runCtx, list) // before Run: the Fleet starts with the targets that passed
 
-	// The database gauges (backlog, lanes, parked rows, inbox ages) are read
-	// through one schema: not per target yet, so off with a list.
-	exp, err := newMetrics(pgboxprom.Config{Relay: f, Targets: fr, Logger: a.log.With("component", "metrics")})
+	// The database figures of every target are read by the reader, in
+	// rounds; a scrape exports its last reads.
+	mcfg := pgboxprom.Config{Relay: f, Targets: fr, Logger: a.log.With("component", "metrics")}
+	var reader *fleetReader
+	if !o.TargetMetrics.off {
+		reader = newFleetReader(fr)
+		mcfg.Fleet = reader
+	}
+	exp, err := newMetrics(mcfg)
 	if err != nil {
 		cancel()
 		<-watchDone
@@ -238,10 +283,11 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 
 	// Logged before follow starts: reconcile alone writes what it reads.
 	a.log.Info("relay running", "targets", len(list), "served", len(fr.served), "refused", len(fr.refused), "databases", len(fr.dbs),
-		"db_conn_budget", o.Targets.ConnBudget, "db_conns_planned", fr.budget.used, "lanes", o.Relay.Lanes,
-		"refresh", fmtDuration(o.Targets.Refresh), "kafka", o.Kafka.Redacted())
+		"db_conn_budget", o.Targets.ConnBudget, "db_conns_planned", fr.budget.planned(), "lanes", o.Relay.Lanes,
+		"refresh", fmtDuration(o.Targets.Refresh), "cleanup_interval", o.CleanupInterval.String(),
+		"target_metrics", o.TargetMetrics.String(), "kafka", o.Kafka.Redacted())
 
-	stopped, pending := make(chan string, 4), map[string]bool{}
+	stopped, pending := make(chan string, 6), map[string]bool{}
 	start := func(name string, fn func()) {
 		pending[name] = true
 		go func() { fn(); stopped <- name }()
@@ -250,6 +296,12 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 	start("relay", func() { fleetErr <- f.Run(runCtx) })
 	start("targets", func() { fr.follow(runCtx, list, changes); <-watchDone })
 	start("metrics", func() { exp.col.Run(runCtx) })
+	if reader != nil {
+		start("target reads", func() { reader.Run(runCtx) })
+	}
+	if o.CleanupInterval > 0 {
+		start("cleanup", func() { newFleetCleanup(fr, lk).Run(runCtx) })
+	}
 	if httpDone != nil {
 		start("http", func() {
 			if err := <-httpDone; err != nil {

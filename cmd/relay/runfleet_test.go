@@ -101,7 +101,7 @@ func TestRunTargets(t *testing.T) {
 		require.Len(t, eventIDs(t, c, "t-"+name, 20), 20, name)
 		waitFor(t, name+" drained", 30*time.Second, func() bool { return outboxCount(t, db) == 0 })
 	}
-	require.Contains(t, p.Output(), "cleanup does not run in `relay run` with a target list")
+	require.NotContains(t, p.Output(), "cleanup does not run")
 	waitFor(t, "the running line", 10*time.Second, func() bool { return strings.Contains(p.Output(), `msg="relay running"`) })
 	require.Regexp(t, `msg="relay running" targets=5 served=4 refused=1 databases=2 db_conn_budget=20 `, p.Output())
 
@@ -119,7 +119,9 @@ func TestRunTargets(t *testing.T) {
 	require.Contains(t, m, `pgbox_relay_targets{state="refused"} 1`)
 	require.Contains(t, m, `pgbox_relay_targets{state="running"} 4`)
 	require.Contains(t, m, "pgbox_relay_published_total 80")
-	require.NotContains(t, m, "pgbox_scrape_database_up", "the database collectors are off with a target list")
+	waitFor(t, "the targets' figures", 10*time.Second, func() bool {
+		return strings.Contains(metricsOf(t, base), `pgbox_fleet_targets_read{result="ok"} 4`)
+	})
 
 	// `migrate up` over the list: the behind target runs within a refresh.
 	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + testdb.ServerURL(t), "PGBOX_TARGETS=" + file}, "migrate", "up")
@@ -219,8 +221,8 @@ func TestRunTargetsConnBudget(t *testing.T) {
 	}
 	c := kafkatest.New(t, kfake.SeedTopics(3, topics...))
 	file := writeFile(t, "targets.txt", strings.Join(lines, "\n"))
-	// 9 = 1 (the check) + 2 × (3 pooled + 1 LISTEN).
-	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_DB_CONN_BUDGET=9", "PGBOX_LANES=16", "PGBOX_BATCH_SIZE=5"), "run")
+	// 12 = 1 (the check) + 3 (a cleanup pass, which runs at start) + 2 × (3 pooled + 1 LISTEN).
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_DB_CONN_BUDGET=12", "PGBOX_LANES=16", "PGBOX_BATCH_SIZE=5"), "run")
 	p.HTTPAddr(t)
 	most := 0
 	waitFor(t, "every target drained", 2*time.Minute, func() bool {
@@ -235,9 +237,9 @@ func TestRunTargetsConnBudget(t *testing.T) {
 		return true
 	})
 	t.Logf("at most %d connections", most)
-	require.LessOrEqual(t, most, 9, "the budget")
+	require.LessOrEqual(t, most, 12, "the budget")
 	require.GreaterOrEqual(t, most, 6, "the pools were used: %d connections at most", most)
-	require.Contains(t, p.Output(), "databases=2 db_conn_budget=9 db_conns_planned=9")
+	require.Contains(t, p.Output(), "databases=2 db_conn_budget=12 db_conns_planned=12")
 	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
@@ -245,19 +247,19 @@ func checkDBConnBudget(t *testing.T, set setFn) {
 	_, otherURL := testdb.CreateDatabase(t, "t_budget_")
 	file := writeFile(t, "targets.txt", "a s_a\nb s_b "+otherURL+"\n")
 	env := []string{"DATABASE_URL=" + testdb.ServerURL(t), "KAFKA_BROKERS=127.0.0.1:1", "PGBOX_HTTP_ADDR=127.0.0.1:0", "PGBOX_TARGETS=" + file}
-	r := runWith(t, set, "6", env, "run")
+	r := runWith(t, set, "9", env, "run")
 	require.Equal(t, 2, r.Code, r.Stderr)
-	require.Contains(t, r.Stderr, "PGBOX_DB_CONN_BUDGET (--db-conn-budget) 6 is too small for the 2 databases of the target list: it needs at least 7, 3 per database")
-	a, e := with(set, "7", append(env, "PGBOX_TARGETS_REFRESH=1s"), "run")
+	require.Contains(t, r.Stderr, "PGBOX_DB_CONN_BUDGET (--db-conn-budget) 9 is too small for the 2 databases of the target list: it needs at least 10, 3 per database (a pool of at least 2 and its LISTEN connection) plus 1 to check targets and 3 for a cleanup pass (--cleanup-interval)")
+	a, e := with(set, "10", append(env, "PGBOX_TARGETS_REFRESH=1s"), "run")
 	p := startRelay(t, e, a...)
 	p.HTTPAddr(t)
 	waitFor(t, "the running line", 10*time.Second, func() bool {
-		return strings.Contains(p.Output(), "db_conn_budget=7 db_conns_planned=7")
+		return strings.Contains(p.Output(), "db_conn_budget=10 db_conns_planned=10")
 	})
 	// Spent: a third database's target is refused, naming the setting.
 	rewrite(t, file, "a s_a\nb s_b "+otherURL+"\nc s_c postgres://pgbox@127.0.0.1:1/third\n")
 	waitFor(t, "the third database refused", 15*time.Second, func() bool {
-		return strings.Contains(p.Output(), `target=c `) && strings.Contains(p.Output(), "no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) 7 for this database")
+		return strings.Contains(p.Output(), `target=c `) && strings.Contains(p.Output(), "no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) 10 for this database")
 	})
 	require.Equal(t, 0, p.stop(t), p.Output())
 }
@@ -358,8 +360,8 @@ func TestRunTargetsQuery(t *testing.T) {
 	p.HTTPAddr(t)
 	require.Len(t, eventIDs(t, c, "t-acme", 10), 10)
 	waitFor(t, "the running line", 10*time.Second, func() bool { return strings.Contains(p.Output(), `msg="relay running"`) })
-	// 2 (the check, the control database) + 10 (--db-max-conns) + 1 LISTEN.
-	require.Contains(t, p.Output(), "databases=1 db_conn_budget=20 db_conns_planned=13")
+	// 2 (the check, the control database) + 3 (a cleanup pass) + 10 (--db-max-conns) + 1 LISTEN.
+	require.Contains(t, p.Output(), "databases=1 db_conn_budget=20 db_conns_planned=16")
 	require.Equal(t, 0, p.stop(t), p.Output())
 }
 

@@ -223,40 +223,48 @@ func requireSchema(ctx context.Context, pool *pgxpool.Pool, t targetSpec) error 
 	return nil
 }
 
-// readTargetLine reads one target's state and figures. It writes nothing
-// and takes no lock.
+// readTargetLine reads one target's state and figures on a pool of its
+// own. It writes nothing and takes no lock.
 func readTargetLine(ctx context.Context, t targetSpec, log *logger) (state, detail string, fig *TargetFigures) {
 	pool, err := openTarget(ctx, t, 2)
 	if err != nil {
 		return stateUnreachable, unreachableText(err, t), nil
 	}
 	defer pool.Close()
-	return readTarget(ctx, pool, t, log)
+	state, detail, snap := readTarget(ctx, pool, t, inspect.Config{Lanes: relay.LanesDefault, Logger: log})
+	if snap != nil {
+		fig = figuresOf(snap)
+	}
+	return state, detail, fig
 }
 
-// targetReader is what readTarget reads a target through: its own pool
-// (search_path its schema), or the console's targetDB over a shared one.
-type targetReader interface {
-	inspect.DB
-	inspect.Querier
-}
-
-// readTarget reads one target's state and figures through db, whose
-// search_path is the target's schema. It writes nothing and takes no lock.
-func readTarget(ctx context.Context, db targetReader, t targetSpec, log *logger) (state, detail string, fig *TargetFigures) {
-	failed := func(err error) (string, string, *TargetFigures) {
+// readTarget reads one target's state and snapshot through db: a pool with
+// the target's schema as its search_path (`relay status`), or a database's
+// shared pool that sets it per transaction (schemaPool: `relay run`'s
+// metrics). It writes nothing and takes no lock; snap is nil when the
+// snapshot could not be read.
+func readTarget(ctx context.Context, db inspect.DB, t targetSpec, cfg inspect.Config) (state, detail string, snap *inspect.Snapshot) {
+	failed := func(err error) (string, string, *inspect.Snapshot) {
 		return stateFailed, oneLine(dbconf.RedactErr(err, t.DatabaseURL)), nil
 	}
-	var exists bool
-	if err := db.QueryRow(ctx, schemaExistsSQL, t.Schema).Scan(&exists); err != nil {
-		return failed(fmt.Errorf("look up schema %q: %w", t.Schema, err))
-	}
-	if !exists {
-		return stateNoSchema, "`relay migrate up` with the target list creates it", nil
-	}
-	applied, err := appliedVersions(ctx, db)
+	tx, err := db.Begin(ctx)
 	if err != nil {
+		return stateUnreachable, unreachableText(err, t), nil
+	}
+	var exists bool
+	var applied []int64
+	err = tx.QueryRow(ctx, schemaExistsSQL, t.Schema).Scan(&exists)
+	if err != nil {
+		err = fmt.Errorf("look up schema %q: %w", t.Schema, err)
+	} else if exists {
+		applied, err = appliedVersions(ctx, tx)
+	}
+	_ = tx.Rollback(context.WithoutCancel(ctx))
+	switch {
+	case err != nil:
 		return failed(err)
+	case !exists:
+		return stateNoSchema, "`relay migrate up` with the target list creates it", nil
 	}
 	state = stateOK
 	shipped := shippedVersions()
@@ -266,10 +274,10 @@ func readTarget(ctx context.Context, db targetReader, t targetSpec, log *logger)
 			detail = "never migrated: run `relay migrate up`"
 		}
 	}
-	snap, err := inspect.Read(ctx, db, inspect.Config{Lanes: relay.LanesDefault, Logger: log})
+	snap, err = inspect.Read(ctx, db, cfg)
 	switch {
 	case err == nil:
-		return state, detail, figuresOf(snap)
+		return state, detail, snap
 	case errors.Is(err, inspect.ErrNoConnection):
 		return stateUnreachable, unreachableText(err, t), nil
 	case state == stateBehind: // an older schema inspect cannot read: behind says why

@@ -83,7 +83,7 @@ func (t *targetOptions) bind(s *settings, has map[string]bool) {
 		s.duration(&t.DormantAfter, g, "dormant-after", "PGBOX_DORMANT_AFTER", relay.DormantAfterDefault, 0,
 			"with --targets or --targets-query, how long a target finds no rows before it goes dormant: it gives up its lanes and stops renewing leases until a notification or the idle poll finds rows (0: never)")
 		s.integer(&t.ConnBudget, g, "db-conn-budget", "PGBOX_DB_CONN_BUDGET", dbConnBudgetDefault, 1, 100_000,
-			"with --targets or --targets-query, the most database connections `relay run` opens in all: each database's pool (at most --db-max-conns, at least 2) and its LISTEN connection, one to check targets, one to --control-url")
+			"with --targets or --targets-query, the most database connections `relay run` opens in all: each database's pool (at most --db-max-conns, at least 2) and its LISTEN connection, one to check targets, one to --control-url, and 3 for a cleanup pass (with --cleanup-interval; more passes at once while the budget has room)")
 	}
 	if has[groupMigrate] {
 		s.integer(&t.Concurrency, g, "migrate-concurrency", "PGBOX_MIGRATE_CONCURRENCY", migrateConcurrencyDefault, 1, 64,
@@ -91,7 +91,7 @@ func (t *targetOptions) bind(s *settings, has map[string]bool) {
 	}
 	if has[groupTargetsEach] {
 		s.integer(&t.EachConcurrency, g, "targets-concurrency", "PGBOX_TARGETS_CONCURRENCY", targetsConcurrencyDefault, 1, 64,
-			"most targets `status` and `cleanup` work on at once (with --targets or --targets-query)")
+			"most targets `status` and `cleanup` work on at once, and `run` reads for /metrics and prunes at once (with --targets or --targets-query)")
 	}
 }
 

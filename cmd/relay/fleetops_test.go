@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/pgboxprom"
+	"github.com/pgbox/pgbox/relay"
+)
+
+func init() {
+	flagChecks["target-metrics"] = flagCheck{check: checkTargetMetrics, bad: "top:0"}
+}
+
+// targetSeriesIn returns the targets that have a series of their own in
+// the exposition m.
+func targetSeriesIn(m string) map[string]bool {
+	out := map[string]bool{}
+	for _, x := range regexp.MustCompile(`(?m)^pgbox_target_\w+\{target="([^"]+)"\}`).FindAllStringSubmatch(m, -1) {
+		out[x[1]] = true
+	}
+	return out
+}
+
+// --target-metrics: all gives every target series of its own, none
+// gives none; the fleet's totals are there either way; off reads no
+// database for /metrics.
+func checkTargetMetrics(t *testing.T, set setFn) {
+	acme, globex := testdb.New(t), testdb.New(t)
+	c := kafkatest.New(t, kfake.SeedTopics(1, "t-acme"))
+	file := writeFile(t, "targets.txt", fmt.Sprintf("acme %s\nglobex %s\n", acme.Schema, globex.Schema))
+	for v, want := range map[string]int{"all": 2, "none": 0, "off": 0} {
+		a, e := with(set, v, fleetEnv(t, c, "PGBOX_TARGETS="+file), "run")
+		p := startRelay(t, e, a...)
+		base := "http://" + p.HTTPAddr(t)
+		var m string
+		waitFor(t, "both targets running and read", 15*time.Second, func() bool {
+			m = metricsOf(t, base)
+			return strings.Contains(m, `pgbox_relay_targets{state="running"} 2`) &&
+				(v == "off" || strings.Contains(m, `pgbox_fleet_targets_read{result="ok"} 2`))
+		})
+		require.Len(t, targetSeriesIn(m), want, "%s:\n%s", v, m)
+		if v == "off" {
+			time.Sleep(1500 * time.Millisecond) // a refresh: a reader would have read them
+			m = metricsOf(t, base)
+			require.NotContains(t, m, "pgbox_fleet_")
+			require.NotContains(t, m, "pgbox_scrape_database_up")
+		} else {
+			require.Contains(t, m, "pgbox_fleet_outbox_parked_rows 0")
+		}
+		require.Contains(t, p.Output(), "target_metrics="+v)
+		require.Equal(t, 0, p.stop(t), p.Output())
+	}
+}
+
+// Bad values of --target-metrics name the setting and what it accepts.
+func TestTargetMetricsValues(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[string]targetSeries{"none": {}, "all": {all: true}, "top:3": {top: 3}, " TOP:1000 ": {top: 1000}, "off": {off: true}} {
+		got, ok := parseTargetSeries(v)
+		require.True(t, ok, v)
+		require.Equal(t, want, got, v)
+	}
+	for _, v := range []string{"", "top", "top:", "top:0", "top:-1", "top:1001", "top:x", "5", "some"} {
+		_, ok := parseTargetSeries(v)
+		require.False(t, ok, v)
+	}
+	file := writeFile(t, "targets.txt", "acme s_acme\n")
+	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + defaultDB, "KAFKA_BROKERS=127.0.0.1:1", "PGBOX_TARGETS=" + file}, "run", "--target-metrics=top10")
+	require.Equal(t, 2, r.Code, r.Stderr)
+	require.Contains(t, r.Stderr, `invalid value "top10" for --target-metrics (env PGBOX_TARGET_METRICS)`)
+	require.Contains(t, r.Stderr, `must be "none", "all", "top:N" with N from 1 to 1000, or "off"`)
+}
+
+// The cardinality bound: 5,000 targets, each read, with top:N give N
+// targets series of their own (the N worst, as `relay status` orders
+// them), and the fleet's totals count every target.
+func TestTargetMetricsTopN(t *testing.T) {
+	t.Parallel()
+	const n = 5000
+	f, err := relay.NewFleet(relay.FleetConfig{Relay: relay.Config{Brokers: []string{"127.0.0.1:1"}}})
+	require.NoError(t, err)
+	fr := &fleetRun{f: f, served: map[string]servedTarget{}, dbs: map[string]*fleetDB{"db": {url: "db"}}}
+	r := &fleetReader{fr: fr, last: map[string]targetRead{}}
+	age := func(s float64) *float64 { return &s }
+	for i := range n {
+		name := fmt.Sprintf("t%04d", i)
+		fr.served[name] = servedTarget{spec: targetSpec{Name: name, Schema: "s_" + name, DatabaseURL: "db"}}
+		snap := &inspect.Snapshot{Time: time.Now()}
+		snap.Outbox.Unpublished = int64(i % 7)
+		snap.Outbox.Parked = 1
+		if i%1000 == 999 { // the five with the oldest rows: t0999 (oldest) … t4999
+			snap.Outbox.OldestAge = age(float64(10_000 - i))
+		}
+		r.last[name] = targetRead{state: stateOK, snap: snap}
+	}
+	delete(r.last, "t0000") // not read yet: ranks after every target read
+	r.last["t0001"] = targetRead{state: stateUnreachable, detail: "refused"}
+
+	for _, c := range []struct {
+		series targetSeries
+		want   []string
+	}{
+		{targetSeries{top: 3}, []string{"t0001", "t0999", "t1999"}},
+		{targetSeries{top: 10}, nil},
+		{targetSeries{}, []string{}},
+	} {
+		r.series = c.series
+		col, err := pgboxprom.New(pgboxprom.Config{Fleet: r})
+		require.NoError(t, err)
+		reg := prometheus.NewRegistry()
+		require.NoError(t, reg.Register(col))
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		targets, series := map[string]bool{}, 0
+		totals := map[string]float64{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "target" {
+						targets[l.GetValue()] = true
+						series++
+					}
+				}
+				if len(m.GetLabel()) == 0 && m.GetGauge() != nil {
+					totals[mf.GetName()] = m.GetGauge().GetValue()
+				}
+			}
+		}
+		require.LessOrEqual(t, len(targets), c.series.top, "%s: at most N targets with series", c.series)
+		require.LessOrEqual(t, series, 12*c.series.top, "%s: a dozen series per chosen target at most", c.series)
+		if c.want != nil {
+			require.Len(t, targets, len(c.want))
+			for _, w := range c.want {
+				require.True(t, targets[w], "%s: %s among the worst: %v", c.series, w, targets)
+			}
+		} else {
+			require.Len(t, targets, c.series.top)
+		}
+		require.Equal(t, float64(n-2), totals["pgbox_fleet_outbox_parked_rows"], "every target read counts")
+		require.Equal(t, float64(9001), totals["pgbox_outbox_oldest_unpublished_age_seconds"], "the worst")
+		require.Equal(t, float64(0), totals["pgbox_scrape_database_up"], "a target's database unreachable")
+	}
+}
+
+// The budget keeps room for one cleanup pass and lends more passes what
+// is free, leaving room for a new database's smallest pool.
+func TestConnBudgetCleanup(t *testing.T) {
+	t.Parallel()
+	o := &options{DBMaxConns: 10, CleanupInterval: time.Hour}
+	o.Targets.ConnBudget = 20
+	b := newConnBudget(o)
+	share, err := b.split(1)
+	require.NoError(t, err)
+	require.Equal(t, 10, share)
+	n, err := b.take(share)
+	require.NoError(t, err)
+	require.Equal(t, 10, n)
+	require.Equal(t, 15, b.planned(), "1 check + 3 cleanup + 10 + 1 LISTEN")
+	require.Equal(t, 0, b.borrow(cleanupTargetConns, 3), "20 - 15 - 3 for a new database: room for no second pass")
+	b.give(10)
+	require.Equal(t, 3, b.borrow(cleanupTargetConns, 3))
+	require.Equal(t, 13, b.planned())
+	b.giveBack(9)
+	require.Equal(t, 4, b.planned())
+}
+
+// `relay run` with a target list prunes every served target every
+// --cleanup-interval under its own lease: a target whose pass fails is
+// logged once per change and the others are pruned; it is pruned again
+// once fixed; SIGTERM stops a pass that waits for a lock at once.
+func TestRunTargetsCleanup(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.New(t)
+	ordersLogStart(t, c)
+	acme, globex := testdb.New(t), testdb.New(t)
+	_, otherURL := testdb.CreateDatabase(t, "t_fleetops_")
+	broken := headSchema(t, otherURL, "s_broken")
+	for _, db := range []*testdb.DB{acme, globex, broken} {
+		keysAt(t, db, 0, 1, 2)
+	}
+	opsExec(t, broken, `ALTER TABLE pgbox_consumer_attempts RENAME TO pgbox_consumer_attempts_away`)
+	file := writeFile(t, "targets.txt", fmt.Sprintf("acme %s\nglobex %s\nbroken s_broken %s\n", acme.Schema, globex.Schema, otherURL))
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_CLEANUP_INTERVAL=1s", "PGBOX_CLEANUP_BUFFER=1h", "PGBOX_TARGETS_CONCURRENCY=2"), "run")
+	p.HTTPAddr(t)
+	waitFor(t, "acme and globex pruned", time.Minute, func() bool { return inboxKeys(t, acme) == 1 && inboxKeys(t, globex) == 1 })
+	roundRE := regexp.MustCompile(`msg="cleanup: round done" component=cleanup targets=3 failed=1 `)
+	waitFor(t, "three rounds", time.Minute, func() bool { return len(roundRE.FindAllString(p.Output(), -1)) >= 3 })
+	failedRE := regexp.MustCompile(`level=WARN msg="cleanup: target failed[^\n]*target=broken[^\n]*pgbox_consumer_attempts`)
+	require.Len(t, failedRE.FindAllString(p.Output(), -1), 1, "logged once while it fails the same way:\n%s", p.Output())
+	require.NotContains(t, p.Output(), "cleanup does not run")
+
+	// New keys are pruned at the next rounds; the broken target is pruned
+	// again once fixed, and says so once.
+	keysAt(t, acme, 1)
+	opsExec(t, broken, `ALTER TABLE pgbox_consumer_attempts_away RENAME TO pgbox_consumer_attempts`)
+	waitFor(t, "acme pruned again", 30*time.Second, func() bool { return inboxKeys(t, acme) == 1 })
+	waitFor(t, "broken pruned", 30*time.Second, func() bool { return inboxKeys(t, broken) == 1 })
+	waitFor(t, "the recovery line", 10*time.Second, func() bool {
+		return strings.Contains(p.Output(), `msg="cleanup: target pruned again" component=cleanup target=broken`)
+	})
+
+	// A pass waiting for its target's lease table stops at SIGTERM.
+	ctx := context.Background()
+	lock, err := pgx.Connect(ctx, testdb.ServerURL(t))
+	require.NoError(t, err)
+	defer lock.Close(ctx)
+	tx, err := lock.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{acme.Schema, "pgbox_cleanup_lease"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	time.Sleep(2500 * time.Millisecond) // a round starts and waits
+	stopAt := time.Now()
+	require.Equal(t, 0, p.stop(t), p.Output())
+	require.Less(t, time.Since(stopAt), 10*time.Second, "stopped promptly")
+	require.NoError(t, tx.Rollback(ctx))
+}
+
+// With a target list /metrics has the fleet's totals of the database
+// figures and, with top:1, the series of the worst target only.
+func TestRunTargetsMetrics(t *testing.T) {
+	t.Parallel()
+	acme, globex, initech := testdb.New(t), testdb.New(t), testdb.New(t)
+	c := kafkatest.New(t, kfake.SeedTopics(1, "t-acme", "t-globex", "t-initech"))
+	park(t, globex, "t-globex", time.Hour, "too large")
+	park(t, globex, "t-globex", time.Hour, "too large")
+	dead(t, initech, "svc", "orders")
+	for name, db := range map[string]*testdb.DB{"acme": acme, "globex": globex, "initech": initech} {
+		writeRows(t, db, "t-"+name, 0, 5)
+	}
+	file := writeFile(t, "targets.txt", fmt.Sprintf("acme %s\nglobex %s\ninitech %s\n", acme.Schema, globex.Schema, initech.Schema))
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_TARGET_METRICS=top:1"), "run")
+	base := "http://" + p.HTTPAddr(t)
+	require.Len(t, eventIDs(t, c, "t-acme", 5), 5)
+	var m string
+	waitFor(t, "the figures read after the drain", 30*time.Second, func() bool {
+		m = metricsOf(t, base)
+		return strings.Contains(m, `pgbox_fleet_targets_read{result="ok"} 3`) && strings.Contains(m, "pgbox_fleet_outbox_unpublished_rows 0") &&
+			strings.Contains(m, `pgbox_target_relay_published_total{target="globex"} 5`)
+	})
+	require.Contains(t, m, "pgbox_fleet_outbox_parked_rows 2")
+	require.Contains(t, m, "pgbox_fleet_consumer_dead_letter_rows 1")
+	require.Contains(t, m, "pgbox_outbox_oldest_unpublished_age_seconds 0")
+	require.Contains(t, m, "pgbox_relay_lanes_unowned 0")
+	require.Contains(t, m, "pgbox_scrape_database_up 1")
+	require.Contains(t, m, "pgbox_scrape_database_snapshot_ok 1")
+	require.Contains(t, m, `pgbox_target_outbox_parked_rows{target="globex"} 2`)
+	require.Contains(t, m, `pgbox_target_database_up{target="globex"} 1`)
+	require.Equal(t, map[string]bool{"globex": true}, targetSeriesIn(m), "top:1: the target with parked rows only")
+	require.Contains(t, m, "pgbox_relay_published_total 15", "the fleet's counters")
+	require.Equal(t, 0, p.stop(t), p.Output())
+}

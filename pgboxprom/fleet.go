@@ -1,0 +1,213 @@
+package pgboxprom
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/outbox"
+)
+
+// A fleet of relays (relay.Fleet, `relay run` with a target list) serves
+// many targets, each a set of pgbox tables. Reading every target's
+// database at each scrape would cost a scrape thousands of queries, and a
+// series per target and metric would cost Prometheus thousands of series:
+// so a [Fleet] hands the collector what it last read of each target (read
+// on its own schedule, its own concurrency), and says which targets get
+// series of their own. The collector exports the fleet's totals and
+// maxima always, the chosen targets' series labelled target="NAME".
+
+// Fleet is what the collector reads of a fleet's targets beyond their
+// counts per state ([Targets]): each target's relay counters and its last
+// database read. The binary's reader (`relay run` with a target list) is
+// one; a service running a relay.Fleet can write its own over
+// inspect.Read.
+type Fleet interface {
+	FleetTargets() []FleetTarget
+}
+
+// Read results of a [FleetTarget].
+const (
+	// ReadOK: the last read took the whole snapshot.
+	ReadOK = "ok"
+	// ReadFailed: the database answered, a query failed or timed out.
+	ReadFailed = "failed"
+	// ReadUnreachable: the database could not be reached.
+	ReadUnreachable = "unreachable"
+	// ReadPending: not read yet.
+	ReadPending = "pending"
+)
+
+// FleetTarget is one target of a [Fleet] as last read.
+type FleetTarget struct {
+	// Name is the target's name, the value of its series' target label.
+	Name string
+	// Relay is the target's relay counters (relay.TargetState.Stats); nil
+	// when the fleet does not run it.
+	Relay *outbox.RelayStats
+	// Read is ReadOK, ReadFailed, ReadUnreachable or ReadPending (any
+	// other value counts as pending).
+	Read string
+	// Snapshot is the last read that succeeded, nil when none did or the
+	// last read failed.
+	Snapshot *inspect.Snapshot
+	// Series: export the target's own series. The Fleet chooses which (a
+	// few of the worst, or all): the totals count every target.
+	Series bool
+}
+
+// Fleet totals, over every target of a [Fleet]. The unlabelled gauges that
+// make sense as a fleet's maximum or sum keep their single-target names
+// (pgbox_outbox_oldest_unpublished_age_seconds, pgbox_relay_lanes_unowned,
+// pgbox_xmin_horizon_age_*, pgbox_scrape_database_*), so the alerts over
+// them cover every target; the per-topic families would grow with the
+// tenants' topics, so their totals have names of their own.
+var (
+	dFleetUnpublished = desc("pgbox_fleet_outbox_unpublished_rows", "Unpublished, unparked outbox rows summed over the fleet's targets, as last read (a target's count is exact up to inspect's ExactLimit, a planner estimate past it).")
+	dFleetParked      = desc("pgbox_fleet_outbox_parked_rows", "Parked outbox rows summed over the fleet's targets, as last read.")
+	dFleetDead        = desc("pgbox_fleet_consumer_dead_letter_rows", "Dead letters summed over the fleet's targets, as last read.")
+	dFleetInboxAge    = desc("pgbox_fleet_inbox_oldest_key_age_seconds", "Age of the oldest inbox key of any consumer, topic and target of the fleet, as last read.")
+	dFleetRead        = desc("pgbox_fleet_targets_read", "The fleet's targets by the result of their last database read: ok, failed, unreachable, pending (not read yet).", "result")
+	dFleetReadAge     = desc("pgbox_fleet_read_age_seconds", "Age of the oldest database read the fleet's figures come from (0 when none was read).")
+
+	dTargetPublished   = desc("pgbox_target_relay_published_total", "A target's records Kafka acknowledged (its relay's pgbox_relay_published_total); only for the targets chosen for series of their own.", "target")
+	dTargetRetried     = desc("pgbox_target_relay_retried_total", "A target's row sends that failed and were left for a later pass; chosen targets only.", "target")
+	dTargetParkedTotal = desc("pgbox_target_relay_parked_total", "A target's rows parked by the relay; chosen targets only.", "target")
+	dTargetLanesHeld   = desc("pgbox_target_relay_lanes_held", "Lanes of a target this process held at its last heartbeat; chosen targets only.", "target")
+	dTargetUp          = desc("pgbox_target_database_up", "1 if a target's database answered its last read, 0 if it could not be reached; chosen targets only.", "target")
+	dTargetUnpublished = desc("pgbox_target_outbox_unpublished_rows", "A target's unpublished, unparked outbox rows, as last read; chosen targets only.", "target")
+	dTargetOldest      = desc("pgbox_target_outbox_oldest_unpublished_age_seconds", "Age of a target's oldest unpublished, unparked outbox row (0 when none), as last read; chosen targets only.", "target")
+	dTargetParked      = desc("pgbox_target_outbox_parked_rows", "A target's parked outbox rows, as last read; chosen targets only.", "target")
+	dTargetDead        = desc("pgbox_target_consumer_dead_letter_rows", "A target's dead letters, as last read; chosen targets only.", "target")
+	dTargetUnowned     = desc("pgbox_target_relay_lanes_unowned", "A target's lanes no live relay instance holds, as last read; chosen targets only.", "target")
+	dTargetInboxAge    = desc("pgbox_target_inbox_oldest_key_age_seconds", "Age of a target's oldest inbox key of any consumer and topic, as last read; chosen targets only.", "target")
+)
+
+var fleetDescs = []*prometheus.Desc{
+	dFleetUnpublished, dFleetParked, dFleetDead, dFleetInboxAge, dFleetRead, dFleetReadAge,
+	dTargetPublished, dTargetRetried, dTargetParkedTotal, dTargetLanesHeld, dTargetUp,
+	dTargetUnpublished, dTargetOldest, dTargetParked, dTargetDead, dTargetUnowned, dTargetInboxAge,
+}
+
+// targetFigures are the figures of one snapshot the fleet's series use.
+type targetFigures struct {
+	unpublished, parked, dead int64
+	oldest, inboxAge          float64
+	unowned                   int
+}
+
+func figures(s *inspect.Snapshot) targetFigures {
+	f := targetFigures{unpublished: s.Outbox.Unpublished, parked: s.Outbox.Parked}
+	if s.Outbox.OldestAge != nil {
+		f.oldest = *s.Outbox.OldestAge
+	}
+	for _, d := range s.Dead {
+		f.dead += d.Count
+	}
+	for _, in := range s.Inbox {
+		f.inboxAge = max(f.inboxAge, in.OldestAge)
+	}
+	dormant := s.DormantOnly() // no lane is held, and nothing waits for one
+	for _, l := range s.Lanes {
+		if !l.Held && !dormant {
+			f.unowned++
+		}
+	}
+	return f
+}
+
+// collectFleet exports the fleet's totals, and the series of the targets
+// chosen for their own.
+func (c *Collector) collectFleet(ch chan<- prometheus.Metric) {
+	targets := c.cfg.Fleet.FleetTargets()
+	var total targetFigures
+	reads := map[string]int{ReadOK: 0, ReadFailed: 0, ReadUnreachable: 0, ReadPending: 0}
+	horizonAge := map[inspect.HolderKind]float64{}
+	horizonXacts := map[inspect.HolderKind]int64{}
+	var readSeconds, readAge float64
+	var oldestRead time.Time
+	for _, t := range targets {
+		if _, ok := reads[t.Read]; !ok {
+			t.Read = ReadPending // unset, or not one of the results
+		}
+		reads[t.Read]++
+		if t.Series {
+			exportTarget(ch, t)
+		}
+		s := t.Snapshot
+		if s == nil {
+			continue
+		}
+		f := figures(s)
+		total.unpublished += f.unpublished
+		total.parked += f.parked
+		total.dead += f.dead
+		total.unowned += f.unowned
+		total.oldest = max(total.oldest, f.oldest)
+		total.inboxAge = max(total.inboxAge, f.inboxAge)
+		readSeconds = max(readSeconds, s.ReadSeconds)
+		for _, k := range s.Horizon.Kinds {
+			if k.AgeSeconds != nil {
+				horizonAge[k.Kind] = max(horizonAge[k.Kind], *k.AgeSeconds)
+			}
+			horizonXacts[k.Kind] = max(horizonXacts[k.Kind], k.AgeTransactions)
+		}
+		if oldestRead.IsZero() || s.Time.Before(oldestRead) {
+			oldestRead = s.Time
+		}
+	}
+	if !oldestRead.IsZero() {
+		readAge = time.Since(oldestRead).Seconds() // the database's clock against ours: a skew shows here
+	}
+	gauge(ch, dFleetUnpublished, float64(total.unpublished))
+	gauge(ch, dFleetParked, float64(total.parked))
+	gauge(ch, dFleetDead, float64(total.dead))
+	gauge(ch, dFleetInboxAge, total.inboxAge)
+	gauge(ch, dOldest, total.oldest)
+	gauge(ch, dUnowned, float64(total.unowned))
+	for r, n := range reads {
+		gauge(ch, dFleetRead, float64(n), r)
+	}
+	gauge(ch, dFleetReadAge, max(readAge, 0))
+	for k, v := range horizonAge {
+		gauge(ch, dHorizonAge, v, string(k))
+	}
+	for k, v := range horizonXacts {
+		gauge(ch, dHorizonXacts, float64(v), string(k))
+	}
+	// The scrape gauges over the targets' last reads: down when any
+	// target's database could not be reached, incomplete when any read
+	// failed, so the alerts over them cover every target.
+	if len(targets) > 0 {
+		gauge(ch, dDBUp, boolf(reads[ReadUnreachable] == 0))
+		gauge(ch, dScrapeOK, boolf(reads[ReadUnreachable]+reads[ReadFailed] == 0))
+		gauge(ch, dScrapeS, readSeconds)
+	}
+}
+
+// exportTarget exports one target's own series.
+func exportTarget(ch chan<- prometheus.Metric, t FleetTarget) {
+	if r := t.Relay; r != nil {
+		counter(ch, dTargetPublished, float64(r.Published), t.Name)
+		counter(ch, dTargetRetried, float64(r.Retried), t.Name)
+		counter(ch, dTargetParkedTotal, float64(r.Parked), t.Name)
+		gauge(ch, dTargetLanesHeld, float64(r.Lanes), t.Name)
+	}
+	switch t.Read {
+	case ReadUnreachable:
+		gauge(ch, dTargetUp, 0, t.Name)
+	case ReadOK, ReadFailed:
+		gauge(ch, dTargetUp, 1, t.Name)
+	}
+	if t.Snapshot == nil {
+		return
+	}
+	f := figures(t.Snapshot)
+	gauge(ch, dTargetUnpublished, float64(f.unpublished), t.Name)
+	gauge(ch, dTargetOldest, f.oldest, t.Name)
+	gauge(ch, dTargetParked, float64(f.parked), t.Name)
+	gauge(ch, dTargetDead, float64(f.dead), t.Name)
+	gauge(ch, dTargetUnowned, float64(f.unowned), t.Name)
+	gauge(ch, dTargetInboxAge, f.inboxAge, t.Name)
+}

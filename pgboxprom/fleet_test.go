@@ -1,0 +1,87 @@
+package pgboxprom_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/outbox"
+	"github.com/pgbox/pgbox/pgboxprom"
+)
+
+type fleetOf []pgboxprom.FleetTarget
+
+func (f fleetOf) FleetTargets() []pgboxprom.FleetTarget { return f }
+
+// A Fleet's targets: totals and maxima over every target read, under the
+// single-database names where a maximum or a sum means the same; series of
+// their own only for the targets marked.
+func TestFleetTotalsAndChosenSeries(t *testing.T) {
+	t.Parallel()
+	age := func(s float64) *float64 { return &s }
+	snap := func(unpublished, parked int64, oldest *float64, dead int64, unowned int, inboxAge float64, horizon float64) *inspect.Snapshot {
+		s := &inspect.Snapshot{Time: time.Now()}
+		s.Outbox.Unpublished, s.Outbox.Parked, s.Outbox.OldestAge = unpublished, parked, oldest
+		s.Dead = []inspect.DeadCount{{Consumer: "svc", Topic: "orders", Count: dead}}
+		for i := range 4 {
+			s.Lanes = append(s.Lanes, inspect.Lane{Lane: i, Held: i >= unowned})
+		}
+		s.Inbox = []inspect.InboxTopic{{Consumer: "svc", Topic: "orders", OldestAge: inboxAge}}
+		s.Horizon.Kinds = []inspect.HorizonKind{{Kind: inspect.HolderSession, Holders: 1, AgeSeconds: age(horizon), AgeTransactions: int64(horizon)}}
+		return s
+	}
+	f := fleetOf{
+		{Name: "acme", Relay: &outbox.RelayStats{Published: 7, Lanes: 4}, Read: pgboxprom.ReadOK, Snapshot: snap(3, 2, age(40), 1, 0, 100, 5), Series: true},
+		{Name: "globex", Relay: &outbox.RelayStats{Published: 9}, Read: pgboxprom.ReadOK, Snapshot: snap(5, 0, age(90), 2, 1, 300, 50)},
+		{Name: "initech", Read: pgboxprom.ReadUnreachable, Series: true},
+		{Name: "hooli", Read: pgboxprom.ReadPending},
+	}
+	m := gather(t, newCollector(t, pgboxprom.Config{Fleet: f}))
+	for name, want := range map[string]float64{
+		"pgbox_fleet_outbox_unpublished_rows":                 8,
+		"pgbox_fleet_outbox_parked_rows":                      2,
+		"pgbox_fleet_consumer_dead_letter_rows":               3,
+		"pgbox_fleet_inbox_oldest_key_age_seconds":            300,
+		"pgbox_outbox_oldest_unpublished_age_seconds":         90,
+		"pgbox_relay_lanes_unowned":                           1,
+		`pgbox_xmin_horizon_age_seconds{kind="session"}`:      50,
+		`pgbox_xmin_horizon_age_transactions{kind="session"}`: 50,
+		`pgbox_fleet_targets_read{result="ok"}`:               2,
+		`pgbox_fleet_targets_read{result="unreachable"}`:      1,
+		`pgbox_fleet_targets_read{result="pending"}`:          1,
+		`pgbox_fleet_targets_read{result="failed"}`:           0,
+		"pgbox_scrape_database_up":                            0,
+		"pgbox_scrape_database_snapshot_ok":                   0,
+
+		`pgbox_target_relay_published_total{target="acme"}`:                 7,
+		`pgbox_target_relay_lanes_held{target="acme"}`:                      4,
+		`pgbox_target_database_up{target="acme"}`:                           1,
+		`pgbox_target_outbox_unpublished_rows{target="acme"}`:               3,
+		`pgbox_target_outbox_oldest_unpublished_age_seconds{target="acme"}`: 40,
+		`pgbox_target_outbox_parked_rows{target="acme"}`:                    2,
+		`pgbox_target_consumer_dead_letter_rows{target="acme"}`:             1,
+		`pgbox_target_relay_lanes_unowned{target="acme"}`:                   0,
+		`pgbox_target_inbox_oldest_key_age_seconds{target="acme"}`:          100,
+		`pgbox_target_database_up{target="initech"}`:                        0,
+	} {
+		require.Contains(t, m, name)
+		require.Equal(t, want, m[name], name)
+	}
+	require.Less(t, m["pgbox_fleet_read_age_seconds"], 60.0)
+	for name := range m {
+		require.NotContains(t, name, `target="globex"`, "globex is not chosen")
+		require.NotContains(t, name, `target="hooli"`)
+	}
+	require.NotContains(t, m, `pgbox_target_outbox_parked_rows{target="initech"}`, "no read, no figures")
+}
+
+// Fleet and DB together are refused: the fleet's totals take the names
+// of the database gauges.
+func TestFleetAndDBRefused(t *testing.T) {
+	t.Parallel()
+	_, err := pgboxprom.New(pgboxprom.Config{Fleet: fleetOf{}, DB: testdb.New(t).Pool})
+	require.ErrorContains(t, err, "Fleet and DB are both set")
+}
