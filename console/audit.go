@@ -83,6 +83,7 @@ type audit struct {
 // startAudit records that who asks for action on target, before anything
 // is done: an action whose record cannot be written does not run.
 func (h *Handler) startAudit(ctx context.Context, who Identity, action, target string) (*audit, error) {
+	target = h.auditTarget(target)
 	a := &audit{h: h, who: who, action: action, target: target}
 	if err := h.cfg.DB.QueryRow(ctx, sqlAuditStart, who.Name, string(who.Role), action, target, who.Method).Scan(&a.id); err != nil {
 		h.cfg.Logger.ErrorContext(ctx, "console: cannot write the audit record; action not taken",
@@ -121,8 +122,12 @@ func (a *audit) finish(ctx context.Context, ids []int64, affected int64, actErr 
 // changed since the confirmation, too many rows, a bad parameter) and a
 // failed login ("login").
 func (h *Handler) refused(ctx context.Context, who Identity, action, target, why string) int64 {
+	target = h.auditTarget(target)
 	h.cfg.Logger.WarnContext(ctx, "console action refused", "actor", who.Name, "role", string(who.Role),
 		"auth", who.Method, "action", action, "target", target, "reason", why)
+	if h.cfg.DB == nil { // a fleet console's own pages: no database of their own (logged above)
+		return 0
+	}
 	var id int64
 	if err := h.cfg.DB.QueryRow(context.WithoutCancel(ctx), sqlAuditStart, who.Name, string(who.Role), action, target, who.Method).Scan(&id); err != nil {
 		h.cfg.Logger.ErrorContext(ctx, "console: cannot write the audit record", "err", err)
@@ -165,6 +170,20 @@ func (h *Handler) target(form url.Values) string {
 		}
 	}
 	return b.String()
+}
+
+// auditTarget is target as a fleet console's target pages record it:
+// fleet_target="name" first, so the record names the target whatever
+// schema holds it.
+func (h *Handler) auditTarget(target string) string {
+	if h.fleetName == "" {
+		return target
+	}
+	t := "fleet_target=" + strconv.Quote(h.fleetName)
+	if target != "" {
+		t += " " + target
+	}
+	return t
 }
 
 // bounded is s as the audit trail may keep text a request chose: at most

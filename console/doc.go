@@ -14,6 +14,19 @@
 // Everything it reads and does goes through package inspect, the same
 // functions `relay status`, `relay parked` and `relay dead` call.
 //
+// # Many targets
+//
+// NewFleet serves the console of every target of a list (a relay.Fleet's
+// schemas, described by a Fleet): a fleet overview, one line per target
+// with its relay state and figures, the worst first, filtered and paged;
+// and each target's pages under /t/{name}/, reading and acting through the
+// target's own DB. The figures are read in the background, a few targets
+// at a time, each within FleetConfig.SummaryTimeout, when the overview is
+// older than FleetConfig.SummaryMaxAge: a page load reads no database.
+// Logins, roles, the login throttle and HidePayloads are the fleet's; each
+// target's forms are signed with its own key and its actions audited in its
+// own tables, naming it.
+//
 // # Security
 //
 // The console can replay payments, so:

@@ -30,7 +30,16 @@ type Handler struct {
 
 	rateMu   sync.Mutex
 	rateLast rateSample
-	logins   loginFailures
+	// logins is shared by a fleet console's target pages: guesses spread
+	// over many targets are throttled as one.
+	logins *loginFailures
+
+	// fleetName is the target this handler serves in a fleet console
+	// (FleetHandler), "" otherwise; home is the fleet's prefix.
+	fleetName string
+	home      string
+	// fleetTarget reads the target's relay state for its pages' banner.
+	fleetTarget func() (FleetTarget, bool)
 }
 
 // New validates cfg and returns the console's handler.
@@ -39,25 +48,34 @@ func New(cfg Config) (*Handler, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	h := &Handler{cfg: cfg, auth: newAuthenticator(cfg.Auth), csrf: &csrf{fixed: cfg.CSRFKey, db: cfg.DB}, mux: http.NewServeMux(),
-		pages: map[string]*template.Template{}, cross: http.NewCrossOriginProtection()}
-	h.cross.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.fail(w, r, http.StatusForbidden, "cross-origin request refused")
-	}))
-	for _, p := range []string{"overview", "parked", "parkedrow", "dead", "deadrow", "confirm", "cleanup", "story", "audit", "error"} {
+	h := newHandler(cfg, newAuthenticator(cfg.Auth), &loginFailures{})
+	h.pages = map[string]*template.Template{}
+	for _, p := range []string{"overview", "parked", "parkedrow", "dead", "deadrow", "confirm", "cleanup", "story", "audit", "error", "fleet"} {
 		t, err := template.New(p).Funcs(h.funcs()).ParseFS(assets, "assets/layout.html", "assets/row.html", "assets/horizon.html", "assets/"+p+".html")
 		if err != nil {
 			return nil, err
 		}
 		h.pages[p] = t
 	}
-	static, _ := fs.Sub(assets, "assets/static")
-	h.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	h.routes()
 	return h, nil
 }
 
+// newHandler returns a handler of cfg (with its defaults) without its
+// pages and routes; a fleet console's target handlers share the fleet's
+// authentication, login throttle and parsed pages (whose functions read
+// only HidePayloads, the same for every target).
+func newHandler(cfg Config, auth *authenticator, logins *loginFailures) *Handler {
+	h := &Handler{cfg: cfg, auth: auth, logins: logins, csrf: &csrf{fixed: cfg.CSRFKey, db: cfg.DB}, mux: http.NewServeMux(),
+		cross: http.NewCrossOriginProtection()}
+	h.cross.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.fail(w, r, http.StatusForbidden, "cross-origin request refused")
+	}))
+	return h
+}
+
 func (h *Handler) routes() {
+	h.mux.Handle("GET /static/", staticFiles())
 	h.mux.HandleFunc("GET /{$}", h.overview)
 	h.mux.HandleFunc("GET /parked", h.parked)
 	h.mux.HandleFunc("GET /parked/row", h.parkedRow)
@@ -73,9 +91,38 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("GET /audit", h.auditPage)
 }
 
+// staticFiles serves the console's stylesheet and images at /static/.
+func staticFiles() http.Handler {
+	static, _ := fs.Sub(assets, "assets/static")
+	return http.StripPrefix("/static/", http.FileServerFS(static))
+}
+
 // ServeHTTP serves the console. Every response carries the security
 // headers; every request is authenticated first.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	securityHeaders(w)
+	path, ok := stripPrefix(w, r, h.cfg.Prefix)
+	if !ok {
+		return
+	}
+	id, ok := h.login(w, r)
+	if !ok {
+		return
+	}
+	h.serveAs(w, r, id, path)
+}
+
+// serveAs serves r, authenticated as id, at path (the request's path
+// without the prefix).
+func (h *Handler) serveAs(w http.ResponseWriter, r *http.Request, id Identity, path string) {
+	r2 := r.Clone(context.WithValue(r.Context(), identityKey{}, id))
+	r2.URL.Path = path
+	r2.URL.RawPath = ""
+	h.mux.ServeHTTP(w, r2)
+}
+
+// securityHeaders are on every response of the console.
+func securityHeaders(w http.ResponseWriter) {
 	hd := w.Header()
 	hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	hd.Set("X-Frame-Options", "DENY")
@@ -83,26 +130,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd.Set("Referrer-Policy", "no-referrer")
 	// Pages show payloads, errors and operator data: never cached.
 	hd.Set("Cache-Control", "no-store")
+}
+
+// stripPrefix returns r's path without prefix, or answers r (404 outside
+// the prefix, a redirect from the bare prefix to prefix/) and returns false.
+func stripPrefix(w http.ResponseWriter, r *http.Request, prefix string) (string, bool) {
 	path := r.URL.Path
-	if h.cfg.Prefix != "" {
-		if path != h.cfg.Prefix && !strings.HasPrefix(path, h.cfg.Prefix+"/") {
+	if prefix != "" {
+		if path != prefix && !strings.HasPrefix(path, prefix+"/") {
 			http.NotFound(w, r)
-			return
+			return "", false
 		}
-		path = strings.TrimPrefix(path, h.cfg.Prefix)
+		path = strings.TrimPrefix(path, prefix)
 	}
 	if path == "" {
-		http.Redirect(w, r, h.cfg.Prefix+"/", http.StatusSeeOther)
-		return
+		http.Redirect(w, r, prefix+"/", http.StatusSeeOther)
+		return "", false
 	}
-	id, ok := h.login(w, r)
-	if !ok {
-		return
-	}
-	r2 := r.Clone(context.WithValue(r.Context(), identityKey{}, id))
-	r2.URL.Path = path
-	r2.URL.RawPath = ""
-	h.mux.ServeHTTP(w, r2)
+	return path, true
 }
 
 // login authenticates r, or answers it: 401 without or with wrong
@@ -204,6 +249,15 @@ type page struct {
 	Flash *AuditRecord
 	Data  any
 	Took  time.Duration
+	// Target is the target a fleet console's page is of ("" outside a
+	// fleet console); Home is the fleet overview's prefix. Fleet is set on
+	// the fleet overview itself.
+	Target string
+	Home   string
+	Fleet  bool
+	// TargetState is the relay's state of Target in this process (nil:
+	// not listed any more).
+	TargetState *FleetTarget
 }
 
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, name, title string, data any, start time.Time) {
@@ -214,8 +268,9 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, name, title str
 		h.cfg.Logger.ErrorContext(r.Context(), "console: page served without a CSRF token", "page", name, "err", err)
 	}
 	p := page{Title: title, Nav: name, Prefix: h.cfg.Prefix, Who: who, CSRF: tok, Hide: h.cfg.HidePayloads, Data: data,
-		Took: time.Since(start).Round(time.Millisecond)}
-	if done := r.URL.Query().Get("done"); done != "" {
+		Took: time.Since(start).Round(time.Millisecond), Target: h.fleetName, Home: h.home, Fleet: h.fleetName == "" && h.home != ""}
+	p.TargetState = h.targetState()
+	if done := r.URL.Query().Get("done"); done != "" && h.cfg.DB != nil {
 		ctx, cancel := h.ctx(r)
 		defer cancel()
 		if id, ok := parseID(done); ok {
@@ -235,6 +290,18 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, name, title str
 	_, _ = w.Write(buf.Bytes())
 }
 
+// targetState is the relay's state of a fleet console's target, for its
+// pages' banner (nil outside a fleet console, or when no longer listed).
+func (h *Handler) targetState() *FleetTarget {
+	if h.fleetTarget == nil {
+		return nil
+	}
+	if t, ok := h.fleetTarget(); ok {
+		return &t
+	}
+	return nil
+}
+
 // ownFlash reports whether rec may be shown as the flash of page to who:
 // only the outcome of who's own action (same name, same way of
 // authenticating) on that page's rows. Any audit id can be put in a link's
@@ -248,7 +315,8 @@ func ownFlash(rec *AuditRecord, who Identity, page string) bool {
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	who, _ := IdentityFrom(r.Context())
 	var buf bytes.Buffer
-	p := page{Title: http.StatusText(status), Prefix: h.cfg.Prefix, Who: who, Data: msg}
+	p := page{Title: http.StatusText(status), Prefix: h.cfg.Prefix, Who: who, Data: msg, Target: h.fleetName, Home: h.home, Fleet: h.fleetName == "" && h.home != "",
+		TargetState: h.targetState()}
 	if err := h.pages["error"].ExecuteTemplate(&buf, "layout", p); err != nil {
 		http.Error(w, msg, status)
 		return

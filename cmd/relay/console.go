@@ -38,7 +38,7 @@ func (o *consoleOptions) bind(s *settings, has map[string]bool) {
 		return
 	}
 	s.str(&o.Addr, groupConsole, "console-addr", "PGBOX_CONSOLE_ADDR", "",
-		"listen address of the operator console (empty: no console); loopback only unless a user, token or proxy header is set")
+		"listen address of the operator console (empty: no console; with --targets or --targets-query, every target's); loopback only unless a user, token or proxy header is set")
 	s.csv(&o.Users, groupConsole, "console-users", "PGBOX_CONSOLE_USERS", "",
 		"console basic-auth logins, comma-separated name:bcrypt-hash (htpasswd -nbB -C 12 name password); viewers unless in --console-operators").secret = true
 	s.str(&o.Token, groupConsole, "console-token", "PGBOX_CONSOLE_TOKEN", "",

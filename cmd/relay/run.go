@@ -27,7 +27,10 @@ a target whose schema is missing or behind is refused alone (logged at ERROR, ch
 again at each refresh). Every --cleanup-interval each served target is pruned under its
 own cleanup lease, and every --targets-refresh each one's database figures are read for
 /metrics (the fleet's totals, and series of their own for the targets --target-metrics
-chooses), both --targets-concurrency targets at a time. --console-addr is refused.`
+chooses), both --targets-concurrency targets at a time. The console (--console-addr)
+then lists every target, the worst first, and serves each target's pages under
+/t/NAME/, over the pools the relay has (no connection of its own), its figures read
+in the background, --targets-concurrency targets at a time.`
 
 const checkSchemaSQL = `SELECT 1 FROM pgbox_outbox, pgbox_relay_lanes, pgbox_inbox LIMIT 0`
 

@@ -194,6 +194,7 @@ type fleetRun struct {
 	mu      sync.Mutex
 	refused map[string]refusal
 	listed  int
+	list    []targetSpec // the list last read (the console's)
 }
 
 // cmdRunTargets is cmdRun with a target list.
@@ -269,6 +270,17 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 		}
 	}
 
+	var consoleDone <-chan error
+	if o.Console.Addr != "" {
+		var closeConsole func()
+		if consoleDone, closeConsole, err = fr.serveFleetConsole(runCtx, lk); err != nil {
+			cancel()
+			<-watchDone
+			return err
+		}
+		defer closeConsole()
+	}
+
 	// Logged before follow starts: reconcile alone writes what it reads.
 	a.log.Info("relay running", "targets", len(list), "served", len(fr.served), "refused", len(fr.refused), "databases", len(fr.dbs),
 		"db_conn_budget", o.Targets.ConnBudget, "db_conns_planned", fr.budget.planned(), "lanes", o.Relay.Lanes,
@@ -294,6 +306,13 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 		start("http", func() {
 			if err := <-httpDone; err != nil {
 				httpErr <- err
+			}
+		})
+	}
+	if consoleDone != nil {
+		start("console", func() {
+			if err := <-consoleDone; err != nil {
+				httpErr <- fmt.Errorf("console: %w", err)
 			}
 		})
 	}
@@ -366,7 +385,7 @@ func (fr *fleetRun) pending() bool {
 // database does not answer: the Fleet retries them) are given to the Fleet.
 func (fr *fleetRun) reconcile(ctx context.Context, list []targetSpec) {
 	fr.mu.Lock()
-	fr.listed = len(list)
+	fr.listed, fr.list = len(list), list
 	want := map[string]targetSpec{}
 	for _, t := range list {
 		want[t.Name] = t

@@ -243,15 +243,6 @@ func TestRunTargetsConnBudget(t *testing.T) {
 	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
-// --console-addr with a target list is a usage error.
-func TestRunTargetsRefusesConsole(t *testing.T) {
-	t.Parallel()
-	file := writeFile(t, "targets.txt", "acme s_acme\n")
-	r := runRelay(t, time.Minute, []string{"DATABASE_URL=" + defaultDB, "KAFKA_BROKERS=127.0.0.1:1", "PGBOX_TARGETS=" + file, "PGBOX_CONSOLE_ADDR=127.0.0.1:0"}, "run")
-	require.Equal(t, 2, r.Code, r.Stderr)
-	require.Contains(t, r.Stderr, "PGBOX_CONSOLE_ADDR (--console-addr) cannot be combined with PGBOX_TARGETS (--targets): the console serves one target; run a console per target with --database-url/--schema")
-}
-
 func checkDBConnBudget(t *testing.T, set setFn) {
 	_, otherURL := testdb.CreateDatabase(t, "t_budget_")
 	file := writeFile(t, "targets.txt", "a s_a\nb s_b "+otherURL+"\n")

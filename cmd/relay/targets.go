@@ -118,9 +118,6 @@ func (t *targetOptions) validate(o *options) []string {
 	if t.listed() && o.Schema != "" {
 		bad("PGBOX_SCHEMA (--schema) cannot be combined with %s: each target names its own schema", t.sourceSetting())
 	}
-	if t.listed() && o.Console.Addr != "" {
-		bad("PGBOX_CONSOLE_ADDR (--console-addr) cannot be combined with %s: the console serves one target; run a console per target with --database-url/--schema", t.sourceSetting())
-	}
 	if t.ControlURL != "" {
 		if _, err := dbconf.Config(t.ControlURL, "", 0, ""); err != nil {
 			bad("invalid value %q for PGBOX_CONTROL_URL (--control-url): must be a PostgreSQL URL or key=value DSN (%v)", dbconf.RedactDSN(t.ControlURL), err)
