@@ -220,7 +220,9 @@ func TestDormantAttackSilentWriters(t *testing.T) {
 // Must hold: its rows are published (by the idle poll: it does not
 // notify), and a later round of the same keys after them.
 func TestDormantAttackLongWriterAcrossDormancy(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its open writing transaction (an xid) would be the
+	// oldest running one of the cluster for the floor tests running beside
+	// it (TestFloorLongWriter watches its own long writer).
 	ts := daTenants(t, 1, "")
 	db := ts.schemas[0]
 	f, _ := dormantFleet(t, ts, "long")
@@ -617,7 +619,9 @@ func TestDormantAttackExpiredDormantRow(t *testing.T) {
 // Must hold: the rows are published, in order, and the target ends up
 // either dormant or awake, never awake without lanes while rows wait.
 func TestDormantAttackWakeWhileGoingDormant(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its open writing transaction (an xid) would be the
+	// oldest running one of the cluster for the floor tests running beside
+	// it (TestFloorLongWriter watches its own long writer).
 	ts := daTenants(t, 1, "")
 	db := ts.schemas[0]
 	f, _ := dormantFleet(t, ts, "racing")

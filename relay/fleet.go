@@ -142,6 +142,8 @@ type Fleet struct {
 	gone    outbox.RelayStats     // the counters of targets removed
 	listens map[*pgxpool.Pool]context.CancelFunc
 	wg      sync.WaitGroup
+
+	emptySlow time.Duration // tests: each relay's emptySlow (0: emptySlow)
 }
 
 type fleetTarget struct {
@@ -407,6 +409,7 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 		r.kc, r.fleetListens, r.fleetLogs = f.kc, !cfg.NoListen, true
 		r.watchers, r.watchRate = &f.watchers, f.cfg.WatchRate
 		r.idleState.polled, r.idleState.after = r.fleetListens, f.cfg.DormantAfter
+		r.emptySlow = f.emptySlow
 		r.db.slots = make(chan struct{}, max(1, min(f.cfg.MaxConnsPerTarget, int(ft.t.Pool.Config().MaxConns)-1)))
 		f.set(ft, "running", nil, r)
 		started := time.Now()

@@ -46,7 +46,9 @@ func attack2Fleet(t *testing.T, n int, tune func(*Config)) (*Fleet, []*testdb.DB
 	if tune != nil {
 		tune(&cfg)
 	}
-	f, err := NewFleet(FleetConfig{Relay: cfg, Targets: ts})
+	// These attacks are on an awake target's own idle poll: no dormancy
+	// (targets would start dormant, without lanes).
+	f, err := NewFleet(FleetConfig{Relay: cfg, Targets: ts, DormantAfter: -1})
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)

@@ -258,7 +258,7 @@ func TestFleetAttackOddSchemaNames(t *testing.T) {
 	}
 	cfg := faConfig(addrs, "odd")
 	cfg.PollInterval = 30 * time.Second
-	f, err := relay.NewFleet(relay.FleetConfig{Relay: cfg, Targets: targets})
+	f, err := relay.NewFleet(relay.FleetConfig{Relay: cfg, Targets: targets, DormantAfter: -1}) // lanes without rows
 	require.NoError(t, err)
 	runFleet(t, f)
 	waitFor(t, "every target holds lanes", func() bool {
@@ -349,7 +349,7 @@ func TestFleetAttackLockedTargetStarvesPool(t *testing.T) {
 				targets = append(targets, relay.Target{Name: topicOf(i), Pool: pool, Schema: db.Schema})
 			}
 			kafkatest.CreateTopic(t, addrs, "slow", 3, nil)
-			f, err := relay.NewFleet(relay.FleetConfig{Relay: faConfig(addrs, "iso"), Targets: targets})
+			f, err := relay.NewFleet(relay.FleetConfig{Relay: faConfig(addrs, "iso"), Targets: targets, DormantAfter: -1}) // lanes without rows
 			require.NoError(t, err)
 			runFleet(t, f)
 			waitFor(t, "every target holds lanes", func() bool {
