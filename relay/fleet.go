@@ -552,12 +552,14 @@ func (f *Fleet) wake(pool *pgxpool.Pool, schema, payload string) {
 	// list split over processes), or the writer's current_schema() is not
 	// where its rows went; the idle poll finds such rows within
 	// PollInterval. A notification naming no schema wakes the targets
-	// that are not idle: the idle ones (a thousand, dormant) are asked by
-	// the idle poll within PollInterval, which wakes those with rows.
+	// that are not idle: the idle ones (a thousand, dormant, or starting
+	// dormant) are asked by the idle poll within PollInterval, which wakes
+	// those with rows. The LISTEN connection's start is such a wake: a
+	// thousand targets starting at once must not all take their lanes.
 	rs := f.relays(pool, schema)
 	f.mu.Unlock()
 	for _, r := range rs {
-		if schema == "" && r.idleState.idle.Load() {
+		if schema == "" && (r.idleState.idle.Load() || r.idleState.wanted.Load()) {
 			continue
 		}
 		if payload == "" {
