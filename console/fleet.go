@@ -510,26 +510,35 @@ func compareRows(x, y fleetRow) int {
 	if y.Sum != nil {
 		fy = y.Sum.Figures
 	}
-	if fx != nil && fy != nil {
-		if c := cmp.Compare(ageOrNone(fy.OldestAge), ageOrNone(fx.OldestAge)); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(fy.Unpublished, fx.Unpublished); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(fy.Parked, fx.Parked); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(fy.DeadLetters, fx.DeadLetters); c != 0 {
-			return c
-		}
-	} else if fx != nil || fy != nil {
-		if fx == nil {
-			return -1
-		}
-		return 1
+	if c := CompareFigures(fx, fy); c != 0 {
+		return c
 	}
 	return cmp.Compare(x.Name, y.Name)
+}
+
+// CompareFigures orders the worse of two targets' figures first, as
+// `relay status` over a list and the fleet overview do: the older oldest
+// unpublished row (none last), the larger backlog, more parked rows, more
+// dead letters; no figures at all (a state read without them) first.
+func CompareFigures(x, y *FleetFigures) int {
+	switch {
+	case x == nil && y == nil:
+		return 0
+	case x == nil:
+		return -1
+	case y == nil:
+		return 1
+	}
+	if c := cmp.Compare(ageOrNone(y.OldestAge), ageOrNone(x.OldestAge)); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(y.Unpublished, x.Unpublished); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(y.Parked, x.Parked); c != 0 {
+		return c
+	}
+	return cmp.Compare(y.DeadLetters, x.DeadLetters)
 }
 
 func ageOrNone(s *float64) float64 {

@@ -208,12 +208,7 @@ func (cf *consoleFleet) Summarize(ctx context.Context, name string) console.Flee
 	state, detail, snap := readTarget(ctx, db, t, inspect.Config{Lanes: relay.LanesDefault, Logger: cf.log})
 	s := console.FleetSummary{State: state, Detail: detail}
 	if snap != nil {
-		fig := figuresOf(snap)
-		s.Figures = &console.FleetFigures{
-			Unpublished: fig.Unpublished, UnpublishedEstimated: fig.UnpublishedEstimated, OldestAge: fig.OldestAge,
-			Parked: fig.Parked, ParkedCapped: fig.ParkedCapped, DeadLetters: fig.DeadLetters, DeadLettersCapped: fig.DeadLettersCapped,
-			HorizonAgeSeconds: fig.HorizonAgeSeconds, HorizonAgeTransactions: fig.HorizonAgeTransactions, HorizonPastBound: fig.HorizonPastBound,
-		}
+		s.Figures = figuresOf(snap).console()
 	}
 	return s
 }

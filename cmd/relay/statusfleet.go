@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgbox/pgbox/console"
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/dbconf"
 	"github.com/pgbox/pgbox/internal/durtext"
@@ -303,35 +304,23 @@ func sortLines(lines []targetLine) {
 		if c := cmp.Compare(stateRank[x.State], stateRank[y.State]); c != 0 {
 			return c
 		}
-		fx, fy := x.TargetFigures, y.TargetFigures
-		if fx != nil && fy != nil {
-			if c := cmp.Compare(age(fy.OldestAge), age(fx.OldestAge)); c != 0 {
-				return c
-			}
-			if c := cmp.Compare(fy.Unpublished, fx.Unpublished); c != 0 {
-				return c
-			}
-			if c := cmp.Compare(fy.Parked, fx.Parked); c != 0 {
-				return c
-			}
-			if c := cmp.Compare(fy.DeadLetters, fx.DeadLetters); c != 0 {
-				return c
-			}
-		} else if fx != nil || fy != nil { // a state read without figures first
-			if fx == nil {
-				return -1
-			}
-			return 1
+		if c := console.CompareFigures(x.TargetFigures.console(), y.TargetFigures.console()); c != 0 {
+			return c
 		}
 		return cmp.Compare(x.Name, y.Name)
 	})
 }
 
-func age(s *float64) float64 {
-	if s == nil {
-		return -1
+// console is f as the console's figures (nil: nil).
+func (f *TargetFigures) console() *console.FleetFigures {
+	if f == nil {
+		return nil
 	}
-	return *s
+	return &console.FleetFigures{
+		Unpublished: f.Unpublished, UnpublishedEstimated: f.UnpublishedEstimated, OldestAge: f.OldestAge,
+		Parked: f.Parked, ParkedCapped: f.ParkedCapped, DeadLetters: f.DeadLetters, DeadLettersCapped: f.DeadLettersCapped,
+		HorizonAgeSeconds: f.HorizonAgeSeconds, HorizonAgeTransactions: f.HorizonAgeTransactions, HorizonPastBound: f.HorizonPastBound,
+	}
 }
 
 func writeTargetLines(a *app, lines []targetLine) error {
