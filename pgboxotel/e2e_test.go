@@ -122,11 +122,14 @@ func TestOneTraceWriterToHandler(t *testing.T) {
 	require.Equal(t, string(eventID), attrs["messaging.message.id"])
 	require.Equal(t, fmt.Sprint(traced.m.Offset), attrs["messaging.kafka.offset"])
 
-	// The relay's publish: a producer span linked to the writer's span.
+	// The relay's publish: a producer span linked to the writer's span. A
+	// batch held back unsent (its lease may have lapsed on a loaded
+	// machine: published_count 0) is claimed and sent again, with a span
+	// of its own; one span published the batch.
 	var send sdktrace.ReadOnlySpan
 	for _, s := range rec.Ended() {
-		if s.SpanKind() == trace.SpanKindProducer {
-			require.Nil(t, send, "one batch, one publish span")
+		if s.SpanKind() == trace.SpanKindProducer && attrMap(s)["pgbox.published_count"] != "0" {
+			require.Nil(t, send, "one batch published, one publish span")
 			send = s
 		}
 	}
