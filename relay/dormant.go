@@ -111,7 +111,7 @@ func (r *Relay) dormantBeat(ctx context.Context) {
 	// It takes no lanes however long Kafka takes to answer: the row reads
 	// dormant, not "connecting to Kafka" (alertOutage still reports an
 	// outage that lasts).
-	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL/2)
+	hctx, cancel := r.beatContext(ctx)
 	defer cancel()
 	if _, err := r.db.exec(hctx, dormantSQL, r.id, dormantTTL, r.cfg.HeartbeatInterval); err != nil {
 		if ctx.Err() == nil {

@@ -276,10 +276,14 @@ func (r *Relay) beatNow() {
 // stopOn ends Run with err when retrying cannot fix it, and reports whether
 // it did.
 func (r *Relay) stopOn(what string, err error, stop context.CancelCauseFunc) bool {
-	if !pgerr.NeedsOperator(err) {
+	switch {
+	case errors.Is(err, ErrLaneCountMismatch): // the lanes reshaped under it (heartbeat)
+		stop(fmt.Errorf("relay: %s: %w", what, err))
+	case pgerr.NeedsOperator(err):
+		stop(fmt.Errorf("relay: %s: %w", what, pgerr.WithFix(err)))
+	default:
 		return false
 	}
-	stop(fmt.Errorf("relay: %s: %w", what, pgerr.WithFix(err)))
 	return true
 }
 
@@ -348,12 +352,7 @@ func (r *Relay) heartbeatLoop(ctx context.Context, stop context.CancelCauseFunc)
 		if r.idleState.wanted.Load() {
 			r.dormantBeat(ctx)
 		} else {
-			err := r.heartbeat(ctx)
-			if errors.Is(err, ErrLaneCountMismatch) {
-				stop(fmt.Errorf("relay: heartbeat: %w", err))
-				return
-			}
-			if err != nil && r.stopOn("heartbeat", err, stop) {
+			if err := r.heartbeat(ctx); err != nil && r.stopOn("heartbeat", err, stop) {
 				return
 			}
 			r.summarize(ctx)
@@ -368,12 +367,17 @@ func (r *Relay) heartbeatLoop(ctx context.Context, stop context.CancelCauseFunc)
 	}
 }
 
+// beatContext bounds a lease statement (a heartbeat, dormantSQL): one
+// slower than the lease is worthless, so it may not hang; nor is it cut
+// off when Run stops, since the server could commit it after the release
+// that follows (releaseSQL), leaving the instance row behind: Run waits
+// for it instead (at most LeaseTTL/2).
+func (r *Relay) beatContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL/2)
+}
+
 func (r *Relay) heartbeat(ctx context.Context) error {
-	// A heartbeat slower than the lease is worthless; don't let one hang.
-	// Nor is one cut off when Run stops: the server could commit it after
-	// the release that follows (releaseSQL), leaving the instance row
-	// behind; Run waits for it instead (at most LeaseTTL/2).
-	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL/2)
+	hctx, cancel := r.beatContext(ctx)
 	defer cancel()
 	start := time.Now()
 	var held, released, live, foreign, total int
