@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -317,7 +318,7 @@ func pollPipeline(ctx context.Context, pc *pgconn.PgConn, rs []*Relay) error {
 		// dormancy for emptyPause; a held horizon slows every answer
 		// until it ends.
 		slow := false
-		if a.took > max(emptySlowOf(r), 4*median) {
+		if a.took > max(cmp.Or(r.emptySlow, emptySlow), 4*median) {
 			slow = r.idleState.slowRun.Add(1) >= slowPolls
 		} else if !a.failed {
 			r.idleState.slowRun.Store(0)
@@ -332,13 +333,6 @@ func pollPipeline(ctx context.Context, pc *pgconn.PgConn, rs []*Relay) error {
 		}
 	}
 	return nil
-}
-
-func emptySlowOf(r *Relay) time.Duration {
-	if r.emptySlow > 0 {
-		return r.emptySlow
-	}
-	return emptySlow
 }
 
 // pollAnswer reads one question's answers (idleLockTimeoutSQL's, then the
