@@ -79,15 +79,20 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 // writeRows commits n outbox rows for topic in one transaction each batch.
 func writeRows(t *testing.T, db *testdb.DB, topic string, from, n int) {
 	t.Helper()
+	require.NoError(t, writeRowsErr(db, topic, from, n))
+}
+
+// writeRowsErr is writeRows for a goroutine of its own: it returns the
+// error.
+func writeRowsErr(db *testdb.DB, topic string, from, n int) error {
 	ctx := context.Background()
-	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		msgs := make([]outbox.Message, 0, n)
 		for i := from; i < from+n; i++ {
 			msgs = append(msgs, outbox.Message{Topic: topic, Key: fmt.Appendf(nil, "k%d", i%7), Value: fmt.Appendf(nil, "v%d", i)})
 		}
 		return outbox.Write(ctx, tx, msgs...)
 	})
-	require.NoError(t, err)
 }
 
 func runEnv(db *testdb.DB, c *kfake.Cluster, extra ...string) []string {

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,7 +25,8 @@ import (
 // relay.Fleet serves every target in this process. One pool per database,
 // the pools sized within --db-conn-budget; each target checked
 // (checkTarget) before the Fleet gets it; the list re-read every
-// --targets-refresh and the Fleet's targets set to it.
+// --targets-refresh and the Fleet's targets set to it, the pools resized
+// as databases come and go (resizePools).
 
 // dbConnBudgetDefault is --db-conn-budget.
 const dbConnBudgetDefault = 20
@@ -46,7 +49,8 @@ var targetStates = []string{"starting", "running", "needs operator", "stopped", 
 // one to check targets (checks run one at a time), with --targets-query
 // one to the control database, and with --cleanup-interval one cleanup
 // pass's pool (cleanupTargetConns; more passes at once borrow what is
-// free).
+// free). The split follows the databases listed while the relay runs
+// (resizePools): the pools are replaced by pools of the new share.
 type connBudget struct {
 	total   int
 	fixed   int // the check connection, the control connection, a cleanup pass
@@ -102,7 +106,44 @@ func (b *connBudget) split(dbs int) (int, error) {
 		return 0, usageError("PGBOX_DB_CONN_BUDGET (--db-conn-budget) %d is too small for the %d databases of the target list: it needs at least %d, %s",
 			b.total, dbs, need, b.what())
 	}
-	return min(b.perDB, (b.total-b.fixed)/dbs-b.listen), nil
+	return b.share(dbs), nil
+}
+
+// share is the pool each of dbs databases gets from an even split: at most
+// --db-max-conns, at least minPoolConns (take refuses the databases for
+// which even that is not left).
+func (b *connBudget) share(dbs int) int {
+	if dbs == 0 {
+		return b.perDB
+	}
+	return max(minPoolConns, min(b.perDB, (b.total-b.fixed)/dbs-b.listen))
+}
+
+// free is the budget's room not handed out.
+func (b *connBudget) free() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.total - b.used
+}
+
+// grow reserves the room for a pool of from connections to be replaced by
+// one of to, or of as many as the free room allows; it returns the new
+// pool's size (from: no room). The reservation is taken before the old
+// pool closes.
+func (b *connBudget) grow(from, to int) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := max(from, min(to, from+b.total-b.used))
+	b.used += n - from
+	return n
+}
+
+// shrunk gives back what a pool of from connections replaced by one of to
+// frees, once the old pool's connections are closed.
+func (b *connBudget) shrunk(from, to int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.used -= from - to
 }
 
 // take reserves a pool for one more database: share conns (0: as many as
@@ -114,7 +155,7 @@ func (b *connBudget) take(share int) (int, error) {
 	defer b.mu.Unlock()
 	free := b.total - b.used - b.listen
 	if free < minPoolConns {
-		return 0, fmt.Errorf("no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) %d for this database: %d of it are taken, a new database needs %d more (raise it to at least %d and restart the relay; the pools are sized at start)",
+		return 0, fmt.Errorf("no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) %d for this database: %d of it are taken, a new database needs %d more (raise it to at least %d and restart the relay)",
 			b.total, b.used, minPoolConns+b.listen, b.used+minPoolConns+b.listen)
 	}
 	n := min(cmp.Or(share, b.perDB), free, b.perDB)
@@ -158,6 +199,56 @@ type fleetDB struct {
 	url   string
 	pool  *pgxpool.Pool
 	conns int
+	// open counts the connections dialled with the pool's settings and not
+	// yet closed: the pool's, the Fleet's LISTEN, a check's (countConns).
+	open *atomic.Int64
+}
+
+// countConns makes cfg's connections counted by the returned counter:
+// every connection dialled with cfg, or with a copy of it, adds one until
+// it is closed.
+func countConns(cfg *pgxpool.Config) *atomic.Int64 {
+	open := new(atomic.Int64)
+	dial := cfg.ConnConfig.DialFunc
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		open.Add(1)
+		return &countedConn{Conn: c, open: open}, nil
+	}
+	return open
+}
+
+// countedConn is a connection countConns counts.
+type countedConn struct {
+	net.Conn
+	open *atomic.Int64
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.open.Add(-1) })
+	return c.Conn.Close()
+}
+
+// closedWaitMax bounds how long a pool being replaced waits for the
+// connections dialled with its settings to close after the pool has: the
+// Fleet closes a dropped pool's LISTEN connection on its own goroutine.
+const closedWaitMax = 5 * time.Second
+
+// waitClosed waits until every connection db.open counts is closed; false:
+// some were still open after closedWaitMax, or ctx ended.
+func (db *fleetDB) waitClosed(ctx context.Context) bool {
+	deadline := time.Now().Add(closedWaitMax)
+	for db.open.Load() > 0 {
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
 }
 
 // servedTarget is a target given to the Fleet.
@@ -183,10 +274,15 @@ type fleetRun struct {
 	a      *app
 	f      *relay.Fleet
 	budget *connBudget
-	// share is the pool size the start's split gave each database (0: no
-	// database at start); a database added later gets as much, if left.
+	// share is the pool size an even split of the budget gives each listed
+	// database (resizePools); a database added gets as much, if left.
 	share int
-	log   *slog.Logger
+	// listedDBs are the databases of the list last reconciled, listed
+	// unchanged since listedSince: pools below their share grow only once
+	// that is growAfter ago.
+	listedDBs   map[string]bool
+	listedSince time.Time
+	log         *slog.Logger
 
 	dbs    map[string]*fleetDB // by database URL
 	served map[string]servedTarget
@@ -355,7 +451,7 @@ func (fr *fleetRun) follow(ctx context.Context, list []targetSpec, changes <-cha
 			list = next
 			fr.reconcile(ctx, list)
 		case <-tick.C:
-			if fr.pending() {
+			if fr.pending() || fr.growDue() {
 				fr.reconcile(ctx, list)
 			}
 		}
@@ -410,13 +506,17 @@ func (fr *fleetRun) reconcile(ctx context.Context, list []targetSpec) {
 	for url, db := range fr.dbs {
 		if !listed[url] {
 			db.pool.Close() // its targets have stopped: SetTargets returned
+			if !db.waitClosed(ctx) && ctx.Err() == nil {
+				fr.log.Warn("a connection of a database no longer listed is still open; its share is given back anyway", "database", dbconf.RedactDSN(url), "open", db.open.Load())
+			}
 			fr.budget.give(db.conns)
 			fr.mu.Lock()
 			delete(fr.dbs, url)
 			fr.mu.Unlock()
-			fr.log.Info("database no longer listed: its pool is closed", "database", dbconf.RedactDSN(url))
+			fr.log.Info("database no longer listed: its pool is closed", "database", dbconf.RedactDSN(url), "db_conns_planned", fr.budget.planned())
 		}
 	}
+	fr.resizePools(ctx, listed)
 
 	down := map[string]error{} // databases that did not answer a check this round
 	changed = false
@@ -481,18 +581,145 @@ func (fr *fleetRun) database(ctx context.Context, url string) (*fleetDB, error) 
 	}
 	cfg, err := poolConfig(url, "", conns)
 	if err == nil {
+		open := countConns(cfg)
 		var pool *pgxpool.Pool
 		if pool, err = pgxpool.NewWithConfig(ctx, cfg); err == nil {
-			db := &fleetDB{url: url, pool: pool, conns: conns}
+			db := &fleetDB{url: url, pool: pool, conns: conns, open: open}
 			fr.mu.Lock()
 			fr.dbs[url] = db
 			fr.mu.Unlock()
-			fr.log.Debug("database pool opened", "database", dbconf.RedactDSN(url), "max_conns", conns)
+			fr.log.Info("database pool opened", "database", dbconf.RedactDSN(url), "max_conns", conns, "db_conns_planned", fr.budget.planned())
 			return db, nil
 		}
 	}
 	fr.budget.give(conns)
 	return nil, fmt.Errorf("database %s: %s", dbconf.RedactDSN(url), dbconf.RedactErr(err, url))
+}
+
+// growAfter is how long the listed databases stay unchanged before the
+// pools below their share grow: three --targets-refresh.
+func (fr *fleetRun) growAfter() time.Duration {
+	return 3 * cmp.Or(fr.a.opts.Targets.Refresh, targetsRefreshDefault)
+}
+
+// growDue reports whether resizePools would grow a pool now.
+func (fr *fleetRun) growDue() bool {
+	if time.Since(fr.listedSince) < fr.growAfter() || fr.budget.free() == 0 {
+		return false
+	}
+	for _, db := range fr.dbs {
+		if db.conns < fr.share {
+			return true
+		}
+	}
+	return false
+}
+
+// resizePools keeps the budget split evenly over the listed databases.
+// When a listed database has no pool yet and the budget's free room is
+// short of its share, the largest pools above the share shrink to it
+// until the room is there: a database added gets its share at once. Once
+// the listed databases have not changed for growAfter, the pools below the
+// share grow to it as far as the free room goes: the connections of a
+// database removed go to the others. Growing waits so that a list that
+// flaps (a database removed and listed again) does not replace pools back
+// and forth: the database listed again finds its room still free.
+func (fr *fleetRun) resizePools(ctx context.Context, listed map[string]bool) {
+	if sizes := fr.planPools(listed, time.Now()); len(sizes) > 0 {
+		fr.replacePools(ctx, sizes)
+	}
+}
+
+// planPools is resizePools' plan at now: the databases whose pools are to
+// be replaced and their new sizes (the room of those that grow reserved).
+func (fr *fleetRun) planPools(listed map[string]bool, now time.Time) map[string]int {
+	if !maps.Equal(listed, fr.listedDBs) {
+		fr.listedDBs, fr.listedSince = listed, now
+	}
+	fr.share = fr.budget.share(len(listed))
+	need := -fr.budget.free()
+	for url := range listed {
+		if _, ok := fr.dbs[url]; !ok {
+			need += fr.share + fr.budget.listen
+		}
+	}
+	sizes := map[string]int{}
+	for need > 0 {
+		var big *fleetDB
+		for _, url := range slices.Sorted(maps.Keys(fr.dbs)) {
+			db := fr.dbs[url]
+			if _, ok := sizes[url]; !ok && db.conns > fr.share && (big == nil || db.conns > big.conns) {
+				big = db
+			}
+		}
+		if big == nil {
+			break // the databases that find no room are refused by take
+		}
+		sizes[big.url] = fr.share
+		need -= big.conns - fr.share
+	}
+	if need <= 0 && now.Sub(fr.listedSince) >= fr.growAfter() {
+		for _, url := range slices.Sorted(maps.Keys(fr.dbs)) {
+			db := fr.dbs[url]
+			if db.conns >= fr.share {
+				continue
+			}
+			if n := fr.budget.grow(db.conns, fr.share); n > db.conns {
+				sizes[url] = n
+			}
+		}
+	}
+	return sizes
+}
+
+// replacePools gives the databases of sizes pools of those sizes: pgxpool
+// cannot change a live pool's MaxConns. Their targets stop first
+// (SetTargets returns once they have: a batch in flight is finished or
+// released, the lanes given up), then each old pool closes and every
+// connection dialled with its settings (its pool's, the Fleet's LISTEN) is
+// closed before the new pool opens; then the targets start on the new
+// pool. No target is served by two pools at once, and a database's old
+// and new pools are never open together: the budget holds the larger of
+// the two sizes throughout (grow reserves before, shrunk gives back after).
+func (fr *fleetRun) replacePools(ctx context.Context, sizes map[string]int) {
+	fr.applyExcept(ctx, sizes)
+	for _, url := range slices.Sorted(maps.Keys(sizes)) {
+		old, n := fr.dbs[url], sizes[url]
+		old.pool.Close()
+		if !old.waitClosed(ctx) {
+			if ctx.Err() != nil {
+				return // shutting down: closePools closes what is left
+			}
+			fr.log.Warn("a connection of a resized database's old pool is still open; the new pool opens anyway", "database", dbconf.RedactDSN(url), "open", old.open.Load())
+		}
+		if n < old.conns {
+			fr.budget.shrunk(old.conns, n)
+		}
+		cfg := old.pool.Config() // a copy, the connection counter's dialler with it
+		cfg.MaxConns = int32(n)
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		fr.mu.Lock()
+		if err == nil {
+			fr.dbs[url] = &fleetDB{url: url, pool: pool, conns: n, open: old.open}
+		} else {
+			delete(fr.dbs, url)
+		}
+		fr.mu.Unlock()
+		if err != nil {
+			fr.budget.give(n)
+			err = fmt.Errorf("database %s: resizing its pool: %s", dbconf.RedactDSN(url), dbconf.RedactErr(err, url))
+			for name, s := range fr.served {
+				if s.spec.DatabaseURL == url {
+					fr.drop(name)
+					fr.refuse(s.spec, err)
+				}
+			}
+			continue
+		}
+		fr.log.Info("database pool resized", "database", dbconf.RedactDSN(url), "max_conns", n, "was", old.conns,
+			"databases", len(fr.listedDBs), "db_conns_planned", fr.budget.planned())
+	}
+	fr.apply(ctx)
 }
 
 // check runs checkTarget on one connection of its own (the target's schema
@@ -546,11 +773,18 @@ func (fr *fleetRun) refuse(t targetSpec, err error) {
 
 // apply sets the Fleet's targets to those served; it returns once the
 // targets removed have stopped.
-func (fr *fleetRun) apply(ctx context.Context) {
+func (fr *fleetRun) apply(ctx context.Context) { fr.applyExcept(ctx, nil) }
+
+// applyExcept is apply without the targets of the databases in skip: they
+// stop.
+func (fr *fleetRun) applyExcept(ctx context.Context, skip map[string]int) {
 	fr.mu.Lock()
 	ts := make([]relay.Target, 0, len(fr.served))
 	for _, name := range slices.Sorted(maps.Keys(fr.served)) {
 		s := fr.served[name]
+		if _, ok := skip[s.spec.DatabaseURL]; ok {
+			continue
+		}
 		ts = append(ts, relay.Target{Name: name, Pool: fr.dbs[s.spec.DatabaseURL].pool, Schema: s.spec.Schema})
 	}
 	fr.mu.Unlock()

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
 	"strings"
@@ -194,14 +196,7 @@ func TestRunTargetsDatabaseDown(t *testing.T) {
 func TestRunTargetsConnBudget(t *testing.T) {
 	t.Parallel()
 	app := fmt.Sprintf("pgbox-budget-%d", time.Now().UnixNano())
-	withApp := func(raw string) string {
-		u, err := url.Parse(raw)
-		require.NoError(t, err)
-		q := u.Query()
-		q.Set("application_name", app)
-		u.RawQuery = q.Encode()
-		return u.String()
-	}
+	withApp := func(raw string) string { return withAppName(t, raw, app) }
 	_, otherURL := testdb.CreateDatabase(t, "t_budget_")
 	var lines []string
 	var dbs []*testdb.DB
@@ -226,8 +221,8 @@ func TestRunTargetsConnBudget(t *testing.T) {
 	p.HTTPAddr(t)
 	most := 0
 	waitFor(t, "every target drained", 2*time.Minute, func() bool {
-		var n int
-		require.NoError(t, dbs[0].Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n))
+		n, err := appConns(context.Background(), dbs[0], app)
+		require.NoError(t, err)
 		most = max(most, n)
 		for _, db := range dbs {
 			if outboxCount(t, db) > 0 {
@@ -241,6 +236,124 @@ func TestRunTargetsConnBudget(t *testing.T) {
 	require.GreaterOrEqual(t, most, 6, "the pools were used: %d connections at most", most)
 	require.Contains(t, p.Output(), "databases=2 db_conn_budget=12 db_conns_planned=12")
 	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+// withAppName is raw with app as its application_name, by which the
+// relay's connections to it are counted in pg_stat_activity.
+func withAppName(t *testing.T, raw, app string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// appConns counts the connections open with application_name app.
+func appConns(ctx context.Context, db *testdb.DB, app string) (n int, err error) {
+	err = db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
+	return n, err
+}
+
+// The pools follow the databases listed while the relay runs: a database
+// added gets its share at once, the other pool shrinking to make room (a
+// new pool, its targets handed over); a database removed gives its share
+// back, and the other pool grows once the list has been still for three
+// refreshes. Rows written all along (and a backlog at each change, so that
+// the pools are busy when replaced) are published once each, and the
+// relay's connections never exceed the budget.
+func TestRunTargetsPoolResize(t *testing.T) {
+	t.Parallel()
+	app := fmt.Sprintf("pgbox-resize-%d", time.Now().UnixNano())
+	server := withAppName(t, testdb.ServerURL(t), app)
+	var lines string
+	var dbs []*testdb.DB
+	var topics []string
+	for i := range 4 { // four targets of one database: up to 2 connections each at once
+		db := testdb.New(t)
+		dbs, topics = append(dbs, db), append(topics, fmt.Sprintf("t%d", i))
+		lines += fmt.Sprintf("t%d %s %s\n", i, db.Schema, server)
+	}
+	_, otherURL := testdb.CreateDatabase(t, "t_resize_")
+	umbrella := headSchema(t, otherURL, "s_umbrella")
+	c := kafkatest.New(t, kfake.SeedTopics(3, append(topics, "t-umbrella")...))
+	file := writeFile(t, "targets.txt", lines)
+
+	// 16 = 1 (the check) + 3 (a cleanup pass) + one database: 10 pooled
+	// (--db-max-conns) + 1 LISTEN; two databases: 2 × (5 + 1).
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_DB_CONN_BUDGET=16", "PGBOX_LANES=16", "PGBOX_BATCH_SIZE=5"), "run")
+	p.HTTPAddr(t)
+	waitFor(t, "the running line", 10*time.Second, func() bool { return strings.Contains(p.Output(), `msg="relay running"`) })
+	require.Contains(t, p.Output(), "databases=1 db_conn_budget=16 db_conns_planned=15")
+
+	// The relay's connections, sampled until the end; rows written to the
+	// first database's targets all along, through both hand-overs.
+	ctx, stop := context.WithCancel(context.Background())
+	var most, written int
+	var writeErr error
+	sampled, wrote := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for ctx.Err() == nil {
+			if n, err := appConns(ctx, dbs[0], app); err == nil {
+				most = max(most, n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	backlog := make(chan int, 1)
+	go func() {
+		defer close(wrote)
+		for ctx.Err() == nil && writeErr == nil {
+			n := 2
+			select {
+			case n = <-backlog:
+			case <-time.After(50 * time.Millisecond):
+			}
+			for i, db := range dbs {
+				writeErr = errors.Join(writeErr, writeRowsErr(db, topics[i], written, n))
+			}
+			written += n
+		}
+	}()
+
+	resized := func(n, was, dbs int) *regexp.Regexp {
+		return regexp.MustCompile(fmt.Sprintf(`msg="database pool resized"[^\n]*max_conns=%d was=%d databases=%d db_conns_planned=`, n, was, dbs))
+	}
+	time.Sleep(time.Second)
+	backlog <- 300
+	rewrite(t, file, lines+fmt.Sprintf("umbrella s_umbrella %s\n", withAppName(t, otherURL, app)))
+	writeRows(t, umbrella, "t-umbrella", 0, 50)
+	waitFor(t, "umbrella drained", 30*time.Second, func() bool { return outboxCount(t, umbrella) == 0 })
+	require.Regexp(t, resized(5, 10, 2), p.Output())
+	require.Regexp(t, `msg="database pool opened"[^\n]*max_conns=5 db_conns_planned=16`, p.Output())
+	require.Len(t, eventIDs(t, c, "t-umbrella", 50), 50)
+
+	time.Sleep(time.Second)
+	backlog <- 300
+	rewrite(t, file, lines)
+	waitFor(t, "the pool grown back", 30*time.Second, func() bool { return resized(10, 5, 1).MatchString(p.Output()) })
+	require.Regexp(t, `msg="database no longer listed: its pool is closed"[^\n]*db_conns_planned=10`, p.Output())
+	time.Sleep(time.Second)
+	stop()
+	<-wrote
+	<-sampled
+	require.NoError(t, writeErr)
+	for _, db := range dbs {
+		waitFor(t, db.Schema+" drained", 30*time.Second, func() bool { return outboxCount(t, db) == 0 })
+	}
+	for _, topic := range topics {
+		ids := eventIDs(t, c, topic, written)
+		require.Len(t, ids, written, "%s: every row published, once", topic)
+	}
+	t.Logf("%d rows per target, at most %d connections", written, most)
+	require.LessOrEqual(t, most, 16, "the budget")
+	require.GreaterOrEqual(t, most, 8, "the pools were used")
+	require.Equal(t, 0, p.stop(t), p.Output())
+	n, err := appConns(context.Background(), dbs[0], app)
+	require.NoError(t, err)
+	require.Zero(t, n, "every connection closed")
 }
 
 func checkDBConnBudget(t *testing.T, set setFn) {
@@ -306,11 +419,103 @@ func TestConnBudget(t *testing.T) {
 	require.Equal(t, 7, n, "a database added later: what is left")
 	require.Equal(t, 20, b.used)
 	_, err = b.take(share)
-	require.EqualError(t, err, "no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) 20 for this database: 20 of it are taken, a new database needs 3 more (raise it to at least 23 and restart the relay; the pools are sized at start)")
+	require.EqualError(t, err, "no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) 20 for this database: 20 of it are taken, a new database needs 3 more (raise it to at least 23 and restart the relay)")
 	b.give(7)
 	n, err = b.take(share)
 	require.NoError(t, err)
 	require.Equal(t, 7, n, "a database gone gives its connections back")
+
+	// Resizing: the share follows the databases listed; a pool shrunk gives
+	// back once replaced, a pool grown reserves first, at most what is free.
+	require.Equal(t, 8, b.share(2))
+	require.Equal(t, 5, b.share(3), "(20 - 1) / 3 - 1")
+	require.Equal(t, 2, b.share(9), "never below 2: take refuses the databases that do not fit")
+	b.shrunk(10, 8)
+	require.Equal(t, 2, b.free())
+	require.Equal(t, 9, b.grow(7, 10), "as far as the free room goes")
+	require.Equal(t, 0, b.free())
+	require.Equal(t, 8, b.grow(8, 10), "no room: the same size")
+	require.Equal(t, 20, b.planned())
+}
+
+// The resizing plan: a database added makes the largest pools shrink to
+// the new share when the free room is short of it; a database removed
+// leaves its room free until the list has been still for three refreshes,
+// so that a database that flaps out and back in changes no pool.
+func TestPlanPools(t *testing.T) {
+	t.Parallel()
+	o := &options{DBMaxConns: 10, CleanupInterval: time.Hour}
+	o.Targets.ConnBudget, o.Targets.Refresh = 16, time.Second
+	fr := &fleetRun{a: &app{opts: o}, budget: newConnBudget(o), dbs: map[string]*fleetDB{}}
+	open := func(url string) {
+		n, err := fr.budget.take(fr.share)
+		require.NoError(t, err)
+		fr.dbs[url] = &fleetDB{url: url, conns: n}
+	}
+	replaced := func(sizes map[string]int) { // what replacePools does to the budget
+		for url, n := range sizes {
+			if db := fr.dbs[url]; n < db.conns {
+				fr.budget.shrunk(db.conns, n)
+			}
+			fr.dbs[url].conns = n
+		}
+	}
+	closed := func(url string) {
+		fr.budget.give(fr.dbs[url].conns)
+		delete(fr.dbs, url)
+	}
+	a, b := map[string]bool{"a": true}, map[string]bool{"a": true, "b": true}
+	now := time.Now()
+	require.Empty(t, fr.planPools(a, now))
+	open("a")
+	require.Equal(t, 10, fr.dbs["a"].conns, "(16 - 1 check - 3 cleanup) / 1 - 1 LISTEN, at most --db-max-conns")
+	require.Equal(t, 15, fr.budget.planned())
+
+	sizes := fr.planPools(b, now.Add(time.Second))
+	require.Equal(t, map[string]int{"a": 5}, sizes, "b is added: a shrinks to the share")
+	replaced(sizes)
+	open("b")
+	require.Equal(t, 5, fr.dbs["b"].conns)
+	require.Equal(t, 16, fr.budget.planned())
+
+	closed("b")
+	require.Empty(t, fr.planPools(a, now.Add(2*time.Second)), "not yet three refreshes")
+	require.Empty(t, fr.planPools(b, now.Add(3*time.Second)), "b back: its room is free")
+	open("b")
+	require.Equal(t, 5, fr.dbs["b"].conns)
+
+	closed("b")
+	require.Empty(t, fr.planPools(a, now.Add(4*time.Second)))
+	require.False(t, fr.growDue())
+	sizes = fr.planPools(a, now.Add(7*time.Second))
+	require.Equal(t, map[string]int{"a": 10}, sizes, "the list still: a grows back")
+	require.Equal(t, 15, fr.budget.planned(), "reserved before the pool is replaced")
+	replaced(sizes)
+	require.Empty(t, fr.planPools(a, now.Add(8*time.Second)))
+
+	// More databases: every pool at the share, (16 - 4) / 3 - 1 = 3, then
+	// (16 - 4) / 4 - 1 = 2; a fifth finds no room even at the smallest
+	// pool, and take refuses it naming the setting.
+	sizes = fr.planPools(b, now.Add(9*time.Second))
+	replaced(sizes)
+	open("b")
+	require.Equal(t, map[string]int{"a": 5}, sizes)
+	listed := maps.Clone(b)
+	for i, name := range []string{"c", "d"} {
+		listed[name] = true
+		sizes = fr.planPools(listed, now.Add(time.Duration(10+i)*time.Second))
+		require.Len(t, sizes, 2+i, "every pool shrinks to the share")
+		replaced(sizes)
+		open(name)
+		for url, db := range fr.dbs {
+			require.Equal(t, 3-i, db.conns, url)
+		}
+		require.Equal(t, 16, fr.budget.planned())
+	}
+	listed["e"] = true
+	require.Empty(t, fr.planPools(listed, now.Add(12*time.Second)), "nothing left to shrink")
+	_, err := fr.budget.take(fr.share)
+	require.ErrorContains(t, err, "no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) 16 for this database")
 }
 
 // /readyz with a target list: ready when Kafka answers and a target holds
