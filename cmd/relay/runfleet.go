@@ -707,6 +707,9 @@ func (fr *fleetRun) replacePools(ctx context.Context, sizes map[string]int) {
 		fr.mu.Unlock()
 		if err != nil {
 			fr.budget.give(n)
+			if ctx.Err() != nil {
+				return
+			}
 			err = fmt.Errorf("database %s: resizing its pool: %s", dbconf.RedactDSN(url), dbconf.RedactErr(err, url))
 			for name, s := range fr.served {
 				if s.spec.DatabaseURL == url {
