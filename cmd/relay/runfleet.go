@@ -617,8 +617,9 @@ func (fr *fleetRun) growDue() bool {
 
 // resizePools keeps the budget split evenly over the listed databases.
 // When a listed database has no pool yet and the budget's free room is
-// short of its share, the largest pools above the share shrink to it
-// until the room is there: a database added gets its share at once. Once
+// short of its share, the largest pools above the share (of equal ones,
+// those serving the fewest targets) shrink to it until the room is there:
+// a database added gets its share at once. Once
 // the listed databases have not changed for growAfter, the pools below the
 // share grow to it as far as the free room goes: the connections of a
 // database removed go to the others. Growing waits so that a list that
@@ -644,19 +645,23 @@ func (fr *fleetRun) planPools(listed map[string]bool, now time.Time) map[string]
 		}
 	}
 	sizes := map[string]int{}
-	for need > 0 {
-		var big *fleetDB
-		for _, url := range slices.Sorted(maps.Keys(fr.dbs)) {
-			db := fr.dbs[url]
-			if _, ok := sizes[url]; !ok && db.conns > fr.share && (big == nil || db.conns > big.conns) {
-				big = db
+	if need > 0 {
+		// The largest pools first; of equal pools, those with the fewest
+		// targets to hand over.
+		targets := map[string]int{}
+		for _, s := range fr.served {
+			targets[s.spec.DatabaseURL]++
+		}
+		big := slices.SortedFunc(maps.Values(fr.dbs), func(a, b *fleetDB) int {
+			return cmp.Or(b.conns-a.conns, targets[a.url]-targets[b.url], strings.Compare(a.url, b.url))
+		})
+		for _, db := range big {
+			if need <= 0 || db.conns <= fr.share {
+				break // the databases that find no room are refused by take
 			}
+			sizes[db.url] = fr.share
+			need -= db.conns - fr.share
 		}
-		if big == nil {
-			break // the databases that find no room are refused by take
-		}
-		sizes[big.url] = fr.share
-		need -= big.conns - fr.share
 	}
 	if need <= 0 && now.Sub(fr.listedSince) >= fr.growAfter() {
 		for _, url := range slices.Sorted(maps.Keys(fr.dbs)) {

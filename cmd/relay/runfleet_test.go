@@ -517,6 +517,15 @@ func TestPlanPools(t *testing.T) {
 	require.Empty(t, fr.planPools(listed, now.Add(12*time.Second)), "nothing left to shrink")
 	_, err := fr.budget.take(fr.share)
 	require.ErrorContains(t, err, "no room left in PGBOX_DB_CONN_BUDGET (--db-conn-budget) 16 for this database")
+
+	// Of equal pools, the one with the fewer targets to hand over shrinks
+	// when one is enough: 33 - 4 - 2 × 11 leaves 7, c needs 8 + 1.
+	o.Targets.ConnBudget = 33
+	fr = &fleetRun{a: &app{opts: o}, budget: newConnBudget(o), dbs: map[string]*fleetDB{}, share: 10,
+		served: map[string]servedTarget{"t1": {spec: targetSpec{DatabaseURL: "a"}}, "t2": {spec: targetSpec{DatabaseURL: "a"}}, "t3": {spec: targetSpec{DatabaseURL: "b"}}}}
+	open("a")
+	open("b")
+	require.Equal(t, map[string]int{"b": 8}, fr.planPools(map[string]bool{"a": true, "b": true, "c": true}, now))
 }
 
 // /readyz with a target list: ready when Kafka answers and a target holds
