@@ -159,11 +159,21 @@ func (r *tenantsReport) markdown() string {
 		}
 		p("):\n\n| calls/s | per target per s | statement |\n|---|---|---|\n")
 		for _, st := range id.Top {
-			q := strings.ReplaceAll(st.Query, "|", "\\|")
-			if len(q) > 120 {
-				q = q[:120] + "…"
-			}
-			p("| %.1f | %.3f | `%s` |\n", float64(st.Calls)/max(idleS, 1e-9), float64(st.Calls)/max(idleS, 1e-9)/float64(id.Targets), q)
+			p("| %.1f | %.3f | `%s` |\n", float64(st.Calls)/max(idleS, 1e-9), float64(st.Calls)/max(idleS, 1e-9)/float64(id.Targets), stmtText(st.Query))
+		}
+	}
+	for _, ph := range []struct {
+		name string
+		a    activeResult
+	}{{"fleet", r.Fleet.Active}, {"baseline", r.Base.Active}} {
+		if len(ph.a.Top) == 0 {
+			continue
+		}
+		p("\nThe statements that took the server most time in the active phase, %s (pg_stat_statements, the writers' included):\n\n| calls/s | server ms/s | µs a call | planning µs a call | statement |\n|---|---|---|---|---|\n", ph.name)
+		for _, st := range ph.a.Top {
+			s := max(ph.a.For.Seconds(), 1e-9)
+			p("| %.1f | %.1f | %.1f | %.1f | `%s` |\n", float64(st.Calls)/s, float64(st.Exec.Microseconds())/1000/s,
+				float64(st.Exec.Microseconds())/float64(max(st.Calls, 1)), float64(st.Plan.Microseconds())/float64(max(st.Calls, 1)), stmtText(st.Query))
 		}
 	}
 	p(`
@@ -175,4 +185,13 @@ How each figure is taken:
 - **Drain**: the backlog is written in one INSERT while no relay runs (the fleet's target and the baseline's schema each have theirs). The clock starts just before the relay process starts and stops when the consumer has seen the last of its records: it covers the process's start, the check of every target and, for the fleet, the other targets starting beside it.
 `, sc.Warmup, sc.Idle, sc.Rate, sc.ActiveFor, sc.Warmup)
 	return b.String()
+}
+
+// stmtText is a statement's text for a markdown table cell.
+func stmtText(q string) string {
+	q = strings.ReplaceAll(q, "|", "\\|")
+	if len(q) > 120 {
+		q = q[:120] + "…"
+	}
+	return q
 }

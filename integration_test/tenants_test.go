@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -43,6 +44,7 @@ const (
 	envTenantsActiveFor = "TENANTS_ACTIVE_FOR"  // how long the active phase is measured
 	envTenantsDoc       = "TENANTS_DOC"         // write the report as markdown to this file
 	envTenantsDormant   = "TENANTS_DORMANT"     // the fleet's --dormant-after (Go duration; 0s: never)
+	envTenantsKeepLogs  = "TENANTS_KEEP_LOGS"   // copy the relays' and the broker's logs into this directory at the end
 )
 
 // tenantsScale is one size of the scenario.
@@ -213,7 +215,7 @@ func startTenants(ctx context.Context, t *testing.T, sc tenantsScale) *tenants {
 
 	tn.pg, err = pgcluster.Start(ctx, pgcluster.Config{Dir: filepath.Join(dir, "pg"), Settings: []string{
 		"fsync = off", "shared_buffers = 128MB", "max_wal_size = 2GB", "max_connections = 600",
-		"shared_preload_libraries = 'pg_stat_statements'", "pg_stat_statements.track = top", "pg_stat_statements.max = 50000"}})
+		"shared_preload_libraries = 'pg_stat_statements'", "pg_stat_statements.track = all", "pg_stat_statements.track_planning = on", "pg_stat_statements.max = 50000"}})
 	require.NoError(t, err)
 	tn.stats, err = pgx.Connect(ctx, withParam(t, tn.pg.URL("postgres"), "application_name", "tenants sampler"))
 	require.NoError(t, err)
@@ -311,6 +313,14 @@ func (tn *tenants) close() {
 	}
 	if tn.stats != nil {
 		_ = tn.stats.Close(context.Background())
+	}
+	if dir := os.Getenv(envTenantsKeepLogs); dir != "" && tn.dir != "" {
+		logs, _ := filepath.Glob(filepath.Join(tn.dir, "*.log"))
+		for _, l := range logs {
+			if b, err := os.ReadFile(l); err == nil {
+				_ = os.WriteFile(filepath.Join(dir, filepath.Base(l)), b, 0o644)
+			}
+		}
 	}
 	tearDown(tn.t, "tenants", 30*time.Second, tn.pg, tn.dir, tn.relay, tn.broker)
 }
@@ -493,8 +503,10 @@ type activeResult struct {
 	WriteErrs     int64
 	Late          int // events of the phase not on Kafka sc.Drain after the writers stopped
 	Load          string
-	Proc          procSample // the relay, at the end of the window
-	CPU           float64    // the relay's CPU over the window, in cores
+	Proc          procSample    // the relay, at the end of the window
+	CPU           float64       // the relay's CPU over the window, in cores
+	For           time.Duration // the measured window
+	Top           []stmtCalls   // the statements that took the server most time in the window (writers' included)
 }
 
 // active runs writers at sc.Rate over targets (each transaction picks one
@@ -517,9 +529,12 @@ func (tn *tenants) active(ctx context.Context, targets []tenantTarget) activeRes
 	defer w.stop()
 	tn.sleep(ctx, sc.Warmup)
 	r := activeResult{Targets: len(targets), Load: loadAverage()}
+	st0 := tn.statements(ctx)
 	from, cpu0, seq0 := time.Now(), tn.cpuTicks(), tn.seq.Load()
 	tn.sleep(ctx, sc.ActiveFor)
 	to, cpu1, seq1 := time.Now(), tn.cpuTicks(), tn.seq.Load()
+	r.For = to.Sub(from)
+	r.Top, _ = topStatements(st0, tn.statements(ctx), 20, true)
 	r.Proc = tn.procSample()
 	r.CPU = float64(cpu1-cpu0) / clockTicks / to.Sub(from).Seconds()
 	w.stop()
@@ -573,47 +588,64 @@ type idleResult struct {
 type stmtCalls struct {
 	Query string
 	Calls int64
+	Exec  time.Duration // the server's execution time (total_exec_time)
+	Plan  time.Duration // its planning time (total_plan_time)
 }
 
 type stmtSnapshot struct {
 	calls   map[string]int64 // by userid/dbid/queryid
+	exec    map[string]float64
+	plan    map[string]float64
 	query   map[string]string
 	dealloc int64
 }
 
 // statements reads pg_stat_statements in the scenario's databases.
 func (tn *tenants) statements(ctx context.Context) stmtSnapshot {
-	s := stmtSnapshot{calls: map[string]int64{}, query: map[string]string{}}
+	s := stmtSnapshot{calls: map[string]int64{}, exec: map[string]float64{}, plan: map[string]float64{}, query: map[string]string{}}
 	if !tn.rep.Statements {
 		return s
 	}
-	rows, err := tn.stats.Query(ctx, `SELECT s.userid || '/' || s.dbid || '/' || s.queryid, s.calls, regexp_replace(left(s.query, 200), '\s+', ' ', 'g')
+	rows, err := tn.stats.Query(ctx, `SELECT s.userid || '/' || s.dbid || '/' || s.queryid, s.calls, s.total_exec_time, s.total_plan_time, regexp_replace(left(s.query, 200), '\s+', ' ', 'g')
 		FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = ANY($1)`, tn.dbs)
 	require.NoError(tn.t, err)
 	for rows.Next() {
 		var id, q string
 		var c int64
-		require.NoError(tn.t, rows.Scan(&id, &c, &q))
-		s.calls[id], s.query[id] = c, q
+		var ms, plan float64
+		require.NoError(tn.t, rows.Scan(&id, &c, &ms, &plan, &q))
+		s.calls[id], s.exec[id], s.plan[id], s.query[id] = c, ms, plan, q
 	}
 	require.NoError(tn.t, rows.Err())
 	_ = tn.stats.QueryRow(ctx, `SELECT dealloc FROM pg_stat_statements_info`).Scan(&s.dealloc)
 	return s
 }
 
-// topStatements are the n statements called most between two snapshots.
-func topStatements(a, b stmtSnapshot, n int) ([]stmtCalls, int64) {
-	by := map[string]int64{}
+// topStatements are the n statements called most between two snapshots
+// (byTime: that took the server's most execution time).
+func topStatements(a, b stmtSnapshot, n int, byTime bool) ([]stmtCalls, int64) {
+	by := map[string]*stmtCalls{}
 	for id, c := range b.calls {
 		if d := c - a.calls[id]; d > 0 {
-			by[b.query[id]] += d
+			q := b.query[id]
+			if by[q] == nil {
+				by[q] = &stmtCalls{Query: q}
+			}
+			by[q].Calls += d
+			by[q].Exec += time.Duration((b.exec[id] - a.exec[id]) * float64(time.Millisecond))
+			by[q].Plan += time.Duration((b.plan[id] - a.plan[id]) * float64(time.Millisecond))
 		}
 	}
 	var out []stmtCalls
-	for q, c := range by {
-		out = append(out, stmtCalls{Query: q, Calls: c})
+	for _, c := range by {
+		out = append(out, *c)
 	}
-	slices.SortFunc(out, func(x, y stmtCalls) int { return int(y.Calls - x.Calls) })
+	slices.SortFunc(out, func(x, y stmtCalls) int {
+		if byTime {
+			return cmp.Compare(y.Exec, x.Exec)
+		}
+		return cmp.Compare(y.Calls, x.Calls)
+	})
 	return out[:min(n, len(out))], b.dealloc - a.dealloc
 }
 
@@ -626,7 +658,7 @@ func (tn *tenants) idle(ctx context.Context) idleResult {
 	cpu1, to := tn.cpuTicks(), time.Now()
 	x1, c1 := tn.dbCounters(ctx)
 	st1 := tn.statements(ctx)
-	r.Top, r.Evicted = topStatements(st0, st1, 8)
+	r.Top, r.Evicted = topStatements(st0, st1, 8, false)
 	r.For = to.Sub(from)
 	r.Xacts, r.CPUTicks = x1-x0, cpu1-cpu0
 	if c0 >= 0 && c1 >= 0 {
