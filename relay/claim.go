@@ -70,7 +70,12 @@ type claimMeta struct {
 // stalest first (floorState.order).
 func (r *Relay) takeBatch(ctx context.Context, only *slotSet) (claimed, int64, error) {
 	gen := r.leaseGen.Load()
-	if only != nil && only.empty() {
+	if (only != nil && only.empty()) || !r.leaseHeld(gen) {
+		// Without a lease confirmed since the last gap (before the first
+		// heartbeat, after one that came too late, while a dormant Fleet
+		// target wakes) nothing claimed could be sent: it would be held
+		// back (sendBatch), its rows claimed for nothing. The heartbeat
+		// that confirms the lease wakes the loop.
 		return claimed{}, gen, nil
 	}
 	// The claim sees every row, late commits too, once the previous batch's

@@ -81,6 +81,10 @@ ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED
 type fleetIdle struct {
 	polled bool          // the Fleet polls for this relay while it is idle
 	after  time.Duration // DormantAfter; negative: never dormant
+	// kick asks the pool's poll to ask soon (a target started: its rows
+	// must not wait a PollInterval); fresh is set until that poll asked.
+	kick  chan struct{}
+	fresh atomic.Bool
 
 	idle atomic.Bool // waiting for the Fleet's poll or a notification
 	slow atomic.Bool // the Fleet's question was slow at slowPolls polls in a row
@@ -149,6 +153,12 @@ func (r *Relay) idleWait(ctx context.Context, w *watcher) bool {
 	}
 	s.idle.Store(true)
 	defer s.idle.Store(false)
+	if s.fresh.Load() {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
 	select {
 	case <-ctx.Done():
 		return true
@@ -210,22 +220,36 @@ const idleLockTimeoutSQL = `SELECT set_config('lock_timeout', '100ms', true)`
 // pollChunk bounds the questions one pipeline sends.
 const pollChunk = 256
 
+// freshDelay is how long the poll waits after a kick before it asks the
+// targets that started meanwhile: targets starting together (a process
+// start, a list re-read) are asked in one pipeline.
+const freshDelay = 20 * time.Millisecond
+
 // pollLoop runs the Fleet's idle poll of pool's targets every
-// PollInterval until ctx ends.
-func (f *Fleet) pollLoop(ctx context.Context, pool *pgxpool.Pool) {
+// PollInterval until ctx ends, and asks targets that just started at
+// once (kick): a target starts dormant, and a backlog waiting for it must
+// not wait for the next tick.
+func (f *Fleet) pollLoop(ctx context.Context, pool *pgxpool.Pool, kick <-chan struct{}) {
 	b := backoff.Backoff{Base: backoffMin, Limit: f.cfg.Relay.MaxBackoff}
 	t := time.NewTicker(f.cfg.Relay.PollInterval)
 	defer t.Stop()
 	for {
+		freshOnly := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-kick:
+			freshOnly = true
+			if !backoff.Sleep(ctx, freshDelay) {
+				return
+			}
 		}
 		f.mu.Lock()
 		var idle []*Relay
 		for _, r := range f.relays(pool, "") {
-			if r.idleState.idle.Load() {
+			if r.idleState.idle.Load() && (!freshOnly || r.idleState.fresh.Load()) {
+				r.idleState.fresh.Store(false)
 				idle = append(idle, r)
 			}
 		}

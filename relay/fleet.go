@@ -141,6 +141,8 @@ type Fleet struct {
 	leaving map[*fleetTarget]bool // removed, still stopping: Stats counts them
 	gone    outbox.RelayStats     // the counters of targets removed
 	listens map[*pgxpool.Pool]context.CancelFunc
+	kickMu  sync.Mutex
+	kicks   map[*pgxpool.Pool]chan struct{} // each pool's poll's (fleetIdle.kick); under kickMu
 	wg      sync.WaitGroup
 
 	emptySlow time.Duration // tests: each relay's emptySlow (0: emptySlow)
@@ -188,7 +190,7 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 	cfg.Relay = r.cfg
 	cfg.Relay.Pool = nil
 	f := &Fleet{cfg: cfg, log: cfg.Relay.Logger, targets: map[string]*fleetTarget{}, leaving: map[*fleetTarget]bool{},
-		listens: map[*pgxpool.Pool]context.CancelFunc{}}
+		listens: map[*pgxpool.Pool]context.CancelFunc{}, kicks: map[*pgxpool.Pool]chan struct{}{}}
 	f.kc = &kafkaClient{brokers: cfg.Relay.Brokers, conf: cfg.Relay.Kafka}
 	ts, err := checkTargets(cfg.Targets)
 	if err != nil {
@@ -409,6 +411,8 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 		r.kc, r.fleetListens, r.fleetLogs = f.kc, !cfg.NoListen, true
 		r.watchers, r.watchRate = &f.watchers, f.cfg.WatchRate
 		r.idleState.polled, r.idleState.after = r.fleetListens, f.cfg.DormantAfter
+		r.idleState.kick = f.kick(ft.t.Pool)
+		r.idleState.fresh.Store(true)
 		r.emptySlow = f.emptySlow
 		r.db.slots = make(chan struct{}, max(1, min(f.cfg.MaxConnsPerTarget, int(ft.t.Pool.Config().MaxConns)-1)))
 		f.set(ft, "running", nil, r)
@@ -494,6 +498,9 @@ func (f *Fleet) listenPools() {
 		if !pools[p] {
 			cancel()
 			delete(f.listens, p)
+			f.kickMu.Lock()
+			delete(f.kicks, p)
+			f.kickMu.Unlock()
 		}
 	}
 	for p := range pools {
@@ -503,8 +510,21 @@ func (f *Fleet) listenPools() {
 		ctx, cancel := context.WithCancel(f.ctx)
 		f.listens[p] = cancel
 		f.wg.Go(func() { f.listenLoop(ctx, p) })
-		f.wg.Go(func() { f.pollLoop(ctx, p) })
+		kick := f.kick(p)
+		f.wg.Go(func() { f.pollLoop(ctx, p, kick) })
 	}
+}
+
+// kick returns pool's poll's kick channel (serve calls it without f.mu).
+func (f *Fleet) kick(pool *pgxpool.Pool) chan struct{} {
+	f.kickMu.Lock()
+	defer f.kickMu.Unlock()
+	k, ok := f.kicks[pool]
+	if !ok {
+		k = make(chan struct{}, 1)
+		f.kicks[pool] = k
+	}
+	return k
 }
 
 // listenLoop holds one connection to pool's database LISTENing on Channel

@@ -403,13 +403,19 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 	}
 	r.failed.Store(nil)
 	r.idleState.dormant.Store(false)
-	if released > 0 || time.Since(r.t0) >= time.Duration(r.leaseUntil.Load()) {
+	lapsed := time.Since(r.t0) >= time.Duration(r.leaseUntil.Load())
+	if released > 0 || lapsed {
 		// Lanes were handed over, or the leases may have lapsed before this
 		// renewal: rows claimed so far are not sent any more (they stay for
 		// whoever owns their lane; the in-flight ones finish).
 		r.leaseGen.Add(1)
 	}
 	r.leaseUntil.Store(int64(start.Sub(r.t0) + r.cfg.LeaseTTL))
+	if lapsed && held > 0 {
+		// The work loop claims nothing without a lease (takeBatch): claim now.
+		r.markAllDirty()
+		r.wakeUp()
+	}
 	if prev := r.lanes.Swap(int64(held)); prev != int64(held) {
 		r.log.InfoContext(ctx, "lanes changed", "lanes_held", held, "instances", live)
 		if int64(held) > prev {
