@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/internal/promtest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/pgboxprom"
@@ -41,7 +42,7 @@ func TestFleetTotalsAndChosenSeries(t *testing.T) {
 		{Name: "hooli", Read: pgboxprom.ReadPending},
 	}
 	m := gather(t, newCollector(t, pgboxprom.Config{Fleet: f}))
-	for name, want := range map[string]float64{
+	promtest.Require(t, m, map[string]float64{
 		"pgbox_fleet_outbox_unpublished_rows":                 8,
 		"pgbox_fleet_outbox_parked_rows":                      2,
 		"pgbox_fleet_consumer_dead_letter_rows":               3,
@@ -67,10 +68,7 @@ func TestFleetTotalsAndChosenSeries(t *testing.T) {
 		`pgbox_target_relay_lanes_unowned{target="acme"}`:                   0,
 		`pgbox_target_inbox_oldest_key_age_seconds{target="acme"}`:          100,
 		`pgbox_target_database_up{target="initech"}`:                        0,
-	} {
-		require.Contains(t, m, name)
-		require.Equal(t, want, m[name], name)
-	}
+	})
 	require.Less(t, m["pgbox_fleet_read_age_seconds"], 60.0)
 	for name := range m {
 		require.NotContains(t, name, `target="globex"`, "globex is not chosen")
@@ -120,7 +118,7 @@ func TestFleetInboxCutoffsAndCleanup(t *testing.T) {
 	totals := cleanup.Stats{Passes: 9, PassesLocked: 2, PassErrors: 1, Deleted: 50, TopicsSkipped: 4, LastPass: now.Add(-time.Minute),
 		Topics: map[string]cleanup.TopicStats{"orders": {Deleted: 40, Window: time.Hour, Margin: -1400 * time.Second}}}
 	m := gather(t, newCollector(t, pgboxprom.Config{Fleet: f, FleetCleaner: cleanerOf(totals)}))
-	for name, want := range map[string]float64{
+	promtest.Require(t, m, map[string]float64{
 		`pgbox_inbox_oldest_key_age_seconds{consumer="svc",topic="orders"}`:   7000,
 		`pgbox_inbox_oldest_key_age_seconds{consumer="svc",topic="invoices"}`: 20,
 		`pgbox_inbox_cleanup_window_seconds{consumer="svc",topic="orders"}`:   3600,
@@ -135,10 +133,7 @@ func TestFleetInboxCutoffsAndCleanup(t *testing.T) {
 		`pgbox_target_cleanup_pass_errors_total{target="acme"}`:               1,
 		`pgbox_target_cleanup_deleted_total{target="acme"}`:                   30,
 		`pgbox_target_inbox_retention_margin_seconds{target="acme"}`:          -1400,
-	} {
-		require.Contains(t, m, name)
-		require.Equal(t, want, m[name], name)
-	}
+	})
 	require.InDelta(t, float64(now.Add(-time.Minute).Unix()), m[`pgbox_target_cleanup_last_pass_timestamp_seconds{target="acme"}`], 1)
 	require.NotContains(t, m, `pgbox_inbox_cleanup_window_seconds{consumer="svc",topic="invoices"}`, "no pass knew its window")
 	for name := range m {

@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/console"
 	"github.com/pgbox/pgbox/inspect"
@@ -144,32 +142,20 @@ func (r *fleetReader) Run(ctx context.Context) {
 	}
 }
 
-// servedPool is a served target and its database's pool.
-type servedPool struct {
-	spec targetSpec
-	pool *pgxpool.Pool
-}
-
 // servedPools returns the served targets, by name, with their pools.
-func (fr *fleetRun) servedPools() []servedPool {
+func (fr *fleetRun) servedPools() []targetPool {
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
-	out := make([]servedPool, 0, len(fr.served))
+	specs := make([]targetSpec, 0, len(fr.served))
 	for _, name := range slices.Sorted(maps.Keys(fr.served)) {
-		s := fr.served[name]
-		if db, ok := fr.dbs[s.spec.DatabaseURL]; ok {
-			out = append(out, servedPool{spec: s.spec, pool: db.pool})
-		}
+		specs = append(specs, fr.served[name].spec)
 	}
-	return out
+	return fr.withPools(specs, false)
 }
 
 func (r *fleetReader) round(ctx context.Context) {
 	targets := r.fr.listedPools()
-	listed := make(map[string]bool, len(targets))
-	for _, t := range targets {
-		listed[t.spec.Name] = true
-	}
+	listed := namesOf(targets)
 	r.mu.Lock()
 	maps.DeleteFunc(r.last, func(name string, _ targetRead) bool { return !listed[name] }) // no longer listed
 	r.mu.Unlock()
@@ -190,7 +176,7 @@ func (r *fleetReader) round(ctx context.Context) {
 }
 
 // read reads one target's state and figures, within targetReadTimeout.
-func (r *fleetReader) read(ctx context.Context, t listedPool, cfg inspect.Config) targetRead {
+func (r *fleetReader) read(ctx context.Context, t targetPool, cfg inspect.Config) targetRead {
 	db, err := r.dbs.get(t.spec, t.pool)
 	if err != nil {
 		return targetRead{state: stateUnreachable, detail: err.Error(), at: time.Now()}
@@ -285,7 +271,7 @@ func (r *fleetReader) FleetTargets() []pgboxprom.FleetTarget {
 // none, all, or the N worst read (as `relay status` orders them: failing
 // first, then the oldest unpublished row, the larger backlog, parked rows,
 // dead letters), then those not read yet, by name.
-func (s targetSeries) choose(lines []targetLine, targets []servedPool) []string {
+func (s targetSeries) choose(lines []targetLine, targets []targetPool) []string {
 	switch {
 	case s.all:
 		names := make([]string, len(targets))
@@ -305,7 +291,7 @@ func (s targetSeries) choose(lines []targetLine, targets []servedPool) []string 
 	for _, l := range lines[:min(s.top, len(lines))] {
 		names = append(names, l.Name)
 	}
-	for _, t := range targets { // by name: servedPools sorts them
+	for _, t := range targets { // by name: listedPools sorts them
 		if len(names) >= s.top {
 			break
 		}
@@ -317,7 +303,7 @@ func (s targetSeries) choose(lines []targetLine, targets []servedPool) []string 
 }
 
 // namesOf returns the names of targets as a set.
-func namesOf(targets []servedPool) map[string]bool {
+func namesOf(targets []targetPool) map[string]bool {
 	names := make(map[string]bool, len(targets))
 	for _, t := range targets {
 		names[t.spec.Name] = true
@@ -355,7 +341,7 @@ func newFleetCleanup(fr *fleetRun, lk *lazyKafka) *fleetCleanup {
 }
 
 // record counts the passes of a round; errs are the passes' errors.
-func (c *fleetCleanup) record(targets []servedPool, reps []cleanup.Report, errs []error) {
+func (c *fleetCleanup) record(targets []targetPool, reps []cleanup.Report, errs []error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, t := range targets {

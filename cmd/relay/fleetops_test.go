@@ -18,6 +18,7 @@ import (
 	"github.com/pgbox/pgbox/console"
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/promtest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/pgboxprom"
 	"github.com/pgbox/pgbox/relay"
@@ -281,30 +282,6 @@ func TestRunTargetsMetrics(t *testing.T) {
 	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
-// samples gathers c and returns every sample as name{labels} -> value.
-func samples(t *testing.T, c prometheus.Collector) map[string]float64 {
-	t.Helper()
-	reg := prometheus.NewRegistry()
-	require.NoError(t, reg.Register(c))
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-			}
-			name := mf.GetName()
-			if len(labels) > 0 {
-				name += "{" + strings.Join(labels, ",") + "}"
-			}
-			out[name] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
-		}
-	}
-	return out
-}
-
 // One reader: the console's fleet overview and /metrics show the same
 // read of a target (its figures, and when it was read); a listed target
 // the relay does not serve (refused) is read for the console only, its
@@ -336,11 +313,11 @@ func TestFleetReaderOneRead(t *testing.T) {
 		return cleanup.Report{Start: at, Deleted: 2, Topics: []cleanup.TopicReport{
 			{Topic: "orders", Timed: true, Window: time.Hour, Deleted: 2, Margin: margin}}}
 	}
-	both := []servedPool{{spec: acme}, {spec: globex}}
+	both := []targetPool{{spec: acme}, {spec: globex}}
 	cl.record(both, []cleanup.Report{pass(-2 * time.Hour), pass(10 * time.Minute)}, []error{nil, errors.New("pgbox_consumer_attempts missing")})
 	cl.record(both, []cleanup.Report{{Locked: true}, pass(-3 * time.Hour)}, []error{nil, nil})
 	fr.served = map[string]servedTarget{"acme": {spec: acme}}
-	cl.record([]servedPool{{spec: acme}}, []cleanup.Report{{Locked: true}}, []error{nil})
+	cl.record([]targetPool{{spec: acme}}, []cleanup.Report{{Locked: true}}, []error{nil})
 
 	sums := cf.Summaries()
 	require.Equal(t, console.SummaryOK, sums["acme"].State)
@@ -355,8 +332,8 @@ func TestFleetReaderOneRead(t *testing.T) {
 
 	col, err := pgboxprom.New(pgboxprom.Config{Fleet: r, FleetCleaner: cl})
 	require.NoError(t, err)
-	m := samples(t, col)
-	for name, want := range map[string]float64{
+	m := promtest.Samples(t, col)
+	promtest.Require(t, m, map[string]float64{
 		"pgbox_cleanup_passes_total":                                        3,
 		"pgbox_cleanup_passes_locked_total":                                 2,
 		"pgbox_cleanup_pass_errors_total":                                   1,
@@ -368,10 +345,7 @@ func TestFleetReaderOneRead(t *testing.T) {
 		`pgbox_target_cleanup_passes_total{target="acme"}`:                  1,
 		`pgbox_target_inbox_retention_margin_seconds{target="acme"}`:        -7200,
 		`pgbox_target_outbox_parked_rows{target="acme"}`:                    3,
-	} {
-		require.Contains(t, m, name)
-		require.Equal(t, want, m[name], name)
-	}
+	})
 }
 
 // The reader and the console's pages share one targetDB per target, and

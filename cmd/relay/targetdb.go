@@ -42,24 +42,34 @@ func newTargetDBs(fr *fleetRun) *targetDBs {
 	return &targetDBs{fr: fr, dbs: map[string]*targetDB{}, slots: map[*pgxpool.Pool]chan struct{}{}}
 }
 
-// listedPool is a listed target and its database's pool (nil when the
+// targetPool is a target and its database's pool (nil when the
 // connection budget left it none).
-type listedPool struct {
+type targetPool struct {
 	spec targetSpec
 	pool *pgxpool.Pool
 }
 
-// listedPools returns the targets of the list, in its order, with their pools.
-func (fr *fleetRun) listedPools() []listedPool {
+// listedPools returns the targets of the list, in its order, with their
+// pools.
+func (fr *fleetRun) listedPools() []targetPool {
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
-	out := make([]listedPool, 0, len(fr.list))
-	for _, t := range fr.list {
-		lp := listedPool{spec: t}
-		if db, ok := fr.dbs[t.DatabaseURL]; ok {
-			lp.pool = db.pool
+	return fr.withPools(fr.list, true)
+}
+
+// withPools pairs specs with their databases' pools, keeping those whose
+// database the process has not opened when all is set. The caller holds
+// fr.mu.
+func (fr *fleetRun) withPools(specs []targetSpec, all bool) []targetPool {
+	out := make([]targetPool, 0, len(specs))
+	for _, t := range specs {
+		db, ok := fr.dbs[t.DatabaseURL]
+		switch {
+		case ok:
+			out = append(out, targetPool{spec: t, pool: db.pool})
+		case all:
+			out = append(out, targetPool{spec: t})
 		}
-		out = append(out, lp)
 	}
 	return out
 }
@@ -156,7 +166,7 @@ func (d *targetDB) Begin(ctx context.Context) (pgx.Tx, error) {
 // Exec runs sql in a transaction of its own on the target's schema.
 func (d *targetDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	var tag pgconn.CommandTag
-	err := d.inTx(ctx, func(tx pgx.Tx) (err error) {
+	err := pgx.BeginFunc(ctx, d, func(tx pgx.Tx) (err error) {
 		tag, err = tx.Exec(ctx, sql, args...)
 		return err
 	})
@@ -167,7 +177,7 @@ func (d *targetDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.Co
 // when the row is scanned.
 func (d *targetDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	return lazyRow(func(dest ...any) error {
-		return d.inTx(ctx, func(tx pgx.Tx) error { return tx.QueryRow(ctx, sql, args...).Scan(dest...) })
+		return pgx.BeginFunc(ctx, d, func(tx pgx.Tx) error { return tx.QueryRow(ctx, sql, args...).Scan(dest...) })
 	})
 }
 
@@ -191,18 +201,6 @@ func (d *targetDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows
 		}
 		_ = tx.Commit(context.WithoutCancel(ctx))
 	})}, nil
-}
-
-func (d *targetDB) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	tx, err := d.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		_ = tx.Rollback(ctx)
-		return err
-	}
-	return tx.Commit(ctx)
 }
 
 // targetTx is a transaction on a target's schema: its statements are
