@@ -112,32 +112,10 @@ func (c *Cleaner) RunOnce(ctx context.Context) (Report, error) {
 func (c *Cleaner) record(ctx context.Context, rep Report, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := &c.stats
+	c.stats.Add(rep, err)
 	if rep.Locked {
-		s.PassesLocked++
 		return
 	}
-	s.Passes++
-	if err != nil && !errors.Is(err, context.Canceled) {
-		s.PassErrors++
-	}
-	s.Deleted += rep.Deleted
-	s.LastPass, s.LastDuration = rep.Start, rep.Duration
-	s.MaxBatch = max(s.MaxBatch, rep.MaxBatch)
-	for _, t := range rep.Topics {
-		ts := s.Topics[t.Topic]
-		ts.Deleted += t.Deleted
-		ts.ExactDeleted += t.ExactDeleted
-		ts.TimeDeleted += t.TimeDeleted
-		ts.Reason, ts.Skipped, ts.Last = "", t.Skipped, t
-		if t.Skipped {
-			s.TopicsSkipped++
-			ts.Reason = t.Reason
-		}
-		ts.Window, ts.OldestAge, ts.Margin = t.Window, t.OldestAge, t.Margin
-		s.Topics[t.Topic] = ts
-	}
-
 	switch {
 	case err == nil:
 		c.cfg.Logger.InfoContext(ctx, "cleanup pass done", passAttrs(rep)...)

@@ -1,6 +1,10 @@
 package cleanup
 
-import "time"
+import (
+	"context"
+	"errors"
+	"time"
+)
 
 // Report describes one pass.
 type Report struct {
@@ -207,6 +211,39 @@ type Stats struct {
 	MaxBatch time.Duration
 	// Topics has per-topic counters and the last pass's view of each topic.
 	Topics map[string]TopicStats
+}
+
+// Add counts one pass, its report rep and its error err (nil when it
+// succeeded), as a Cleaner counts its own: a service that runs passes of
+// several cleaners (one per schema) keeps their totals with it.
+func (s *Stats) Add(rep Report, err error) {
+	if rep.Locked {
+		s.PassesLocked++
+		return
+	}
+	s.Passes++
+	if err != nil && !errors.Is(err, context.Canceled) {
+		s.PassErrors++
+	}
+	s.Deleted += rep.Deleted
+	s.LastPass, s.LastDuration = rep.Start, rep.Duration
+	s.MaxBatch = max(s.MaxBatch, rep.MaxBatch)
+	if s.Topics == nil {
+		s.Topics = map[string]TopicStats{}
+	}
+	for _, t := range rep.Topics {
+		ts := s.Topics[t.Topic]
+		ts.Deleted += t.Deleted
+		ts.ExactDeleted += t.ExactDeleted
+		ts.TimeDeleted += t.TimeDeleted
+		ts.Reason, ts.Skipped, ts.Last = "", t.Skipped, t
+		if t.Skipped {
+			s.TopicsSkipped++
+			ts.Reason = t.Reason
+		}
+		ts.Window, ts.OldestAge, ts.Margin = t.Window, t.OldestAge, t.Margin
+		s.Topics[t.Topic] = ts
+	}
 }
 
 // TopicStats are one topic's counters.

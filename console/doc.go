@@ -20,9 +20,11 @@
 // schemas, described by a Fleet): a fleet overview, one line per target
 // with its relay state and figures, the worst first, filtered and paged;
 // and each target's pages under /t/{name}/, reading and acting through the
-// target's own DB. The figures are read in the background, a few targets
+// target's own DB. A page load reads no database for the figures: a
+// FleetReader hands its last reads (the binary's, shared with its
+// metrics); a FleetSummarizer's are read in the background, a few targets
 // at a time, each within FleetConfig.SummaryTimeout, when the overview is
-// older than FleetConfig.SummaryMaxAge: a page load reads no database.
+// older than FleetConfig.SummaryMaxAge.
 // Logins, roles, the login throttle and HidePayloads are the fleet's; each
 // target's forms are signed with its own key and its actions audited in its
 // own tables, naming it.

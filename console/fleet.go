@@ -89,6 +89,9 @@ type FleetSummary struct {
 	Detail string
 	// Figures, when they could be read (nil otherwise).
 	Figures *FleetFigures
+	// At is when they were read: a FleetReader's Summaries set it; what
+	// Summarize returns is stamped when it returns.
+	At time.Time
 }
 
 // FleetFigures are the figures of a target the fleet overview shows.
@@ -110,7 +113,10 @@ type FleetFigures struct {
 }
 
 // Fleet is what a fleet console reads of the targets: the binary's `relay
-// run` with a target list implements it over its relay.Fleet.
+// run` with a target list implements it over its relay.Fleet. The fleet
+// overview's figures come from a Fleet that is also a [FleetSummarizer]
+// (the console reads them, on its own schedule) or a [FleetReader] (the
+// Fleet reads them, on its own).
 type Fleet interface {
 	// Targets lists the targets; it must be cheap (read from memory):
 	// every fleet overview calls it.
@@ -121,9 +127,28 @@ type Fleet interface {
 	// its database and schema are unchanged: the console keeps the
 	// target's handler (its CSRF key) while it does.
 	DB(name string) (DB, error)
+}
+
+// FleetSummarizer is a Fleet whose targets' figures the console reads:
+// SummaryConcurrency at a time, each within SummaryTimeout, when the
+// fleet overview's are older than SummaryMaxAge.
+type FleetSummarizer interface {
+	Fleet
 	// Summarize reads the target's figures; ctx bounds it
 	// (FleetConfig.SummaryTimeout).
 	Summarize(ctx context.Context, name string) FleetSummary
+}
+
+// FleetReader is a Fleet that reads its targets' figures itself, on a
+// schedule of its own (the binary's reader, whose reads /metrics exports
+// too): the fleet overview shows what it last read and the console reads
+// no database for it; the Summary fields of FleetConfig are not used.
+type FleetReader interface {
+	Fleet
+	// Summaries returns every target's last figures by name, each with
+	// its At, from memory: every fleet overview calls it. A target it
+	// lacks is shown as not read yet.
+	Summaries() map[string]FleetSummary
 }
 
 // FleetConfig configures a FleetHandler.
@@ -136,11 +161,13 @@ type FleetConfig struct {
 	// forms are signed with the key kept in its own schema.
 	Console Config
 
-	// Fleet lists the targets and gives their databases. Required.
+	// Fleet lists the targets and gives their databases and figures (a
+	// FleetSummarizer or a FleetReader). Required.
 	Fleet Fleet
 
-	// SummaryConcurrency is how many targets' summaries are read at once.
-	// Defaults to SummaryConcurrencyDefault (4).
+	// SummaryConcurrency is how many targets' summaries are read at once
+	// (a FleetSummarizer's; the Summary fields do not apply to a
+	// FleetReader). Defaults to SummaryConcurrencyDefault (4).
 	SummaryConcurrency int
 
 	// SummaryTimeout bounds the reading of one target's summary; a target
@@ -172,6 +199,11 @@ type FleetHandler struct {
 func NewFleet(cfg FleetConfig) (*FleetHandler, error) {
 	if cfg.Fleet == nil {
 		return nil, errors.New("console: missing Fleet (the targets the fleet console serves)")
+	}
+	_, summarizes := cfg.Fleet.(FleetSummarizer)
+	_, reads := cfg.Fleet.(FleetReader)
+	if !summarizes && !reads {
+		return nil, fmt.Errorf("console: Fleet %T gives no figures (implement FleetSummarizer's Summarize, or FleetReader's Summaries)", cfg.Fleet)
 	}
 	var errs []error
 	if cfg.SummaryConcurrency < 0 {
@@ -374,13 +406,15 @@ type fleetData struct {
 	PrevURL  string
 	NextURL  string
 	// The summaries: Oldest is when the oldest shown was read (zero: none
-	// read), Reading says a reading is under way (Done of Of targets).
-	Oldest  time.Time
-	Reading bool
-	Done    int
-	Of      int
-	Now     time.Time
-	MaxAge  time.Duration
+	// read), Reading says a reading is under way (Done of Of targets);
+	// ReadByFleet that the Fleet reads them (a FleetReader).
+	Oldest      time.Time
+	ReadByFleet bool
+	Reading     bool
+	Done        int
+	Of          int
+	Now         time.Time
+	MaxAge      time.Duration
 }
 
 // Fleet overview ranks, the worst first.
@@ -418,14 +452,24 @@ func (f *FleetHandler) overview(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	q := r.URL.Query()
 	targets := f.cfg.Fleet.Targets()
-	f.sums.maybeRead(f, targets, q.Get("refresh") != "")
 	d := fleetData{Total: len(targets), Q: strings.TrimSpace(q.Get("q")), State: q.Get("state"), Now: start, MaxAge: f.cfg.SummaryMaxAge}
-	d.Reading, d.Done, d.Of = f.sums.progress()
+	summary := f.sums.get
+	if fr, ok := f.cfg.Fleet.(FleetReader); ok {
+		sums := fr.Summaries()
+		summary = func(name string) (FleetSummary, time.Time, bool) {
+			s, ok := sums[name]
+			return s, s.At, ok
+		}
+		d.ReadByFleet = true
+	} else {
+		f.sums.maybeRead(f, targets, q.Get("refresh") != "")
+		d.Reading, d.Done, d.Of = f.sums.progress()
+	}
 	states := map[string]bool{}
 	var rows []fleetRow
 	for _, t := range targets {
 		row := fleetRow{FleetTarget: t, Link: f.base.cfg.Prefix + "/t/" + url.PathEscape(t.Name) + "/"}
-		if s, at, ok := f.sums.get(t.Name); ok {
+		if s, at, ok := summary(t.Name); ok {
 			row.Sum, row.At, row.SumState = &s, at, strings.ReplaceAll(s.State, "_", " ")
 			states[row.SumState] = true
 		}
@@ -637,7 +681,7 @@ func (s *summaries) readAll(f *FleetHandler, names []string) {
 		wg.Go(func() {
 			defer func() { <-sem }()
 			ctx, cancel := context.WithTimeout(s.ctx, f.cfg.SummaryTimeout)
-			sum := f.cfg.Fleet.Summarize(ctx, name)
+			sum := f.cfg.Fleet.(FleetSummarizer).Summarize(ctx, name)
 			if ctx.Err() == context.DeadlineExceeded { // whatever it says, it is cut short
 				sum = FleetSummary{State: SummaryFailed, Detail: fmt.Sprintf("not read within %v", f.cfg.SummaryTimeout)}
 			}

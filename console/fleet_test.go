@@ -77,7 +77,10 @@ func (f *testFleet) Summarize(ctx context.Context, name string) console.FleetSum
 
 func fleetServer(t *testing.T, f *testFleet, mod func(*console.FleetConfig)) *bundle {
 	t.Helper()
-	cfg := console.FleetConfig{Console: console.Config{Auth: testAuth(t)}, Fleet: f}
+	cfg := console.FleetConfig{Console: console.Config{Auth: testAuth(t)}}
+	if f != nil {
+		cfg.Fleet = f
+	}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -210,4 +213,55 @@ func TestNewFleetValidates(t *testing.T) {
 	require.ErrorContains(t, err, "SummaryTimeout -1s is negative")
 	_, err = console.NewFleet(console.FleetConfig{Fleet: &testFleet{}, Console: console.Config{Prefix: "console"}})
 	require.ErrorContains(t, err, `Prefix "console" must start with /`)
+}
+
+// readerFleet is a console.FleetReader: it reads its targets' figures
+// itself; it has no databases.
+type readerFleet struct {
+	names []string
+	sums  map[string]console.FleetSummary
+	calls atomic.Int64
+}
+
+func (f *readerFleet) Targets() []console.FleetTarget {
+	out := make([]console.FleetTarget, len(f.names))
+	for i, n := range f.names {
+		out[i] = console.FleetTarget{Name: n, Schema: "s_" + n, State: "running"}
+	}
+	return out
+}
+
+func (f *readerFleet) DB(name string) (console.DB, error) {
+	return nil, fmt.Errorf("target %q: %w", name, console.ErrUnknownTarget)
+}
+
+func (f *readerFleet) Summaries() map[string]console.FleetSummary {
+	f.calls.Add(1)
+	return f.sums
+}
+
+// A FleetReader's figures are the fleet overview's, as it read them and
+// when: the console reads nothing of its own and offers no "read again"
+// (a Fleet with neither Summarize nor Summaries is refused).
+func TestFleetReaderSummaries(t *testing.T) {
+	t.Parallel()
+	read := time.Now().Add(-90 * time.Second)
+	f := &readerFleet{names: []string{"acme", "down", "fresh"}, sums: map[string]console.FleetSummary{
+		"acme": {State: console.SummaryOK, Figures: &console.FleetFigures{Parked: 7}, At: read},
+		"down": {State: console.SummaryUnreachable, Detail: "connection refused", At: time.Now()},
+	}}
+	b := fleetServer(t, nil, func(c *console.FleetConfig) { c.Fleet = f })
+	vera := b.as("vera", viewerPass)
+	page := vera.get(t, "/?refresh=1")
+	require.Equal(t, []string{"down", "fresh", "acme"}, fleetNames(page), "unreadable, not read yet, ok")
+	require.Regexp(t, `Figures as of 1m3\ds ago`, page, "the oldest shown: acme's, read when the Fleet read it")
+	require.Contains(t, page, "the relay reads every target's again in the background")
+	require.NotContains(t, page, `id="fleet-refresh"`)
+	require.Contains(t, page, "connection refused")
+	require.Regexp(t, `(?s)data-target="acme".*<td class="n">7</td>`, page)
+	require.Regexp(t, `(?s)data-target="fresh".*not read yet`, page)
+	require.EqualValues(t, 1, f.calls.Load(), "one call per page")
+
+	_, err := console.NewFleet(console.FleetConfig{Fleet: struct{ console.Fleet }{f}})
+	require.ErrorContains(t, err, "gives no figures (implement FleetSummarizer's Summarize, or FleetReader's Summaries)")
 }

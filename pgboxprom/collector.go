@@ -58,6 +58,14 @@ type Config struct {
 	// Cleaner's counters and its last pass's windows, which also give the
 	// inbox cutoff metrics. Defaults to nil.
 	Cleaner *cleanup.Cleaner
+	// FleetCleaner is a fleet's cleaner (`relay run` with a target list
+	// prunes every target): its counters over every target it pruned,
+	// exported under the Cleaner's names (pgbox_cleanup_passes_total…), so
+	// the alerts over them cover every target. Its Topics' windows and
+	// margins should be each topic's worst over the targets. Each target's
+	// own counters and last pass come through [FleetTarget.Cleanup]. Set it
+	// or Cleaner, not both. Defaults to nil.
+	FleetCleaner CleanerStats
 	// Inbox is an in-process inbox whose counters are exported. Defaults to nil.
 	Inbox *inbox.Inbox
 	// Consumer is a consumer adapter (an *inboxsarama.Handler or an
@@ -93,6 +101,13 @@ type Relay interface {
 	Stats() outbox.RelayStats
 }
 
+// CleanerStats is what the collector reads of a fleet's cleaner: its
+// counters, which never go down (a target no longer served keeps its
+// passes in them).
+type CleanerStats interface {
+	Stats() cleanup.Stats
+}
+
 // Targets is what the collector reads of a fleet of relays: how many
 // targets are in each state. *relay.Fleet is one.
 type Targets interface {
@@ -120,6 +135,9 @@ func New(cfg Config) (*Collector, error) {
 	}
 	if cfg.LatencyPoll < 0 {
 		return nil, fmt.Errorf("pgboxprom: LatencyPoll %v is negative (use a positive duration, or zero for %v)", cfg.LatencyPoll, LatencyPollDefault)
+	}
+	if cfg.Cleaner != nil && cfg.FleetCleaner != nil {
+		return nil, fmt.Errorf("pgboxprom: Cleaner and FleetCleaner are both set: their counters share names (set Cleaner for one database, FleetCleaner for a fleet)")
 	}
 	if cfg.Fleet != nil && cfg.DB != nil {
 		return nil, fmt.Errorf("pgboxprom: Fleet and DB are both set: a fleet's targets are read by the Fleet (set DB for one database, Fleet for a fleet)")
@@ -207,7 +225,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if c.cfg.Cleaner != nil {
-		c.collectCleaner(ch)
+		exportCleaner(ch, c.cfg.Cleaner.Stats())
+	}
+	if c.cfg.FleetCleaner != nil {
+		exportCleaner(ch, c.cfg.FleetCleaner.Stats())
 	}
 	if ib := c.cfg.Inbox; ib != nil {
 		s := ib.Stats()
@@ -249,8 +270,7 @@ func (c *Collector) collectRelay(ch chan<- prometheus.Metric) {
 	}
 }
 
-func (c *Collector) collectCleaner(ch chan<- prometheus.Metric) {
-	s := c.cfg.Cleaner.Stats()
+func exportCleaner(ch chan<- prometheus.Metric, s cleanup.Stats) {
 	counter(ch, dCleanDeleted, float64(s.Deleted))
 	counter(ch, dCleanPasses, float64(s.Passes))
 	counter(ch, dCleanLocked, float64(s.PassesLocked))

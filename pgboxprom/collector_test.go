@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgbox/pgbox/inbox"
 	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/internal/promtest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/pgboxprom"
@@ -26,34 +27,9 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// gather registers c in a fresh registry and returns every sample as
-// name{labels} -> value.
+// gather returns every sample of c as name{labels} -> value.
 func gather(t *testing.T, c prometheus.Collector) map[string]float64 {
-	t.Helper()
-	reg := prometheus.NewRegistry()
-	require.NoError(t, reg.Register(c))
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
-			}
-			name := mf.GetName()
-			if len(labels) > 0 {
-				name += "{" + strings.Join(labels, ",") + "}"
-			}
-			switch {
-			case m.Counter != nil:
-				out[name] = m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				out[name] = m.GetGauge().GetValue()
-			}
-		}
-	}
-	return out
+	return promtest.Samples(t, c)
 }
 
 func newCollector(t *testing.T, cfg pgboxprom.Config) *pgboxprom.Collector {

@@ -1,10 +1,12 @@
 package pgboxprom
 
 import (
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/outbox"
 )
@@ -52,6 +54,10 @@ type FleetTarget struct {
 	// Snapshot is the last read that succeeded, nil when none did or the
 	// last read failed.
 	Snapshot *inspect.Snapshot
+	// Cleanup is the target's cleaner counters and last pass (its passes in
+	// this process); nil when the fleet does not prune it. Its last pass's
+	// windows give the target's inbox cutoffs, as [Config.Cleaner]'s do.
+	Cleanup *cleanup.Stats
 	// Series: export the target's own series. The Fleet chooses which (a
 	// few of the worst, or all): the totals count every target.
 	Series bool
@@ -61,8 +67,11 @@ type FleetTarget struct {
 // make sense as a fleet's maximum or sum keep their single-target names
 // (pgbox_outbox_oldest_unpublished_age_seconds, pgbox_relay_lanes_unowned,
 // pgbox_xmin_horizon_age_*, pgbox_scrape_database_*), so the alerts over
-// them cover every target; the per-topic families would grow with the
-// tenants' topics, so their totals have names of their own.
+// them cover every target; so do the inbox's oldest key and cleanup window
+// per consumer and topic (the oldest key of any target, the shortest
+// window), and, from [Config.FleetCleaner], the cleaner's counters. The
+// outbox's per-topic families would grow with the tenants' topics, so
+// their totals have names of their own.
 var (
 	dFleetUnpublished = desc("pgbox_fleet_outbox_unpublished_rows", "Unpublished, unparked outbox rows summed over the fleet's targets, as last read (a target's count is exact up to inspect's ExactLimit, a planner estimate past it).")
 	dFleetParked      = desc("pgbox_fleet_outbox_parked_rows", "Parked outbox rows summed over the fleet's targets, as last read.")
@@ -82,12 +91,60 @@ var (
 	dTargetDead        = desc("pgbox_target_consumer_dead_letter_rows", "A target's dead letters, as last read; chosen targets only.", "target")
 	dTargetUnowned     = desc("pgbox_target_relay_lanes_unowned", "A target's lanes no live relay instance holds, as last read; chosen targets only.", "target")
 	dTargetInboxAge    = desc("pgbox_target_inbox_oldest_key_age_seconds", "Age of a target's oldest inbox key of any consumer and topic, as last read; chosen targets only.", "target")
+
+	dTargetCleanPasses  = desc("pgbox_target_cleanup_passes_total", "A target's cleanup passes that ran in this process (pgbox_cleanup_passes_total); chosen targets only.", "target")
+	dTargetCleanErrors  = desc("pgbox_target_cleanup_pass_errors_total", "A target's cleanup passes that ended with an error; chosen targets only.", "target")
+	dTargetCleanDeleted = desc("pgbox_target_cleanup_deleted_total", "Rows a target's cleanup passes deleted, all tables; chosen targets only.", "target")
+	dTargetCleanLast    = desc("pgbox_target_cleanup_last_pass_timestamp_seconds", "Start of a target's last cleanup pass that ran (Unix time); chosen targets only.", "target")
+	dTargetCleanMargin  = desc("pgbox_target_inbox_retention_margin_seconds", "A target's least inbox retention margin over its topics after its last pass (window minus the oldest key's age; negative: overdue keys); chosen targets only.", "target")
 )
 
 var fleetDescs = []*prometheus.Desc{
 	dFleetUnpublished, dFleetParked, dFleetDead, dFleetInboxAge, dFleetRead, dFleetReadAge,
 	dTargetPublished, dTargetRetried, dTargetParkedTotal, dTargetLanesHeld, dTargetUp,
 	dTargetUnpublished, dTargetOldest, dTargetParked, dTargetDead, dTargetUnowned, dTargetInboxAge,
+	dTargetCleanPasses, dTargetCleanErrors, dTargetCleanDeleted, dTargetCleanLast, dTargetCleanMargin,
+}
+
+// inboxPair is an inbox's consumer and source topic.
+type inboxPair struct{ consumer, topic string }
+
+// inboxTotal is a consumer and topic's figures over the fleet's targets.
+type inboxTotal struct {
+	age    float64
+	window *float64 // the shortest known
+}
+
+// addInbox adds a target's inbox entries to totals, its windows from its
+// cleaner's last pass when it has one.
+func addInbox(totals map[inboxPair]inboxTotal, s *inspect.Snapshot, cs *cleanup.Stats) {
+	if cs != nil && len(s.Inbox) > 0 {
+		c := *s
+		c.Inbox = slices.Clone(s.Inbox)
+		c.ApplyCutoffs(cleanerCutoffs(*cs), "from the cleaner's last pass")
+		s = &c
+	}
+	for _, in := range s.Inbox {
+		k := inboxPair{in.Consumer, in.Topic}
+		t := totals[k]
+		t.age = max(t.age, in.OldestAge)
+		if in.Window != nil && (t.window == nil || *in.Window < *t.window) {
+			t.window = in.Window
+		}
+		totals[k] = t
+	}
+}
+
+// leastMargin is the least retention margin of a cleaner's last pass over
+// the topics whose window it knew, in seconds (false: none).
+func leastMargin(s *cleanup.Stats) (float64, bool) {
+	m, ok := 0.0, false
+	for _, ts := range s.Topics {
+		if ts.Reason == "" && ts.Window > 0 && (!ok || ts.Margin.Seconds() < m) {
+			m, ok = ts.Margin.Seconds(), true
+		}
+	}
+	return m, ok
 }
 
 // targetFigures are the figures of one snapshot the fleet's series use.
@@ -127,6 +184,7 @@ func (c *Collector) collectFleet(ch chan<- prometheus.Metric) {
 	horizonXacts := map[inspect.HolderKind]int64{}
 	var readSeconds, readAge float64
 	var oldestRead time.Time
+	inbox := map[inboxPair]inboxTotal{}
 	for _, t := range targets {
 		if _, ok := reads[t.Read]; !ok {
 			t.Read = ReadPending // unset, or not one of the results
@@ -140,6 +198,7 @@ func (c *Collector) collectFleet(ch chan<- prometheus.Metric) {
 			continue
 		}
 		f := figures(s)
+		addInbox(inbox, s, t.Cleanup)
 		total.unpublished += f.unpublished
 		total.parked += f.parked
 		total.dead += f.dead
@@ -170,6 +229,12 @@ func (c *Collector) collectFleet(ch chan<- prometheus.Metric) {
 		gauge(ch, dFleetRead, float64(n), r)
 	}
 	gauge(ch, dFleetReadAge, max(readAge, 0))
+	for k, t := range inbox {
+		gauge(ch, dInboxAge, t.age, k.consumer, k.topic)
+		if t.window != nil {
+			gauge(ch, dInboxWindow, *t.window, k.consumer, k.topic)
+		}
+	}
 	for k, v := range horizonAge {
 		gauge(ch, dHorizonAge, v, string(k))
 	}
@@ -193,6 +258,17 @@ func exportTarget(ch chan<- prometheus.Metric, t FleetTarget) {
 		counter(ch, dTargetRetried, float64(r.Retried), t.Name)
 		counter(ch, dTargetParkedTotal, float64(r.Parked), t.Name)
 		gauge(ch, dTargetLanesHeld, float64(r.Lanes), t.Name)
+	}
+	if cs := t.Cleanup; cs != nil {
+		counter(ch, dTargetCleanPasses, float64(cs.Passes), t.Name)
+		counter(ch, dTargetCleanErrors, float64(cs.PassErrors), t.Name)
+		counter(ch, dTargetCleanDeleted, float64(cs.Deleted), t.Name)
+		if !cs.LastPass.IsZero() {
+			gauge(ch, dTargetCleanLast, float64(cs.LastPass.UnixNano())/1e9, t.Name)
+		}
+		if m, ok := leastMargin(cs); ok {
+			gauge(ch, dTargetCleanMargin, m, t.Name)
+		}
 	}
 	switch t.Read {
 	case ReadUnreachable:

@@ -6,7 +6,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgbox/pgbox/cleanup"
 	"github.com/pgbox/pgbox/inspect"
+	"github.com/pgbox/pgbox/internal/promtest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/pgboxprom"
@@ -40,7 +42,7 @@ func TestFleetTotalsAndChosenSeries(t *testing.T) {
 		{Name: "hooli", Read: pgboxprom.ReadPending},
 	}
 	m := gather(t, newCollector(t, pgboxprom.Config{Fleet: f}))
-	for name, want := range map[string]float64{
+	promtest.Require(t, m, map[string]float64{
 		"pgbox_fleet_outbox_unpublished_rows":                 8,
 		"pgbox_fleet_outbox_parked_rows":                      2,
 		"pgbox_fleet_consumer_dead_letter_rows":               3,
@@ -66,10 +68,7 @@ func TestFleetTotalsAndChosenSeries(t *testing.T) {
 		`pgbox_target_relay_lanes_unowned{target="acme"}`:                   0,
 		`pgbox_target_inbox_oldest_key_age_seconds{target="acme"}`:          100,
 		`pgbox_target_database_up{target="initech"}`:                        0,
-	} {
-		require.Contains(t, m, name)
-		require.Equal(t, want, m[name], name)
-	}
+	})
 	require.Less(t, m["pgbox_fleet_read_age_seconds"], 60.0)
 	for name := range m {
 		require.NotContains(t, name, `target="globex"`, "globex is not chosen")
@@ -84,4 +83,65 @@ func TestFleetAndDBRefused(t *testing.T) {
 	t.Parallel()
 	_, err := pgboxprom.New(pgboxprom.Config{Fleet: fleetOf{}, DB: testdb.New(t).Pool})
 	require.ErrorContains(t, err, "Fleet and DB are both set")
+}
+
+// cleanerOf is a fleet cleaner's totals.
+type cleanerOf cleanup.Stats
+
+func (c cleanerOf) Stats() cleanup.Stats { return cleanup.Stats(c) }
+
+// A fleet that prunes its targets: the inbox cutoff alert's two gauges
+// exist per consumer and topic over every target (the oldest key of any
+// target against the shortest window its cleaner's last pass gave), the
+// cleaner's counters under the single-database names, and each chosen
+// target's own cleanup series.
+func TestFleetInboxCutoffsAndCleanup(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	snap := func(ages ...float64) *inspect.Snapshot {
+		s := &inspect.Snapshot{Time: now}
+		for i, a := range ages {
+			s.Inbox = append(s.Inbox, inspect.InboxTopic{Consumer: "svc", Topic: []string{"orders", "invoices"}[i], OldestAge: a})
+		}
+		return s
+	}
+	pass := func(window, oldest time.Duration, passes, errs int64) *cleanup.Stats {
+		return &cleanup.Stats{Passes: passes, PassErrors: errs, Deleted: 10 * passes, LastPass: now.Add(-time.Minute), Topics: map[string]cleanup.TopicStats{
+			"orders": {Window: window, OldestAge: oldest, Margin: window - oldest, Last: cleanup.TopicReport{Topic: "orders", Timed: true, Window: window}},
+		}}
+	}
+	f := fleetOf{
+		{Name: "acme", Read: pgboxprom.ReadOK, Snapshot: snap(5000, 20), Cleanup: pass(time.Hour, 5000*time.Second, 3, 1), Series: true},
+		{Name: "globex", Read: pgboxprom.ReadOK, Snapshot: snap(100), Cleanup: pass(2*time.Hour, 100*time.Second, 2, 0)},
+		{Name: "initech", Read: pgboxprom.ReadOK, Snapshot: snap(7000)}, // not pruned here: no window
+	}
+	totals := cleanup.Stats{Passes: 9, PassesLocked: 2, PassErrors: 1, Deleted: 50, TopicsSkipped: 4, LastPass: now.Add(-time.Minute),
+		Topics: map[string]cleanup.TopicStats{"orders": {Deleted: 40, Window: time.Hour, Margin: -1400 * time.Second}}}
+	m := gather(t, newCollector(t, pgboxprom.Config{Fleet: f, FleetCleaner: cleanerOf(totals)}))
+	promtest.Require(t, m, map[string]float64{
+		`pgbox_inbox_oldest_key_age_seconds{consumer="svc",topic="orders"}`:   7000,
+		`pgbox_inbox_oldest_key_age_seconds{consumer="svc",topic="invoices"}`: 20,
+		`pgbox_inbox_cleanup_window_seconds{consumer="svc",topic="orders"}`:   3600,
+		"pgbox_cleanup_passes_total":                                          9,
+		"pgbox_cleanup_passes_locked_total":                                   2,
+		"pgbox_cleanup_pass_errors_total":                                     1,
+		"pgbox_cleanup_deleted_total":                                         50,
+		"pgbox_cleanup_topics_skipped_total":                                  4,
+		`pgbox_cleanup_inbox_deleted_total{topic="orders"}`:                   40,
+		`pgbox_inbox_retention_margin_seconds{topic="orders"}`:                -1400,
+		`pgbox_target_cleanup_passes_total{target="acme"}`:                    3,
+		`pgbox_target_cleanup_pass_errors_total{target="acme"}`:               1,
+		`pgbox_target_cleanup_deleted_total{target="acme"}`:                   30,
+		`pgbox_target_inbox_retention_margin_seconds{target="acme"}`:          -1400,
+	})
+	require.InDelta(t, float64(now.Add(-time.Minute).Unix()), m[`pgbox_target_cleanup_last_pass_timestamp_seconds{target="acme"}`], 1)
+	require.NotContains(t, m, `pgbox_inbox_cleanup_window_seconds{consumer="svc",topic="invoices"}`, "no pass knew its window")
+	for name := range m {
+		require.NotContains(t, name, `target="globex"`, "globex is not chosen")
+	}
+	require.Equal(t, 5000.0, f[0].Snapshot.Inbox[0].OldestAge)
+	require.Nil(t, f[0].Snapshot.Inbox[0].Window, "the Fleet's snapshot is not written")
+
+	_, err := pgboxprom.New(pgboxprom.Config{Fleet: f, FleetCleaner: cleanerOf(totals), Cleaner: &cleanup.Cleaner{}})
+	require.ErrorContains(t, err, "Cleaner and FleetCleaner are both set")
 }

@@ -59,7 +59,7 @@ func cleanupTargets(ctx context.Context, a *app) error {
 		t := list[i]
 		log := a.log.With("target", t.Name, "schema", t.Schema)
 		log.Info("cleanup: target started", "database", dbconf.RedactDSN(t.DatabaseURL))
-		res, err := cleanTarget(ctx, a, t, kafka, log)
+		_, res, err := cleanTarget(ctx, a, t, kafka, log)
 		if err != nil {
 			err = errors.New(dbconf.RedactErr(err, t.DatabaseURL))
 			log.Warn("cleanup: target failed", "err", err)
@@ -91,33 +91,34 @@ func cleanupTargets(ctx context.Context, a *app) error {
 	return nil
 }
 
-// cleanTarget runs one pass on the target and says what it did.
-func cleanTarget(ctx context.Context, a *app, t targetSpec, kafka *onceKafka, log *logger) (string, error) {
+// cleanTarget runs one pass on the target and says what it did; rep is
+// the pass's report (zero when it failed before the pass).
+func cleanTarget(ctx context.Context, a *app, t targetSpec, kafka *onceKafka, log *logger) (rep cleanup.Report, result string, err error) {
 	pool, err := openTarget(ctx, t, cleanupTargetConns)
 	if err != nil {
-		return "", err
+		return rep, "", err
 	}
 	defer pool.Close()
 	if err := requireSchema(ctx, pool, t); err != nil {
-		return "", err
+		return rep, "", err
 	}
 	if err := checkPgboxTables(ctx, pool, ""); err != nil {
-		return "", err
+		return rep, "", err
 	}
 	cfg := a.cleanupConfig(pool, kafka, a.opts.DryRun)
 	cfg.Logger = log.With("component", "cleanup")
 	c, err := cleanup.New(cfg)
 	if err != nil {
-		return "", err
+		return rep, "", err
 	}
-	rep, err := c.RunOnce(ctx)
+	rep, err = c.RunOnce(ctx)
 	if err != nil {
 		if rep.Deleted > 0 {
-			return "", &partialPass{err: err, deleted: rep.Deleted}
+			return rep, "", &partialPass{err: err, deleted: rep.Deleted}
 		}
-		return "", err
+		return rep, "", err
 	}
-	return passResult(rep), nil
+	return rep, passResult(rep), nil
 }
 
 // partialPass is a pass that failed after it had deleted rows.

@@ -280,7 +280,8 @@ func TestTargetDBScopesToSchema(t *testing.T) {
 // The fleet console opens no connection: with --db-conn-budget 4 (the
 // check connection, a pool of 2 and its LISTEN), operators loading the
 // overview and every target's pages at once leave the process within 4
-// connections, and every target's figures are still read.
+// connections, and every target's figures are still read: with
+// --target-metrics=off the reader's rounds run for the console alone.
 func TestRunTargetsConsoleConnBudget(t *testing.T) {
 	t.Parallel()
 	app := fmt.Sprintf("pgbox-console-budget-%d", time.Now().UnixNano())
@@ -302,7 +303,7 @@ func TestRunTargetsConsoleConnBudget(t *testing.T) {
 	}
 	c := kafkatest.New(t)
 	file := writeFile(t, "targets.txt", strings.Join(lines, "\n"))
-	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_DB_CONN_BUDGET=4", "PGBOX_CLEANUP_INTERVAL=0s", "PGBOX_CONSOLE_ADDR=127.0.0.1:0",
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_DB_CONN_BUDGET=4", "PGBOX_CLEANUP_INTERVAL=0s", "PGBOX_TARGET_METRICS=off", "PGBOX_CONSOLE_ADDR=127.0.0.1:0",
 		"PGBOX_CONSOLE_USERS="+consoleUsers(t)), "run")
 	vera := fleetConsole{base: "http://" + consoleAddr(t, p), user: "vera"}
 

@@ -12,9 +12,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/console"
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/dbconf"
 	"github.com/pgbox/pgbox/outbox"
@@ -88,58 +87,44 @@ func (o *options) bindTargetMetrics(s *settings, has map[string]bool) {
 		fmt.Sprintf(`"none", "all", "top:N" with N from 1 to %d, or "off"`, targetMetricsTopMax), parseTargetSeries)
 }
 
-// targetReadTimeout bounds one target's read for the metrics, the wait
-// for a connection of its database's pool included.
+// targetReadTimeout bounds one target's read, the wait for a connection
+// of its database's pool included.
 const targetReadTimeout = 5 * time.Second
-
-// schemaPool reads a target through its database's shared pool: each
-// transaction sets the target's schema as its search_path (SET LOCAL's
-// set_config), so the reads take no connection outside the budget and
-// leave the pool's connections as they were.
-type schemaPool struct {
-	pool   *pgxpool.Pool
-	schema string
-}
-
-func (s schemaPool) Begin(ctx context.Context) (pgx.Tx, error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, s.schema); err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	return tx, nil
-}
 
 // targetRead is one target's last read.
 type targetRead struct {
 	state, detail string
 	snap          *inspect.Snapshot
+	at            time.Time
 }
 
-// fleetReader reads every served target's figures in rounds, at most
+// fleetReader reads every listed target's figures in rounds, at most
 // --targets-concurrency at a time, one round every --targets-refresh (and
 // never more than half the time: after a round that took longer than the
-// refresh, it waits as long as the round took). A scrape reads what the
-// last rounds read: it costs the databases nothing.
+// refresh, it waits as long as the round took), each through its targetDB
+// (at most readerConns of its pool's connections, the console's pages
+// included). /metrics (FleetTargets: the served targets) and the console's
+// fleet overview (summaries: every target, a refused one's figures saying
+// why) show what the last rounds read: a scrape or a page load costs the
+// databases nothing.
 type fleetReader struct {
-	fr     *fleetRun
-	series targetSeries
-	every  time.Duration
-	limit  int
-	lanes  int
-	log    *logger
+	fr      *fleetRun
+	dbs     *targetDBs
+	cleaner *fleetCleanup // nil: not pruned in this process
+	series  targetSeries
+	every   time.Duration
+	limit   int
+	lanes   int
+	log     *logger
 
 	mu   sync.Mutex
 	last map[string]targetRead // by target name
 }
 
-func newFleetReader(fr *fleetRun) *fleetReader {
+func newFleetReader(fr *fleetRun, cleaner *fleetCleanup) *fleetReader {
 	o := fr.a.opts
-	return &fleetReader{fr: fr, series: o.TargetMetrics, every: cmp.Or(o.Targets.Refresh, targetsRefreshDefault), limit: o.Targets.EachConcurrency,
-		lanes: o.Relay.Lanes, log: fr.a.log.With("component", "metrics"), last: map[string]targetRead{}}
+	return &fleetReader{fr: fr, dbs: newTargetDBs(fr), cleaner: cleaner, series: o.TargetMetrics, every: cmp.Or(o.Targets.Refresh, targetsRefreshDefault),
+		limit: o.Targets.EachConcurrency, lanes: o.Relay.Lanes, log: fr.a.log.With("component", "reader"), last: map[string]targetRead{}}
 }
 
 // Run reads the targets until ctx ends.
@@ -157,48 +142,65 @@ func (r *fleetReader) Run(ctx context.Context) {
 	}
 }
 
-// servedPool is a served target and its database's pool.
-type servedPool struct {
-	spec targetSpec
-	pool *pgxpool.Pool
-}
-
 // servedPools returns the served targets, by name, with their pools.
-func (fr *fleetRun) servedPools() []servedPool {
+func (fr *fleetRun) servedPools() []targetPool {
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
-	out := make([]servedPool, 0, len(fr.served))
+	specs := make([]targetSpec, 0, len(fr.served))
 	for _, name := range slices.Sorted(maps.Keys(fr.served)) {
-		s := fr.served[name]
-		if db, ok := fr.dbs[s.spec.DatabaseURL]; ok {
-			out = append(out, servedPool{spec: s.spec, pool: db.pool})
-		}
+		specs = append(specs, fr.served[name].spec)
 	}
-	return out
+	return fr.withPools(specs, false)
 }
 
 func (r *fleetReader) round(ctx context.Context) {
-	targets := r.fr.servedPools()
-	served := namesOf(targets)
+	targets := r.fr.listedPools()
+	listed := namesOf(targets)
 	r.mu.Lock()
-	maps.DeleteFunc(r.last, func(name string, _ targetRead) bool { return !served[name] }) // no longer served
+	maps.DeleteFunc(r.last, func(name string, _ targetRead) bool { return !listed[name] }) // no longer listed
 	r.mu.Unlock()
 	cfg := inspect.Config{Lanes: r.lanes, StatementTimeout: targetReadTimeout / 2, Logger: r.log}
 	onTargets(ctx, len(targets), r.limit, func(i int) {
 		t := targets[i]
-		tctx, cancel := context.WithTimeout(ctx, targetReadTimeout)
-		state, detail, snap := readTarget(tctx, schemaPool{pool: t.pool, schema: t.spec.Schema}, t.spec, cfg)
-		cancel()
+		rd := r.read(ctx, t, cfg)
 		if ctx.Err() != nil {
 			return // shutting down: not the target's failure
 		}
 		r.mu.Lock()
-		r.last[t.spec.Name] = targetRead{state: state, detail: detail, snap: trimSnapshot(snap)}
+		r.last[t.spec.Name] = rd
 		r.mu.Unlock()
-		if snap == nil {
-			r.log.Debug("target's figures not read", "target", t.spec.Name, "schema", t.spec.Schema, "state", state, "detail", detail)
+		if rd.snap == nil {
+			r.log.Debug("target's figures not read", "target", t.spec.Name, "schema", t.spec.Schema, "state", rd.state, "detail", rd.detail)
 		}
 	})
+}
+
+// read reads one target's state and figures, within targetReadTimeout.
+func (r *fleetReader) read(ctx context.Context, t targetPool, cfg inspect.Config) targetRead {
+	db, err := r.dbs.get(t.spec, t.pool)
+	if err != nil {
+		return targetRead{state: stateUnreachable, detail: err.Error(), at: time.Now()}
+	}
+	tctx, cancel := context.WithTimeout(ctx, targetReadTimeout)
+	defer cancel()
+	state, detail, snap := readTarget(tctx, db, t.spec, cfg)
+	return targetRead{state: state, detail: detail, snap: trimSnapshot(snap), at: time.Now()}
+}
+
+// summaries is the last read of every listed target, for the console's
+// fleet overview.
+func (r *fleetReader) summaries() map[string]console.FleetSummary {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]console.FleetSummary, len(r.last))
+	for name, rd := range r.last {
+		s := console.FleetSummary{State: rd.state, Detail: rd.detail, At: rd.at}
+		if rd.snap != nil {
+			s.Figures = figuresOf(rd.snap).console()
+		}
+		out[name] = s
+	}
+	return out
 }
 
 // trimSnapshot keeps what the metrics and the ranking read of a snapshot:
@@ -217,12 +219,16 @@ func trimSnapshot(s *inspect.Snapshot) *inspect.Snapshot {
 }
 
 // FleetTargets makes fleetReader a pgboxprom.Fleet: every served target's
-// relay counters and last read, the targets --target-metrics chooses
+// relay counters, cleanup counters and last read, the targets --target-metrics chooses
 // marked for series of their own.
 func (r *fleetReader) FleetTargets() []pgboxprom.FleetTarget {
 	stats := map[string]outbox.RelayStats{}
 	for _, s := range r.fr.f.Targets() {
 		stats[s.Name] = s.Stats
+	}
+	var cleanups map[string]*cleanup.Stats
+	if r.cleaner != nil {
+		cleanups = r.cleaner.targetStats()
 	}
 	targets := r.fr.servedPools()
 	r.mu.Lock()
@@ -232,7 +238,7 @@ func (r *fleetReader) FleetTargets() []pgboxprom.FleetTarget {
 	lines := make([]targetLine, 0, len(targets))
 	index := map[string]int{}
 	for _, t := range targets {
-		ft := pgboxprom.FleetTarget{Name: t.spec.Name, Read: pgboxprom.ReadPending}
+		ft := pgboxprom.FleetTarget{Name: t.spec.Name, Read: pgboxprom.ReadPending, Cleanup: cleanups[t.spec.Name]}
 		if s, ok := stats[t.spec.Name]; ok {
 			ft.Relay = &s
 		}
@@ -265,7 +271,7 @@ func (r *fleetReader) FleetTargets() []pgboxprom.FleetTarget {
 // none, all, or the N worst read (as `relay status` orders them: failing
 // first, then the oldest unpublished row, the larger backlog, parked rows,
 // dead letters), then those not read yet, by name.
-func (s targetSeries) choose(lines []targetLine, targets []servedPool) []string {
+func (s targetSeries) choose(lines []targetLine, targets []targetPool) []string {
 	switch {
 	case s.all:
 		names := make([]string, len(targets))
@@ -285,7 +291,7 @@ func (s targetSeries) choose(lines []targetLine, targets []servedPool) []string 
 	for _, l := range lines[:min(s.top, len(lines))] {
 		names = append(names, l.Name)
 	}
-	for _, t := range targets { // by name: servedPools sorts them
+	for _, t := range targets { // by name: listedPools sorts them
 		if len(names) >= s.top {
 			break
 		}
@@ -297,7 +303,7 @@ func (s targetSeries) choose(lines []targetLine, targets []servedPool) []string 
 }
 
 // namesOf returns the names of targets as a set.
-func namesOf(targets []servedPool) map[string]bool {
+func namesOf(targets []targetPool) map[string]bool {
 	names := make(map[string]bool, len(targets))
 	for _, t := range targets {
 		names[t.spec.Name] = true
@@ -310,7 +316,8 @@ func namesOf(targets []servedPool) map[string]bool {
 // list), over one Kafka client. A pass takes a pool of
 // cleanupTargetConns connections: the budget keeps room for one pass, and
 // lends more passes room (up to --targets-concurrency at once) while it
-// has it.
+// has it. It counts the passes as a Cleaner does, per target and in all
+// (/metrics: pgboxprom's FleetCleaner and FleetTarget.Cleanup).
 type fleetCleanup struct {
 	fr    *fleetRun
 	kafka *lazyKafka
@@ -321,12 +328,70 @@ type fleetCleanup struct {
 	// failing is each failing target's last error: a failure is logged
 	// when it changes, a recovery once.
 	failing map[string]string
+
+	mu      sync.Mutex
+	total   cleanup.Stats            // every pass of this process, targets no longer served included
+	targets map[string]cleanup.Stats // each served target's passes
 }
 
 func newFleetCleanup(fr *fleetRun, lk *lazyKafka) *fleetCleanup {
 	o := fr.a.opts
 	return &fleetCleanup{fr: fr, kafka: lk, every: o.CleanupInterval, limit: o.Targets.EachConcurrency,
-		log: fr.a.log.With("component", "cleanup"), failing: map[string]string{}}
+		log: fr.a.log.With("component", "cleanup"), failing: map[string]string{}, targets: map[string]cleanup.Stats{}}
+}
+
+// record counts the passes of a round; errs are the passes' errors.
+func (c *fleetCleanup) record(targets []targetPool, reps []cleanup.Report, errs []error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, t := range targets {
+		c.total.Add(reps[i], errs[i])
+		s := c.targets[t.spec.Name]
+		s.Topics = maps.Clone(s.Topics)
+		s.Add(reps[i], errs[i])
+		c.targets[t.spec.Name] = s
+	}
+	served := namesOf(targets)
+	maps.DeleteFunc(c.targets, func(name string, _ cleanup.Stats) bool { return !served[name] })
+}
+
+// Stats makes fleetCleanup a pgboxprom.CleanerStats: the counters of every
+// pass, and each topic's window and margin from the served target whose
+// last pass left it the least margin (the worst), none when no served
+// target's last pass knew the topic's window.
+func (c *fleetCleanup) Stats() cleanup.Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	worst := map[string]cleanup.TopicStats{}
+	for _, s := range c.targets {
+		for topic, ts := range s.Topics {
+			if w, ok := worst[topic]; ts.Reason == "" && ts.Window > 0 && (!ok || ts.Margin < w.Margin) {
+				worst[topic] = ts
+			}
+		}
+	}
+	s := c.total
+	s.Topics = make(map[string]cleanup.TopicStats, len(c.total.Topics))
+	for topic, ts := range c.total.Topics {
+		if w, ok := worst[topic]; ok {
+			ts.Reason, ts.Skipped, ts.Last, ts.Window, ts.OldestAge, ts.Margin = "", false, w.Last, w.Window, w.OldestAge, w.Margin
+		} else {
+			ts.Window, ts.Margin = 0, 0
+		}
+		s.Topics[topic] = ts
+	}
+	return s
+}
+
+// targetStats is each served target's passes.
+func (c *fleetCleanup) targetStats() map[string]*cleanup.Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]*cleanup.Stats, len(c.targets))
+	for name, s := range c.targets {
+		out[name] = &s
+	}
+	return out
 }
 
 // Run runs a round at once, then every --cleanup-interval, until ctx ends.
@@ -352,15 +417,20 @@ func (c *fleetCleanup) round(ctx context.Context) {
 	// A new client per round: one that failed to connect in the last round
 	// does not fail this one.
 	kafka := &onceKafka{lk: c.kafka}
-	errs := make([]error, len(targets))
-	results := make([]string, len(targets))
+	errs, passErrs := make([]error, len(targets)), make([]error, len(targets))
+	reps, results := make([]cleanup.Report, len(targets)), make([]string, len(targets))
 	// causes are the errors without how much a failed pass had deleted:
 	// a target failing the same way is logged once.
 	causes := make([]string, len(targets))
 	onTargets(ctx, len(targets), 1+extra, func(i int) {
 		t := targets[i].spec
 		log := c.log.With("target", t.Name, "schema", t.Schema)
-		res, err := cleanTarget(ctx, c.fr.a, t, kafka, log)
+		passStart := time.Now()
+		rep, res, err := cleanTarget(ctx, c.fr.a, t, kafka, log)
+		if rep.Start.IsZero() { // failed before the pass: a pass that failed all the same
+			rep.Start, rep.Duration = passStart, time.Since(passStart)
+		}
+		reps[i], passErrs[i] = rep, err
 		if err != nil {
 			cause := err
 			if p := (*partialPass)(nil); errors.As(err, &p) {
@@ -374,6 +444,7 @@ func (c *fleetCleanup) round(ctx context.Context) {
 	if ctx.Err() != nil {
 		return // shutting down: the passes cut short are not failures
 	}
+	c.record(targets, reps, passErrs)
 	failed := 0
 	for i, t := range targets {
 		name, err := t.spec.Name, errs[i]

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -13,8 +14,11 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/pgbox/pgbox/cleanup"
+	"github.com/pgbox/pgbox/console"
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/promtest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/pgboxprom"
 	"github.com/pgbox/pgbox/relay"
@@ -194,7 +198,7 @@ func TestRunTargetsCleanup(t *testing.T) {
 	opsExec(t, broken, `ALTER TABLE pgbox_consumer_attempts RENAME TO pgbox_consumer_attempts_away`)
 	file := writeFile(t, "targets.txt", fmt.Sprintf("acme %s\nglobex %s\nbroken s_broken %s\n", acme.Schema, globex.Schema, otherURL))
 	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_CLEANUP_INTERVAL=1s", "PGBOX_CLEANUP_BUFFER=1h", "PGBOX_TARGETS_CONCURRENCY=2"), "run")
-	p.HTTPAddr(t)
+	base := "http://" + p.HTTPAddr(t)
 	waitFor(t, "acme and globex pruned", time.Minute, func() bool { return inboxKeys(t, acme) == 1 && inboxKeys(t, globex) == 1 })
 	roundRE := regexp.MustCompile(`msg="cleanup: round done" component=cleanup targets=3 failed=1 `)
 	waitFor(t, "three rounds", time.Minute, func() bool { return len(roundRE.FindAllString(p.Output(), -1)) >= 3 })
@@ -211,6 +215,20 @@ func TestRunTargetsCleanup(t *testing.T) {
 	waitFor(t, "the recovery line", 10*time.Second, func() bool {
 		return strings.Contains(p.Output(), `msg="cleanup: target pruned again" component=cleanup target=broken`)
 	})
+
+	// /metrics: the cleaner's counters over every target under the
+	// single-database names, each target's own (top:10 by default: all
+	// three), and the gauges of the inbox cutoff alert over every target.
+	m := metricsOf(t, base)
+	require.Regexp(t, `(?m)^pgbox_cleanup_passes_total [1-9]`, m)
+	require.Regexp(t, `(?m)^pgbox_cleanup_pass_errors_total [1-9]`, m)
+	require.Regexp(t, `(?m)^pgbox_cleanup_last_pass_timestamp_seconds \d`, m)
+	require.Regexp(t, `(?m)^pgbox_target_cleanup_pass_errors_total\{target="broken"\} [1-9]`, m)
+	require.Regexp(t, `(?m)^pgbox_target_cleanup_pass_errors_total\{target="acme"\} 0$`, m)
+	require.Regexp(t, `(?m)^pgbox_target_cleanup_deleted_total\{target="globex"\} [1-9]`, m)
+	require.Regexp(t, `(?m)^pgbox_inbox_oldest_key_age_seconds\{consumer="svc",topic="orders"\} \d`, m)
+	require.Regexp(t, `(?m)^pgbox_inbox_cleanup_window_seconds\{consumer="svc",topic="orders"\} \d`, m)
+	require.Regexp(t, `(?m)^pgbox_inbox_retention_margin_seconds\{topic="orders"\} \d`, m)
 
 	// A pass waiting for its target's lease table stops at SIGTERM.
 	ctx := context.Background()
@@ -262,4 +280,91 @@ func TestRunTargetsMetrics(t *testing.T) {
 	require.Equal(t, map[string]bool{"globex": true}, targetSeriesIn(m), "top:1: the target with parked rows only")
 	require.Contains(t, m, "pgbox_relay_published_total 15", "the fleet's counters")
 	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+// One reader: the console's fleet overview and /metrics show the same
+// read of a target (its figures, and when it was read); a listed target
+// the relay does not serve (refused) is read for the console only, its
+// state saying why. The cleaner counts each served target's passes and
+// every pass (a target no longer served stays in the totals), gives each
+// topic the margin of the worst served target, and its last passes give
+// the targets' inbox windows: the inbox cutoff alert's gauges.
+func TestFleetReaderOneRead(t *testing.T) {
+	t.Parallel()
+	f, err := relay.NewFleet(relay.FleetConfig{Relay: relay.Config{Brokers: []string{"127.0.0.1:1"}}})
+	require.NoError(t, err)
+	acme := targetSpec{Name: "acme", Schema: "s_acme", DatabaseURL: "db"}
+	globex := targetSpec{Name: "globex", Schema: "s_globex", DatabaseURL: "db"}
+	fr := &fleetRun{f: f, dbs: map[string]*fleetDB{"db": {url: "db"}}, list: []targetSpec{acme, globex},
+		served: map[string]servedTarget{"acme": {spec: acme}, "globex": {spec: globex}}}
+	cl := &fleetCleanup{targets: map[string]cleanup.Stats{}}
+	r := &fleetReader{fr: fr, cleaner: cl, series: targetSeries{all: true}, last: map[string]targetRead{}}
+	cf := &consoleFleet{fr: fr, reader: r}
+
+	at := time.Now().Add(-time.Minute)
+	snap := &inspect.Snapshot{Time: at}
+	snap.Outbox.Parked = 3
+	snap.Inbox = []inspect.InboxTopic{{Consumer: "svc", Topic: "orders", OldestAge: 9000}}
+	r.last["acme"] = targetRead{state: stateOK, snap: snap, at: at}
+	r.last["globex"] = targetRead{state: stateBehind, detail: "never migrated: run `relay migrate up`", at: at}
+
+	// Two passes on each; then globex is no longer served.
+	pass := func(margin time.Duration) cleanup.Report {
+		return cleanup.Report{Start: at, Deleted: 2, Topics: []cleanup.TopicReport{
+			{Topic: "orders", Timed: true, Window: time.Hour, Deleted: 2, Margin: margin}}}
+	}
+	both := []targetPool{{spec: acme}, {spec: globex}}
+	cl.record(both, []cleanup.Report{pass(-2 * time.Hour), pass(10 * time.Minute)}, []error{nil, errors.New("pgbox_consumer_attempts missing")})
+	cl.record(both, []cleanup.Report{{Locked: true}, pass(-3 * time.Hour)}, []error{nil, nil})
+	fr.served = map[string]servedTarget{"acme": {spec: acme}}
+	cl.record([]targetPool{{spec: acme}}, []cleanup.Report{{Locked: true}}, []error{nil})
+
+	sums := cf.Summaries()
+	require.Equal(t, console.SummaryOK, sums["acme"].State)
+	require.EqualValues(t, 3, sums["acme"].Figures.Parked)
+	require.Equal(t, at, sums["acme"].At)
+	require.Equal(t, console.SummaryBehind, sums["globex"].State, "a refused target's figures say why")
+	ft := r.FleetTargets()
+	require.Len(t, ft, 1, "/metrics: the served targets only")
+	require.Same(t, snap, ft[0].Snapshot, "the console's read")
+	require.EqualValues(t, 1, ft[0].Cleanup.Passes)
+	require.EqualValues(t, 2, ft[0].Cleanup.PassesLocked)
+
+	col, err := pgboxprom.New(pgboxprom.Config{Fleet: r, FleetCleaner: cl})
+	require.NoError(t, err)
+	m := promtest.Samples(t, col)
+	promtest.Require(t, m, map[string]float64{
+		"pgbox_cleanup_passes_total":                                        3,
+		"pgbox_cleanup_passes_locked_total":                                 2,
+		"pgbox_cleanup_pass_errors_total":                                   1,
+		"pgbox_cleanup_deleted_total":                                       6,
+		`pgbox_cleanup_inbox_deleted_total{topic="orders"}`:                 6,
+		`pgbox_inbox_retention_margin_seconds{topic="orders"}`:              -7200,
+		`pgbox_inbox_oldest_key_age_seconds{consumer="svc",topic="orders"}`: 9000,
+		`pgbox_inbox_cleanup_window_seconds{consumer="svc",topic="orders"}`: 3600,
+		`pgbox_target_cleanup_passes_total{target="acme"}`:                  1,
+		`pgbox_target_inbox_retention_margin_seconds{target="acme"}`:        -7200,
+		`pgbox_target_outbox_parked_rows{target="acme"}`:                    3,
+	})
+}
+
+// The reader and the console's pages share one targetDB per target, and
+// so one set of connection slots per pool.
+func TestTargetDBShared(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	acme := targetSpec{Name: "acme", Schema: db.Schema, DatabaseURL: "db"}
+	fr := &fleetRun{dbs: map[string]*fleetDB{"db": {url: "db", pool: db.Pool}}, list: []targetSpec{acme}}
+	r := &fleetReader{fr: fr, dbs: newTargetDBs(fr), last: map[string]targetRead{}}
+	cf := &consoleFleet{fr: fr, reader: r}
+	got, err := cf.DB("acme")
+	require.NoError(t, err)
+	rd := r.read(t.Context(), fr.listedPools()[0], inspect.Config{})
+	require.Equal(t, stateOK, rd.state, rd.detail)
+	again, err := r.dbs.get(acme, db.Pool)
+	require.NoError(t, err)
+	require.Same(t, got, again)
+	require.Equal(t, readerConns(db.Pool.Config().MaxConns), cap(again.slots))
+	_, err = cf.DB("nobody")
+	require.ErrorIs(t, err, console.ErrUnknownTarget)
 }

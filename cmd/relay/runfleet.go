@@ -343,11 +343,16 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 	fr.reconcile(runCtx, list) // before Run: the Fleet starts with the targets that passed
 
 	// The database figures of every target are read by the reader, in
-	// rounds; a scrape exports its last reads.
+	// rounds; a scrape and the console's fleet overview show its last
+	// reads. The cleaner's counters are exported whatever --target-metrics.
 	mcfg := pgboxprom.Config{Relay: f, Targets: fr, Logger: a.log.With("component", "metrics")}
-	var reader *fleetReader
+	var cleaner *fleetCleanup
+	if o.CleanupInterval > 0 {
+		cleaner = newFleetCleanup(fr, lk)
+		mcfg.FleetCleaner = cleaner
+	}
+	reader := newFleetReader(fr, cleaner)
 	if !o.TargetMetrics.off {
-		reader = newFleetReader(fr)
 		mcfg.Fleet = reader
 	}
 	exp, err := newMetrics(mcfg)
@@ -369,7 +374,7 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 	var consoleDone <-chan error
 	if o.Console.Addr != "" {
 		var closeConsole func()
-		if consoleDone, closeConsole, err = fr.serveFleetConsole(runCtx, lk); err != nil {
+		if consoleDone, closeConsole, err = fr.serveFleetConsole(runCtx, lk, reader); err != nil {
 			cancel()
 			<-watchDone
 			return err
@@ -392,11 +397,11 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 	start("relay", func() { fleetErr <- f.Run(runCtx) })
 	start("targets", func() { fr.follow(runCtx, list, changes); <-watchDone })
 	start("metrics", func() { exp.col.Run(runCtx) })
-	if reader != nil {
+	if !o.TargetMetrics.off || o.Console.Addr != "" {
 		start("target reads", func() { reader.Run(runCtx) })
 	}
-	if o.CleanupInterval > 0 {
-		start("cleanup", func() { newFleetCleanup(fr, lk).Run(runCtx) })
+	if cleaner != nil {
+		start("cleanup", func() { cleaner.Run(runCtx) })
 	}
 	if httpDone != nil {
 		start("http", func() {

@@ -241,8 +241,8 @@ func readTargetLine(ctx context.Context, t targetSpec, log *logger) (state, deta
 
 // readTarget reads one target's state and snapshot through db: a pool with
 // the target's schema as its search_path (`relay status`), or a database's
-// shared pool that sets it per transaction (schemaPool: `relay run`'s
-// metrics). It writes nothing and takes no lock; snap is nil when the
+// shared pool that sets it per transaction (targetDB: `relay run`'s
+// metrics and console). It writes nothing and takes no lock; snap is nil when the
 // snapshot could not be read.
 func readTarget(ctx context.Context, db inspect.DB, t targetSpec, cfg inspect.Config) (state, detail string, snap *inspect.Snapshot) {
 	failed := func(err error) (string, string, *inspect.Snapshot) {
