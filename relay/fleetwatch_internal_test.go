@@ -111,3 +111,49 @@ func TestFleetCountsWatchers(t *testing.T) {
 	waitUntil("asleep again", func() bool { return f.watchers.Load() == 0 })
 	require.EqualValues(t, 0, f.watchers.Load())
 }
+
+// A target starts dormant, so rows waiting at its start must not wait for
+// the idle poll's next tick (PollInterval, a minute here): a target that
+// just started kicks the poll, which asks it (and only the targets that
+// started since) at once.
+func TestFleetPollAsksStartedTargetsAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pool, err := pgxpool.New(ctx, testdb.ServerURL(t))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	withRows, without := testdb.New(t), testdb.New(t)
+	_, err = withRows.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, value) VALUES (gen_random_uuid(), 1, 't', 'v')`)
+	require.NoError(t, err)
+	f, err := NewFleet(FleetConfig{Relay: Config{Brokers: []string{"127.0.0.1:1"}, PollInterval: time.Minute},
+		Targets: []Target{{Name: "rows", Pool: pool, Schema: withRows.Schema}, {Name: "none", Pool: pool, Schema: without.Schema}}})
+	require.NoError(t, err)
+	kick := f.kick(pool)
+	var rs []*Relay
+	for _, ft := range f.targets {
+		r, err := New(Config{Pool: pool, Schema: ft.t.Schema, Brokers: []string{"127.0.0.1:1"}})
+		require.NoError(t, err)
+		r.idleState.kick = kick
+		r.idleState.fresh.Store(true)
+		r.idleState.idle.Store(true)
+		ft.r = r
+		rs = append(rs, r)
+	}
+	f.wg.Go(func() { f.pollLoop(ctx, pool, kick) })
+	defer func() { cancel(); f.wg.Wait() }()
+	kick <- struct{}{}
+	woken := func(r *Relay) bool {
+		select {
+		case <-r.wake:
+			return true
+		case <-time.After(3 * time.Second):
+			return false
+		}
+	}
+	for _, r := range rs {
+		has := r.cfg.Schema == withRows.Schema
+		require.Equal(t, has, woken(r), "schema %s (rows: %v): woken by the kicked poll", r.cfg.Schema, has)
+		require.False(t, r.idleState.fresh.Load(), "asked, so no longer fresh")
+	}
+}

@@ -75,6 +75,17 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 			busyUntil = time.Now().Add(busyWindow)
 			r.awake(ctx, &w)
 			if res.claimed < r.cfg.BatchSize {
+				if r.watchers != nil {
+					// A Fleet's relay: the batch emptied what it could
+					// claim, and a claim that finds nothing costs its
+					// database far more than the watch (a range scan over
+					// the newest ids), which finds what came since. A
+					// hundred busy targets of one database each claiming
+					// again after every batch spent a third of their
+					// claims on nothing (make tenants).
+					full = r.waitForWork(ctx, &w, busyUntil)
+					continue
+				}
 				full, carry = false, res.slots
 			}
 			continue // drain again at once
