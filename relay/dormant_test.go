@@ -280,4 +280,3 @@ func TestFleetIdlePollSlowTargetStaysAwake(t *testing.T) {
 	require.Len(t, kafkatest.ReadAll(t, ts.addrs, topicOf(1), 5, 30*time.Second), 5)
 	require.NoError(t, htx.Rollback(ctx))
 }
-
