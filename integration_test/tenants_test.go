@@ -215,7 +215,7 @@ func startTenants(ctx context.Context, t *testing.T, sc tenantsScale) *tenants {
 
 	tn.pg, err = pgcluster.Start(ctx, pgcluster.Config{Dir: filepath.Join(dir, "pg"), Settings: []string{
 		"fsync = off", "shared_buffers = 128MB", "max_wal_size = 2GB", "max_connections = 600",
-		"shared_preload_libraries = 'pg_stat_statements'", "pg_stat_statements.track = all", "pg_stat_statements.track_planning = on", "pg_stat_statements.max = 50000"}})
+		"shared_preload_libraries = 'pg_stat_statements'", "pg_stat_statements.track = top", "pg_stat_statements.track_planning = on", "pg_stat_statements.max = 50000"}})
 	require.NoError(t, err)
 	tn.stats, err = pgx.Connect(ctx, withParam(t, tn.pg.URL("postgres"), "application_name", "tenants sampler"))
 	require.NoError(t, err)
