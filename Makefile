@@ -42,10 +42,11 @@ chaos: ## the large chaos run, report as a table
 # cluster is stopped (CHAOS_TENANT_OUTAGE, 60s here), a tenant's schema is
 # dropped and recreated, and a tenant is added to the file. Prints a verdict
 # per target and the commit→Kafka p99 of each target before and during the
-# outage. CHAOS_TENANT_RATE (tx/s per tenant, 40 here). The small version is
+# outage, and writes them to docs/tenants-chaos.md. CHAOS_TENANT_RATE (tx/s
+# per tenant, 40 here). The small version is
 # part of `make test`.
 chaos-tenants: ## the chaos run over many targets (relay run --targets), report per target
-	CHAOS_SCALE=large $(GO) test -count=1 -run '^TestChaosTenants$$' -timeout 60m -v ./integration_test/
+	CHAOS_SCALE=large CHAOS_TENANTS_DOC=$(CURDIR)/docs/tenants-chaos.md $(GO) test -count=1 -run '^TestChaosTenants$$' -timeout 60m -v ./integration_test/
 
 # The relay under production pressure (issues 26, 32; integration_test.TestPressure):
 # steady writers (PRESSURE_RATE=1000 tx/s, one 200-byte event each, over

@@ -9,6 +9,7 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -33,6 +34,7 @@ import (
 const (
 	envTenantOutage = "CHAOS_TENANT_OUTAGE" // how long the second cluster's database is down (small 30s, large 60s)
 	envTenantRate   = "CHAOS_TENANT_RATE"   // transactions per second per tenant (small 10, large 40)
+	envTenantDoc    = "CHAOS_TENANTS_DOC"   // write the report as markdown to this file (make chaos-tenants: docs/tenants-chaos.md)
 )
 
 const (
@@ -416,6 +418,15 @@ func TestChaosTenants(t *testing.T) {
 		}
 	}
 	t.Log(b.String())
+	if path := os.Getenv(envTenantDoc); path != "" {
+		doc := fmt.Sprintf("# Many tenants, one relay: the chaos run\n\n`make chaos-tenants` (integration_test.TestChaosTenants, issue 35) wrote this file. "+
+			"Measured %s on `%s`, %d CPUs shared with other work (load average 1/5/15 min at the end: %s). "+
+			"How the run goes: the comment on TestChaosTenants; the Makefile's chaos-tenants target.\n\n```\n%s```\n",
+			start.UTC().Format("2006-01-02 15:04 MST"), gitDescribe(), runtime.NumCPU(), loadAverage(), strings.TrimPrefix(b.String(), "\n"))
+		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+			t.Errorf("%s: %v", envTenantDoc, err)
+		}
+	}
 	if failed {
 		t.Errorf("tenants chaos: a target broke a guarantee (table above)")
 	}
