@@ -206,6 +206,7 @@ const preparedMax = 4096
 func forgetAll() {
 	preparedNew.Store(0)
 	preparedOn.Clear()
+	idlePreparedOn.Clear()
 }
 
 // begin runs fn in a transaction, committed when fn returns nil.

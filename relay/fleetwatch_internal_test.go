@@ -157,3 +157,77 @@ func TestFleetPollAsksStartedTargetsAtOnce(t *testing.T) {
 		require.False(t, r.idleState.fresh.Load(), "asked, so no longer fresh")
 	}
 }
+
+// The idle questions are prepared once per schema and connection: a poll
+// answers from the prepared statement, a statement gone from the
+// connection (a pooler's DISCARD ALL) fails its question once (its target
+// is woken, the answer unknown) and is prepared again at the next poll, and
+// a schema dropped and recreated is asked through the same statement.
+func TestFleetIdleQuestionsPrepared(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testdb.ServerURL(t))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	rows, empty := testdb.New(t), testdb.New(t)
+	_, err = rows.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, value) VALUES (gen_random_uuid(), 1, 't', 'v')`)
+	require.NoError(t, err)
+	var rs []*Relay
+	for _, d := range []*testdb.DB{rows, empty} {
+		r, err := New(Config{Pool: pool, Schema: d.Schema, Brokers: []string{"127.0.0.1:1"}})
+		require.NoError(t, err)
+		rs = append(rs, r)
+	}
+	c, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer c.Release()
+	pc := c.Conn().PgConn()
+	prepared := map[string]string{}
+	woken := func() []bool {
+		out := make([]bool, len(rs))
+		for i, r := range rs {
+			select {
+			case <-r.wake:
+				out[i] = true
+			default:
+			}
+		}
+		return out
+	}
+	statements := func() int {
+		var n int
+		require.NoError(t, c.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'pgbox_idle_%'`).Scan(&n))
+		return n
+	}
+	require.NoError(t, pollPipeline(ctx, pc, prepared, rs))
+	require.Equal(t, []bool{true, false}, woken(), "the target with rows is woken, the empty one not")
+	require.Len(t, prepared, 2)
+	require.Equal(t, 2, statements())
+	first := prepared[rows.Schema]
+
+	require.NoError(t, pollPipeline(ctx, pc, prepared, rs))
+	require.Equal(t, []bool{true, false}, woken())
+	require.Equal(t, first, prepared[rows.Schema], "asked through the statement prepared at the first poll")
+	require.Equal(t, 2, statements(), "nothing prepared twice")
+
+	// A pooler's DISCARD ALL: the statements are gone.
+	_, err = c.Exec(ctx, `DEALLOCATE ALL`)
+	require.NoError(t, err)
+	require.NoError(t, pollPipeline(ctx, pc, prepared, rs))
+	require.Equal(t, []bool{true, true}, woken(), "a failed question wakes its target")
+	require.Empty(t, prepared, "the lost statements are forgotten")
+	require.NoError(t, pollPipeline(ctx, pc, prepared, rs))
+	require.Equal(t, []bool{true, false}, woken(), "prepared again, answered again")
+	require.Len(t, prepared, 2)
+
+	// The empty target's tables dropped and recreated (a migration down
+	// and up): the same statement reads the new table.
+	_, err = empty.Pool.Exec(ctx, `ALTER TABLE pgbox_outbox RENAME TO pgbox_outbox_old`)
+	require.NoError(t, err)
+	_, err = empty.Pool.Exec(ctx, `CREATE TABLE pgbox_outbox (LIKE pgbox_outbox_old INCLUDING ALL)`)
+	require.NoError(t, err)
+	_, err = empty.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (event_id, slot, topic, value) VALUES (gen_random_uuid(), 1, 't', 'v')`)
+	require.NoError(t, err)
+	require.NoError(t, pollPipeline(ctx, pc, prepared, rs))
+	require.Equal(t, []bool{true, true}, woken(), "the recreated table's row is found")
+}
