@@ -111,11 +111,11 @@ type passResult struct {
 	kafkaFailed                bool    // every send failed for a reason retrying may fix
 	maxID                      int64   // the newest row claimed
 	slots                      slotSet // slots the batch had rows in
+	err                        error
 	// capped: a slot gave the claim all it takes from one (claimPerSlot),
 	// so it may hold more, below the watch's floor (a backlog from before
 	// the relay started): a partial batch did not empty it.
 	capped bool
-	err    error
 }
 
 // pass claims one batch, sends it and records the outcome.
