@@ -79,8 +79,9 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 				if r.watchers != nil && !res.capped {
 					// A Fleet's relay: the batch emptied what it could
 					// claim (no slot gave its per-slot cap: a capped
-					// slot's rest may lie below the watch's floor), and a claim that finds nothing costs its
-					// database far more than the watch (a range scan over
+					// slot's rest may lie below the watch's floor), and a
+					// claim that finds nothing costs its database far
+					// more than the watch (a range scan over
 					// the newest ids), which finds what came since. A
 					// hundred busy targets of one database each claiming
 					// again after every batch spent a third of their
