@@ -15,6 +15,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -309,4 +310,51 @@ func TestLeaseAttackFleetHotBacklogAtStart(t *testing.T) {
 		}
 	}
 	require.Equal(t, rows, next)
+}
+
+// A dormant Fleet target whose lanes another instance holds: rows come,
+// the Fleet's poll wakes the target, its heartbeat confirms a lease with
+// no lanes (no lapse wake: nothing to claim), and only when the other
+// instance stops does it get lanes, which must wake it (the lanes-changed
+// wake) although it was woken, found nothing and went idle meanwhile. The
+// other instance is quiet (no LISTEN, PollInterval 60 s) and idle when the
+// rows come, so it finds none of them: the target must publish them all.
+func TestLeaseAttackDormantTargetGetsLanesLater(t *testing.T) {
+	t.Parallel()
+	ts := newTenants(t, 1)
+	f, _ := dormantFleet(t, ts, "fleet")
+	db := ts.schemas[0]
+	waitFor(t, "dormant", func() bool { return f.Targets()[0].Dormant })
+	b := &testBundle{addrs: ts.addrs, db: db}
+	cfg := laQuiet(b, "plain")
+	cfg.Channel = ""
+	other := start(t, cfg)
+	waitFor(t, "the plain relay holds every lane", func() bool { return heldLanes(t, db.Pool) == 8 && other.r.Stats().Lanes == 8 })
+	time.Sleep(2500 * time.Millisecond) // the plain relay's busy window ends
+	ctx := context.Background()
+	for i := range 40 {
+		require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			return outbox.Write(ctx, tx, outbox.Message{Topic: topicOf(0), Key: []byte(keyed(i % 8)), Value: []byte(strconv.Itoa(i))})
+		}))
+	}
+	time.Sleep(time.Second) // the Fleet's poll wakes the target; it may get a share, or none
+	t.Logf("%d of 40 rows waiting when the other instance stops", count(t, db))
+	other.stop(t)
+	t0 := time.Now()
+	waitFor(t, "rows published", func() bool { return count(t, db) == 0 })
+	t.Logf("published %v after the other instance stopped (%+v)", time.Since(t0), f.Targets()[0].Stats.Lanes)
+	require.Less(t, time.Since(t0), 15*time.Second)
+	got := kafkatest.ReadAll(t, ts.addrs, topicOf(0), 40, 60*time.Second)
+	last := map[string]int{}
+	for _, m := range got {
+		v, err := strconv.Atoi(string(m.Value))
+		require.NoError(t, err)
+		if prev, ok := last[string(m.Key)]; ok && v <= prev {
+			continue // a duplicate
+		}
+		_, ok := last[string(m.Key)]
+		require.True(t, !ok || v == last[string(m.Key)]+8, "key %s: %d after %d", m.Key, v, last[string(m.Key)])
+		last[string(m.Key)] = v
+	}
+	require.Len(t, last, 8)
 }
