@@ -411,7 +411,9 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 		r.kc, r.fleetListens, r.fleetLogs = f.kc, !cfg.NoListen, true
 		r.watchers, r.watchRate = &f.watchers, f.cfg.WatchRate
 		r.idleState.polled, r.idleState.after = r.fleetListens, f.cfg.DormantAfter
-		r.idleState.kick = f.kick(ft.t.Pool)
+		f.mu.Lock() // listenPools made the pool's kick (under the f.mu that started ft), or deleted it: the target is leaving
+		r.idleState.kick = f.pollKick(ft.t.Pool)
+		f.mu.Unlock()
 		r.idleState.fresh.Store(true)
 		r.emptySlow = f.emptySlow
 		r.db.slots = make(chan struct{}, max(1, min(f.cfg.MaxConnsPerTarget, int(ft.t.Pool.Config().MaxConns)-1)))
@@ -515,7 +517,18 @@ func (f *Fleet) listenPools() {
 	}
 }
 
-// kick returns pool's poll's kick channel (serve calls it without f.mu).
+// pollKick returns pool's poll's kick channel, nil when the pool has no
+// idle poll (NoListen, or its targets are gone): a nil kick is never
+// sent. It creates none: an entry only listenPools makes is one it
+// deletes. f.mu is held.
+func (f *Fleet) pollKick(pool *pgxpool.Pool) chan struct{} {
+	f.kickMu.Lock()
+	defer f.kickMu.Unlock()
+	return f.kicks[pool]
+}
+
+// kick returns pool's poll's kick channel, made if need be. f.mu is held
+// (listenPools).
 func (f *Fleet) kick(pool *pgxpool.Pool) chan struct{} {
 	f.kickMu.Lock()
 	defer f.kickMu.Unlock()

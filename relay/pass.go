@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgbox/pgbox/internal/backoff"
+	"github.com/pgbox/pgbox/internal/slot"
 )
 
 // A pass, step by step: workLoop (this file) runs passes; a pass claims a
@@ -75,10 +76,12 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 			busyUntil = time.Now().Add(busyWindow)
 			r.awake(ctx, &w)
 			if res.claimed < r.cfg.BatchSize {
-				if r.watchers != nil {
+				if r.watchers != nil && !res.capped {
 					// A Fleet's relay: the batch emptied what it could
-					// claim, and a claim that finds nothing costs its
-					// database far more than the watch (a range scan over
+					// claim (no slot gave its per-slot cap: a capped
+					// slot's rest may lie below the watch's floor), and a
+					// claim that finds nothing costs its database far
+					// more than the watch (a range scan over
 					// the newest ids), which finds what came since. A
 					// hundred busy targets of one database each claiming
 					// again after every batch spent a third of their
@@ -110,6 +113,10 @@ type passResult struct {
 	maxID                      int64   // the newest row claimed
 	slots                      slotSet // slots the batch had rows in
 	err                        error
+	// capped: a slot gave the claim all it takes from one (claimPerSlot),
+	// so it may hold more, below the watch's floor (a backlog from before
+	// the relay started): a partial batch did not empty it.
+	capped bool
 }
 
 // pass claims one batch, sends it and records the outcome.
@@ -129,6 +136,7 @@ func (r *Relay) pass(ctx context.Context, p *producer, only *slotSet) passResult
 	end := r.startPublish(ctx, rows)
 	outcome, _ := r.sendBatch(ctx, p, rows, gen)
 	t := r.tally(rows, outcome)
+	t.res.capped = slotCapped(rows, r.claimPerSlot())
 	end(len(t.okIDs), t.publishErr(len(rows)))
 	r.waitFinish() // one finish at a time
 	if len(t.okIDs)+len(t.badIDs) == 0 {
@@ -165,3 +173,14 @@ func (r *Relay) pass(ctx context.Context, p *producer, only *slotSet) passResult
 }
 
 const backoffMin = 100 * time.Millisecond
+
+// slotCapped reports whether some slot has perSlot rows in rows.
+func slotCapped(rows []row, perSlot int) bool {
+	var n [slot.Count]int
+	for _, x := range rows {
+		if n[x.slot]++; n[x.slot] >= perSlot {
+			return true
+		}
+	}
+	return false
+}
