@@ -191,7 +191,9 @@ How each figure is taken:
 func stmtText(q string) string {
 	q = strings.ReplaceAll(q, "|", "\\|")
 	if len(q) > 120 {
-		q = q[:120] + "…"
+		// Cut between words: half a table name is not a name (the docs'
+		// names are checked against the migrations).
+		q = q[:strings.LastIndexAny(q[:120], " (,")+1] + "…"
 	}
 	return q
 }

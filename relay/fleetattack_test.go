@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/pgerr"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/migrations"
 	"github.com/pgbox/pgbox/outbox"
@@ -366,12 +367,23 @@ func TestFleetAttackLockedTargetStarvesPool(t *testing.T) {
 			locker, err := pgx.Connect(ctx, testdb.ServerURL(t))
 			require.NoError(t, err)
 			defer locker.Close(ctx)
-			tx, err := locker.Begin(ctx)
-			require.NoError(t, err)
+			// The LOCK takes the tables one after the other, so it can
+			// deadlock with a claim in flight (which holds the lanes
+			// table and waits for the outbox the LOCK took first): the
+			// server aborts one of the two, and the test tries again.
+			var tx pgx.Tx
+			for attempt := 1; ; attempt++ {
+				tx, err = locker.Begin(ctx)
+				require.NoError(t, err)
+				_, err = tx.Exec(ctx, "SET LOCAL lock_timeout = '5s'")
+				require.NoError(t, err)
+				_, err = tx.Exec(ctx, "LOCK TABLE "+fmt.Sprintf("%[1]s."+locked, pgx.Identifier{slow.Schema}.Sanitize())+" IN ACCESS EXCLUSIVE MODE")
+				if pgerr.Code(err) != pgerr.CodeDeadlockDetected || attempt == 5 {
+					break
+				}
+				_ = tx.Rollback(ctx)
+			}
 			defer func() { _ = tx.Rollback(ctx) }()
-			_, err = tx.Exec(ctx, "SET LOCAL lock_timeout = '5s'")
-			require.NoError(t, err)
-			_, err = tx.Exec(ctx, "LOCK TABLE "+fmt.Sprintf("%[1]s."+locked, pgx.Identifier{slow.Schema}.Sanitize())+" IN ACCESS EXCLUSIVE MODE")
 			require.NoError(t, err)
 			time.Sleep(3 * time.Second) // the slow target's statements pile up on the pool
 

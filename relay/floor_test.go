@@ -32,7 +32,12 @@ func newFloorBundle(t *testing.T) *floorBundle {
 	require.NoError(t, err)
 	var held, released, live int
 	require.NoError(t, db.Pool.QueryRow(ctx, heartbeatSQL, "me", "1 hour", 1, "0s", true, false).Scan(&held, &released, &live, new(int), new(int)))
-	return &floorBundle{t: t, db: db, r: testRelay(Config{Pool: db.Pool, BatchSize: 500, Lanes: 1}, "me")}
+	r := testRelay(Config{Pool: db.Pool, BatchSize: 500, Lanes: 1}, "me")
+	// The lease the heartbeat above took, as the relay's own heartbeat
+	// records it: a relay claims only under a confirmed lease.
+	r.t0 = time.Now()
+	r.leaseUntil.Store(int64(time.Hour))
+	return &floorBundle{t: t, db: db, r: r}
 }
 
 // writeRows commits n rows over keys keys, 100 to a transaction.

@@ -88,10 +88,13 @@ func TestOnlyPgboxpromImportsPrometheus(t *testing.T) {
 	t.Parallel()
 	for _, p := range listAll(t) {
 		r := rel(p.ImportPath)
-		if r == "pgboxprom" || strings.HasPrefix(r, "cmd/") || strings.HasPrefix(r, "examples/") {
+		// internal/promtest reads collectors in tests; only _test files
+		// import it (below).
+		if r == "pgboxprom" || r == "internal/promtest" || strings.HasPrefix(r, "cmd/") || strings.HasPrefix(r, "examples/") {
 			continue
 		}
 		require.Empty(t, importsPrefix(p.Imports, prometheus), "%s imports the Prometheus client", p.ImportPath)
+		require.NotContains(t, p.Imports, module+"/internal/promtest", "%s imports promtest outside a _test file", p.ImportPath)
 	}
 	for _, lib := range []string{"inbox", "outbox", "relay", "cleanup", "migrations", "inspect"} {
 		for _, d := range deps(t, module+"/"+lib) {
