@@ -59,13 +59,21 @@ func newDB(pool *pgxpool.Pool, schema string) *db {
 	d := &db{pool: pool}
 	if schema != "" {
 		d.path = pgx.Identifier{schema}.Sanitize()
-		switch pool.Config().ConnConfig.DefaultQueryExecMode {
-		case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol: // parsed in the pipeline, after set_config
-		default:
-			d.prepare = true
-		}
+		d.prepare = keepsPrepared(pool) // else parsed in the pipeline, after set_config
 	}
 	return d
+}
+
+// keepsPrepared reports whether pool's exec mode prepares statements: not
+// exec or simple_protocol, the modes for a pooler in transaction mode
+// (PgBouncer), which may run the next statement on another server
+// connection (docs/operations.md).
+func keepsPrepared(pool *pgxpool.Pool) bool {
+	switch pool.Config().ConnConfig.DefaultQueryExecMode {
+	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
+		return false
+	}
+	return true
 }
 
 // exec runs sql.
@@ -166,14 +174,7 @@ var (
 // prepared prepares sql on c (named by its text, so the pipeline runs it)
 // in a transaction that sets the schema first, unless it is already.
 func (d *db) prepared(ctx context.Context, c *pgx.Conn, sql string) error {
-	v, ok := preparedOn.Load(c)
-	if !ok {
-		if preparedNew.Add(1) > preparedMax {
-			forgetAll()
-		}
-		v, _ = preparedOn.LoadOrStore(c, map[string]bool{})
-	}
-	done := v.(map[string]bool)
+	done := connSet[bool](&preparedOn, c)
 	if done[sql] {
 		return nil
 	}
@@ -202,6 +203,19 @@ func forget(c *pgx.Conn, sql string) {
 // each connection is prepared again (pgx has it prepared already, so that
 // costs the transaction's round trips, once).
 const preparedMax = 4096
+
+// connSet is conn's set in m (preparedOn, idlePreparedOn), made if need
+// be; only the goroutine holding the connection touches it.
+func connSet[V any](m *sync.Map, conn any) map[string]V {
+	v, ok := m.Load(conn)
+	if !ok {
+		if preparedNew.Add(1) > preparedMax {
+			forgetAll()
+		}
+		v, _ = m.LoadOrStore(conn, map[string]V{})
+	}
+	return v.(map[string]V)
+}
 
 func forgetAll() {
 	preparedNew.Store(0)

@@ -286,12 +286,12 @@ func (f *Fleet) poll(ctx context.Context, pool *pgxpool.Pool, rs []*Relay) error
 		return err
 	}
 	defer c.Release()
+	var prepared map[string]string // nil: unnamed questions (a pooler in transaction mode: keepsPrepared)
+	if keepsPrepared(pool) {
+		prepared = connSet[string](&idlePreparedOn, c.Conn().PgConn())
+	}
 	for len(rs) > 0 {
 		n := min(len(rs), pollChunk)
-		var prepared map[string]string // nil: unnamed questions (a pooler in transaction mode: see idlePrepares)
-		if idlePrepares(pool) {
-			prepared = idleStatements(c.Conn().PgConn())
-		}
 		if err := pollPipeline(pctx, c.Conn().PgConn(), prepared, rs[:n]); err != nil {
 			return err
 		}
@@ -316,30 +316,6 @@ var (
 )
 
 const idlePreparedMax = 2000
-
-// idlePrepares reports whether pool's connections keep prepared
-// statements: not when its exec mode is exec or simple_protocol, the
-// modes for a pooler in transaction mode (PgBouncer), which may run the
-// next question on another server connection (docs/operations.md).
-func idlePrepares(pool *pgxpool.Pool) bool {
-	switch pool.Config().ConnConfig.DefaultQueryExecMode {
-	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
-		return false
-	}
-	return true
-}
-
-// idleStatements is pc's set of prepared idle questions.
-func idleStatements(pc *pgconn.PgConn) map[string]string {
-	v, ok := idlePreparedOn.Load(pc)
-	if !ok {
-		if preparedNew.Add(1) > preparedMax {
-			forgetAll()
-		}
-		v, _ = idlePreparedOn.LoadOrStore(pc, map[string]string{})
-	}
-	return v.(map[string]string)
-}
 
 // pollPipeline sends one question per relay, each followed by a sync (its
 // own implicit transaction), and wakes the relays whose answer is not a

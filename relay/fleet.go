@@ -138,14 +138,18 @@ type Fleet struct {
 	mu      sync.Mutex
 	ctx     context.Context // Run's; nil while not running
 	targets map[string]*fleetTarget
-	leaving map[*fleetTarget]bool // removed, still stopping: Stats counts them
-	gone    outbox.RelayStats     // the counters of targets removed
-	listens map[*pgxpool.Pool]context.CancelFunc
-	kickMu  sync.Mutex
-	kicks   map[*pgxpool.Pool]chan struct{} // each pool's poll's (fleetIdle.kick); under kickMu
+	leaving map[*fleetTarget]bool       // removed, still stopping: Stats counts them
+	gone    outbox.RelayStats           // the counters of targets removed
+	pools   map[*pgxpool.Pool]poolLoops // each pool's LISTEN connection and idle poll
 	wg      sync.WaitGroup
 
 	emptySlow time.Duration // tests: each relay's emptySlow (0: emptySlow)
+}
+
+// poolLoops are a pool's LISTEN connection and idle poll (listenPools).
+type poolLoops struct {
+	cancel context.CancelFunc
+	kick   chan struct{} // a target started: ask it now (fleetIdle.kick)
 }
 
 type fleetTarget struct {
@@ -190,7 +194,7 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 	cfg.Relay = r.cfg
 	cfg.Relay.Pool = nil
 	f := &Fleet{cfg: cfg, log: cfg.Relay.Logger, targets: map[string]*fleetTarget{}, leaving: map[*fleetTarget]bool{},
-		listens: map[*pgxpool.Pool]context.CancelFunc{}, kicks: map[*pgxpool.Pool]chan struct{}{}}
+		pools: map[*pgxpool.Pool]poolLoops{}}
 	f.kc = &kafkaClient{brokers: cfg.Relay.Brokers, conf: cfg.Relay.Kafka}
 	ts, err := checkTargets(cfg.Targets)
 	if err != nil {
@@ -371,10 +375,10 @@ func (f *Fleet) Run(ctx context.Context) error {
 		fts = append(fts, ft)
 		ft.cancel()
 	}
-	for _, cancel := range f.listens {
-		cancel()
+	for _, l := range f.pools {
+		l.cancel()
 	}
-	clear(f.listens)
+	clear(f.pools)
 	f.mu.Unlock()
 	for _, ft := range fts {
 		<-ft.done
@@ -411,8 +415,10 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 		r.kc, r.fleetListens, r.fleetLogs = f.kc, !cfg.NoListen, true
 		r.watchers, r.watchRate = &f.watchers, f.cfg.WatchRate
 		r.idleState.polled, r.idleState.after = r.fleetListens, f.cfg.DormantAfter
-		f.mu.Lock() // listenPools made the pool's kick (under the f.mu that started ft), or deleted it: the target is leaving
-		r.idleState.kick = f.pollKick(ft.t.Pool)
+		// listenPools started the pool's poll under the f.mu that started ft,
+		// or stopped it (the target is leaving): nil then, never sent.
+		f.mu.Lock()
+		r.idleState.kick = f.pools[ft.t.Pool].kick
 		f.mu.Unlock()
 		r.idleState.fresh.Store(true)
 		r.emptySlow = f.emptySlow
@@ -496,48 +502,22 @@ func (f *Fleet) listenPools() {
 	for _, ft := range f.targets {
 		pools[ft.t.Pool] = true
 	}
-	for p, cancel := range f.listens {
+	for p, l := range f.pools {
 		if !pools[p] {
-			cancel()
-			delete(f.listens, p)
-			f.kickMu.Lock()
-			delete(f.kicks, p)
-			f.kickMu.Unlock()
+			l.cancel()
+			delete(f.pools, p)
 		}
 	}
 	for p := range pools {
-		if _, ok := f.listens[p]; ok {
+		if _, ok := f.pools[p]; ok {
 			continue
 		}
 		ctx, cancel := context.WithCancel(f.ctx)
-		f.listens[p] = cancel
+		l := poolLoops{cancel: cancel, kick: make(chan struct{}, 1)}
+		f.pools[p] = l
 		f.wg.Go(func() { f.listenLoop(ctx, p) })
-		kick := f.kick(p)
-		f.wg.Go(func() { f.pollLoop(ctx, p, kick) })
+		f.wg.Go(func() { f.pollLoop(ctx, p, l.kick) })
 	}
-}
-
-// pollKick returns pool's poll's kick channel, nil when the pool has no
-// idle poll (NoListen, or its targets are gone): a nil kick is never
-// sent. It creates none: an entry only listenPools makes is one it
-// deletes. f.mu is held.
-func (f *Fleet) pollKick(pool *pgxpool.Pool) chan struct{} {
-	f.kickMu.Lock()
-	defer f.kickMu.Unlock()
-	return f.kicks[pool]
-}
-
-// kick returns pool's poll's kick channel, made if need be. f.mu is held
-// (listenPools).
-func (f *Fleet) kick(pool *pgxpool.Pool) chan struct{} {
-	f.kickMu.Lock()
-	defer f.kickMu.Unlock()
-	k, ok := f.kicks[pool]
-	if !ok {
-		k = make(chan struct{}, 1)
-		f.kicks[pool] = k
-	}
-	return k
 }
 
 // listenLoop holds one connection to pool's database LISTENing on Channel

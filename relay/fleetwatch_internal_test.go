@@ -129,7 +129,7 @@ func TestFleetPollAsksStartedTargetsAtOnce(t *testing.T) {
 	f, err := NewFleet(FleetConfig{Relay: Config{Brokers: []string{"127.0.0.1:1"}, PollInterval: time.Minute},
 		Targets: []Target{{Name: "rows", Pool: pool, Schema: withRows.Schema}, {Name: "none", Pool: pool, Schema: without.Schema}}})
 	require.NoError(t, err)
-	kick := f.kick(pool)
+	kick := make(chan struct{}, 1)
 	var rs []*Relay
 	for _, ft := range f.targets {
 		r, err := New(Config{Pool: pool, Schema: ft.t.Schema, Brokers: []string{"127.0.0.1:1"}})

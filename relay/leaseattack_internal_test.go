@@ -1,8 +1,8 @@
 package relay
 
 // Hostile review of the started-target kick (commit 378db1e, dormant.go and
-// fleet.go): the kick channel of each pool lives in Fleet.kicks, created on
-// demand by serve and deleted by listenPools when the pool's last target
+// fleet.go): the kick channel of each pool lives in Fleet.pools, made by
+// listenPools with the pool's poll and deleted by it when the pool's last target
 // goes. What must hold: no entry (and no reference to a pool) outlives the
 // pool's last target, nothing blocks, nothing leaks (goleak, TestMain).
 
@@ -19,9 +19,9 @@ import (
 )
 
 func laKicks(f *Fleet) int {
-	f.kickMu.Lock()
-	defer f.kickMu.Unlock()
-	return len(f.kicks)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.pools)
 }
 
 func laFleet(t *testing.T, noListen bool, targets ...Target) (*Fleet, func()) {
@@ -46,7 +46,7 @@ func laFleet(t *testing.T, noListen bool, targets ...Target) (*Fleet, func()) {
 
 // A Fleet without LISTEN has no idle poll (listenPools returns at once),
 // so nothing ever deletes a pool's kick entry: every pool a target ever
-// used stays in Fleet.kicks, the pool with it, for the Fleet's life.
+// used stayed in the Fleet's kick map, the pool with it, for its life (001c656).
 func TestLeaseAttackKickEntryNoListen(t *testing.T) {
 	t.Parallel()
 	db := testdb.New(t)

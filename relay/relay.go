@@ -411,17 +411,15 @@ func (r *Relay) heartbeat(ctx context.Context) error {
 		r.leaseGen.Add(1)
 	}
 	r.leaseUntil.Store(int64(start.Sub(r.t0) + r.cfg.LeaseTTL))
-	if lapsed && held > 0 {
-		// The work loop claims nothing without a lease (takeBatch): claim now.
+	prev := r.lanes.Swap(int64(held))
+	if prev != int64(held) {
+		r.log.InfoContext(ctx, "lanes changed", "lanes_held", held, "instances", live)
+	}
+	if int64(held) > prev || (lapsed && held > 0) {
+		// New lanes, or lanes under a lease confirmed again (the work loop
+		// claimed nothing without one: takeBatch): claim now.
 		r.markAllDirty()
 		r.wakeUp()
-	}
-	if prev := r.lanes.Swap(int64(held)); prev != int64(held) {
-		r.log.InfoContext(ctx, "lanes changed", "lanes_held", held, "instances", live)
-		if int64(held) > prev {
-			r.markAllDirty()
-			r.wakeUp()
-		}
 	}
 	r.instances.Store(int64(live))
 	if r.beats++; r.beats%backlogEvery == 1 {
