@@ -31,20 +31,21 @@ import (
 // Knobs of the many-tenants scenario (issue 35); `make tenants` sets
 // TENANTS_SCALE=large and TENANTS_DOC=docs/tenants-scale.md.
 const (
-	envTenantsScale     = "TENANTS_SCALE"       // small or large; unset: the test is skipped
-	envTenantsSchemas   = "TENANTS_SCHEMAS"     // schema targets in the one large database
-	envTenantsDBs       = "TENANTS_DBS"         // further databases
-	envTenantsDBSchemas = "TENANTS_DB_SCHEMAS"  // schema targets in each further database
-	envTenantsActive    = "TENANTS_ACTIVE"      // targets written to in the active phase (in the large database)
-	envTenantsRate      = "TENANTS_RATE"        // writer transactions per second in the active phase (one event each)
-	envTenantsBacklog   = "TENANTS_BACKLOG"     // rows of the drained backlog
-	envTenantsBudget    = "TENANTS_CONN_BUDGET" // the fleet's --db-conn-budget (default: 10 per database, as a single relay's pool)
-	envTenantsWarmup    = "TENANTS_WARMUP"      // excluded before the idle and active figures (Go duration)
-	envTenantsIdle      = "TENANTS_IDLE"        // how long the idle cost is measured
-	envTenantsActiveFor = "TENANTS_ACTIVE_FOR"  // how long the active phase is measured
-	envTenantsDoc       = "TENANTS_DOC"         // write the report as markdown to this file
-	envTenantsDormant   = "TENANTS_DORMANT"     // the fleet's --dormant-after (Go duration; 0s: never)
-	envTenantsKeepLogs  = "TENANTS_KEEP_LOGS"   // copy the relays' and the broker's logs into this directory at the end
+	envTenantsScale      = "TENANTS_SCALE"       // small or large; unset: the test is skipped
+	envTenantsSchemas    = "TENANTS_SCHEMAS"     // schema targets in the one large database
+	envTenantsDBs        = "TENANTS_DBS"         // further databases
+	envTenantsDBSchemas  = "TENANTS_DB_SCHEMAS"  // schema targets in each further database
+	envTenantsActive     = "TENANTS_ACTIVE"      // targets written to in the active phase (in the large database)
+	envTenantsRate       = "TENANTS_RATE"        // writer transactions per second in the active phase (one event each)
+	envTenantsBacklog    = "TENANTS_BACKLOG"     // rows of the drained backlog
+	envTenantsBudget     = "TENANTS_CONN_BUDGET" // the fleet's --db-conn-budget (default: 10 per database, as a single relay's pool)
+	envTenantsWarmup     = "TENANTS_WARMUP"      // excluded before the idle and active figures (Go duration)
+	envTenantsIdle       = "TENANTS_IDLE"        // how long the idle cost is measured
+	envTenantsActiveFor  = "TENANTS_ACTIVE_FOR"  // how long the active phase is measured
+	envTenantsDoc        = "TENANTS_DOC"         // write the report as markdown to this file
+	envTenantsDormant    = "TENANTS_DORMANT"     // the fleet's --dormant-after (Go duration; 0s: never)
+	envTenantsKeepLogs   = "TENANTS_KEEP_LOGS"   // copy the relays' and the broker's logs into this directory at the end
+	envTenantsBrokerSync = "TENANTS_BROKER_SYNC" // 1: the broker fsyncs every write (the chaos scenarios' broker)
 )
 
 // tenantsScale is one size of the scenario.
@@ -203,6 +204,19 @@ type tenants struct {
 	checked   atomic.Int64
 }
 
+// tenantsPGSettings are TENANTS_PG_SETTINGS's lines (settings separated by
+// ";"), added after the scenario's own for a diagnosis (a later line wins):
+// "pg_stat_statements.track = all" shows the statements inside the claim.
+func tenantsPGSettings() []string {
+	var out []string
+	for _, s := range strings.Split(os.Getenv("TENANTS_PG_SETTINGS"), ";") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 func startTenants(ctx context.Context, t *testing.T, sc tenantsScale) *tenants {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "pgbox-tenants-")
@@ -213,9 +227,9 @@ func startTenants(ctx context.Context, t *testing.T, sc tenantsScale) *tenants {
 	tn.bin, err = harness.Build(ctx, filepath.Join(dir, "bin"), false)
 	require.NoError(t, err)
 
-	tn.pg, err = pgcluster.Start(ctx, pgcluster.Config{Dir: filepath.Join(dir, "pg"), Settings: []string{
+	tn.pg, err = pgcluster.Start(ctx, pgcluster.Config{Dir: filepath.Join(dir, "pg"), Settings: append([]string{
 		"fsync = off", "shared_buffers = 128MB", "max_wal_size = 2GB", "max_connections = 600",
-		"shared_preload_libraries = 'pg_stat_statements'", "pg_stat_statements.track = top", "pg_stat_statements.track_planning = on", "pg_stat_statements.max = 50000"}})
+		"shared_preload_libraries = 'pg_stat_statements'", "pg_stat_statements.track = top", "pg_stat_statements.track_planning = on", "pg_stat_statements.max = 50000"}, tenantsPGSettings()...)})
 	require.NoError(t, err)
 	tn.stats, err = pgx.Connect(ctx, withParam(t, tn.pg.URL("postgres"), "application_name", "tenants sampler"))
 	require.NoError(t, err)
@@ -261,7 +275,13 @@ func startTenants(ctx context.Context, t *testing.T, sc tenantsScale) *tenants {
 	require.NoError(t, err)
 	tn.addr = "127.0.0.1:" + strconv.Itoa(port)
 	tn.broker = &harness.Proc{Name: "broker", Path: tn.bin.Proc, LogPath: filepath.Join(dir, "broker.log"),
-		Args: []string{"broker", "--data-dir", filepath.Join(dir, "kafka"), "--port", strconv.Itoa(port)}}
+		Args: []string{"broker", "--data-dir", filepath.Join(dir, "kafka"), "--port", strconv.Itoa(port),
+			// Kafka's default: the OS flushes. An fsync per write costs
+			// the broker a disk flush per partition a request (about 1 ms
+			// here): 100 busy targets' 300 partitions made the broker, not
+			// the relay, what the active figures measured. TENANTS_BROKER_SYNC=1
+			// puts it back (the chaos scenarios, which kill the broker, keep it).
+			"--sync-writes=" + strconv.FormatBool(os.Getenv(envTenantsBrokerSync) == "1")}}
 	require.NoError(t, tn.broker.Start())
 	require.NoError(t, waitListening(ctx, tn.addr))
 	var topics []string

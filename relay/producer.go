@@ -73,7 +73,8 @@ type kafkaClient struct {
 	conf    *sarama.Config
 	mu      sync.Mutex
 	client  sarama.Client
-	dialing chan struct{} // closed when the dial under way ends; nil: none
+	dialing chan struct{}          // closed when the dial under way ends; nil: none
+	queues  map[sendKey]*sendQueue // the brokers being sent to (sendQueue)
 }
 
 // connect returns the client, dialing one first if there is none.
@@ -300,12 +301,14 @@ type chunkResult struct {
 	net bool // the request failed as a whole (connection, timeout)
 }
 
-// produce sends one request per leader broker, each holding at most one
-// chunk per partition, concurrently, and returns without waiting: every
+// produce sends every chunk to its partition's leader, at most one chunk
+// per partition, brokers concurrently, and returns without waiting: every
 // chunk's result comes on out (buffered for all of them, so a caller that
 // stops waiting leaves nothing blocked). The record batches are built here;
 // finding the leaders (which may fetch metadata) and the requests run in
-// the background, so a hanging broker never holds the caller.
+// the background, so a hanging broker never holds the caller. A broker's
+// chunks go in one request, with whatever other producers sharing the
+// client have waiting for it (sendQueue).
 func (p *producer) produce(chunks []*chunk, out chan<- chunkResult) {
 	batches := make([]*sarama.RecordBatch, len(chunks))
 	for i, c := range chunks {
@@ -313,11 +316,8 @@ func (p *producer) produce(chunks []*chunk, out chan<- chunkResult) {
 	}
 	client, acks, timeout, version := p.kc.get(), p.conf.Producer.RequiredAcks, int32(p.conf.Producer.Timeout/time.Millisecond), p.reqVersion
 	go func() {
-		type request struct {
-			req    *sarama.ProduceRequest
-			chunks []*chunk
-		}
-		byLeader := map[*sarama.Broker]*request{}
+		byLeader := map[sendKey][]queuedBatch{}
+		var leaders []sendKey
 		for i, c := range chunks {
 			if client == nil { // another relay sharing it is replacing it: a broker outage
 				out <- chunkResult{c: c, err: sarama.ErrOutOfBrokers}
@@ -328,26 +328,117 @@ func (p *producer) produce(chunks []*chunk, out chan<- chunkResult) {
 				out <- chunkResult{c: c, err: err}
 				continue
 			}
-			r := byLeader[b]
-			if r == nil {
-				r = &request{req: &sarama.ProduceRequest{RequiredAcks: acks, Timeout: timeout, Version: version}}
-				byLeader[b] = r
+			key := sendKey{b, acks, timeout, version}
+			if byLeader[key] == nil {
+				leaders = append(leaders, key)
 			}
-			r.req.AddBatch(c.tp.topic, c.tp.partition, batches[i])
-			r.chunks = append(r.chunks, c)
+			byLeader[key] = append(byLeader[key], queuedBatch{c: c, batch: batches[i], out: out})
 		}
-		for b, r := range byLeader {
-			go func() {
-				resp, err := b.Produce(r.req)
-				if err != nil {
-					_ = b.Close() // the client reopens it on next use
-				}
-				for _, c := range r.chunks {
-					out <- blockResult(c, resp, err)
-				}
-			}()
+		for _, key := range leaders {
+			p.kc.enqueue(key, byLeader[key])
 		}
 	}()
+}
+
+// sendKey names a sendQueue: a broker and the request's settings (a
+// Fleet's relays share both).
+type sendKey struct {
+	broker  *sarama.Broker
+	acks    sarama.RequiredAcks
+	timeout int32
+	version int16
+}
+
+// sendQueue holds the record batches waiting for one broker, of every
+// producer sharing the client. One request is in flight to the broker at
+// a time (one connection, Net.MaxOpenRequests 1), and it carries every
+// batch waiting when it leaves, at most one per partition (a request takes
+// one record batch per partition): while it is in flight the next ones
+// gather. A relay alone sends one request per broker per round, as it
+// always did. A Fleet's busy targets each sent their own before, one
+// after another on the broker's one connection, each waiting for those
+// ahead of it: at 100 busy targets a send took 440 ms at the median,
+// against 1 ms for a relay alone (make tenants). Each batch keeps its
+// producer's id and sequence, which the broker checks per batch.
+type sendQueue struct {
+	waiting []queuedBatch
+}
+
+// queuedBatch is one chunk's record batch waiting in a sendQueue, and
+// where its result goes.
+type queuedBatch struct {
+	c     *chunk
+	batch *sarama.RecordBatch
+	out   chan<- chunkResult
+}
+
+// enqueue adds batches to key's queue, and sends them unless a request to
+// that broker is in flight (its sender takes them next).
+func (k *kafkaClient) enqueue(key sendKey, batches []queuedBatch) {
+	k.mu.Lock()
+	q := k.queues[key]
+	start := q == nil
+	if start {
+		q = &sendQueue{}
+		if k.queues == nil {
+			k.queues = map[sendKey]*sendQueue{}
+		}
+		k.queues[key] = q
+	}
+	q.waiting = append(q.waiting, batches...)
+	k.mu.Unlock()
+	if start {
+		go k.send(key, q)
+	}
+}
+
+// send sends q's waiting batches to key's broker, a request at a time,
+// until none wait.
+func (k *kafkaClient) send(key sendKey, q *sendQueue) {
+	for {
+		k.mu.Lock()
+		sent := q.take()
+		if len(sent) == 0 {
+			delete(k.queues, key)
+		}
+		k.mu.Unlock()
+		if len(sent) == 0 {
+			return
+		}
+		req := &sarama.ProduceRequest{RequiredAcks: key.acks, Timeout: key.timeout, Version: key.version}
+		for _, x := range sent {
+			req.AddBatch(x.c.tp.topic, x.c.tp.partition, x.batch)
+		}
+		resp, err := key.broker.Produce(req)
+		if err != nil {
+			_ = key.broker.Close() // the client reopens it on next use
+		}
+		for _, x := range sent {
+			x.out <- blockResult(x.c, resp, err)
+		}
+	}
+}
+
+// take removes the next request's batches from the queue, in the order
+// they came: at most one per partition (a later one of a partition waits
+// for the next request) and up to maxRoundBytes, unless the first alone is
+// larger.
+func (q *sendQueue) take() []queuedBatch {
+	var sent, left []queuedBatch
+	parts := map[topicPartition]bool{}
+	total := 0
+	for _, x := range q.waiting {
+		taken := parts[x.c.tp]
+		parts[x.c.tp] = true // nothing of a partition overtakes a batch left waiting
+		if taken || (total > 0 && total+x.c.bytes > maxRoundBytes) {
+			left = append(left, x)
+			continue
+		}
+		total += x.c.bytes
+		sent = append(sent, x)
+	}
+	q.waiting = left
+	return sent
 }
 
 func blockResult(c *chunk, resp *sarama.ProduceResponse, err error) chunkResult {
