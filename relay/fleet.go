@@ -140,16 +140,18 @@ type Fleet struct {
 	targets map[string]*fleetTarget
 	leaving map[*fleetTarget]bool       // removed, still stopping: Stats counts them
 	gone    outbox.RelayStats           // the counters of targets removed
-	pools   map[*pgxpool.Pool]poolLoops // each pool's LISTEN connection and idle poll
+	pools   map[*pgxpool.Pool]poolLoops // each pool's LISTEN connection, idle poll and busy targets' watch
 	wg      sync.WaitGroup
 
 	emptySlow time.Duration // tests: each relay's emptySlow (0: emptySlow)
 }
 
-// poolLoops are a pool's LISTEN connection and idle poll (listenPools).
+// poolLoops are a pool's LISTEN connection, idle poll and busy targets'
+// watch (listenPools).
 type poolLoops struct {
 	cancel context.CancelFunc
 	kick   chan struct{} // a target started: ask it now (fleetIdle.kick)
+	watch  chan struct{} // a target started watching (sharedWatch.kick)
 }
 
 type fleetTarget struct {
@@ -418,7 +420,11 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 		// listenPools started the pool's poll under the f.mu that started ft,
 		// or stopped it (the target is leaving): nil then, never sent.
 		f.mu.Lock()
-		r.idleState.kick = f.pools[ft.t.Pool].kick
+		loops := f.pools[ft.t.Pool]
+		r.idleState.kick = loops.kick
+		if loops.watch != nil {
+			r.shared = &sharedWatch{kick: loops.watch}
+		}
 		f.mu.Unlock()
 		r.idleState.fresh.Store(true)
 		r.emptySlow = f.emptySlow
@@ -513,10 +519,11 @@ func (f *Fleet) listenPools() {
 			continue
 		}
 		ctx, cancel := context.WithCancel(f.ctx)
-		l := poolLoops{cancel: cancel, kick: make(chan struct{}, 1)}
+		l := poolLoops{cancel: cancel, kick: make(chan struct{}, 1), watch: make(chan struct{}, 1)}
 		f.pools[p] = l
 		f.wg.Go(func() { f.listenLoop(ctx, p) })
 		f.wg.Go(func() { f.pollLoop(ctx, p, l.kick) })
+		f.wg.Go(func() { f.watchLoop(ctx, p, l.watch) })
 	}
 }
 

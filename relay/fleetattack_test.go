@@ -585,7 +585,10 @@ func TestFleetAttackSameSchemaTwice(t *testing.T) {
 	createCounters(t, b, 8)
 	cfg := faConfig(addrs, "twice")
 	cfg.BatchSize = 5
-	f, err := relay.NewFleet(relay.FleetConfig{Relay: cfg, Targets: []relay.Target{
+	// Never dormant: a dormant target holds no lanes, and whichever woke
+	// first could drain every row before the other's question saw one (the
+	// wait below then timed out, about one run in five).
+	f, err := relay.NewFleet(relay.FleetConfig{Relay: cfg, DormantAfter: -1, Targets: []relay.Target{
 		{Name: "one", Pool: pool, Schema: db.Schema}, {Name: "two", Pool: pool, Schema: db.Schema}}})
 	require.NoError(t, err)
 	runFleet(t, f)

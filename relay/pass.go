@@ -26,6 +26,7 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 	defer r.waitFinish()
 	r.startWatch(ctx, &w)
 	defer r.countWatching(&w, false)
+	defer r.stopShared()
 	if r.idleState.wanted.Load() && (r.idleState.dormant.Load() || r.setSleeping(ctx, true)) {
 		// A Fleet's target starts dormant (Run), its sleeping flag set
 		// (dormantSQL, or here) so that writers notify it; without its

@@ -46,6 +46,7 @@ type Relay struct {
 	fleetLogs    bool // the Fleet logs why the relay stopped, once per change
 	watchers     *atomic.Int64
 	watchRate    int
+	shared       *sharedWatch // the pool's watch asks for it (nil: it watches itself)
 	// emptyPausedUntil: nothingToClaim does not ask until then; owned by
 	// the work loop.
 	emptyPausedUntil time.Time

@@ -69,6 +69,14 @@ type watcher struct {
 
 func (w *watcher) saw(id int64) { w.seen = max(w.seen, id) }
 
+// moveFloor raises the floor to what was seen watchLag ago, at most once
+// every watchLag.
+func (w *watcher) moveFloor(now time.Time) {
+	if now.Sub(w.sampledAt) >= watchLag {
+		w.floor, w.sample, w.sampledAt = w.sample, w.seen, now
+	}
+}
+
 // startWatch places the floor at the newest row: the first pass probes
 // every slot anyway.
 func (r *Relay) startWatch(ctx context.Context, w *watcher) {
@@ -109,6 +117,13 @@ func (r *Relay) waitForWork(ctx context.Context, w *watcher, busyUntil time.Time
 			continue
 		}
 		wait := r.cfg.PollInterval
+		if watching && r.shared != nil {
+			// A Fleet's relay: its pool's watch asks for it (sharedwatch.go).
+			if r.waitShared(ctx, w, watchUntil) || ctx.Err() != nil {
+				return ctx.Err() != nil
+			}
+			continue
+		}
 		if watching {
 			// Wake at the end of the watch at the latest, to set the flag.
 			wait = min(r.watchEvery(), watchUntil.Sub(now))
@@ -211,9 +226,7 @@ func later(a, b time.Time) time.Time {
 // watch runs watchSQL once; true when it found rows (their slots are marked
 // dirty).
 func (r *Relay) watch(ctx context.Context, w *watcher) bool {
-	if now := time.Now(); now.Sub(w.sampledAt) >= watchLag {
-		w.floor, w.sample, w.sampledAt = w.sample, w.seen, now
-	}
+	w.moveFloor(time.Now())
 	var top int64
 	var slots []int32
 	if err := r.db.queryRow(ctx, watchSQL, []any{w.floor, watchLimit}, &top, &slots); err != nil {
