@@ -247,3 +247,62 @@ func TestFleetNoEmptyClaimAfterBatch(t *testing.T) {
 	t.Logf("%d batches, %d claims in all (the idle polls' and stale full claims included)", batches, claims)
 	require.Less(t, claims, int64(batches)+15, "claims that found nothing after a batch")
 }
+
+// A Fleet's busy target probes every slot only every ten PollIntervals
+// (a probe of every slot is its costliest claim): a row committed long
+// after its insert, below the watch's floor, in a slot no other row
+// names, still arrives while the target stays busy (not only once it
+// goes quiet), once.
+func TestFleetBusyTargetFindsLateRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ts := newTenants(t, 1)
+	db := ts.schemas[0]
+	f, err := relay.NewFleet(relay.FleetConfig{Relay: ts.relayConfig("late-row"), DormantAfter: -1,
+		Targets: []relay.Target{{Name: "t", Pool: ts.shared, Schema: db.Schema}}})
+	require.NoError(t, err)
+	runFleet(t, f)
+	waitFor(t, "lanes taken", func() bool { return f.Stats().Lanes > 0 })
+
+	// The late row: inserted now, committed after 1.5 s of steady traffic
+	// (the watch's floor passes its id within 400 ms).
+	w, err := outbox.NewWriter(outbox.Config{})
+	require.NoError(t, err)
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, w.Write(ctx, tx, outbox.Message{Topic: topicOf(0), Key: []byte("late"), Value: []byte(db.Schema)}))
+	stop := make(chan struct{})
+	busy := make(chan int)
+	go func() {
+		n := 0
+		defer func() { busy <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			writeTo(t, db, topicOf(0), 1, false)
+			n++
+		}
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	require.NoError(t, tx.Commit(ctx))
+	time.Sleep(5 * time.Second) // busy well past a probe of every slot (10 × 200 ms)
+	close(stop)
+	n := <-busy
+	got := kafkatest.ReadAll(t, ts.addrs, topicOf(0), n+1, 30*time.Second)
+	late := 0
+	var lateAt, lastBusy time.Time
+	for _, m := range got {
+		if string(m.Key) == "late" {
+			late++
+			lateAt = m.Timestamp
+		} else if m.Timestamp.After(lastBusy) {
+			lastBusy = m.Timestamp
+		}
+	}
+	require.Equal(t, 1, late, "the late row arrived once (%d records of %d rows)", len(got), n+1)
+	require.True(t, lateAt.Before(lastBusy), "the late row went out while the target was busy (at %v, the last busy row at %v)", lateAt, lastBusy)
+	waitFor(t, "outbox drained", func() bool { return count(t, db) == 0 })
+}

@@ -46,7 +46,7 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 		// PollInterval however busy other slots keep the relay.
 		var only *slotSet
 		dirty, all := r.takeDirty()
-		if !full && !all && !r.floors.stale(time.Now(), r.cfg.PollInterval) {
+		if !full && !all && !r.floors.stale(time.Now(), r.probeAllEvery()) {
 			dirty.union(&carry)
 			only = &dirty
 		}
@@ -107,6 +107,25 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 		t.Stop()
 	}
 }
+
+// probeAllEvery is how long an owned slot may go unprobed while the relay
+// is busy (the watch names the slots with new rows; rows committed later
+// than watchLag after their insert are below its floor): PollInterval for
+// a relay alone. A Fleet's busy target waits fleetProbeAll times as long:
+// a claim that probes all 256 slots costs the database a range scan each,
+// and a hundred busy targets of one database each probing every slot
+// every second made a quarter of their claims such probes, the most
+// costly (make tenants, 101 schemas). An idle target's rows, late ones
+// included, are found within PollInterval all the same (the idle poll).
+func (r *Relay) probeAllEvery() time.Duration {
+	if r.watchers != nil {
+		return fleetProbeAll * r.cfg.PollInterval
+	}
+	return r.cfg.PollInterval
+}
+
+// fleetProbeAll: see probeAllEvery.
+const fleetProbeAll = 10
 
 type passResult struct {
 	claimed, published, failed int
