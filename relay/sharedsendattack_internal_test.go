@@ -636,3 +636,72 @@ func TestSharedSendAttackSingleRelayOneRequestPerRound(t *testing.T) {
 	require.Equal(t, rounds, got, "requests for a send of %v batches per partition", perPart)
 	ssCheckTopic(t, h.addrs, "solo", len(rows))
 }
+
+// Attack: more than maxRoundBytes waiting at once (three producers' large
+// batches over eight partitions), and one batch alone larger than
+// maxRoundBytes. The broker sees no request over maxRoundBytes of record
+// bytes unless it holds one batch, the big batch goes (alone), and every
+// record arrives once, each key's in order.
+func TestSharedSendAttackOverRoundBytes(t *testing.T) {
+	huge := strconv.Itoa(20 << 20)
+	h := newSSHarness(t, map[string]int32{"big": 8, "huge": 1},
+		map[string]map[string]*string{"huge": {"max.message.bytes": &huge}, "big": {"max.message.bytes": &huge}})
+	h.conf.Producer.MaxMessageBytes = 20 << 20
+	var first atomic.Bool
+	h.c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		h.c.KeepControl()
+		if first.CompareAndSwap(false, true) {
+			time.Sleep(700 * time.Millisecond) // everything else gathers behind it
+		}
+		return nil, nil, false
+	})
+	var ps []*producer
+	for range 4 {
+		p := h.producer()
+		warm(t, p, "big", "huge")
+		ps = append(ps, p)
+	}
+	const keys, rounds, pad = 16, 4, 200 << 10
+	var wg sync.WaitGroup
+	// A small decoy request goes first and is held.
+	wg.Go(func() {
+		out, stopped := ssRelay(5*time.Second).sendBatch(context.Background(), ps[0], ssRows("huge", "decoy", 1, 0, 1, 0), 0)
+		require.False(t, stopped)
+		require.NoError(t, out[0])
+	})
+	waitUntil(t, "the decoy's request is held", func() bool { return len(h.requests()) == 1 })
+	for i := 1; i < 3; i++ {
+		rows := ssRows("big", "p"+strconv.Itoa(i), keys, 0, rounds, pad)
+		wg.Go(func() { ssSendAll(t, ssRelay(5*time.Second), ps[i], rows, len(rows)) })
+	}
+	hugeRow := ssRows("huge", "huge", 1, 0, 1, maxRoundBytes+(1<<20))
+	var hugeOut map[int]error
+	wg.Go(func() {
+		var stopped bool
+		hugeOut, stopped = ssRelay(5*time.Second).sendBatch(context.Background(), ps[3], hugeRow, 0)
+		require.False(t, stopped)
+	})
+	wg.Wait()
+	require.NoError(t, hugeOut[0], "the batch larger than maxRoundBytes")
+	alone := false
+	for i, r := range h.requests() {
+		batches := 0
+		for _, n := range r.parts {
+			batches += n
+		}
+		if batches > 1 {
+			require.LessOrEqual(t, r.bytes, maxRoundBytes+64<<10, "request %d: %d batches, %d bytes", i, batches, r.bytes)
+		}
+		if r.bytes > maxRoundBytes {
+			alone = true
+		}
+	}
+	require.True(t, alone, "the big batch went alone")
+	var sizes []string
+	for _, r := range h.requests() {
+		sizes = append(sizes, fmt.Sprintf("%d pids %d parts %d KiB", len(r.pids), len(r.parts), r.bytes>>10))
+	}
+	t.Logf("requests: %v", sizes)
+	h.checkRequests()
+	ssCheckTopic(t, h.addrs, "big", 2*keys*rounds)
+}
