@@ -57,8 +57,11 @@
 // producer id from InitProducerID and per-partition sequence numbers), over
 // sarama's client and wire types. A pass's rows are grouped by partition
 // (all rows of a key share one) in id order and cut into record batches of
-// up to Producer.MaxMessageBytes; each round sends one request per leader
-// broker holding at most one batch per partition. Kafka writes a batch whole
+// up to Producer.MaxMessageBytes; each round sends at most one batch per
+// partition, in one request per leader broker (which, in a Fleet, also
+// carries the other targets' batches waiting for that broker; a batch
+// whose partition another target's batch already fills goes in the next
+// request). Kafka writes a batch whole
 // or not at all, and the next batch of a partition is built only after the
 // previous one was answered, so a failure cuts a partition cleanly:
 // everything before it is written, nothing after it was sent.

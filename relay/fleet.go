@@ -386,7 +386,11 @@ func (f *Fleet) Run(ctx context.Context) error {
 		<-ft.done
 	}
 	f.wg.Wait()
-	f.kc.close()
+	// Close the shared client in the background, as a relay closes its
+	// own: sarama's Close waits for its metadata refresh, which a broker
+	// that answers nothing holds up to Net.ReadTimeout (30 s), and Run
+	// returns within StopTimeout whatever the broker does.
+	go f.kc.close()
 	f.log.InfoContext(context.WithoutCancel(ctx), "relay fleet stopped")
 	return nil
 }

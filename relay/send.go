@@ -29,8 +29,10 @@ const recordBatchOverhead = 61
 //
 // A key's rows all go to one partition. Each partition's rows (in id order)
 // are cut into record batches of up to Producer.MaxMessageBytes, and sent in
-// rounds: one request per leader broker per round, holding at most one
-// batch per partition, brokers concurrently. The broker writes a batch
+// rounds: at most one batch per partition a round, in one request per
+// leader broker (a Fleet's request may carry other targets' batches too,
+// and a batch whose partition one of theirs fills waits for the next:
+// sendQueue), brokers concurrently. The broker writes a batch
 // whole or not at all, so within a partition a failure is a clean cut:
 // everything before it is written, nothing after it was sent. A batch that
 // fails with a retriable error (leader moving or missing, timeout, broken
