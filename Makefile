@@ -78,7 +78,9 @@ pressure: ## the relay under a held snapshot, dead rows, a long writer and burst
 # record, never on timings. Its own PostgreSQL cluster and broker;
 # TENANTS_WARMUP, TENANTS_IDLE, TENANTS_ACTIVE_FOR (durations) and
 # TENANTS_CONN_BUDGET reshape it; TENANTS_SCALE=small runs a 24-target
-# version in about a minute (not part of `make test`).
+# version in about a minute (not part of `make test`). Its broker leaves
+# the fsync to the OS, as Kafka does (TENANTS_BROKER_SYNC=1: an fsync per
+# write); TENANTS_PG_SETTINGS="a = b;c = d" adds server settings.
 tenants: ## one relay over 1,200 targets beside a single-target baseline; writes docs/tenants-scale.md
 	TENANTS_SCALE=large TENANTS_DOC=$(CURDIR)/docs/tenants-scale.md $(GO) test -count=1 -run '^TestTenants$$' -timeout 60m -v ./integration_test/
 
