@@ -276,6 +276,15 @@ func (f *Fleet) pollLoop(ctx context.Context, pool *pgxpool.Pool, kick <-chan st
 // pipelines of pollChunk questions on one connection, and wakes those that
 // do, whose question failed, or took longer than emptySlow.
 func (f *Fleet) poll(ctx context.Context, pool *pgxpool.Pool, rs []*Relay) error {
+	return f.ask(ctx, pool, rs, pollPipeline)
+}
+
+// ask sends each of rs a question through pipeline, pollChunk questions
+// a pipeline, on one connection of pool, with the questions prepared on
+// it so far (nil: unnamed questions, for a pooler in transaction mode:
+// keepsPrepared). The idle poll and the busy targets' watch ask so.
+func (f *Fleet) ask(ctx context.Context, pool *pgxpool.Pool, rs []*Relay,
+	pipeline func(context.Context, *pgconn.PgConn, map[string]string, []*Relay) error) error {
 	if len(rs) == 0 {
 		return nil
 	}
@@ -286,13 +295,13 @@ func (f *Fleet) poll(ctx context.Context, pool *pgxpool.Pool, rs []*Relay) error
 		return err
 	}
 	defer c.Release()
-	var prepared map[string]string // nil: unnamed questions (a pooler in transaction mode: keepsPrepared)
+	var prepared map[string]string
 	if keepsPrepared(pool) {
 		prepared = connSet[string](&idlePreparedOn, c.Conn().PgConn())
 	}
 	for len(rs) > 0 {
 		n := min(len(rs), pollChunk)
-		if err := pollPipeline(pctx, c.Conn().PgConn(), prepared, rs[:n]); err != nil {
+		if err := pipeline(pctx, c.Conn().PgConn(), prepared, rs[:n]); err != nil {
 			return err
 		}
 		rs = rs[n:]

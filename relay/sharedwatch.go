@@ -144,25 +144,7 @@ func (f *Fleet) watchLoop(ctx context.Context, pool *pgxpool.Pool, kick <-chan s
 // questions on one connection, and wakes those with rows above their
 // floor (their slots marked) or whose question failed (every slot).
 func (f *Fleet) watchAll(ctx context.Context, pool *pgxpool.Pool, rs []*Relay) error {
-	wctx, cancel := context.WithTimeout(ctx, max(f.cfg.Relay.LeaseTTL, 5*time.Second))
-	defer cancel()
-	c, err := pool.Acquire(wctx)
-	if err != nil {
-		return err
-	}
-	defer c.Release()
-	var prepared map[string]string // nil: unnamed questions (keepsPrepared)
-	if keepsPrepared(pool) {
-		prepared = connSet[string](&idlePreparedOn, c.Conn().PgConn())
-	}
-	for len(rs) > 0 {
-		n := min(len(rs), pollChunk)
-		if err := watchPipeline(wctx, c.Conn().PgConn(), prepared, rs[:n]); err != nil {
-			return err
-		}
-		rs = rs[n:]
-	}
-	return nil
+	return f.ask(ctx, pool, rs, watchPipeline)
 }
 
 // watchPipeline sends one watch question per relay, each behind
