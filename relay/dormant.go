@@ -409,30 +409,41 @@ func pollPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]st
 	return nil
 }
 
-// pollAnswer reads one question's answers (idleLockTimeoutSQL's, the
-// question's prepare when prepare is set, then the question's) and its
-// sync: whether the outbox holds rows and what the question cost the
-// server, whether the prepare succeeded, or the error. After an error the
-// server skips the rest up to the sync.
+// pollAnswer reads one idle question's answers (questionAnswer): whether
+// the outbox holds rows and what the question cost the server.
 func pollAnswer(p *pgconn.Pipeline, prepare bool) (rows bool, took time.Duration, prepared bool, err error) {
+	prepared, err = questionAnswer(p, prepare, "idle poll", func() (err error) {
+		rows, took, err = pollResult(p)
+		return err
+	})
+	return rows, took, prepared, err
+}
+
+// questionAnswer reads one pipelined question's answers (idleLockTimeoutSQL's,
+// the question's prepare when prepare is set, then the question's, through
+// read) and its sync: whether the prepare succeeded, or the error (a
+// connection error, or the question's own). After a question's error the
+// server skips the rest up to the sync. The idle poll and the busy targets'
+// watch (sharedwatch.go) read their answers so.
+func questionAnswer(p *pgconn.Pipeline, prepare bool, what string, read func() error) (prepared bool, err error) {
 	if _, _, err = pollResult(p); err == nil && prepare {
 		err = pollPrepared(p)
 		prepared = err == nil
 	}
 	if err == nil {
-		rows, took, err = pollResult(p)
+		err = read()
 	}
 	if err != nil && !isPgError(err) {
-		return false, 0, false, err
+		return false, err
 	}
 	res, serr := p.GetResults()
 	if serr != nil {
-		return false, 0, false, serr
+		return false, serr
 	}
 	if _, ok := res.(*pgconn.PipelineSync); !ok {
-		return false, 0, false, fmt.Errorf("relay: idle poll: expected a sync, got %T", res)
+		return false, fmt.Errorf("relay: %s: expected a sync, got %T", what, res)
 	}
-	return rows, took, prepared, err
+	return prepared, err
 }
 
 // pollPrepared reads a prepare's result.

@@ -220,26 +220,13 @@ func watchPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]s
 	return nil
 }
 
-// watchAnswer reads one watch question's answers (idleLockTimeoutSQL's, the
-// prepare when prepare is set, the question's) and its sync.
+// watchAnswer reads one watch question's answers (questionAnswer): the
+// newest id and the slots.
 func watchAnswer(p *pgconn.Pipeline, prepare bool) (top int64, slots []int32, prepared bool, err error) {
-	if _, _, err = pollResult(p); err == nil && prepare {
-		err = pollPrepared(p)
-		prepared = err == nil
-	}
-	if err == nil {
+	prepared, err = questionAnswer(p, prepare, "busy targets' watch", func() (err error) {
 		top, slots, err = watchResult(p)
-	}
-	if err != nil && !isPgError(err) {
-		return 0, nil, false, err
-	}
-	res, serr := p.GetResults()
-	if serr != nil {
-		return 0, nil, false, serr
-	}
-	if _, ok := res.(*pgconn.PipelineSync); !ok {
-		return 0, nil, false, fmt.Errorf("relay: busy targets' watch: expected a sync, got %T", res)
-	}
+		return err
+	})
 	return top, slots, prepared, err
 }
 
