@@ -56,6 +56,8 @@ type db struct {
 	prepare bool          // the pool's exec mode prepares statements (or describes them) before it runs them
 	slots   chan struct{} // nil: no cap
 	names   sync.Map      // sql -> its prepared name (preparedName)
+	homes   *homes        // a Fleet's target: its pool's homes (homes.go); nil: none
+	home    int           // which of them is its
 }
 
 // setPathSQL sets the schema for the statement beside it, and generic
@@ -139,11 +141,11 @@ func (d *db) send(ctx context.Context, sql string, queue func(b *pgx.Batch, sql 
 		return err
 	}
 	defer release()
-	c, err := d.pool.Acquire(ctx)
+	c, err := d.acquire(ctx)
 	if err != nil {
 		return err
 	}
-	defer c.Release()
+	defer d.release(c)
 	conn := c.Conn()
 	name := sql
 	if d.prepare {
@@ -272,7 +274,12 @@ func (d *db) begin(ctx context.Context, fn func(pgx.Tx) error) error {
 		return err
 	}
 	defer release()
-	return pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+	c, err := d.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer d.release(c)
+	return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
 		if d.path != "" {
 			if _, err := tx.Exec(ctx, setPathSQL, d.path); err != nil {
 				return err

@@ -141,6 +141,7 @@ type Fleet struct {
 	leaving map[*fleetTarget]bool       // removed, still stopping: Stats counts them
 	gone    outbox.RelayStats           // the counters of targets removed
 	pools   map[*pgxpool.Pool]poolLoops // each pool's LISTEN connection, idle poll and busy targets' watch
+	homes   map[*pgxpool.Pool]*homes    // each pool's home connections (homes.go); nil: the pool has none
 	wg      sync.WaitGroup
 
 	emptySlow time.Duration // tests: each relay's emptySlow (0: emptySlow)
@@ -196,7 +197,7 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 	cfg.Relay = r.cfg
 	cfg.Relay.Pool = nil
 	f := &Fleet{cfg: cfg, log: cfg.Relay.Logger, targets: map[string]*fleetTarget{}, leaving: map[*fleetTarget]bool{},
-		pools: map[*pgxpool.Pool]poolLoops{}}
+		pools: map[*pgxpool.Pool]poolLoops{}, homes: map[*pgxpool.Pool]*homes{}}
 	f.kc = &kafkaClient{brokers: cfg.Relay.Brokers, conf: cfg.Relay.Kafka}
 	ts, err := checkTargets(cfg.Targets)
 	if err != nil {
@@ -367,6 +368,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 	}
 	f.listenPools()
 	f.mu.Unlock()
+	f.wg.Go(func() { f.homesLoop(ctx) })
 	f.log.InfoContext(ctx, "relay fleet started", "targets", len(f.Targets()), "brokers", f.cfg.Relay.Brokers)
 
 	<-ctx.Done()
@@ -426,6 +428,9 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 		f.mu.Lock()
 		loops := f.pools[ft.t.Pool]
 		r.idleState.kick = loops.kick
+		if r.db.homes = f.homesOf(ft.t.Pool); r.db.homes != nil {
+			r.db.home = r.db.homes.assign()
+		}
 		if loops.watch != nil {
 			r.shared = &sharedWatch{kick: loops.watch}
 		}
