@@ -42,8 +42,9 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 		// a watch that found rows or a non-full batch: then only the slots
 		// named plus the slots the last batch found rows in. Every poll
 		// probes them all, and so does any pass once an owned slot has gone
-		// unprobed for PollInterval, so rows nobody named are found within
-		// PollInterval however busy other slots keep the relay.
+		// unprobed for probeAllEvery, so rows nobody named are found within
+		// PollInterval (a Fleet's target: ten of them) however busy other
+		// slots keep the relay.
 		var only *slotSet
 		dirty, all := r.takeDirty()
 		if !full && !all && !r.floors.stale(time.Now(), r.probeAllEvery()) {

@@ -10,13 +10,11 @@ package relay_test
 // exactly once, in commit order per key, and that the late rows arrive
 // within a generous bound (probeBound), while the target is still busy.
 //
-// TestFleetBusyTargetFindsLateRow (fleet_test.go) passes with the busy
-// full probe disabled: its late row's key ("late") hashes to slot 33, the
-// same slot as its busy writer's key ("key-000"), so the watch names that
-// slot every round and the named-slot claim (starting at the settled bound
-// once the long writer ended: the claim's rescan) finds it.
-// TestProbeAttackBusyFullProbeNeeded is that test with the late row in a
-// slot no busy key uses: it fails when the busy full probe never runs.
+// TestProbeAttackBusyFullProbeNeeded replaces an older test whose late
+// row's key ("late") hashed to slot 33, the slot of its busy writer's key
+// ("key-000"): the watch named that slot every round and the named-slot
+// claim found the row, so it passed with the busy full probe disabled.
+// Here the late rows are in slots no busy key uses (probeRig.lateKey).
 
 import (
 	"context"
@@ -264,8 +262,7 @@ func (r *probeRig) check(topics ...string) {
 }
 
 // The busy full probe is what finds a late row in a slot no busy key uses:
-// TestFleetBusyTargetFindsLateRow with its late row moved out of the busy
-// slot. Fails when probeAllEvery never lets a busy target probe every slot.
+// fails when probeAllEvery never lets a busy target probe every slot.
 func TestProbeAttackBusyFullProbeNeeded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

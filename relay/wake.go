@@ -24,9 +24,10 @@ import (
 // after later ids (ids are taken at insert, rows appear at commit) is still
 // found when it commits, as long as that is within watchLag. Rows that
 // commit later than that, and rows of a writer that read the flag just
-// before it was set, are found by the next full poll (PollInterval), as rows
-// written without Notify always were: the watch and the flag only shorten
-// the wait, correctness never depends on them.
+// before it was set, are found by the next full poll (PollInterval; a
+// Fleet's busy target: probeAllEvery), as rows written without Notify
+// always were: the watch and the flag only shorten the wait, correctness
+// never depends on them.
 
 // watchLag is the least the watch floor lags the newest id seen.
 const watchLag = 200 * time.Millisecond
