@@ -247,4 +247,3 @@ func TestFleetNoEmptyClaimAfterBatch(t *testing.T) {
 	t.Logf("%d batches, %d claims in all (the idle polls' and stale full claims included)", batches, claims)
 	require.Less(t, claims, int64(batches)+15, "claims that found nothing after a batch")
 }
-
