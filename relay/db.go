@@ -158,9 +158,20 @@ func (d *db) send(ctx context.Context, sql string, queue func(b *pgx.Batch, sql 
 	b.Queue(setPathSQL, d.path)
 	queue(b, name)
 	err = c.SendBatch(ctx, b).Close()
-	if code := pgerr.Code(err); d.prepare && (code == pgerr.CodeInvalidSQLStatementName || code == pgerr.CodeFeatureNotSupported) {
-		// The statement is gone (a pooler's DISCARD ALL) or its result
-		// changed shape (a migration): prepare it afresh next time.
+	switch code := pgerr.Code(err); {
+	case !d.prepare:
+	case code == pgerr.CodeInvalidSQLStatementName:
+		// The statement is gone, and with it, most likely, every other
+		// statement of the connection (DISCARD ALL, DEALLOCATE ALL, as a
+		// pooler or an operator runs them): each schema's would fail once
+		// in turn. Forget them all and prepare afresh what runs next.
+		if v, ok := preparedOn.Load(conn); ok {
+			clear(v.(map[string]bool))
+		}
+		idlePreparedOn.Delete(conn.PgConn())
+		_ = conn.DeallocateAll(ctx)
+	case code == pgerr.CodeFeatureNotSupported:
+		// Its result changed shape (a migration): prepare it afresh.
 		forget(conn, name)
 		_ = conn.Deallocate(ctx, name)
 	}

@@ -290,7 +290,10 @@ func (f *Fleet) ask(ctx context.Context, pool *pgxpool.Pool, rs []*Relay,
 	}
 	pctx, cancel := context.WithTimeout(ctx, max(f.cfg.Relay.LeaseTTL, 5*time.Second))
 	defer cancel()
-	c, err := pool.Acquire(pctx)
+	f.mu.Lock()
+	h := f.homes[pool]
+	f.mu.Unlock()
+	c, err := h.acquire(pctx, pool, -1) // a home's free connection, or the pool's (homes.go)
 	if err != nil {
 		return err
 	}

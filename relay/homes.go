@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,7 +28,12 @@ import (
 //
 // A pool keeps two connections outside the homes (one for the idle poll
 // and the busy targets' watch, one for whichever target's home is taken),
-// so a pool of fewer than four has none. A home gives its connection back
+// so a pool of fewer than four has none. A target whose home is taken
+// takes another home's free connection before it waits for the pool, and
+// while anyone waits for the pool (a target, the idle poll, the watch) no
+// home keeps a connection given back: it goes to the pool, so a target
+// whose statements hang (holding its home's connection and others) never
+// leaves the rest waiting on homes that keep theirs. A home gives its connection back
 // to the pool after homeIdle unused (a quiet target holds nothing) and
 // after homeFor in all (so the pool's MaxConnLifetime and health checks
 // apply to it as to the others), and when the Fleet no longer serves the
@@ -40,10 +46,11 @@ const (
 
 // homes are one pool's home connections.
 type homes struct {
-	mu     sync.Mutex
-	slots  []home
-	next   int  // the next target's home
-	closed bool // the connections go back to the pool from now on
+	mu      sync.Mutex
+	slots   []home
+	next    int          // the next target's home
+	closed  bool         // the connections go back to the pool from now on
+	waiting atomic.Int32 // acquires waiting for the pool (acquire)
 }
 
 type home struct {
@@ -71,21 +78,58 @@ func (h *homes) assign() int {
 	return i
 }
 
-// take is home i's connection if it is free, else nil.
-func (h *homes) take(i int) *pgxpool.Conn {
+// take is home i's connection if it is free (i >= 0), else, if others,
+// another home's free one, which leaves that home (it may become i's),
+// else nil.
+func (h *homes) take(i int, others bool) *pgxpool.Conn {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s := &h.slots[i]
-	if s.c == nil || s.out {
-		return nil
+	if i >= 0 {
+		if s := &h.slots[i]; s.c != nil && !s.out {
+			s.out = true
+			return s.c
+		}
 	}
-	s.out = true
-	return s.c
+	for j := range h.slots {
+		if !others {
+			break
+		}
+		if s := &h.slots[j]; s.c != nil && !s.out {
+			c := s.c
+			*s = home{}
+			return c
+		}
+	}
+	return nil
+}
+
+// acquire is a connection of pool: home i's when free (i >= 0), else the
+// pool's, or another home's free one when the pool has none to give
+// without waiting, else the pool's, counted as waiting meanwhile. A nil
+// h has no homes.
+func (h *homes) acquire(ctx context.Context, pool *pgxpool.Pool, i int) (*pgxpool.Conn, error) {
+	if h == nil {
+		return pool.Acquire(ctx)
+	}
+	if c := h.take(i, exhausted(pool)); c != nil {
+		return c, nil
+	}
+	h.waiting.Add(1)
+	defer h.waiting.Add(-1)
+	return pool.Acquire(ctx)
+}
+
+// exhausted reports whether pool.Acquire would wait: no idle connection,
+// and no room for a new one.
+func exhausted(pool *pgxpool.Pool) bool {
+	st := pool.Stat()
+	return st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns()
 }
 
 // keep takes c back for home i, or reports false: c goes back to the pool.
 func (h *homes) keep(i int, c *pgxpool.Conn) bool {
-	usable := !c.Conn().IsClosed() && c.Conn().PgConn().TxStatus() == 'I' && !c.Conn().PgConn().IsBusy()
+	usable := !c.Conn().IsClosed() && c.Conn().PgConn().TxStatus() == 'I' && !c.Conn().PgConn().IsBusy() &&
+		h.waiting.Load() == 0 // else the pool hands it to one waiting
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -122,12 +166,7 @@ func (h *homes) tidy(now time.Time, closing bool) {
 
 // acquire is a connection for d's statement: its home's when free.
 func (d *db) acquire(ctx context.Context) (*pgxpool.Conn, error) {
-	if d.homes != nil {
-		if c := d.homes.take(d.home); c != nil {
-			return c, nil
-		}
-	}
-	return d.pool.Acquire(ctx)
+	return d.homes.acquire(ctx, d.pool, d.home)
 }
 
 // release gives c to d's home, or back to the pool.

@@ -132,17 +132,19 @@ func haLock(t *testing.T, db *testdb.DB) func() {
 // at least MaxConnsPerTarget times the targets that may hang at once,
 // plus room for the rest", and the Fleet caps a target at MaxConns-1. So
 // the hung targets hold their homes' connections and more of the pool's;
-// what is left is a home's connection, which the targets of that home
-// take and give back to the home (never to the pool) and which goes back
-// to the pool only after homeIdle unused or homeFor (a minute) in all.
+// what is left is a home's connection. The first version of homes kept it
+// for that home's targets (back to the pool only after homeIdle unused or
+// homeFor in all), and the hung targets' home-mates starved (1 run in 3).
+// Now a waiting acquire makes every home give its connection to the pool,
+// and an acquire facing an exhausted pool takes another home's free one.
 //
 // Must hold: every other target publishes its rows within 20 s (before
 // homes the connection left was the pool's, shared by every target).
 func TestHomesAttackLockedTargetStarvesHomeMates(t *testing.T) {
 	for _, tc := range []struct {
-		name            string
-		maxConns, cap   int
-		locked, others  int
+		name           string
+		maxConns, cap  int
+		locked, others int
 	}{
 		{"maxconns4-cap3-one-locked", 4, 3, 1, 3},
 		{"maxconns5-cap2-two-locked", 5, 2, 2, 4},
