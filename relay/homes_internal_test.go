@@ -94,7 +94,7 @@ func TestHomesKeepTargetsOnTheirConnection(t *testing.T) {
 	require.Equal(t, p1, p2, "which is the home's now")
 
 	// Closed: every connection goes back, those out when they come back.
-	c := h.take(0, false)
+	c := h.take(0)
 	require.NotNil(t, c, "home 0's connection is free")
 	h.tidy(time.Now(), true)
 	acquired(1, "the one out is still out")

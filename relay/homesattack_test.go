@@ -135,8 +135,8 @@ func haLock(t *testing.T, db *testdb.DB) func() {
 // what is left is a home's connection. The first version of homes kept it
 // for that home's targets (back to the pool only after homeIdle unused or
 // homeFor in all), and the hung targets' home-mates starved (1 run in 3).
-// Now a waiting acquire makes every home give its connection to the pool,
-// and an acquire facing an exhausted pool takes another home's free one.
+// Now an acquire that has waited homeWait (a second) makes every home give
+// its connection to the pool.
 //
 // Must hold: every other target publishes its rows within 20 s (before
 // homes the connection left was the pool's, shared by every target).
