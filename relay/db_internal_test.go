@@ -18,12 +18,7 @@ import (
 // statement still reading its own schema's table.
 func TestDBPreparesPerSchema(t *testing.T) { // not parallel: it lowers preparedPerConn
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testdb.ServerURL(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := poolOf(t, 1)
 
 	const countSQL = `SELECT count(*) FROM pgbox_outbox WHERE id > $1`
 	var dbs []*db

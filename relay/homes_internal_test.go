@@ -19,12 +19,7 @@ import (
 func TestHomesKeepTargetsOnTheirConnection(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testdb.ServerURL(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := poolOf(t, 4)
 	require.Nil(t, newHomes(poolOf(t, 3)), "a pool of fewer than four connections has no homes")
 
 	h := newHomes(pool)
