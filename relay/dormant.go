@@ -293,7 +293,7 @@ func (f *Fleet) ask(ctx context.Context, pool *pgxpool.Pool, rs []*Relay,
 	f.mu.Lock()
 	h := f.homes[pool]
 	f.mu.Unlock()
-	c, err := h.acquire(pctx, pool, -1) // a home's free connection, or the pool's (homes.go)
+	c, err := h.acquire(pctx, pool, -1) // the pool's; counted as waiting after homeWait (homes.go)
 	if err != nil {
 		return err
 	}
