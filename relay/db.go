@@ -165,11 +165,7 @@ func (d *db) send(ctx context.Context, sql string, queue func(b *pgx.Batch, sql 
 		// statement of the connection (DISCARD ALL, DEALLOCATE ALL, as a
 		// pooler or an operator runs them): each schema's would fail once
 		// in turn. Forget them all and prepare afresh what runs next.
-		if v, ok := preparedOn.Load(conn); ok {
-			clear(v.(map[string]bool))
-		}
-		idlePreparedOn.Delete(conn.PgConn())
-		_ = conn.DeallocateAll(ctx)
+		_ = forgetPrepared(ctx, conn)
 	case code == pgerr.CodeFeatureNotSupported:
 		// Its result changed shape (a migration): prepare it afresh.
 		forget(conn, name)
@@ -225,13 +221,11 @@ func (d *db) prepared(ctx context.Context, c *pgx.Conn, name, sql string) error 
 		return nil
 	}
 	if len(done) >= preparedPerConn {
-		// Drop them all (pgx's own too: DeallocateAll) rather than track
-		// which was used last; those still in use are prepared again.
-		if err := c.DeallocateAll(ctx); err != nil {
+		// Drop them all rather than track which was used last; those
+		// still in use are prepared again.
+		if err := forgetPrepared(ctx, c); err != nil {
 			return err
 		}
-		clear(done)
-		idlePreparedOn.Delete(c.PgConn())
 	}
 	err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, setPathSQL, d.path); err != nil {
@@ -244,6 +238,16 @@ func (d *db) prepared(ctx context.Context, c *pgx.Conn, name, sql string) error 
 		done[name] = true
 	}
 	return err
+}
+
+// forgetPrepared drops every statement prepared on c, pgx's own and the
+// Fleet's idle and watch questions too (DeallocateAll), and forgets them.
+func forgetPrepared(ctx context.Context, c *pgx.Conn) error {
+	if v, ok := preparedOn.Load(c); ok {
+		clear(v.(map[string]bool))
+	}
+	idlePreparedOn.Delete(c.PgConn())
+	return c.DeallocateAll(ctx)
 }
 
 func forget(c *pgx.Conn, name string) {
