@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pressly/goose/v3"
 
 	"github.com/pgbox/pgbox"
 	"github.com/pgbox/pgbox/internal/pgerr"
@@ -33,18 +35,24 @@ var ErrSchemaBehind = errors.New("the pgbox schema is older than this code")
 // It reads goose's version table and nothing else, writes nothing and takes
 // no lock: it works through a pooler in transaction mode, and does not wait
 // for a `relay migrate up` that is running.
-func Check(ctx context.Context, db *sql.DB) error {
-	p, err := NewProvider(db, Config{})
+func Check(ctx context.Context, db *sql.DB) error { return CheckSchema(ctx, db, "") }
+
+// CheckSchema is [Check] for the named schema, whatever the connection's
+// search_path (an empty schema is Check's: the search_path's first): a
+// relay serving many schemas of one database checks them all on one
+// connection.
+func CheckSchema(ctx context.Context, db *sql.DB, schema string) error {
+	sources, err := shippedSources(db)
 	if err != nil {
 		return err
 	}
-	applied, err := appliedVersions(ctx, db)
+	applied, err := appliedVersions(ctx, db, schema)
 	if err != nil {
 		return err
 	}
 	var at, newest int64
 	var missing []string
-	for _, s := range p.ListSources() {
+	for _, s := range sources {
 		newest = max(newest, s.Version)
 		if applied[s.Version] {
 			at = max(at, s.Version)
@@ -55,20 +63,44 @@ func Check(ctx context.Context, db *sql.DB) error {
 	if len(missing) == 0 {
 		return nil
 	}
-	schema := fmt.Sprintf("it is at version %d", at)
+	state := fmt.Sprintf("it is at version %d", at)
 	if at == 0 {
-		schema = "it was never migrated"
+		state = "it was never migrated"
 	}
 	return fmt.Errorf("migrations: %w: %s, pgbox %s needs version %d (%s not applied): run `relay migrate up` (or migrations.Up) against this database, then start again: %w",
-		ErrSchemaBehind, schema, pgbox.Version, newest, strings.Join(missing, ", "), pgerr.ErrNeedsOperator)
+		ErrSchemaBehind, state, pgbox.Version, newest, strings.Join(missing, ", "), pgerr.ErrNeedsOperator)
 }
 
-// appliedVersions reads the versions goose recorded as applied, without
-// goose's lock; none when the version table does not exist.
-func appliedVersions(ctx context.Context, db *sql.DB) (map[int64]bool, error) {
-	schema, err := currentSchema(ctx, db)
-	if err != nil {
-		return nil, err
+// shipped holds the migrations this build ships, listed once: a Fleet
+// checks every target at start.
+var shipped struct {
+	sync.Mutex
+	sources []*goose.Source
+}
+
+// shippedSources lists the migrations this build ships.
+func shippedSources(db *sql.DB) ([]*goose.Source, error) {
+	shipped.Lock()
+	defer shipped.Unlock()
+	if shipped.sources == nil {
+		p, err := NewProvider(db, Config{})
+		if err != nil {
+			return nil, err
+		}
+		shipped.sources = p.ListSources()
+	}
+	return shipped.sources, nil
+}
+
+// appliedVersions reads the versions goose recorded as applied in schema
+// (empty: the search_path's first), without goose's lock; none when the
+// version table does not exist.
+func appliedVersions(ctx context.Context, db *sql.DB, schema string) (map[int64]bool, error) {
+	if schema == "" {
+		var err error
+		if schema, err = currentSchema(ctx, db); err != nil {
+			return nil, err
+		}
 	}
 	out := map[int64]bool{}
 	if ok, err := tableExists(ctx, db, schema, TableName); err != nil || !ok {

@@ -54,6 +54,23 @@ func TestCheck(t *testing.T) {
 	require.NoError(t, migrations.Check(ctx, sqlDB))
 }
 
+// CheckSchema checks the schema it names, whatever the connection's
+// search_path: a behind schema is refused and a current one passes when
+// checked from a connection whose search_path is the other.
+func TestCheckSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	current, behind := testdb.New(t), testdb.Empty(t)
+	fromBehind, fromCurrent := behind.SQL(t), current.SQL(t)
+
+	require.NoError(t, migrations.CheckSchema(ctx, fromBehind, current.Schema))
+	err := migrations.CheckSchema(ctx, fromCurrent, behind.Schema)
+	require.ErrorIs(t, err, migrations.ErrSchemaBehind)
+	require.ErrorContains(t, err, "never migrated")
+	require.NoError(t, migrations.CheckSchema(ctx, fromCurrent, ""), "empty: the search_path's")
+	require.ErrorIs(t, migrations.CheckSchema(ctx, fromBehind, ""), migrations.ErrSchemaBehind)
+}
+
 // Check takes no lock: it answers while a migrator holds the migrations'
 // session lock (a `relay migrate up` running beneath the relays).
 func TestCheckDoesNotWaitForMigrator(t *testing.T) {

@@ -32,8 +32,6 @@ then lists every target, the worst first, and serves each target's pages under
 /t/NAME/, over the pools the relay has (no connection of its own), its figures read
 in the background, --targets-concurrency targets at a time.`
 
-const checkSchemaSQL = `SELECT 1 FROM pgbox_outbox, pgbox_relay_lanes, pgbox_inbox LIMIT 0`
-
 // cmdRun runs the relay, cleanup on its schedule, the metrics feeder and the
 // HTTP server until SIGINT/SIGTERM, then stops them all within
 // --shutdown-timeout (exit 1 if that deadline passes). With a target list

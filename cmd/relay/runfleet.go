@@ -340,8 +340,6 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 		<-watchDone
 		return err
 	}
-	fr.reconcile(runCtx, list) // before Run: the Fleet starts with the targets that passed
-
 	// The database figures of every target are read by the reader, in
 	// rounds; a scrape and the console's fleet overview show its last
 	// reads. The cleaner's counters are exported whatever --target-metrics.
@@ -382,9 +380,8 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 		defer closeConsole()
 	}
 
-	// Logged before follow starts: reconcile alone writes what it reads.
-	a.log.Info("relay running", "targets", len(list), "served", len(fr.served), "refused", len(fr.refused), "databases", len(fr.dbs),
-		"db_conn_budget", o.Targets.ConnBudget, "db_conns_planned", fr.budget.planned(), "lanes", o.Relay.Lanes,
+	a.log.Info("relay running", "targets", len(list), "databases", len(databasesOf(list)),
+		"db_conn_budget", o.Targets.ConnBudget, "lanes", o.Relay.Lanes,
 		"refresh", fmtDuration(o.Targets.Refresh), "cleanup_interval", o.CleanupInterval.String(),
 		"target_metrics", o.TargetMetrics.String(), "kafka", o.Kafka.Redacted())
 
@@ -395,7 +392,21 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 	}
 	fleetErr, httpErr := make(chan error, 1), make(chan error, 1)
 	start("relay", func() { fleetErr <- f.Run(runCtx) })
-	start("targets", func() { fr.follow(runCtx, list, changes); <-watchDone })
+	start("targets", func() {
+		// The Fleet runs first: each target starts as soon as its check
+		// passes, those with rows first (checkOrder).
+		began := time.Now()
+		fr.reconcile(runCtx, list)
+		if runCtx.Err() == nil {
+			fr.mu.Lock()
+			served, refused := len(fr.served), len(fr.refused)
+			fr.mu.Unlock()
+			a.log.Info("targets checked", "served", served, "refused", refused, "databases", len(fr.dbs),
+				"db_conns_planned", fr.budget.planned(), "took", time.Since(began).Round(time.Millisecond))
+		}
+		fr.follow(runCtx, list, changes)
+		<-watchDone
+	})
 	start("metrics", func() { exp.col.Run(runCtx) })
 	if !o.TargetMetrics.off || o.Console.Addr != "" {
 		start("target reads", func() { reader.Run(runCtx) })
@@ -525,13 +536,13 @@ func (fr *fleetRun) reconcile(ctx context.Context, list []targetSpec) {
 
 	down := map[string]error{} // databases that did not answer a check this round
 	changed = false
-	lastApply := time.Now()
-	for _, t := range list {
+	var lastApply time.Time
+	todo, rows := fr.checkOrder(ctx, list)
+	var chk checker
+	defer chk.close()
+	for _, t := range todo {
 		if ctx.Err() != nil {
 			return
-		}
-		if s, ok := fr.served[t.Name]; ok && s.verified {
-			continue
 		}
 		db, err := fr.database(ctx, t.DatabaseURL)
 		if err != nil {
@@ -540,7 +551,7 @@ func (fr *fleetRun) reconcile(ctx context.Context, list []targetSpec) {
 		}
 		err = down[t.DatabaseURL]
 		if err == nil {
-			err = fr.check(ctx, db, t)
+			err = chk.check(ctx, db, t)
 		}
 		switch {
 		case ctx.Err() != nil:
@@ -548,6 +559,9 @@ func (fr *fleetRun) reconcile(ctx context.Context, list []targetSpec) {
 		case err == nil:
 			fr.serve(t, true)
 			changed = true
+			if rows[t] > 0 { // its rows wait: it starts now
+				lastApply = time.Time{}
+			}
 		case pgerr.IsRetryable(err):
 			down[t.DatabaseURL] = err
 			if _, ok := fr.served[t.Name]; !ok {
@@ -738,18 +752,107 @@ func (fr *fleetRun) replacePools(ctx context.Context, sizes map[string]int) {
 // check runs checkTarget on one connection of its own (the target's schema
 // as its search_path), opened with the database pool's settings and
 // closed before check returns: the budget's check connection.
-func (fr *fleetRun) check(ctx context.Context, db *fleetDB, t targetSpec) error {
+// checker is a reconcile round's check connection: a pool of one
+// connection to the database of the target checked last. Checks run one
+// at a time, the targets of a database one after the other (checkOrder),
+// each naming its schema (checkTarget): a thousand schemas of a database
+// are checked on one connection, not a thousand.
+type checker struct {
+	url  string
+	pool *pgxpool.Pool
+}
+
+// check checks t on db's check connection, opened when the last check was
+// of another database.
+func (c *checker) check(ctx context.Context, db *fleetDB, t targetSpec) error {
 	ctx, cancel := context.WithTimeout(ctx, dbconf.PingTimeout)
 	defer cancel()
-	cfg := db.pool.Config()
-	cfg.ConnConfig.RuntimeParams["search_path"] = t.Schema
-	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return fmt.Errorf("target %q: database %s: %s", t.Name, dbconf.RedactDSN(db.url), dbconf.RedactErr(err, db.url))
+	if c.url != db.url {
+		c.close()
+		cfg := db.pool.Config()
+		cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return fmt.Errorf("target %q: database %s: %s", t.Name, dbconf.RedactDSN(db.url), dbconf.RedactErr(err, db.url))
+		}
+		c.url, c.pool = db.url, pool
 	}
-	defer pool.Close()
-	return checkTarget(ctx, pool, t)
+	return checkTarget(ctx, c.pool, t)
+}
+
+func (c *checker) close() {
+	if c.pool != nil {
+		c.pool.Close()
+		c.url, c.pool = "", nil
+	}
+}
+
+// outboxRowsSQL is the outbox rows of each schema of a database, as the
+// statistics have them (pg_stat_user_tables: no table is read).
+const outboxRowsSQL = `SELECT schemaname::text, n_live_tup FROM pg_stat_user_tables WHERE relname = 'pgbox_outbox'`
+
+// rowsAsk bounds how long checkOrder waits for a database's statistics.
+const rowsAsk = time.Second
+
+// checkOrder returns the targets of list that wait for a check, in the
+// order they are checked and started: those whose outbox holds rows
+// first, the most first (after a restart, the tenants with a backlog do
+// not wait for a thousand idle ones), then by database, in the list's
+// order. It also returns each target's rows by the statistics (0: none,
+// or unknown: a database that did not answer within rowsAsk).
+func (fr *fleetRun) checkOrder(ctx context.Context, list []targetSpec) ([]targetSpec, map[targetSpec]int64) {
+	var todo []targetSpec
+	dbOrder := map[string]int{}
+	for _, t := range list {
+		if s, ok := fr.served[t.Name]; ok && s.verified {
+			continue
+		}
+		if _, ok := dbOrder[t.DatabaseURL]; !ok {
+			dbOrder[t.DatabaseURL] = len(dbOrder)
+		}
+		todo = append(todo, t)
+	}
+	var mu sync.Mutex
+	bySchema := map[[2]string]int64{} // (database URL, schema) -> rows
+	var wg sync.WaitGroup
+	for url := range dbOrder {
+		db, err := fr.database(ctx, url)
+		if err != nil {
+			continue // its targets are refused with this error
+		}
+		wg.Go(func() {
+			qctx, cancel := context.WithTimeout(ctx, rowsAsk)
+			defer cancel()
+			rows, err := db.pool.Query(qctx, outboxRowsSQL)
+			if err != nil {
+				return
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var schema string
+				var n int64
+				if rows.Scan(&schema, &n) == nil && n > 0 {
+					mu.Lock()
+					bySchema[[2]string{url, schema}] = n
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	rows := make(map[targetSpec]int64, len(todo))
+	for _, t := range todo {
+		if n := bySchema[[2]string{t.DatabaseURL, t.Schema}]; n > 0 {
+			rows[t] = n
+		}
+	}
+	slices.SortStableFunc(todo, func(a, b targetSpec) int {
+		if c := cmp.Compare(rows[b], rows[a]); c != 0 {
+			return c
+		}
+		return cmp.Compare(dbOrder[a.DatabaseURL], dbOrder[b.DatabaseURL])
+	})
+	return todo, rows
 }
 
 // serve records t as served; apply gives it to the Fleet.

@@ -104,8 +104,9 @@ func TestRunTargets(t *testing.T) {
 		waitFor(t, name+" drained", 30*time.Second, func() bool { return outboxCount(t, db) == 0 })
 	}
 	require.NotContains(t, p.Output(), "cleanup does not run")
-	waitFor(t, "the running line", 10*time.Second, func() bool { return strings.Contains(p.Output(), `msg="relay running"`) })
-	require.Regexp(t, `msg="relay running" targets=5 served=4 refused=1 databases=2 db_conn_budget=20 `, p.Output())
+	waitFor(t, "the checked line", 10*time.Second, func() bool { return strings.Contains(p.Output(), `msg="targets checked"`) })
+	require.Regexp(t, `msg="relay running" targets=5 databases=2 db_conn_budget=20 `, p.Output())
+	require.Regexp(t, `msg="targets checked" served=4 refused=1 databases=2 `, p.Output())
 
 	// The behind target is refused, logged once at ERROR with the fix, and
 	// checked again at each refresh without a new line.
@@ -608,4 +609,34 @@ func checkDormantAfter(t *testing.T, set setFn) {
 	require.Equal(t, 4, lanes, p.Output())
 	require.False(t, dormant)
 	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+// After a restart the targets whose outbox holds rows are checked (and
+// started) first, the most first, then the others by database in the
+// list's order; a target already checked is not checked again. The rows
+// come from the statistics, so the test waits for them to show.
+func TestCheckOrderRowsFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a, b, c, d, e := testdb.New(t), testdb.New(t), testdb.New(t), testdb.New(t), testdb.New(t)
+	for db, n := range map[*testdb.DB]int{b: 3, d: 9, e: 20} {
+		writeRows(t, db, "t", 0, n)
+	}
+	const url = "postgres://one-database"
+	spec := func(name string, db *testdb.DB) targetSpec {
+		return targetSpec{Name: name, DatabaseURL: url, Schema: db.Schema}
+	}
+	sa, sb, sc, sd, se := spec("a", a), spec("b", b), spec("c", c), spec("d", d), spec("e", e)
+	other := targetSpec{Name: "x", DatabaseURL: "postgres://another", Schema: c.Schema}
+	fr := &fleetRun{dbs: map[string]*fleetDB{url: {url: url, pool: a.Pool}, other.DatabaseURL: {url: other.DatabaseURL, pool: a.Pool}},
+		served: map[string]servedTarget{"e": {spec: se, verified: true}}}
+	var todo []targetSpec
+	var rows map[targetSpec]int64
+	waitFor(t, "the statistics show the rows", 30*time.Second, func() bool {
+		todo, rows = fr.checkOrder(ctx, []targetSpec{sa, other, sb, sc, sd, se})
+		return rows[sb] == 3 && rows[sd] == 9
+	})
+	require.Equal(t, []targetSpec{sd, sb, sa, sc, other}, todo)
+	require.NotContains(t, rows, sa)
+	require.NotContains(t, rows, se, "a checked target is not asked about")
 }

@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgbox/pgbox/migrations"
 )
 
 // checkTarget refuses, before a command works on a target, a schema whose
@@ -14,12 +16,10 @@ import (
 // errors `relay run` gives for --schema, prefixed with the target's name
 // when it has one.
 //
-// pool may serve other schemas too (one pool per database): when its
-// connections' search_path is not t.Schema, the check runs on a connection
-// of its own with t.Schema as search_path, opened with the pool's settings
-// and closed before checkTarget returns (`relay run` passes a one-connection
-// pool with t.Schema as search_path: no other is opened). An empty t.Schema
-// is the pool's own search_path.
+// pool may serve other schemas too (one pool per database): the check
+// names t.Schema in each statement, whatever its connections' search_path,
+// so a Fleet checks every schema of a database on one connection. An empty
+// t.Schema is the pool's own search_path.
 func checkTarget(ctx context.Context, pool *pgxpool.Pool, t targetSpec) error {
 	err := checkPgboxTables(ctx, pool, t.Schema)
 	if err == nil || t.Name == "" {
@@ -41,19 +41,22 @@ func checkPgboxTables(ctx context.Context, pool *pgxpool.Pool, schema string) er
 				schema, pool.Config().ConnConfig.Database, pgx.Identifier{schema}.Sanitize())
 		}
 	}
-	if schema != "" && pool.Config().ConnConfig.RuntimeParams["search_path"] != schema {
-		cfg := pool.Config()
-		cfg.ConnConfig.RuntimeParams["search_path"] = schema
-		cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 2, 0, 0
-		own, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			return fmt.Errorf("check schema %q: %w", schema, err)
-		}
-		defer own.Close()
-		pool = own
-	}
-	if _, err := pool.Exec(ctx, checkSchemaSQL); err != nil {
+	if _, err := pool.Exec(ctx, checkTablesSQL(schema)); err != nil {
 		return schemaHint(fmt.Errorf("check pgbox tables: %w", err))
 	}
-	return refuseOlderSchema(ctx, pool)
+	db := sqlDB(pool)
+	defer db.Close()
+	return migrations.CheckSchema(ctx, db, schema)
+}
+
+// checkTablesSQL reads none of pgbox's tables in schema (empty: the
+// search_path's), and fails when one is missing or not granted.
+func checkTablesSQL(schema string) string {
+	q := func(table string) string {
+		if schema == "" {
+			return table
+		}
+		return pgx.Identifier{schema, table}.Sanitize()
+	}
+	return "SELECT 1 FROM " + q("pgbox_outbox") + ", " + q("pgbox_relay_lanes") + ", " + q("pgbox_inbox") + " LIMIT 0"
 }
