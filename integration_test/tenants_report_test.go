@@ -20,6 +20,9 @@ type tenantsReport struct {
 	Idle       idleResult
 	Base       tenantsSide // plain single-target relay
 	Fleet      tenantsSide // the fleet relay over every target
+	// Added is the drain of a target added to the running fleet (the list
+	// re-read on SIGHUP) while every other target idles.
+	Added      drainResult
 	Written    int64
 	Published  int64
 	Duplicates int64
@@ -135,6 +138,10 @@ func (r *tenantsReport) markdown() string {
 		allUp = fmt.Sprintf("%.2f s", fd.AllUp.Seconds())
 	}
 	p("| | process start → all %d targets running (/metrics) | %s | | | |\n", n, allUp)
+	ad := r.Added
+	p("| drain: %d rows in a target added to the running fleet | list re-read (SIGHUP) → last record on Kafka | %s (the %d others idle) | %s (process start) | %s | %s / %s |\n",
+		ad.Rows, took(ad), n, took(bd), ratio(ad.Took.Seconds(), bd.Took.Seconds()), ad.Load, bd.Load)
+	p("| | rows/s (goal: fleet ≥ 0.9× baseline) | %.0f | %.0f | %s | |\n", drainRate(ad), drainRate(bd), ratio(drainRate(ad), drainRate(bd)))
 
 	p("\nCorrectness (the only pass/fail): %d events committed, %d distinct arrived, %d duplicate records (at least once allows them), %d records checked: topic = the tenant the value names",
 		r.Written, r.Published, r.Duplicates, r.Checked)
@@ -182,7 +189,7 @@ How each figure is taken:
 - **Idle**: after the fleet drained its backlog, a %v warm-up and the fleet's --dormant-after plus 10 s (the steady state of idle targets: dormant), nothing is written for %v. Transactions are pg_stat_database's xact_commit + xact_rollback over the scenario's databases only (the sampler connects to another); statements are pg_stat_statements calls there. Both divided by the seconds and the targets. Connections are the pgbox-relay sessions in pg_stat_activity at the end; CPU is /proc/<pid>/stat utime + stime over the window; RSS is VmRSS; the heap and goroutines come from the relay's /metrics.
 - **Memory per target**: the fleet's idle RSS (and heap) minus the same binary's with a one-line target list after the same warm-up, over the other targets. RSS includes what the Go runtime has not returned to the OS, so it moves by a few MiB between runs.
 - **Active**: writers commit %d transactions/s, each one outbox row through outbox.Writer with Config.Notify, their search_path set to the target's schema (set_config(..., true)); the target is picked at random among the active ones. The commit time is taken when COMMIT returns, the arrival when a separate consumer (its own Kafka client) receives the record; the value carries the event's sequence number and tenant. The figures cover the events committed in the %v window after a %v warm-up, every one of which arrived.
-- **Drain**: the backlog is written in one INSERT while no relay runs (the fleet's target and the baseline's schema each have theirs). The clock starts just before the relay process starts and stops when the consumer has seen the last of its records: it covers the process's start, the check of every target and, for the fleet, the other targets starting beside it.
+- **Drain**: the backlog is written in one INSERT while no relay runs (the fleet's target and the baseline's schema each have theirs). The clock starts just before the relay process starts and stops when the consumer has seen the last of its records: it covers the process's start, the check of every target and, for the fleet, the other targets starting beside it. **Added**: a third backlog, written with the other two, belongs to a target in no list; after the idle phase its line is added to the running fleet's list (the file replaced) and the fleet sent SIGHUP (re-read the list now). The clock starts just before the file is replaced and stops when the consumer has seen the last record: it covers the re-read, the target's check and start beside the idle others (dormant), and the drain. The baseline's figure is its process start, as above.
 `, sc.Warmup, sc.Idle, sc.Rate, sc.ActiveFor, sc.Warmup)
 	return b.String()
 }

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -69,7 +70,8 @@ func (sc tenantsScale) targets() int { return sc.Schemas + sc.DBs*sc.DBSchemas }
 const (
 	tenantsDB          = "tenants" // the large database
 	tenantsPartitions  = 3
-	tenantsSoloSchema  = "solo" // the baseline's schema: in the large database, not in the fleet's list
+	tenantsSoloSchema  = "solo"  // the baseline's schema: in the large database, not in the fleet's list
+	tenantsAddedSchema = "added" // the target added to the running fleet: in the large database
 	tenantsValuePrefix = "seq=000000000000 tenant="
 )
 
@@ -194,6 +196,7 @@ type tenants struct {
 	fleet   []tenantTarget
 	actives []tenantTarget
 	drained tenantTarget
+	added   tenantTarget // in no list the fleet starts with: added while it runs
 	files   struct{ all, fleet, one string }
 	seq     atomic.Int64
 	m       *meter
@@ -260,7 +263,8 @@ func startTenants(ctx context.Context, t *testing.T, sc tenantsScale) *tenants {
 		require.NoError(t, tn.pg.CreateDatabase(ctx, db))
 	}
 	solo := tenantTarget{name: tenantsSoloSchema, schema: tenantsSoloSchema, db: tenantsDB}
-	tn.files.all = tn.writeTargets("all.txt", append(slices.Clone(tn.fleet), solo))
+	tn.added = tenantTarget{name: tenantsAddedSchema, schema: tenantsAddedSchema, db: tenantsDB}
+	tn.files.all = tn.writeTargets("all.txt", append(slices.Clone(tn.fleet), solo, tn.added))
 	tn.files.fleet = tn.writeTargets("fleet.txt", tn.fleet)
 	tn.files.one = tn.writeTargets("one.txt", tn.fleet[len(tn.fleet)-1:])
 
@@ -269,7 +273,7 @@ func startTenants(ctx context.Context, t *testing.T, sc tenantsScale) *tenants {
 		"--database-url", tn.pg.URL(tenantsDB), "--migrate-concurrency", "4").CombinedOutput()
 	require.NoError(t, err, "relay migrate up: %s", lastLines(out, 20))
 	tn.rep.Migrate = time.Since(start)
-	fmt.Printf("tenants: %d targets migrated in %v\n", len(tn.fleet)+1, tn.rep.Migrate.Round(time.Second))
+	fmt.Printf("tenants: %d targets migrated in %v\n", len(tn.fleet)+2, tn.rep.Migrate.Round(time.Second))
 
 	port, err := pgcluster.FreePort()
 	require.NoError(t, err)
@@ -285,7 +289,7 @@ func startTenants(ctx context.Context, t *testing.T, sc tenantsScale) *tenants {
 	require.NoError(t, tn.broker.Start())
 	require.NoError(t, waitListening(ctx, tn.addr))
 	var topics []string
-	for _, tg := range append(slices.Clone(tn.actives), tn.drained, solo) {
+	for _, tg := range append(slices.Clone(tn.actives), tn.drained, tn.added, solo) {
 		topics = append(topics, tenantsTopic(tg.name))
 	}
 	admin, err := newAdmin(tn.addr)
@@ -322,8 +326,11 @@ func (tn *tenants) writeTargets(name string, list []tenantTarget) string {
 	for _, tg := range list {
 		fmt.Fprintf(&b, "%s %s %s\n", tg.name, tg.schema, tn.pg.URL(tg.db))
 	}
+	// Replaced, not rewritten in place: a running fleet re-reading the
+	// file reads the old list or the new one, never half of it.
 	path := filepath.Join(tn.dir, name)
-	require.NoError(tn.t, os.WriteFile(path, []byte(b.String()), 0o644))
+	require.NoError(tn.t, os.WriteFile(path+".new", []byte(b.String()), 0o644))
+	require.NoError(tn.t, os.Rename(path+".new", path))
 	return path
 }
 
@@ -368,7 +375,7 @@ func (tn *tenants) run(ctx context.Context) *tenantsReport {
 		return b
 	}
 	soloTarget := tenantTarget{name: tenantsSoloSchema, schema: tenantsSoloSchema, db: tenantsDB}
-	soloBacklog, fleetBacklog := backlog(soloTarget), backlog(tn.drained)
+	soloBacklog, fleetBacklog, addedBacklog := backlog(soloTarget), backlog(tn.drained), backlog(tn.added)
 
 	// Memory of the binary serving a one-line list.
 	fmt.Printf("tenants: one target, idle (load %s)\n", loadAverage())
@@ -396,6 +403,14 @@ func (tn *tenants) run(ctx context.Context) *tenantsReport {
 	tn.sleep(ctx, sc.Warmup+sc.Dormant+10*time.Second)
 	fmt.Printf("tenants: fleet idle (load %s)\n", loadAverage())
 	rep.Idle = tn.idle(ctx)
+	// A tenant added to the idle fleet: its backlog was written with the
+	// others, while no relay served it; the clock starts as its line is
+	// added to the list, and the list is re-read at once (SIGHUP).
+	fmt.Printf("tenants: fleet drain, target added (load %s)\n", loadAverage())
+	rep.Added = tn.drain(ctx, addedBacklog, func() {
+		tn.writeTargets("fleet.txt", append(slices.Clone(tn.fleet), tn.added))
+		require.NoError(t, tn.relay.Signal(syscall.SIGHUP))
+	})
 	fmt.Printf("tenants: fleet active (load %s)\n", loadAverage())
 	rep.Fleet.Active = tn.active(ctx, tn.actives)
 	tn.stopRelay()
@@ -407,7 +422,7 @@ func (tn *tenants) run(ctx context.Context) *tenantsReport {
 	if n := tn.m.missing(); n > 0 {
 		// Not on Kafka is lost only when not in its outbox either: a relay
 		// too slow to publish it leaves it there.
-		waiting := tn.unpublished(ctx, append([]tenantTarget{soloTarget, tn.drained}, tn.actives...))
+		waiting := tn.unpublished(ctx, append([]tenantTarget{soloTarget, tn.drained, tn.added}, tn.actives...))
 		rep.Unpublished = waiting
 		if int64(n) > waiting {
 			rep.Lost = fmt.Sprintf("%d committed events never reached Kafka, and only %d rows are still in the outboxes", n, waiting)

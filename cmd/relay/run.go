@@ -22,9 +22,9 @@ const runDoc = `Publish the outbox to Kafka (relay) and prune old rows on a sche
 Serves /metrics, /healthz and /readyz on --http-addr, the operator console on --console-addr.
 Stops on SIGINT/SIGTERM within --shutdown-timeout.
 With --targets or --targets-query: serves every target of the list in this process,
-re-reading it every --targets-refresh, within --db-conn-budget database connections;
-a target whose schema is missing or behind is refused alone (logged at ERROR, checked
-again at each refresh). Every --cleanup-interval each served target is pruned under its
+re-reading it every --targets-refresh and on SIGHUP, within --db-conn-budget database
+connections; a target whose schema is missing or behind is refused alone (logged at
+ERROR, checked again at each refresh), those whose outbox holds rows checked first. Every --cleanup-interval each served target is pruned under its
 own cleanup lease, and every --targets-refresh each one's database figures are read for
 /metrics (the fleet's totals, and series of their own for the targets --target-metrics
 chooses), both --targets-concurrency targets at a time. The console (--console-addr)

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"maps"
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -639,4 +641,23 @@ func TestCheckOrderRowsFirst(t *testing.T) {
 	require.Equal(t, []targetSpec{sd, sb, sa, sc, other}, todo)
 	require.NotContains(t, rows, sa)
 	require.NotContains(t, rows, se, "a checked target is not asked about")
+}
+
+// SIGHUP re-reads the target list at once: a tenant added to the file is
+// served (its rows published) long before the next --targets-refresh, and
+// the process keeps running.
+func TestRunTargetsSIGHUP(t *testing.T) {
+	t.Parallel()
+	acme, globex := testdb.New(t), testdb.New(t)
+	c := kafkatest.New(t, kfake.SeedTopics(2, "t-acme", "t-globex"))
+	writeRows(t, globex, "t-globex", 0, 5)
+	file := writeFile(t, "targets.txt", "acme "+acme.Schema+"\n")
+	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_TARGETS_REFRESH=1h"), "run")
+	waitFor(t, "acme checked", 15*time.Second, func() bool { return strings.Contains(p.Output(), `msg="targets checked" served=1`) })
+	require.NoError(t, os.WriteFile(file, []byte("acme "+acme.Schema+"\nglobex "+globex.Schema+"\n"), 0o644))
+	require.NoError(t, p.Cmd.Process.Signal(syscall.SIGHUP))
+	require.Len(t, eventIDs(t, c, "t-globex", 5), 5)
+	require.Contains(t, p.Output(), `msg="SIGHUP: re-reading the target list"`)
+	require.Regexp(t, `msg="target list changed"[^\n]*added=\[globex\]`, p.Output())
+	require.Equal(t, 0, p.stop(t), p.Output())
 }

@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -77,7 +79,7 @@ func (t *targetOptions) bind(s *settings, has map[string]bool) {
 		"PostgreSQL URL or key=value DSN of the database --targets-query runs on (empty: --database-url)").dsn = true
 	if has[groupTargetsWatch] {
 		s.duration(&t.Refresh, g, "targets-refresh", "PGBOX_TARGETS_REFRESH", targetsRefreshDefault, time.Second,
-			"how often a running command re-reads --targets or --targets-query; a failed read is logged and the previous list kept")
+			"how often a running command re-reads --targets or --targets-query (SIGHUP re-reads at once); a failed read is logged and the previous list kept")
 	}
 	if has[groupRelay] {
 		s.duration(&t.DormantAfter, g, "dormant-after", "PGBOX_DORMANT_AFTER", relay.DormantAfterDefault, 0,
@@ -444,7 +446,7 @@ func loadTargets(ctx context.Context, a *app) ([]targetSpec, error) {
 
 // watchTargets reads the target list once and returns it (or the error
 // that read met); then, until ctx ends, it re-reads the list every
-// --targets-refresh and calls onChange with the new list whenever it
+// --targets-refresh and on SIGHUP, and calls onChange with the new list whenever it
 // differs from the last one (a target added, removed, or with another
 // schema or database; not the order). A failed re-read keeps the previous
 // list: it is logged at WARN when the reads start failing and at INFO when
@@ -472,9 +474,14 @@ func watchTargets(ctx context.Context, a *app, onChange func([]targetSpec)) (lis
 	if every <= 0 {
 		every = targetsRefreshDefault
 	}
+	// SIGHUP re-reads the list at once: an operator (or a provisioning
+	// job) that just added a tenant need not wait for the next refresh.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
 		defer close(ch)
 		defer src.close()
+		defer signal.Stop(hup)
 		w := targetWatch{src: src, log: a.log, last: list, onChange: onChange}
 		tick := time.NewTicker(every)
 		defer tick.Stop()
@@ -482,6 +489,9 @@ func watchTargets(ctx context.Context, a *app, onChange func([]targetSpec)) (lis
 			select {
 			case <-ctx.Done():
 				return
+			case <-hup:
+				w.log.Info("SIGHUP: re-reading the target list", "source", src.what)
+				w.reread(ctx)
 			case <-tick.C:
 				w.reread(ctx)
 			}
