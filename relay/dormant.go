@@ -35,7 +35,8 @@ import (
 //     question only), and wakes the targets that hold rows, failed or
 //     answered slowly. A thousand idle schemas cost one round trip a
 //     second, and read-only transactions write no WAL.
-//   - A target starts dormant, and goes dormant again once idle for
+//   - A target starts dormant (unless the statistics show rows in its
+//     outbox: startrows.go), and goes dormant again once idle for
 //     DormantAfter: its heartbeat gives up
 //     its lanes and stops renewing them; its instance row stays, marked
 //     dormant (dormantSQL), renewed every dormantBeat. Writers with
@@ -83,6 +84,7 @@ ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED
 type fleetIdle struct {
 	polled bool          // the Fleet polls for this relay while it is idle
 	after  time.Duration // DormantAfter; negative: never dormant
+	awake  bool          // it starts awake: its outbox holds rows (startrows.go)
 	// kick asks the pool's poll to ask soon (a target started: its rows
 	// must not wait a PollInterval); fresh is set until that poll asked.
 	kick  chan struct{}

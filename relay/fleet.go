@@ -153,6 +153,7 @@ type poolLoops struct {
 	cancel context.CancelFunc
 	kick   chan struct{} // a target started: ask it now (fleetIdle.kick)
 	watch  chan struct{} // a target started watching (sharedWatch.kick)
+	rows   *startRows    // which targets start awake (startrows.go)
 }
 
 type fleetTarget struct {
@@ -435,6 +436,7 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 			r.shared = &sharedWatch{kick: loops.watch}
 		}
 		f.mu.Unlock()
+		r.idleState.awake = r.idleState.polled && loops.rows.awake(ctx, ft.t.Pool, ft.t.Schema)
 		r.idleState.fresh.Store(true)
 		r.emptySlow = f.emptySlow
 		r.db.slots = make(chan struct{}, max(1, min(f.cfg.MaxConnsPerTarget, int(ft.t.Pool.Config().MaxConns)-1)))
@@ -528,7 +530,7 @@ func (f *Fleet) listenPools() {
 			continue
 		}
 		ctx, cancel := context.WithCancel(f.ctx)
-		l := poolLoops{cancel: cancel, kick: make(chan struct{}, 1), watch: make(chan struct{}, 1)}
+		l := poolLoops{cancel: cancel, kick: make(chan struct{}, 1), watch: make(chan struct{}, 1), rows: &startRows{}}
 		f.pools[p] = l
 		f.wg.Go(func() { f.listenLoop(ctx, p) })
 		f.wg.Go(func() { f.pollLoop(ctx, p, l.kick) })

@@ -28,7 +28,8 @@ func (r *Relay) workLoop(ctx context.Context, p *producer, stop context.CancelCa
 	defer r.countWatching(&w, false)
 	defer r.stopShared()
 	if r.idleState.wanted.Load() && (r.idleState.dormant.Load() || r.setSleeping(ctx, true)) {
-		// A Fleet's target starts dormant (Run), its sleeping flag set
+		// A Fleet's target starts dormant (Run; unless it starts awake:
+		// startrows.go), its sleeping flag set
 		// (dormantSQL, or here) so that writers notify it; without its
 		// instance row yet, it starts as any relay does.
 		w.asleep, w.asleepAt = true, time.Now()

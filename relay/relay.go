@@ -186,8 +186,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	// A Fleet's target starts dormant: it registers as such and takes its
 	// lanes when the Fleet's idle poll or a notification finds rows
 	// (dormant.go), so a thousand targets starting at once do not all
-	// heartbeat, count their backlogs and claim.
-	r.idleState.wanted.Store(r.idleState.polled && r.idleState.after >= 0)
+	// heartbeat, count their backlogs and claim; unless the statistics
+	// show rows in its outbox (startrows.go).
+	r.idleState.wanted.Store(r.idleState.polled && r.idleState.after >= 0 && !r.idleState.awake)
 	r.idleState.dormant.Store(false)
 	runCtx, cancel := context.WithCancelCause(ctx)
 	var wg sync.WaitGroup

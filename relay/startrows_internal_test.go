@@ -1,0 +1,72 @@
+package relay
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/outbox"
+)
+
+// A Fleet's target whose outbox the statistics show holding rows starts
+// awake (it takes its lanes and publishes without waiting for the idle
+// poll); one whose outbox is empty starts dormant, as before. The idle
+// poll does not run here, so the awake target's rows are not found by it.
+func TestFleetStartsAwakeWithRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := kafkatest.New(t)
+	kafkatest.CreateTopic(t, c.ListenAddrs(), "w", 1, nil)
+	pool, err := pgxpool.New(ctx, testdb.ServerURL(t))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	busy, quiet := testdb.New(t), testdb.New(t)
+	require.NoError(t, pgx.BeginFunc(ctx, busy.Pool, func(tx pgx.Tx) error {
+		return outbox.Write(ctx, tx, outbox.Message{Topic: "w", Value: []byte("a")}, outbox.Message{Topic: "w", Value: []byte("b")})
+	}))
+	deadline := time.Now().Add(30 * time.Second)
+	for !readStartRows(ctx, pool)[busy.Schema] {
+		require.True(t, time.Now().Before(deadline), "the statistics never showed the rows")
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.False(t, readStartRows(ctx, pool)[quiet.Schema])
+
+	kc := kafkatest.Config()
+	kc.Producer.RequiredAcks = -1
+	f, err := NewFleet(FleetConfig{Relay: Config{Brokers: c.ListenAddrs(), Kafka: kc, HeartbeatInterval: 100 * time.Millisecond,
+		LeaseTTL: time.Second},
+		Targets: []Target{{Name: "busy", Pool: pool, Schema: busy.Schema}, {Name: "quiet", Pool: pool, Schema: quiet.Schema}}})
+	require.NoError(t, err)
+	// No idle poll, watch or LISTEN for the pool: a target that starts
+	// dormant is never woken, one that starts awake publishes.
+	f.mu.Lock()
+	f.pools[pool] = poolLoops{cancel: func() {}, kick: make(chan struct{}, 1), rows: &startRows{}}
+	f.mu.Unlock()
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(runCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	state := func(name string) TargetState {
+		for _, s := range f.Targets() {
+			if s.Name == name {
+				return s
+			}
+		}
+		return TargetState{}
+	}
+	for state("busy").Stats.Published < 2 || !state("quiet").Dormant {
+		require.True(t, time.Now().Before(deadline.Add(30*time.Second)), "busy %+v, quiet %+v", state("busy"), state("quiet"))
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.False(t, state("busy").Dormant)
+	require.Zero(t, state("quiet").Stats.Lanes, "the quiet target started dormant")
+}
