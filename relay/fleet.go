@@ -154,6 +154,7 @@ type poolLoops struct {
 	kick   chan struct{} // a target started: ask it now (fleetIdle.kick)
 	watch  chan struct{} // a target started watching (sharedWatch.kick)
 	rows   *startRows    // which targets start awake (startrows.go)
+	starts startGate     // the targets preparing their lanes at start (startrows.go)
 }
 
 type fleetTarget struct {
@@ -441,6 +442,9 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 		r.emptySlow = f.emptySlow
 		r.db.slots = make(chan struct{}, max(1, min(f.cfg.MaxConnsPerTarget, int(ft.t.Pool.Config().MaxConns)-1)))
 		f.set(ft, "running", nil, r)
+		if !r.idleState.awake {
+			r.laned = loops.starts.enter(ctx)
+		}
 		started := time.Now()
 		err = r.Run(ctx)
 		if time.Since(started) > time.Minute {
@@ -530,7 +534,8 @@ func (f *Fleet) listenPools() {
 			continue
 		}
 		ctx, cancel := context.WithCancel(f.ctx)
-		l := poolLoops{cancel: cancel, kick: make(chan struct{}, 1), watch: make(chan struct{}, 1), rows: &startRows{}}
+		l := poolLoops{cancel: cancel, kick: make(chan struct{}, 1), watch: make(chan struct{}, 1), rows: &startRows{},
+			starts: make(startGate, max(1, p.Config().MaxConns/4))}
 		f.pools[p] = l
 		f.wg.Go(func() { f.listenLoop(ctx, p) })
 		f.wg.Go(func() { f.pollLoop(ctx, p, l.kick) })

@@ -47,6 +47,7 @@ type Relay struct {
 	watchers     *atomic.Int64
 	watchRate    int
 	shared       *sharedWatch // the pool's watch asks for it (nil: it watches itself)
+	laned        func()       // called once its lanes are prepared at start (nil: nothing to call)
 	// emptyPausedUntil: nothingToClaim does not ask until then; owned by
 	// the work loop.
 	emptyPausedUntil time.Time
@@ -172,7 +173,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 
-	if err := retry(ctx, r, "prepare lanes", r.ensureLanes); err != nil {
+	err := retry(ctx, r, "prepare lanes", r.ensureLanes)
+	if r.laned != nil {
+		r.laned()
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -195,7 +200,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	wg.Go(func() { r.heartbeatLoop(runCtx, cancel) })
 	wg.Go(func() { r.countLoop(runCtx) })
 	var prod *producer
-	err := retry(runCtx, r, "connect to Kafka", func(ctx context.Context) error {
+	err = retry(runCtx, r, "connect to Kafka", func(ctx context.Context) error {
 		p, err := newProducer(ctx, r.cfg.Brokers, r.cfg.Kafka, r.kc)
 		prod = p
 		return err

@@ -76,3 +76,33 @@ func readStartRows(ctx context.Context, pool *pgxpool.Pool) map[string]bool {
 	}
 	return has
 }
+
+// startGate bounds the targets of a pool that start dormant preparing
+// their lanes at once (the transaction of Relay.ensureLanes): a thousand
+// targets starting together took the pool's connections from the targets
+// already draining a backlog (make tenants: the drain beside 1,000
+// starting targets). A target that starts awake does not wait for it.
+type startGate chan struct{}
+
+// startGateHold is the longest one start holds its place: a target whose
+// lanes table is locked (an operator's transaction) retries with backoff,
+// and must not hold back every other target of its pool meanwhile.
+const startGateHold = time.Second
+
+// enter waits for a place (until ctx ends; a nil gate has room for
+// all) and returns its release: call it once the lanes are prepared; it
+// is also called startGateHold after entering.
+func (g startGate) enter(ctx context.Context) func() {
+	if g == nil {
+		return nil
+	}
+	select {
+	case g <- struct{}{}:
+	case <-ctx.Done():
+		return nil
+	}
+	var once sync.Once
+	release := func() { once.Do(func() { <-g }) }
+	time.AfterFunc(startGateHold, release)
+	return release
+}
