@@ -56,13 +56,7 @@ func TestFleetCountsWatchers(t *testing.T) {
 	f, err := NewFleet(FleetConfig{Relay: Config{Brokers: c.ListenAddrs(), Kafka: kc, HeartbeatInterval: 100 * time.Millisecond, LeaseTTL: time.Second},
 		Targets: ts, DormantAfter: -1}) // every target takes its lanes at start (it would start dormant)
 	require.NoError(t, err)
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- f.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	runFleet(t, f)
 	waitUntil := func(what string, cond func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)

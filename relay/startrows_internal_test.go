@@ -48,13 +48,7 @@ func TestFleetStartsAwakeWithRows(t *testing.T) {
 	f.mu.Lock()
 	f.pools[pool] = poolLoops{cancel: func() {}, kick: make(chan struct{}, 1), rows: &startRows{}}
 	f.mu.Unlock()
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- f.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	runFleet(t, f)
 	state := func(name string) TargetState {
 		for _, s := range f.Targets() {
 			if s.Name == name {
@@ -69,4 +63,17 @@ func TestFleetStartsAwakeWithRows(t *testing.T) {
 	}
 	require.False(t, state("busy").Dormant)
 	require.Zero(t, state("quiet").Stats.Lanes, "the quiet target started dormant")
+}
+
+// runFleet runs f until the test ends, and then checks that Run returned
+// nil.
+func runFleet(t *testing.T, f *Fleet) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
 }
