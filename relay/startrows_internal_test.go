@@ -77,3 +77,58 @@ func runFleet(t *testing.T, f *Fleet) {
 		require.NoError(t, <-done)
 	})
 }
+
+// A target that cannot prepare its lanes (its lanes table locked by an
+// operator's transaction) holds its place at the start gate for at most
+// startGateHold: the other targets of its pool start behind it.
+func TestFleetStartGateLockedTarget(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := kafkatest.New(t)
+	cfg, err := pgxpool.ParseConfig(testdb.ServerURL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 4 // a gate of one place
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	locked := testdb.New(t)
+	tx, err := locked.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, `LOCK TABLE pgbox_relay_lanes IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	ts := []Target{{Name: "locked", Pool: pool, Schema: locked.Schema}}
+	kc := kafkatest.Config()
+	kc.Producer.RequiredAcks = -1
+	f, err := NewFleet(FleetConfig{Relay: Config{Brokers: c.ListenAddrs(), Kafka: kc, HeartbeatInterval: 100 * time.Millisecond,
+		LeaseTTL: time.Second}, Targets: ts})
+	require.NoError(t, err)
+	runFleet(t, f)
+	time.Sleep(300 * time.Millisecond) // the locked target has the place
+	f.mu.Lock()
+	require.Equal(t, 1, cap(f.pools[pool].starts), "MaxConns/4")
+	f.mu.Unlock()
+	for i := range 3 {
+		ts = append(ts, Target{Name: string(rune('a' + i)), Pool: pool, Schema: testdb.New(t).Schema})
+	}
+	require.NoError(t, f.SetTargets(ts))
+	dormant := func() (n int) {
+		for _, s := range f.Targets() {
+			if s.Dormant {
+				n++
+			}
+		}
+		return n
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for dormant() < 3 {
+		require.True(t, time.Now().Before(deadline), "%+v", f.Targets())
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, s := range f.Targets() {
+		if s.Name == "locked" {
+			require.False(t, s.Dormant, "its lanes are still locked")
+		}
+	}
+}
