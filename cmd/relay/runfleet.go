@@ -803,19 +803,23 @@ const rowsAsk = time.Second
 func (fr *fleetRun) checkOrder(ctx context.Context, list []targetSpec) ([]targetSpec, map[targetSpec]int64) {
 	var todo []targetSpec
 	dbOrder := map[string]int{}
+	var urls []string // dbOrder's keys in the list's order
 	for _, t := range list {
 		if s, ok := fr.served[t.Name]; ok && s.verified {
 			continue
 		}
 		if _, ok := dbOrder[t.DatabaseURL]; !ok {
 			dbOrder[t.DatabaseURL] = len(dbOrder)
+			urls = append(urls, t.DatabaseURL)
 		}
 		todo = append(todo, t)
 	}
 	var mu sync.Mutex
 	bySchema := map[[2]string]int64{} // (database URL, schema) -> rows
 	var wg sync.WaitGroup
-	for url := range dbOrder {
+	// In the list's order: when the budget has room for only some new
+	// databases, the first listed get it, as before checkOrder.
+	for _, url := range urls {
 		db, err := fr.database(ctx, url)
 		if err != nil {
 			continue // its targets are refused with this error

@@ -686,7 +686,8 @@ func TestAttackSIGHUPDuringBlockedFirstRound(t *testing.T) {
 	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
-// Attack (DEFECT, FAILS today): when the budget has room for only some
+// Attack (DEFECT, fixed in the commit after the one adding this test):
+// when the budget has room for only some
 // of the databases added to a running list, which database gets its pool
 // must not be random. Before c024f14 reconcile opened the databases as it
 // met their targets, in the list's order (the first listed got the room,
