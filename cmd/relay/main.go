@@ -32,6 +32,9 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP never stops the process (Go's default would): a command that
+	// follows a target list re-reads it (watchTargets); the others ignore it.
+	signal.Notify(hups, syscall.SIGHUP)
 	code := realMain(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
 	stop()
 	os.Exit(code)

@@ -20,7 +20,8 @@ import (
 
 const runDoc = `Publish the outbox to Kafka (relay) and prune old rows on a schedule (cleanup).
 Serves /metrics, /healthz and /readyz on --http-addr, the operator console on --console-addr.
-Stops on SIGINT/SIGTERM within --shutdown-timeout.
+Stops on SIGINT/SIGTERM within --shutdown-timeout; SIGHUP re-reads a target list and is
+otherwise ignored.
 With --targets or --targets-query: serves every target of the list in this process,
 re-reading it every --targets-refresh and on SIGHUP, within --db-conn-budget database
 connections; a target whose schema is missing or behind is refused alone (logged at

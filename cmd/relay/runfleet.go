@@ -562,7 +562,11 @@ func (fr *fleetRun) reconcile(ctx context.Context, list []targetSpec) {
 			if rows[t] > 0 { // its rows wait: it starts now
 				lastApply = time.Time{}
 			}
-		case pgerr.IsRetryable(err):
+		case pgerr.IsRetryable(err) && !pgerr.IsLockTimeout(err):
+			// The database did not answer. (A lock on one target's table,
+			// checkLockTimeout, is that target's alone: refused below and
+			// checked again at the next refresh; before, it made every
+			// later target of its database served unchecked.)
 			down[t.DatabaseURL] = err
 			if _, ok := fr.served[t.Name]; !ok {
 				fr.log.Warn("target's database did not answer its check: the relay serves it, retrying, and checks it again at the next refresh",
@@ -771,6 +775,9 @@ func (c *checker) check(ctx context.Context, db *fleetDB, t targetSpec) error {
 		c.close()
 		cfg := db.pool.Config()
 		cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
+		// A target whose table is locked (a long migration, an operator's
+		// LOCK) fails its check quickly, alone, not the whole round.
+		cfg.ConnConfig.RuntimeParams["lock_timeout"] = checkLockTimeout
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			return fmt.Errorf("target %q: database %s: %s", t.Name, dbconf.RedactDSN(db.url), dbconf.RedactErr(err, db.url))
@@ -786,6 +793,9 @@ func (c *checker) close() {
 		c.url, c.pool = "", nil
 	}
 }
+
+// checkLockTimeout bounds how long a check waits for a lock on a table.
+const checkLockTimeout = "2s"
 
 // outboxRowsSQL is the outbox rows of each schema of a database, as the
 // statistics have them (pg_stat_user_tables: no table is read).

@@ -8,11 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"regexp"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -444,6 +442,12 @@ func loadTargets(ctx context.Context, a *app) ([]targetSpec, error) {
 	return src.load(ctx)
 }
 
+// hups receives the process's SIGHUPs (main): an operator (or a
+// provisioning job) that just added a tenant need not wait for the next
+// refresh. Buffered: one that comes before the watch starts re-reads the
+// list once it does; a command without a list never reads it.
+var hups = make(chan os.Signal, 1)
+
 // watchTargets reads the target list once and returns it (or the error
 // that read met); then, until ctx ends, it re-reads the list every
 // --targets-refresh and on SIGHUP, and calls onChange with the new list whenever it
@@ -474,14 +478,9 @@ func watchTargets(ctx context.Context, a *app, onChange func([]targetSpec)) (lis
 	if every <= 0 {
 		every = targetsRefreshDefault
 	}
-	// SIGHUP re-reads the list at once: an operator (or a provisioning
-	// job) that just added a tenant need not wait for the next refresh.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
 		defer close(ch)
 		defer src.close()
-		defer signal.Stop(hup)
 		w := targetWatch{src: src, log: a.log, last: list, onChange: onChange}
 		tick := time.NewTicker(every)
 		defer tick.Stop()
@@ -489,7 +488,7 @@ func watchTargets(ctx context.Context, a *app, onChange func([]targetSpec)) (lis
 			select {
 			case <-ctx.Done():
 				return
-			case <-hup:
+			case <-hups:
 				w.log.Info("SIGHUP: re-reading the target list", "source", src.what)
 				w.reread(ctx)
 			case <-tick.C:
