@@ -102,7 +102,7 @@ func cleanTarget(ctx context.Context, a *app, t targetSpec, kafka *onceKafka, lo
 	if err := requireSchema(ctx, pool, t); err != nil {
 		return rep, "", err
 	}
-	if err := checkPgboxTables(ctx, pool, ""); err != nil {
+	if err := checkPgboxTables(ctx, pool, "", 0); err != nil {
 		return rep, "", err
 	}
 	cfg := a.cleanupConfig(pool, kafka, a.opts.DryRun)

@@ -151,27 +151,30 @@ func TestCheckTarget(t *testing.T) {
 	rollBackTo(t, behind, names[len(names)-2])
 
 	for _, pool := range []*pgxpool.Pool{shared, current.Pool} {
-		require.NoError(t, checkTarget(ctx, pool, targetSpec{Name: "acme", Schema: current.Schema}))
+		require.NoError(t, checkTarget(ctx, pool, targetSpec{Name: "acme", Schema: current.Schema}, 0))
+		require.NoError(t, checkTarget(ctx, pool, targetSpec{Name: "acme", Schema: current.Schema}, checkLockTimeout))
 	}
 	for _, pool := range []*pgxpool.Pool{shared, behind.Pool} {
-		err := checkTarget(ctx, pool, targetSpec{Name: "globex", Schema: behind.Schema})
+		err := checkTarget(ctx, pool, targetSpec{Name: "globex", Schema: behind.Schema}, 0)
 		require.ErrorIs(t, err, migrations.ErrSchemaBehind)
 		require.ErrorContains(t, err, fmt.Sprintf(`target "globex" (schema %s): migrations: the pgbox schema is older than this code`, behind.Schema))
 		require.ErrorContains(t, err, "run `relay migrate up`")
 		require.ErrorContains(t, err, newestMigration(t)+" not applied")
 	}
 	for _, pool := range []*pgxpool.Pool{shared, empty.Pool} {
-		err := checkTarget(ctx, pool, targetSpec{Name: "initech", Schema: empty.Schema})
-		require.ErrorIs(t, err, inspect.ErrSchemaMissing)
-		require.ErrorContains(t, err, fmt.Sprintf(`target "initech" (schema %s): check pgbox tables:`, empty.Schema))
+		for _, wait := range []time.Duration{0, checkLockTimeout} {
+			err := checkTarget(ctx, pool, targetSpec{Name: "initech", Schema: empty.Schema}, wait)
+			require.ErrorIs(t, err, inspect.ErrSchemaMissing)
+			require.ErrorContains(t, err, fmt.Sprintf(`target "initech" (schema %s): check pgbox tables:`, empty.Schema))
+		}
 	}
-	err = checkTarget(ctx, shared, targetSpec{Name: "hooli", Schema: "t_no_such_schema"})
+	err = checkTarget(ctx, shared, targetSpec{Name: "hooli", Schema: "t_no_such_schema"}, 0)
 	require.ErrorContains(t, err, `target "hooli" (schema t_no_such_schema): schema "t_no_such_schema" does not exist in database`)
 
 	// The single target of --database-url/--schema: the error run gave.
 	want := refuseOlderSchema(ctx, behind.Pool)
 	require.Error(t, want)
-	require.EqualError(t, checkTarget(ctx, behind.Pool, targetSpec{Schema: behind.Schema}), want.Error())
+	require.EqualError(t, checkTarget(ctx, behind.Pool, targetSpec{Schema: behind.Schema}, 0), want.Error())
 	require.Equal(t, int32(0), shared.Stat().AcquiredConns())
 }
 

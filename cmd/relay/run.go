@@ -50,7 +50,7 @@ func cmdRun(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	if err := checkTarget(ctx, pool, targetSpec{DatabaseURL: a.opts.DatabaseURL, Schema: a.opts.Schema}); err != nil {
+	if err := checkTarget(ctx, pool, targetSpec{DatabaseURL: a.opts.DatabaseURL, Schema: a.opts.Schema}, 0); err != nil {
 		return err
 	}
 

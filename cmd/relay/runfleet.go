@@ -753,9 +753,6 @@ func (fr *fleetRun) replacePools(ctx context.Context, sizes map[string]int) {
 	fr.apply(ctx)
 }
 
-// check runs checkTarget on one connection of its own (the target's schema
-// as its search_path), opened with the database pool's settings and
-// closed before check returns: the budget's check connection.
 // checker is a reconcile round's check connection: a pool of one
 // connection to the database of the target checked last. Checks run one
 // at a time, the targets of a database one after the other (checkOrder),
@@ -775,16 +772,15 @@ func (c *checker) check(ctx context.Context, db *fleetDB, t targetSpec) error {
 		c.close()
 		cfg := db.pool.Config()
 		cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
-		// A target whose table is locked (a long migration, an operator's
-		// LOCK) fails its check quickly, alone, not the whole round.
-		cfg.ConnConfig.RuntimeParams["lock_timeout"] = checkLockTimeout
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			return fmt.Errorf("target %q: database %s: %s", t.Name, dbconf.RedactDSN(db.url), dbconf.RedactErr(err, db.url))
 		}
 		c.url, c.pool = db.url, pool
 	}
-	return checkTarget(ctx, c.pool, t)
+	// A target whose table is locked (a long migration, an operator's
+	// LOCK) fails its check quickly, alone, not the whole round.
+	return checkTarget(ctx, c.pool, t, checkLockTimeout)
 }
 
 func (c *checker) close() {
@@ -794,8 +790,9 @@ func (c *checker) close() {
 	}
 }
 
-// checkLockTimeout bounds how long a check waits for a lock on a table.
-const checkLockTimeout = "2s"
+// checkLockTimeout bounds how long a Fleet's check waits for a lock on a
+// target's table.
+const checkLockTimeout = 2 * time.Second
 
 // outboxRowsSQL is the outbox rows of each schema of a database, as the
 // statistics have them (pg_stat_user_tables: no table is read).

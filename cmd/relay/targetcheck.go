@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,16 +20,18 @@ import (
 // pool may serve other schemas too (one pool per database): the check
 // names t.Schema in each statement, whatever its connections' search_path,
 // so a Fleet checks every schema of a database on one connection. An empty
-// t.Schema is the pool's own search_path.
-func checkTarget(ctx context.Context, pool *pgxpool.Pool, t targetSpec) error {
-	err := checkPgboxTables(ctx, pool, t.Schema)
+// t.Schema is the pool's own search_path. A positive lockTimeout bounds how
+// long the check waits for a lock on the tables (a Fleet's, which checks
+// the others meanwhile; lock_not_available then); 0 waits.
+func checkTarget(ctx context.Context, pool *pgxpool.Pool, t targetSpec, lockTimeout time.Duration) error {
+	err := checkPgboxTables(ctx, pool, t.Schema, lockTimeout)
 	if err == nil || t.Name == "" {
 		return err
 	}
 	return fmt.Errorf("target %q (schema %s): %w", t.Name, t.Schema, err)
 }
 
-func checkPgboxTables(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+func checkPgboxTables(ctx context.Context, pool *pgxpool.Pool, schema string, lockTimeout time.Duration) error {
 	if schema != "" {
 		// PostgreSQL skips a search_path schema that does not exist: name it
 		// here, before the tables are reported missing.
@@ -41,7 +44,14 @@ func checkPgboxTables(ctx context.Context, pool *pgxpool.Pool, schema string) er
 				schema, pool.Config().ConnConfig.Database, pgx.Identifier{schema}.Sanitize())
 		}
 	}
-	if _, err := pool.Exec(ctx, checkTablesSQL(schema)); err != nil {
+	q := checkTablesSQL(schema)
+	if lockTimeout > 0 {
+		// One simple-protocol query (Exec without arguments): the LOCAL
+		// setting holds for its implicit transaction only, through a
+		// pooler too.
+		q = fmt.Sprintf("SELECT set_config('lock_timeout', '%dms', true); %s", lockTimeout.Milliseconds(), q)
+	}
+	if _, err := pool.Exec(ctx, q); err != nil {
 		return schemaHint(fmt.Errorf("check pgbox tables: %w", err))
 	}
 	db := sqlDB(pool)
