@@ -24,8 +24,8 @@ import (
 // after later ids (ids are taken at insert, rows appear at commit) is still
 // found when it commits, as long as that is within watchLag. Rows that
 // commit later than that, and rows of a writer that read the flag just
-// before it was set, are found by the next full poll (PollInterval; a
-// Fleet's busy target: probeAllEvery), as rows written without Notify
+// before it was set, are found by the next full poll (PollInterval:
+// probeAllEvery), as rows written without Notify
 // always were: the watch and the flag only shorten the wait, correctness
 // never depends on them.
 
