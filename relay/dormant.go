@@ -237,6 +237,7 @@ func (f *Fleet) pollLoop(ctx context.Context, pool *pgxpool.Pool, kick <-chan st
 	b := backoff.Backoff{Base: backoffMin, Limit: f.cfg.Relay.MaxBackoff}
 	t := time.NewTicker(f.cfg.Relay.PollInterval)
 	defer t.Stop()
+	failed := 0 // the poll's failures in a row
 	for {
 		freshOnly := false
 		select {
@@ -258,21 +259,45 @@ func (f *Fleet) pollLoop(ctx context.Context, pool *pgxpool.Pool, kick <-chan st
 			}
 		}
 		f.mu.Unlock()
-		if err := f.poll(ctx, pool, idle); err != nil && ctx.Err() == nil {
-			// Each relay polls itself, and reports the failure as its own.
-			for _, r := range idle {
-				r.markAllDirty()
-				r.wakeUp()
-			}
+		var err error
+		if f.pollErr != nil {
+			err = f.pollErr()
+		}
+		if err == nil {
+			err = f.poll(ctx, pool, idle)
+		}
+		if err != nil && ctx.Err() == nil {
+			failed++
 			d := b.Next()
-			f.log.WarnContext(ctx, "the idle targets' poll failed; they poll themselves", "database", pool.Config().ConnConfig.Database,
-				"error", err, "backoff", d)
+			if failed < pollFailWake {
+				f.log.WarnContext(ctx, "the idle targets' poll failed; asking again", "database", pool.Config().ConnConfig.Database,
+					"error", err, "failures", failed, "backoff", d)
+			} else {
+				// Each relay polls itself, and reports the failure as its own.
+				for _, r := range idle {
+					r.markAllDirty()
+					r.wakeUp()
+				}
+				f.log.WarnContext(ctx, "the idle targets' poll failed; they poll themselves", "database", pool.Config().ConnConfig.Database,
+					"error", err, "failures", failed, "backoff", d)
+			}
 			backoff.Sleep(ctx, d)
 			continue
 		}
+		failed = 0
 		b.Reset()
 	}
 }
+
+// pollFailWake is how many times in a row the idle poll fails before its
+// targets are woken to poll for themselves. Waking them at the first
+// failure turned one slow round into a collapse: with 100 targets busy on
+// two saturated cores, a round of 1,000 idle questions overran its
+// timeout, the 1,000 idle targets woke, took their lanes, heartbeated and
+// claimed, and commit→Kafka went to a minute (make tenants). A database
+// that is down fails every round, so its targets still wake within a few
+// backoffs, and report the failure as their own.
+const pollFailWake = 3
 
 // poll asks each of rs whether its outbox holds a row to claim, in
 // pipelines of pollChunk questions on one connection, and wakes those that
@@ -290,12 +315,15 @@ func (f *Fleet) ask(ctx context.Context, pool *pgxpool.Pool, rs []*Relay,
 	if len(rs) == 0 {
 		return nil
 	}
-	pctx, cancel := context.WithTimeout(ctx, max(f.cfg.Relay.LeaseTTL, 5*time.Second))
+	// Each step has its own timeout: a slow round that goes on answering
+	// is not a failed one.
+	wait := max(f.cfg.Relay.LeaseTTL, 5*time.Second)
+	actx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	f.mu.Lock()
 	h := f.homes[pool]
 	f.mu.Unlock()
-	c, err := h.acquire(pctx, pool, -1) // the pool's; counted as waiting after homeWait (homes.go)
+	c, err := h.acquire(actx, pool, -1) // the pool's; counted as waiting after homeWait (homes.go)
 	if err != nil {
 		return err
 	}
@@ -306,7 +334,10 @@ func (f *Fleet) ask(ctx context.Context, pool *pgxpool.Pool, rs []*Relay,
 	}
 	for len(rs) > 0 {
 		n := min(len(rs), pollChunk)
-		if err := pipeline(pctx, c.Conn().PgConn(), prepared, rs[:n]); err != nil {
+		pctx, cancel := context.WithTimeout(ctx, wait)
+		err := pipeline(pctx, c.Conn().PgConn(), prepared, rs[:n])
+		cancel()
+		if err != nil {
 			return err
 		}
 		rs = rs[n:]
