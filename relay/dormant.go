@@ -284,7 +284,12 @@ func (f *Fleet) pollLoop(ctx context.Context, pool *pgxpool.Pool, kick <-chan st
 			backoff.Sleep(ctx, d)
 			continue
 		}
-		failed = 0
+		if !freshOnly && len(idle) > 0 {
+			// Only a full round that answered ends a run of failures: a
+			// kick's round asks only the targets that just started, and
+			// must not keep the others from ever being woken (the review).
+			failed = 0
+		}
 		b.Reset()
 	}
 }
