@@ -237,7 +237,8 @@ func TestRunTargetsConnBudget(t *testing.T) {
 	t.Logf("at most %d connections", most)
 	require.LessOrEqual(t, most, 12, "the budget")
 	require.GreaterOrEqual(t, most, 6, "the pools were used: %d connections at most", most)
-	require.Contains(t, p.Output(), "databases=2 db_conn_budget=12 db_conns_planned=12")
+	require.Contains(t, p.Output(), "databases=2 db_conn_budget=12 ")
+	require.Contains(t, p.Output(), "databases=2 db_conns_planned=12 ")
 	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
@@ -287,8 +288,9 @@ func TestRunTargetsPoolResize(t *testing.T) {
 	// (--db-max-conns) + 1 LISTEN; two databases: 2 × (5 + 1).
 	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_DB_CONN_BUDGET=16", "PGBOX_LANES=16", "PGBOX_BATCH_SIZE=5"), "run")
 	p.HTTPAddr(t)
-	waitFor(t, "the running line", 10*time.Second, func() bool { return strings.Contains(p.Output(), `msg="relay running"`) })
-	require.Contains(t, p.Output(), "databases=1 db_conn_budget=16 db_conns_planned=15")
+	waitFor(t, "the checked line", 10*time.Second, func() bool { return strings.Contains(p.Output(), `msg="targets checked"`) })
+	require.Contains(t, p.Output(), "databases=1 db_conn_budget=16 ")
+	require.Contains(t, p.Output(), "databases=1 db_conns_planned=15 ")
 
 	// The relay's connections, sampled until the end; rows written to the
 	// first database's targets all along, through both hand-overs.
@@ -370,8 +372,8 @@ func checkDBConnBudget(t *testing.T, set setFn) {
 	a, e := with(set, "10", append(env, "PGBOX_TARGETS_REFRESH=1s"), "run")
 	p := startRelay(t, e, a...)
 	p.HTTPAddr(t)
-	waitFor(t, "the running line", 10*time.Second, func() bool {
-		return strings.Contains(p.Output(), "db_conn_budget=10 db_conns_planned=10")
+	waitFor(t, "the running and checked lines", 10*time.Second, func() bool {
+		return strings.Contains(p.Output(), "db_conn_budget=10 ") && strings.Contains(p.Output(), "db_conns_planned=10 ")
 	})
 	// Spent: a third database's target is refused, naming the setting.
 	rewrite(t, file, "a s_a\nb s_b "+otherURL+"\nc s_c postgres://pgbox@127.0.0.1:1/third\n")
@@ -577,9 +579,10 @@ func TestRunTargetsQuery(t *testing.T) {
 	p := startRelay(t, fleetEnv(t, c, "PGBOX_CONTROL_URL="+control.URL, "PGBOX_TARGETS_QUERY=SELECT name, schema, database_url FROM tenants WHERE active"), "run")
 	p.HTTPAddr(t)
 	require.Len(t, eventIDs(t, c, "t-acme", 10), 10)
-	waitFor(t, "the running line", 10*time.Second, func() bool { return strings.Contains(p.Output(), `msg="relay running"`) })
+	waitFor(t, "the checked line", 10*time.Second, func() bool { return strings.Contains(p.Output(), `msg="targets checked"`) })
+	require.Contains(t, p.Output(), "databases=1 db_conn_budget=20 ")
 	// 2 (the check, the control database) + 3 (a cleanup pass) + 10 (--db-max-conns) + 1 LISTEN.
-	require.Contains(t, p.Output(), "databases=1 db_conn_budget=20 db_conns_planned=16")
+	require.Contains(t, p.Output(), "databases=1 db_conns_planned=16 ")
 	require.Equal(t, 0, p.stop(t), p.Output())
 }
 
