@@ -260,7 +260,7 @@ func (f *Fleet) pollLoop(ctx context.Context, pool *pgxpool.Pool, kick <-chan st
 		}
 		f.mu.Unlock()
 		var err error
-		if f.pollErr != nil {
+		if f.pollErr != nil && len(idle) > 0 { // (a round with no question does no I/O)
 			err = f.pollErr()
 		}
 		if err == nil {

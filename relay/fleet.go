@@ -145,7 +145,7 @@ type Fleet struct {
 	wg      sync.WaitGroup
 
 	emptySlow time.Duration // tests: each relay's emptySlow (0: emptySlow)
-	pollErr   func() error  // tests: fails the idle poll's rounds when it returns an error
+	pollErr   func() error  // tests: fails the idle poll's rounds that ask something when it returns an error
 }
 
 // poolLoops are a pool's LISTEN connection, idle poll and busy targets'

@@ -8,10 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
 )
@@ -23,18 +21,11 @@ import (
 func TestFleetPollFailureWakesAfterThree(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := kafkatest.New(t)
-	kafkatest.CreateTopic(t, c.ListenAddrs(), "w", 1, nil)
-	pool, err := pgxpool.New(ctx, testdb.ServerURL(t))
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, cfg := fleetRig(t)
 	db := testdb.New(t)
-	kc := kafkatest.Config()
-	kc.Producer.RequiredAcks = -1
-	f, err := NewFleet(FleetConfig{Relay: Config{Brokers: c.ListenAddrs(), Kafka: kc, HeartbeatInterval: 100 * time.Millisecond,
-		LeaseTTL: time.Second, PollInterval: 100 * time.Millisecond,
-		Channel: "pgbox_test_nobody_notifies"}, // no writer's notification wakes it: only the poll
-		Targets: []Target{{Name: "t", Pool: pool, Schema: db.Schema}}, DormantAfter: 200 * time.Millisecond})
+	cfg.PollInterval = 100 * time.Millisecond
+	cfg.Channel = "pgbox_test_nobody_notifies" // no writer's notification wakes it: only the poll
+	f, err := NewFleet(FleetConfig{Relay: cfg, Targets: []Target{{Name: "t", Pool: pool, Schema: db.Schema}}, DormantAfter: 200 * time.Millisecond})
 	require.NoError(t, err)
 	var failing atomic.Bool
 	var failures atomic.Int64

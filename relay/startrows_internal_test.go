@@ -21,11 +21,7 @@ import (
 func TestFleetStartsAwakeWithRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := kafkatest.New(t)
-	kafkatest.CreateTopic(t, c.ListenAddrs(), "w", 1, nil)
-	pool, err := pgxpool.New(ctx, testdb.ServerURL(t))
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, cfg := fleetRig(t)
 	busy, quiet := testdb.New(t), testdb.New(t)
 	require.NoError(t, pgx.BeginFunc(ctx, busy.Pool, func(tx pgx.Tx) error {
 		return outbox.Write(ctx, tx, outbox.Message{Topic: "w", Value: []byte("a")}, outbox.Message{Topic: "w", Value: []byte("b")})
@@ -37,10 +33,7 @@ func TestFleetStartsAwakeWithRows(t *testing.T) {
 	}
 	require.False(t, readStartRows(ctx, pool)[quiet.Schema])
 
-	kc := kafkatest.Config()
-	kc.Producer.RequiredAcks = -1
-	f, err := NewFleet(FleetConfig{Relay: Config{Brokers: c.ListenAddrs(), Kafka: kc, HeartbeatInterval: 100 * time.Millisecond,
-		LeaseTTL: time.Second},
+	f, err := NewFleet(FleetConfig{Relay: cfg,
 		Targets: []Target{{Name: "busy", Pool: pool, Schema: busy.Schema}, {Name: "quiet", Pool: pool, Schema: quiet.Schema}}})
 	require.NoError(t, err)
 	// No idle poll, watch or LISTEN for the pool: a target that starts
@@ -131,4 +124,18 @@ func TestFleetStartGateLockedTarget(t *testing.T) {
 			require.False(t, s.Dormant, "its lanes are still locked")
 		}
 	}
+}
+
+// fleetRig is a broker with the topic "w", a pool on the test server, and
+// a relay Config for them (heartbeats every 100 ms, a 1 s lease).
+func fleetRig(t *testing.T) (*pgxpool.Pool, Config) {
+	t.Helper()
+	c := kafkatest.New(t)
+	kafkatest.CreateTopic(t, c.ListenAddrs(), "w", 1, nil)
+	pool, err := pgxpool.New(context.Background(), testdb.ServerURL(t))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	kc := kafkatest.Config()
+	kc.Producer.RequiredAcks = -1
+	return pool, Config{Brokers: c.ListenAddrs(), Kafka: kc, HeartbeatInterval: 100 * time.Millisecond, LeaseTTL: time.Second}
 }
