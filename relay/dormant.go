@@ -269,18 +269,16 @@ func (f *Fleet) pollLoop(ctx context.Context, pool *pgxpool.Pool, kick <-chan st
 		if err != nil && ctx.Err() == nil {
 			failed++
 			d := b.Next()
-			if failed < pollFailWake {
-				f.log.WarnContext(ctx, "the idle targets' poll failed; asking again", "database", pool.Config().ConnConfig.Database,
-					"error", err, "failures", failed, "backoff", d)
-			} else {
+			msg := "the idle targets' poll failed; asking again"
+			if failed >= pollFailWake {
 				// Each relay polls itself, and reports the failure as its own.
 				for _, r := range idle {
 					r.markAllDirty()
 					r.wakeUp()
 				}
-				f.log.WarnContext(ctx, "the idle targets' poll failed; they poll themselves", "database", pool.Config().ConnConfig.Database,
-					"error", err, "failures", failed, "backoff", d)
+				msg = "the idle targets' poll failed; they poll themselves"
 			}
+			f.log.WarnContext(ctx, msg, "database", pool.Config().ConnConfig.Database, "error", err, "failures", failed, "backoff", d)
 			backoff.Sleep(ctx, d)
 			continue
 		}

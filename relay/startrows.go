@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgbox/pgbox/internal/outboxstats"
 )
 
 // Which of a Fleet's targets start awake.
@@ -22,10 +24,6 @@ import (
 // found by the idle poll, as before, and a target that starts awake for
 // nothing goes dormant again after DormantAfter.
 
-// startRowsSQL is the schemas of a database whose outbox holds rows, by
-// the statistics (no table is read).
-const startRowsSQL = `SELECT schemaname::text FROM pg_stat_user_tables WHERE relname = 'pgbox_outbox' AND n_live_tup > 0`
-
 // startRowsFor is how long one reading of a pool's statistics serves the
 // targets that start after it; startRowsWait bounds the reading.
 const (
@@ -33,7 +31,7 @@ const (
 	startRowsWait = time.Second
 )
 
-// startRows is a pool's last reading of startRowsSQL.
+// startRows is a pool's last reading of the statistics (outboxstats.Rows).
 type startRows struct {
 	mu  sync.Mutex
 	at  time.Time
@@ -59,20 +57,13 @@ func (s *startRows) awake(ctx context.Context, pool *pgxpool.Pool, schema string
 func readStartRows(ctx context.Context, pool *pgxpool.Pool) map[string]bool {
 	ctx, cancel := context.WithTimeout(ctx, startRowsWait)
 	defer cancel()
-	rows, err := pool.Query(ctx, startRowsSQL)
+	rows, err := outboxstats.Rows(ctx, pool)
 	if err != nil {
 		return nil
 	}
-	defer rows.Close()
-	has := map[string]bool{}
-	for rows.Next() {
-		var schema string
-		if rows.Scan(&schema) == nil {
-			has[schema] = true
-		}
-	}
-	if rows.Err() != nil {
-		return nil
+	has := make(map[string]bool, len(rows))
+	for schema := range rows {
+		has[schema] = true
 	}
 	return has
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/internal/dbconf"
+	"github.com/pgbox/pgbox/internal/outboxstats"
 	"github.com/pgbox/pgbox/internal/pgerr"
 	"github.com/pgbox/pgbox/pgboxprom"
 	"github.com/pgbox/pgbox/relay"
@@ -794,10 +795,6 @@ func (c *checker) close() {
 // target's table.
 const checkLockTimeout = 2 * time.Second
 
-// outboxRowsSQL is the outbox rows of each schema of a database, as the
-// statistics have them (pg_stat_user_tables: no table is read).
-const outboxRowsSQL = `SELECT schemaname::text, n_live_tup FROM pg_stat_user_tables WHERE relname = 'pgbox_outbox'`
-
 // rowsAsk bounds how long checkOrder waits for a database's statistics.
 const rowsAsk = time.Second
 
@@ -834,20 +831,15 @@ func (fr *fleetRun) checkOrder(ctx context.Context, list []targetSpec) ([]target
 		wg.Go(func() {
 			qctx, cancel := context.WithTimeout(ctx, rowsAsk)
 			defer cancel()
-			rows, err := db.pool.Query(qctx, outboxRowsSQL)
+			rows, err := outboxstats.Rows(qctx, db.pool)
 			if err != nil {
 				return
 			}
-			defer rows.Close()
-			for rows.Next() {
-				var schema string
-				var n int64
-				if rows.Scan(&schema, &n) == nil && n > 0 {
-					mu.Lock()
-					bySchema[[2]string{url, schema}] = n
-					mu.Unlock()
-				}
+			mu.Lock()
+			for schema, n := range rows {
+				bySchema[[2]string{url, schema}] = n
 			}
+			mu.Unlock()
 		})
 	}
 	wg.Wait()
