@@ -191,14 +191,21 @@ func (w *writers) stop() {
 type sample struct {
 	commit  time.Time
 	latency time.Duration
+	// sent: commit → the record's timestamp (the relay sets it when it
+	// builds the record batch; millisecond precision), the relay's share
+	// of latency.
+	sent time.Duration
 }
+
+// arrival is when the consumer saw a record, and the record's timestamp.
+type arrival struct{ at, sent time.Time }
 
 // meter pairs commits with arrivals. Either may come first: a bulk insert's
 // rows can reach the consumer before their commit is recorded.
 type meter struct {
 	mu         sync.Mutex
 	pending    map[int64]time.Time // committed, not seen yet
-	early      map[int64]time.Time // seen, commit not recorded yet
+	early      map[int64]arrival // seen, commit not recorded yet
 	seen       []uint64            // bitset of sequence numbers seen
 	committedN int64
 	published  int64
@@ -217,7 +224,7 @@ type meter struct {
 }
 
 func newMeter() *meter {
-	return &meter{pending: map[int64]time.Time{}, early: map[int64]time.Time{}, keyRows: map[int64]keyRow{}, keyAt: map[int64]time.Time{}}
+	return &meter{pending: map[int64]time.Time{}, early: map[int64]arrival{}, keyRows: map[int64]keyRow{}, keyAt: map[int64]time.Time{}}
 }
 
 // keyRow is when a row of the watched key was written: its transaction
@@ -265,7 +272,7 @@ func (m *meter) consumeTopics(ctx context.Context, t *testing.T, addr string, to
 						check(msg)
 					}
 					if seq, ok := parseSeq(msg.Value); ok {
-						m.arrived(seq, string(msg.Key) == pressureHotKey, at)
+						m.arrived(seq, string(msg.Key) == pressureHotKey, arrival{at: at, sent: msg.Timestamp})
 					}
 				}
 			})
@@ -312,7 +319,8 @@ func (m *meter) commitLocked(seq int64, at time.Time) {
 	m.pending[seq] = at
 }
 
-func (m *meter) arrived(seq int64, watched bool, at time.Time) {
+func (m *meter) arrived(seq int64, watched bool, a arrival) {
+	at := a.at
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	i, bit := seq/64, uint64(1)<<(seq%64)
@@ -337,16 +345,20 @@ func (m *meter) arrived(seq int64, watched bool, at time.Time) {
 	}
 	if c, ok := m.pending[seq]; ok {
 		delete(m.pending, seq)
-		m.record(c, at)
+		m.record(c, a)
 		return
 	}
-	m.early[seq] = at
+	m.early[seq] = a
 }
 
-func (m *meter) record(commit, arrival time.Time) {
-	lat := max(0, arrival.Sub(commit))
+func (m *meter) record(commit time.Time, a arrival) {
+	lat := max(0, a.at.Sub(commit))
 	m.window = append(m.window, lat)
-	m.all = append(m.all, sample{commit: commit, latency: lat})
+	var sent time.Duration
+	if !a.sent.IsZero() {
+		sent = max(0, a.sent.Sub(commit))
+	}
+	m.all = append(m.all, sample{commit: commit, latency: lat, sent: sent})
 }
 
 // take returns the totals so far and the latencies seen since the last take.

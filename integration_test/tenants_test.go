@@ -535,6 +535,9 @@ type activeResult struct {
 	Written       int64 // committed in the measured window
 	Rate          float64
 	P50, P99, Max time.Duration
+	// SentP50, SentP99: commit → the record's timestamp (set by the relay
+	// when it builds the record batch), the relay's share of the latency.
+	SentP50, SentP99 time.Duration
 	WriteErrs     int64
 	Late          int // events of the phase not on Kafka sc.Drain after the writers stopped
 	Load          string
@@ -584,19 +587,21 @@ func (tn *tenants) active(ctx context.Context, targets []tenantTarget) activeRes
 		r.Late = n
 		fmt.Printf("tenants: %s: %d events not on Kafka %v after the writers stopped\n", tn.relay.Name, n, sc.Drain)
 	}
-	var lat []time.Duration
+	var lat, sent []time.Duration
 	for _, s := range tn.m.samples() {
 		if !s.commit.Before(from) && s.commit.Before(to) {
-			lat = append(lat, s.latency)
+			lat, sent = append(lat, s.latency), append(sent, s.sent)
 		}
 	}
 	slices.Sort(lat)
+	slices.Sort(sent)
 	r.Written = int64(len(lat))
 	// Transactions begun in the window (the writers number each one), not
 	// only those whose event arrived.
 	r.Rate = float64(seq1-seq0) / to.Sub(from).Seconds()
 	if len(lat) > 0 {
 		r.P50, r.P99, r.Max = quantile(lat, 0.50), quantile(lat, 0.99), lat[len(lat)-1]
+		r.SentP50, r.SentP99 = quantile(sent, 0.50), quantile(sent, 0.99)
 	}
 	return r
 }

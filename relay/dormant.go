@@ -315,6 +315,12 @@ func (f *Fleet) poll(ctx context.Context, pool *pgxpool.Pool, rs []*Relay) error
 // keepsPrepared). The idle poll and the busy targets' watch ask so.
 func (f *Fleet) ask(ctx context.Context, pool *pgxpool.Pool, rs []*Relay,
 	pipeline func(context.Context, *pgconn.PgConn, map[string]string, []*Relay) error) error {
+	return f.askOn(ctx, pool, -1, rs, pipeline)
+}
+
+// askOn is ask on home's connection (watchHome, or -1: the pool's).
+func (f *Fleet) askOn(ctx context.Context, pool *pgxpool.Pool, home int, rs []*Relay,
+	pipeline func(context.Context, *pgconn.PgConn, map[string]string, []*Relay) error) error {
 	if len(rs) == 0 {
 		return nil
 	}
@@ -326,11 +332,15 @@ func (f *Fleet) ask(ctx context.Context, pool *pgxpool.Pool, rs []*Relay,
 	f.mu.Lock()
 	h := f.homes[pool]
 	f.mu.Unlock()
-	c, err := h.acquire(actx, pool, -1) // the pool's; counted as waiting after homeWait (homes.go)
+	c, err := h.acquire(actx, pool, home) // counted as waiting after homeWait for the pool (homes.go)
 	if err != nil {
 		return err
 	}
-	defer c.Release()
+	defer func() {
+		if h == nil || !h.keep(home, c) {
+			c.Release()
+		}
+	}()
 	var prepared map[string]string
 	if keepsPrepared(pool) {
 		prepared = connSet[string](&idlePreparedOn, c.Conn().PgConn())

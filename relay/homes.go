@@ -22,13 +22,24 @@ import (
 // (make tenants at 1,000 schemas: 71 ms a claim). So the Fleet spreads
 // its targets over homes, connections it keeps out of the pool between a
 // target's statements: a target takes its home's connection when it is
-// free and any of the pool's otherwise, and a statement's connection
-// becomes its home's when the home has none. A backend then serves the
-// schemas of its home's targets.
+// free, waits for it when a home-mate's statement has had it for less
+// than homeTurn, and takes any of the pool's otherwise; a statement's
+// connection becomes its home's when the home has none. A backend then
+// serves the schemas of its home's targets.
+//
+// (Going to the pool as soon as the home's connection was out made the
+// busy targets' latency at 1,000 schemas: the pool keeps only two
+// connections besides the homes, the idle poll's and the watch's, so a
+// target whose home-mate was claiming waited for the pool, up to
+// homeWait, while the other homes' connections sat idle: half of the
+// acquires waited more than 300 ms in some seconds. A home-mate's claim
+// takes a millisecond or two.)
 //
 // A pool keeps two connections outside the homes (one for the idle poll
-// and the busy targets' watch, one for whichever target's home is taken),
-// so a pool of fewer than four has none. While an acquire has waited
+// and, in a pool of fewer than six, the busy targets' watch; one for
+// whichever target's home is taken), so a pool of fewer than four has
+// none; a pool of six or more keeps one more, the watch's (watchHome).
+// While an acquire has waited
 // more than homeWait for the pool, no home keeps a connection given back:
 // the pool hands it to the one waiting. A target whose statements hang
 // holds its home's connection and others, and what is left may be
@@ -48,12 +59,14 @@ const (
 	homeIdle = time.Second
 	homeFor  = time.Minute
 	homeWait = time.Second
+	homeTurn = 250 * time.Millisecond
 )
 
 // homes are one pool's home connections.
 type homes struct {
 	mu      sync.Mutex
 	slots   []home
+	watch   *home        // the busy targets' watch's (watchHome); nil: none
 	next    int          // the next target's home
 	closed  bool         // the connections go back to the pool from now on
 	waiting atomic.Int32 // acquires that have waited homeWait for the pool
@@ -62,8 +75,18 @@ type homes struct {
 type home struct {
 	c      *pgxpool.Conn // nil: none yet
 	out    bool          // a statement runs on c
+	outAt  time.Time     // when it went out
+	back   chan struct{} // closed when c comes back or leaves the home (made by a waiter)
 	since  time.Time     // c became this home's
 	idleAt time.Time     // c came back
+}
+
+// free ends home s's wait: those waiting for its connection try again.
+func (s *home) free() {
+	if s.back != nil {
+		close(s.back)
+		s.back = nil
+	}
 }
 
 // newHomes are pool's homes: nil when the pool is too small for any.
@@ -72,7 +95,35 @@ func newHomes(pool *pgxpool.Pool) *homes {
 	if n < 2 {
 		return nil
 	}
-	return &homes{slots: make([]home, n)}
+	h := &homes{slots: make([]home, n)}
+	if n >= watchHomeMin {
+		h.slots, h.watch = h.slots[:n-1], &home{}
+	}
+	return h
+}
+
+// watchHome is the home index of the busy targets' watch (sharedwatch.go),
+// which a pool of at least watchHomeMin+2 connections keeps for it, out
+// of the targets' homes: the watch asks for all of its pool's busy
+// targets, so it must not wait for the pool. (With the pool's two spare
+// connections held by the idle poll and the figures' reader, which takes
+// up to two of a pool's connections in `relay run --targets`, the watch
+// waited homeWait for one, and every busy target's rows with it: rounds
+// of 0.5-2 s, make tenants at 1,000 schemas.) -1 is no home: the pool's.
+const watchHome = -2
+
+// watchHomeMin: see watchHome.
+const watchHomeMin = 4
+
+// slot is home i (watchHome: the watch's), or nil: none. h.mu is held.
+func (h *homes) slot(i int) *home {
+	switch {
+	case i == watchHome:
+		return h.watch
+	case i < 0 || i >= len(h.slots):
+		return nil
+	}
+	return &h.slots[i]
 }
 
 // assign is the home of the pool's next target.
@@ -84,30 +135,55 @@ func (h *homes) assign() int {
 	return i
 }
 
-// take is home i's connection if it is free, else nil.
-func (h *homes) take(i int) *pgxpool.Conn {
+// take is home i's connection if it is free. Else, when a statement has
+// had it for less than homeTurn, back is closed when it comes back, and
+// left tells how long it is worth waiting: otherwise neither.
+func (h *homes) take(i int, now time.Time) (c *pgxpool.Conn, back <-chan struct{}, left time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if i < 0 {
-		return nil
+	s := h.slot(i)
+	switch {
+	case s == nil:
+		return nil, nil, 0
+	case s.c == nil:
+		return nil, nil, 0
+	case !s.out:
+		s.out, s.outAt = true, now
+		return s.c, nil, 0
+	case now.Sub(s.outAt) >= homeTurn:
+		return nil, nil, 0 // a long statement: the pool's
 	}
-	s := &h.slots[i]
-	if s.c == nil || s.out {
-		return nil
+	if s.back == nil {
+		s.back = make(chan struct{})
 	}
-	s.out = true
-	return s.c
+	return nil, s.back, homeTurn - now.Sub(s.outAt)
 }
 
-// acquire is a connection of pool: home i's when free (i >= 0), else the
-// pool's; once it has waited homeWait, counted in waiting. A nil h has no
-// homes.
+// acquire is a connection of pool: home i's when free (i >= 0), or once
+// the statement on it ends if that is within homeTurn of its start, else
+// the pool's; once it has waited homeWait for the pool, counted in
+// waiting. A nil h has no homes.
 func (h *homes) acquire(ctx context.Context, pool *pgxpool.Pool, i int) (*pgxpool.Conn, error) {
 	if h == nil {
 		return pool.Acquire(ctx)
 	}
-	if c := h.take(i); c != nil {
-		return c, nil
+	for {
+		c, back, left := h.take(i, time.Now())
+		if c != nil {
+			return c, nil
+		}
+		if back == nil {
+			break
+		}
+		t := time.NewTimer(left)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-back:
+		case <-t.C:
+		}
+		t.Stop()
 	}
 	actx, cancel := context.WithTimeout(ctx, homeWait)
 	c, err := pool.Acquire(actx)
@@ -127,9 +203,11 @@ func (h *homes) keep(i int, c *pgxpool.Conn) bool {
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s := &h.slots[i]
+	s := h.slot(i)
 	switch {
+	case s == nil:
 	case s.c == c:
+		s.free()
 		if !usable || h.closed || now.Sub(s.since) > homeFor {
 			*s = home{}
 			return false
@@ -152,9 +230,9 @@ func (h *homes) tidy(now time.Time, closing bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closed = h.closed || closing
-	for i := range h.slots {
-		s := &h.slots[i]
-		if s.c != nil && !s.out && (h.closed || now.Sub(s.idleAt) >= homeIdle) {
+	for i := watchHome; i < len(h.slots); i++ {
+		s := h.slot(i)
+		if s != nil && s.c != nil && !s.out && (h.closed || now.Sub(s.idleAt) >= homeIdle) {
 			s.c.Release()
 			*s = home{}
 		}

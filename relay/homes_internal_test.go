@@ -89,7 +89,7 @@ func TestHomesKeepTargetsOnTheirConnection(t *testing.T) {
 	require.Equal(t, p1, p2, "which is the home's now")
 
 	// Closed: every connection goes back, those out when they come back.
-	c := h.take(0)
+	c, _, _ := h.take(0, time.Now())
 	require.NotNil(t, c, "home 0's connection is free")
 	h.tidy(time.Now(), true)
 	acquired(1, "the one out is still out")
@@ -110,4 +110,100 @@ func poolOf(t *testing.T, conns int32) *pgxpool.Pool {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// A target whose home-mate is running a statement waits for the home's
+// connection rather than taking one of the pool's (the pool keeps only
+// two besides the homes, often both taken, and another backend means the
+// target's plans built afresh), unless the statement has run homeTurn:
+// then the pool's at once.
+func TestHomesWaitForTheirTurn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := poolOf(t, 4)
+	h := newHomes(pool)
+	t.Cleanup(func() { h.tidy(time.Now(), true) })
+	c0, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	require.True(t, h.keep(0, c0), "home 0 takes the connection")
+
+	out, _, _ := h.take(0, time.Now())
+	require.Same(t, c0, out, "a home-mate's statement")
+	got := make(chan *pgxpool.Conn, 1)
+	go func() {
+		c, err := h.acquire(ctx, pool, 0)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- c
+	}()
+	select {
+	case c := <-got:
+		t.Fatalf("took a connection (the pool's: %v) while its home's was out for a moment", c != c0)
+	case <-time.After(homeTurn / 5):
+	}
+	require.True(t, h.keep(0, out))
+	select {
+	case c := <-got:
+		require.Same(t, c0, c, "the home's connection, once back")
+		require.True(t, h.keep(0, c))
+	case <-time.After(5 * time.Second):
+		t.Fatal("still waiting after the home's connection came back")
+	}
+	require.EqualValues(t, 1, pool.Stat().TotalConns(), "no connection of the pool's taken")
+
+	// A statement that has run homeTurn: the pool's connection, at once.
+	out, _, _ = h.take(0, time.Now().Add(-homeTurn))
+	require.Same(t, c0, out)
+	start := time.Now()
+	c, err := h.acquire(ctx, pool, 0)
+	require.NoError(t, err)
+	require.NotSame(t, c0, c, "the pool's")
+	require.Less(t, time.Since(start), homeTurn, "without waiting for the home")
+	c.Release()
+	require.True(t, h.keep(0, out))
+
+	// The wait ends with ctx.
+	out, _, _ = h.take(0, time.Now())
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	_, err = h.acquire(cctx, pool, 0)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.True(t, h.keep(0, out))
+}
+
+// A pool of six connections or more keeps one for the busy targets'
+// watch, which then never waits for the pool: it asks for every busy
+// target of the pool.
+func TestHomesKeepOneForTheWatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	require.Nil(t, newHomes(poolOf(t, 5)).watch, "a pool of five has no watch home")
+	require.Len(t, newHomes(poolOf(t, 5)).slots, 3)
+	pool := poolOf(t, 6)
+	h := newHomes(pool)
+	t.Cleanup(func() { h.tidy(time.Now(), true) })
+	require.NotNil(t, h.watch)
+	require.Len(t, h.slots, 3, "MaxConns - 3 targets' homes")
+
+	w, err := h.acquire(ctx, pool, watchHome)
+	require.NoError(t, err)
+	require.True(t, h.keep(watchHome, w), "the watch's connection becomes its home's")
+	var others []*pgxpool.Conn
+	for range 5 {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		others = append(others, c)
+	}
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	again, err := h.acquire(actx, pool, watchHome)
+	require.NoError(t, err, "the pool is exhausted; the watch has its own")
+	require.Same(t, w, again)
+	require.True(t, h.keep(watchHome, again))
+	for _, c := range others {
+		c.Release()
+	}
+	h.tidy(time.Now().Add(homeIdle), false)
+	require.Nil(t, h.watch.c, "given back once unused for homeIdle, as the others")
 }

@@ -201,7 +201,7 @@ func TestHomesAttackPreparedGoneOrChanged(t *testing.T) {
 	require.NoError(t, call(dbb))
 
 	for _, op := range []string{"DEALLOCATE ALL", "DISCARD ALL"} {
-		c := h.take(0)
+		c, _, _ := h.take(0, time.Now())
 		require.NotNil(t, c, "home 0 holds a connection")
 		_, err := c.Exec(ctx, op)
 		require.NoError(t, err)

@@ -144,7 +144,7 @@ func (f *Fleet) watchLoop(ctx context.Context, pool *pgxpool.Pool, kick <-chan s
 // questions on one connection, and wakes those with rows above their
 // floor (their slots marked) or whose question failed (every slot).
 func (f *Fleet) watchAll(ctx context.Context, pool *pgxpool.Pool, rs []*Relay) error {
-	return f.ask(ctx, pool, rs, watchPipeline)
+	return f.askOn(ctx, pool, watchHome, rs, watchPipeline)
 }
 
 // watchPipeline sends one watch question per relay, each behind
