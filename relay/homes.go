@@ -22,8 +22,8 @@ import (
 // (make tenants at 1,000 schemas: 71 ms a claim). So the Fleet spreads
 // its targets over homes, connections it keeps out of the pool between a
 // target's statements: a target takes its home's connection when it is
-// free, waits for it when a home-mate's statement has had it for less
-// than homeTurn, and takes any of the pool's otherwise; a statement's
+// free, waits for it (homeTurn at most) when a home-mate's statement has
+// had it for less than homeTurn, and takes any of the pool's otherwise; a statement's
 // connection becomes its home's when the home has none. A backend then
 // serves the schemas of its home's targets.
 //
@@ -160,19 +160,32 @@ func (h *homes) take(i int, now time.Time) (c *pgxpool.Conn, back <-chan struct{
 }
 
 // acquire is a connection of pool: home i's when free (i >= 0), or once
-// the statement on it ends if that is within homeTurn of its start, else
-// the pool's; once it has waited homeWait for the pool, counted in
+// the statement on it ends if that is within homeTurn of its start and of
+// the acquire's, else the pool's; once it has waited homeWait for the pool, counted in
 // waiting. A nil h has no homes.
 func (h *homes) acquire(ctx context.Context, pool *pgxpool.Pool, i int) (*pgxpool.Conn, error) {
 	if h == nil {
 		return pool.Acquire(ctx)
 	}
+	var until time.Time // the end of this acquire's wait for its home
 	for {
-		c, back, left := h.take(i, time.Now())
+		now := time.Now()
+		c, back, left := h.take(i, now)
 		if c != nil {
 			return c, nil
 		}
 		if back == nil {
+			break
+		}
+		// homeTurn bounds the whole wait, not each statement's: woken, a
+		// waiter may find the connection out again (a home-mate that asks
+		// again at once, or another waiter), with a fresh outAt each time,
+		// and waited so for as long as those statements went on (30 s
+		// behind one of 150 ms after another, TestHomesTurnWaitIsBounded).
+		if until.IsZero() {
+			until = now.Add(homeTurn)
+		}
+		if left = min(left, until.Sub(now)); left <= 0 {
 			break
 		}
 		t := time.NewTimer(left)
