@@ -61,3 +61,50 @@ func TestHomesTurnWaitIsBounded(t *testing.T) {
 	require.Less(t, worst, homeTurn+100*time.Millisecond,
 		"a waiter waited %s for a connection: past homeTurn (%s) while its home-mate ran one short statement after another", worst, homeTurn)
 }
+
+// Attack: the watch's home connection's backend is terminated between
+// two of its rounds (pg_terminate_backend). The round that meets it fails;
+// the connection must leave the watch's home (not be kept dead for
+// homeIdle or homeFor), and the next round runs on a fresh one that
+// becomes the watch's.
+func TestHomesTurnWatchConnectionDies(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := poolOf(t, 6)
+	h := newHomes(pool)
+	t.Cleanup(func() { h.tidy(time.Now(), true) })
+	round := func() (int32, error) {
+		c, err := h.acquire(ctx, pool, watchHome)
+		if err != nil {
+			return 0, err
+		}
+		defer func() {
+			if !h.keep(watchHome, c) {
+				c.Release()
+			}
+		}()
+		var pid int32
+		err = c.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
+		return pid, err
+	}
+	p0, err := round()
+	require.NoError(t, err)
+	p, err := round()
+	require.NoError(t, err)
+	require.Equal(t, p0, p, "the watch keeps to its home's backend")
+	_, err = pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, p0)
+	require.NoError(t, err)
+	failed := 0
+	for range 3 {
+		if p, err = round(); err == nil {
+			break
+		}
+		failed++
+	}
+	require.NoError(t, err)
+	require.LessOrEqual(t, failed, 1, "only the round that met the dead backend fails")
+	require.NotEqual(t, p0, p, "a fresh backend")
+	again, err := round()
+	require.NoError(t, err)
+	require.Equal(t, p, again, "which is the watch's home now")
+}
