@@ -98,6 +98,9 @@ type fleetIdle struct {
 	wanted  atomic.Bool // the work loop wants the relay dormant
 	dormant atomic.Bool // the heartbeat made it dormant (the lanes are given up)
 	beatAt  time.Time   // the last dormantSQL; the heartbeat goroutine's
+	// pollErr is the failure the Fleet's poll reported as the relay's own
+	// (pollFailed), until a round answers (pollAnswered).
+	pollErr atomic.Pointer[error]
 }
 
 // Dormant reports whether the relay has given up its lanes while idle
@@ -267,6 +270,9 @@ func (f *Fleet) pollLoop(ctx context.Context, pool *pgxpool.Pool, kick <-chan st
 			err = f.poll(ctx, pool, idle)
 		}
 		if err != nil && ctx.Err() == nil {
+			for _, r := range idle {
+				r.pollFailed(err)
+			}
 			failed++
 			d := b.Next()
 			msg := "the idle targets' poll failed; asking again"
@@ -282,6 +288,9 @@ func (f *Fleet) pollLoop(ctx context.Context, pool *pgxpool.Pool, kick <-chan st
 			backoff.Sleep(ctx, d)
 			continue
 		}
+		for _, r := range idle {
+			r.pollAnswered()
+		}
 		if !freshOnly && len(idle) > 0 {
 			// Only a full round that answered ends a run of failures: a
 			// kick's round asks only the targets that just started, and
@@ -289,6 +298,28 @@ func (f *Fleet) pollLoop(ctx context.Context, pool *pgxpool.Pool, kick <-chan st
 			failed = 0
 		}
 		b.Reset()
+	}
+}
+
+// pollFailed reports a failed round of the Fleet's idle poll as a dormant
+// relay's own failure (Fleet.Targets, the target's state and metrics): its
+// dormant row is renewed, and a failure of its own seen, only every
+// dormantBeat, so a database outage showed up to 30 s late (the review of
+// the idle poll's failures).
+func (r *Relay) pollFailed(err error) {
+	if !r.idleState.dormant.Load() {
+		return // awake: its heartbeat reports its database's failures
+	}
+	p := &err
+	r.failed.Store(p)
+	r.idleState.pollErr.Store(p)
+}
+
+// pollAnswered clears what pollFailed reported, unless the relay's own
+// statements have reported since (their failure stays theirs to clear).
+func (r *Relay) pollAnswered() {
+	if p := r.idleState.pollErr.Swap(nil); p != nil {
+		r.failed.CompareAndSwap(p, nil)
 	}
 }
 

@@ -52,3 +52,46 @@ func TestFleetPollFailureWakesAfterThree(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, failures.Load(), int64(3), "woken before 3 failed rounds (pollFailWake)")
 }
+
+// A dormant target reports its database's failure when the idle poll of
+// its database fails, within a PollInterval or two, and no longer once a
+// round answers: its dormant row is renewed only every dormantBeat
+// (30 s), so before, an outage showed up to 30 s late, and lingered as
+// long after (the review of the idle poll's failures).
+func TestFleetDormantTargetReportsPollFailure(t *testing.T) {
+	t.Parallel()
+	pool, cfg := fleetRig(t)
+	db := testdb.New(t)
+	cfg.PollInterval = 100 * time.Millisecond
+	f, err := NewFleet(FleetConfig{Relay: cfg, Targets: []Target{{Name: "t", Pool: pool, Schema: db.Schema}}, DormantAfter: 200 * time.Millisecond})
+	require.NoError(t, err)
+	var failing atomic.Bool
+	injected := errors.New("injected: the idle poll's round failed")
+	f.pollErr = func() error {
+		if failing.Load() {
+			return injected
+		}
+		return nil
+	}
+	runFleet(t, f)
+	deadline := time.Now().Add(30 * time.Second)
+	for ts := f.Targets(); len(ts) != 1 || !ts[0].Dormant; ts = f.Targets() {
+		require.True(t, time.Now().Before(deadline), "never dormant")
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, f.Targets()[0].Err)
+
+	failing.Store(true)
+	seen := false
+	for until := time.Now().Add(5 * time.Second); time.Now().Before(until) && !seen; time.Sleep(5 * time.Millisecond) {
+		seen = errors.Is(f.Targets()[0].Err, injected)
+	}
+	require.True(t, seen, "the dormant target never reported its database's failure within 5 s (dormantBeat: %v)", dormantBeat)
+
+	failing.Store(false)
+	cleared := false
+	for until := time.Now().Add(5 * time.Second); time.Now().Before(until) && !cleared; time.Sleep(5 * time.Millisecond) {
+		cleared = f.Targets()[0].Err == nil
+	}
+	require.True(t, cleared, "the failure still reported 5 s after the poll answered again: %v", f.Targets()[0].Err)
+}
