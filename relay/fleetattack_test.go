@@ -353,14 +353,7 @@ func TestFleetAttackLockedTargetStarvesPool(t *testing.T) {
 			f, err := relay.NewFleet(relay.FleetConfig{Relay: faConfig(addrs, "iso"), Targets: targets, DormantAfter: -1}) // lanes without rows
 			require.NoError(t, err)
 			runFleet(t, f)
-			waitFor(t, "every target holds lanes", func() bool {
-				for _, s := range f.Targets() {
-					if s.Stats.Lanes == 0 {
-						return false
-					}
-				}
-				return true
-			})
+			waitAllLanes(t, f)
 			faWrite(t, slow.Pool, "slow", "slow", 5, false) // work for the slow target's claim
 
 			// Lock the slow target's tables for 20 s in another session.

@@ -176,3 +176,16 @@ func readEvents(t testing.TB, b *testBundle, events int) []*sarama.ConsumerMessa
 		want = len(got) + events - len(ids)
 	}
 }
+
+// waitAllLanes waits until every target of f holds lanes.
+func waitAllLanes(t testing.TB, f *relay.Fleet) {
+	t.Helper()
+	waitFor(t, "every target holds lanes", func() bool {
+		for _, s := range f.Targets() {
+			if s.Stats.Lanes == 0 {
+				return false
+			}
+		}
+		return true
+	})
+}

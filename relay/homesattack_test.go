@@ -173,14 +173,7 @@ func TestHomesAttackLockedTargetStarvesHomeMates(t *testing.T) {
 				DormantAfter: -1, MaxConnsPerTarget: tc.cap})
 			require.NoError(t, err)
 			runFleet(t, f)
-			waitFor(t, "every target holds lanes", func() bool {
-				for _, s := range f.Targets() {
-					if s.Stats.Lanes == 0 {
-						return false
-					}
-				}
-				return true
-			})
+			waitAllLanes(t, f)
 			for i, db := range locked {
 				haWrite(t, db, fmt.Sprintf("slow-%d", i), 0, 5, false)
 			}

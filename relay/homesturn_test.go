@@ -49,14 +49,7 @@ func TestHomesTurnSteadilySlowHomeMate(t *testing.T) {
 	f, err := relay.NewFleet(relay.FleetConfig{Relay: faConfig(addrs, "ha-turn"), Targets: targets, DormantAfter: -1})
 	require.NoError(t, err)
 	runFleet(t, f)
-	waitFor(t, "every target holds lanes", func() bool {
-		for _, s := range f.Targets() {
-			if s.Stats.Lanes == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	waitAllLanes(t, f)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
