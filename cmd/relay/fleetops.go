@@ -127,8 +127,17 @@ func newFleetReader(fr *fleetRun, cleaner *fleetCleanup) *fleetReader {
 		limit: o.Targets.EachConcurrency, lanes: o.Relay.Lanes, log: fr.a.log.With("component", "reader"), last: map[string]targetRead{}}
 }
 
-// Run reads the targets until ctx ends.
+// Run reads the targets until ctx ends, from the end of the first round
+// of checks: before, a target whose database's pool was not open yet read
+// as unreachable until the next round (--targets-refresh).
 func (r *fleetReader) Run(ctx context.Context) {
+	if r.fr.checked != nil {
+		select {
+		case <-r.fr.checked:
+		case <-ctx.Done():
+			return
+		}
+	}
 	for {
 		start := time.Now()
 		r.round(ctx)

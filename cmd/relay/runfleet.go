@@ -272,9 +272,13 @@ type refusal struct {
 // one goroutine at a time and alone writes dbs, served and refused, under
 // mu (which guards what /readyz and /metrics read).
 type fleetRun struct {
-	a      *app
-	f      *relay.Fleet
-	budget *connBudget
+	a *app
+	f *relay.Fleet
+	// checked is closed once the first round of checks has ended (nil:
+	// no wait), so the figures' reader does not read targets whose
+	// database's pool is not open yet as unreachable.
+	checked chan struct{}
+	budget  *connBudget
 	// share is the pool size an even split of the budget gives each listed
 	// database (resizePools); a database added gets as much, if left.
 	share int
@@ -312,7 +316,7 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 	if err != nil {
 		return err
 	}
-	fr := &fleetRun{a: a, f: f, budget: newConnBudget(o), log: a.log.With("component", "targets"),
+	fr := &fleetRun{a: a, f: f, checked: make(chan struct{}), budget: newConnBudget(o), log: a.log.With("component", "targets"),
 		dbs: map[string]*fleetDB{}, served: map[string]servedTarget{}, refused: map[string]refusal{}}
 	// The pools close once everything using them stopped: not after a
 	// shutdown that overran its deadline (a pool's Close waits for its
@@ -398,6 +402,7 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 		// passes, those with rows first (checkOrder).
 		began := time.Now()
 		fr.reconcile(runCtx, list)
+		close(fr.checked)
 		if runCtx.Err() == nil {
 			fr.mu.Lock()
 			served, refused := len(fr.served), len(fr.refused)
