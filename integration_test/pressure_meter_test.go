@@ -205,7 +205,7 @@ type arrival struct{ at, sent time.Time }
 type meter struct {
 	mu         sync.Mutex
 	pending    map[int64]time.Time // committed, not seen yet
-	early      map[int64]arrival // seen, commit not recorded yet
+	early      map[int64]arrival   // seen, commit not recorded yet
 	seen       []uint64            // bitset of sequence numbers seen
 	committedN int64
 	published  int64

@@ -538,13 +538,13 @@ type activeResult struct {
 	// SentP50, SentP99: commit → the record's timestamp (set by the relay
 	// when it builds the record batch), the relay's share of the latency.
 	SentP50, SentP99 time.Duration
-	WriteErrs     int64
-	Late          int // events of the phase not on Kafka sc.Drain after the writers stopped
-	Load          string
-	Proc          procSample    // the relay, at the end of the window
-	CPU           float64       // the relay's CPU over the window, in cores
-	For           time.Duration // the measured window
-	Top           []stmtCalls   // the statements that took the server most time in the window (writers' included)
+	WriteErrs        int64
+	Late             int // events of the phase not on Kafka sc.Drain after the writers stopped
+	Load             string
+	Proc             procSample    // the relay, at the end of the window
+	CPU              float64       // the relay's CPU over the window, in cores
+	For              time.Duration // the measured window
+	Top              []stmtCalls   // the statements that took the server most time in the window (writers' included)
 }
 
 // active runs writers at sc.Rate over targets (each transaction picks one
