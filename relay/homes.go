@@ -143,9 +143,7 @@ func (h *homes) take(i int, now time.Time) (c *pgxpool.Conn, back <-chan struct{
 	defer h.mu.Unlock()
 	s := h.slot(i)
 	switch {
-	case s == nil:
-		return nil, nil, 0
-	case s.c == nil:
+	case s == nil || s.c == nil:
 		return nil, nil, 0
 	case !s.out:
 		s.out, s.outAt = true, now

@@ -195,10 +195,10 @@ func TestPollFailAttackAlternate(t *testing.T) {
 }
 
 // (Two more attacks, an outage of the database at start and once the
-// targets are dormant, found that a dormant target reports an outage
-// late, or keeps reporting it after the database is back, up to
-// dormantBeat (30 s): older than pollFailWake, not fixed this round, and
-// left out of the suite; the review's report has them.)
+// targets are dormant, found that a dormant target reported an outage
+// late, or kept reporting it after the database was back, up to
+// dormantBeat (30 s). Fixed the round after (pollFailed, pollAnswered);
+// TestFleetDormantTargetReportsPollFailure checks it.)
 
 // ask's chunks: a chunk timing out in the middle of a 600-target round
 // fails the round after its own timeout; the earlier chunk's targets were

@@ -33,9 +33,9 @@ const (
 
 // startRows is a pool's last reading of the statistics (outboxstats.Rows).
 type startRows struct {
-	mu  sync.Mutex
-	at  time.Time
-	has map[string]bool
+	mu   sync.Mutex
+	at   time.Time
+	rows map[string]int64 // by schema (outboxstats.Rows); nil: the reading failed
 }
 
 // awake reports whether schema's outbox holds rows by pool's statistics,
@@ -49,23 +49,19 @@ func (s *startRows) awake(ctx context.Context, pool *pgxpool.Pool, schema string
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if time.Since(s.at) >= startRowsFor {
-		s.has, s.at = readStartRows(ctx, pool), time.Now()
+		s.rows, s.at = readStartRows(ctx, pool), time.Now()
 	}
-	return s.has[schema]
+	return s.rows[schema] > 0
 }
 
-func readStartRows(ctx context.Context, pool *pgxpool.Pool) map[string]bool {
+func readStartRows(ctx context.Context, pool *pgxpool.Pool) map[string]int64 {
 	ctx, cancel := context.WithTimeout(ctx, startRowsWait)
 	defer cancel()
 	rows, err := outboxstats.Rows(ctx, pool)
 	if err != nil {
 		return nil
 	}
-	has := make(map[string]bool, len(rows))
-	for schema := range rows {
-		has[schema] = true
-	}
-	return has
+	return rows
 }
 
 // startGate bounds the targets of a pool that start dormant preparing
