@@ -8,7 +8,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgbox/pgbox/inbox"
@@ -36,19 +35,34 @@ func (b *testBundle) produce(t *testing.T, topic string, n int, at time.Time) {
 
 // produceOneBatch writes one record per timestamp to partition 0 of topic,
 // all in one record batch, as Kafka's log cleaner leaves a group of cleaned
-// segments: Kafka's retention then goes by the newest of them.
+// segments: Kafka's retention then goes by the newest of them. The producer
+// holds the records until it has all of them (Flush.Messages, no timer), so
+// they go in one request and one batch whatever the metadata's timing: a
+// client that drains as records arrive (franz-go flushing while the topic's
+// partitions load) can send the first one alone.
 func (b *testBundle) produceOneBatch(t *testing.T, topic string, stamps ...time.Time) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.cluster.ListenAddrs()...), kgo.ManualFlushing(),
-		kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	cfg := kafkatest.Config()
+	cfg.Producer.Return.Successes = true
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	cfg.Producer.Flush.Messages = len(stamps)
+	cfg.Producer.Flush.Frequency = 0
+	p, err := sarama.NewAsyncProducer(b.cluster.ListenAddrs(), cfg)
 	require.NoError(t, err)
-	defer cl.Close()
-	ctx := context.Background()
+	defer func() { _ = p.Close() }()
 	for i, at := range stamps {
-		cl.Produce(ctx, &kgo.Record{Topic: topic, Partition: 0, Timestamp: at, Key: []byte{byte('a' + i)}, Value: []byte("v")},
-			func(_ *kgo.Record, err error) { require.NoError(t, err) })
+		p.Input() <- &sarama.ProducerMessage{Topic: topic, Partition: 0, Timestamp: at,
+			Key: sarama.ByteEncoder{byte('a' + i)}, Value: sarama.StringEncoder("v")}
 	}
-	require.NoError(t, cl.Flush(ctx))
+	for range stamps {
+		select {
+		case <-p.Successes():
+		case perr := <-p.Errors():
+			require.NoError(t, perr.Err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the batch was not acknowledged within 10s")
+		}
+	}
 }
 
 // logStart asks Kafka for partition 0's log start offset, as the cleaner does.
