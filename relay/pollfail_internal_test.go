@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -94,4 +96,70 @@ func TestFleetDormantTargetReportsPollFailure(t *testing.T) {
 		cleared = f.Targets()[0].Err == nil
 	}
 	require.True(t, cleared, "the failure still reported 5 s after the poll answered again: %v", f.Targets()[0].Err)
+}
+
+// Targets that go dormant together do not renew their dormant rows
+// together: each renewal comes a random wait of dormantBeat/2 to
+// dormantBeat after the last (nextDormantBeat). At a fixed period a
+// thousand targets that went dormant in the same second renewed in the
+// same second every 30 s, on the busy targets' home connections. Fails
+// with a fixed dormantBeat: every target's renewals come dormantBeat
+// apart, give or take a heartbeat tick.
+func TestFleetDormantRenewalsSpread(t *testing.T) {
+	old := dormantBeat
+	dormantBeat = time.Second
+	t.Cleanup(func() { dormantBeat = old })
+	ctx := context.Background()
+	pool, cfg := fleetRig(t)
+	cfg.PollInterval = 100 * time.Millisecond
+	const n = 8
+	var targets []Target
+	var dbs []*testdb.DB
+	for i := range n {
+		db := testdb.New(t)
+		dbs = append(dbs, db)
+		targets = append(targets, Target{Name: "t" + strconv.Itoa(i), Pool: pool, Schema: db.Schema})
+	}
+	f, err := NewFleet(FleetConfig{Relay: cfg, Targets: targets, DormantAfter: 200 * time.Millisecond})
+	require.NoError(t, err)
+	runFleet(t, f)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		dormant := 0
+		for _, ts := range f.Targets() {
+			if ts.Dormant {
+				dormant++
+			}
+		}
+		if dormant == n {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "only %d of %d targets dormant", dormant, n)
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Each target's renewals, as its instance row's heartbeat_at.
+	renewals := make([][]time.Time, n)
+	for until := time.Now().Add(5 * time.Second); time.Now().Before(until); time.Sleep(20 * time.Millisecond) {
+		for i, db := range dbs {
+			var at time.Time
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT heartbeat_at FROM pgbox_relay_instances WHERE sleeping`).Scan(&at))
+			if k := len(renewals[i]); k == 0 || !renewals[i][k-1].Equal(at) {
+				renewals[i] = append(renewals[i], at)
+			}
+		}
+	}
+	var gaps []time.Duration
+	for i, rs := range renewals {
+		for k := 1; k < len(rs); k++ {
+			g := rs[k].Sub(rs[k-1])
+			// The wait, then up to a heartbeat tick until the loop looks.
+			require.GreaterOrEqual(t, g, dormantBeat/2, "target %d renewed too soon", i)
+			require.LessOrEqual(t, g, dormantBeat+3*cfg.HeartbeatInterval, "target %d renewed too late", i)
+			gaps = append(gaps, g)
+		}
+	}
+	require.GreaterOrEqual(t, len(gaps), 2*n, "renewals seen: %v", renewals)
+	slices.Sort(gaps)
+	require.Greater(t, gaps[len(gaps)-1]-gaps[0], dormantBeat/4,
+		"every renewal came the same wait after the last (%v to %v): targets that went dormant together renew together", gaps[0], gaps[len(gaps)-1])
 }
