@@ -262,3 +262,39 @@ func TestHorizonSummaryBounds(t *testing.T) {
 		inspect.Horizon{AgeSeconds: age(inspect.HorizonWarnAge + time.Second), AgeTransactions: 10, Holders: []inspect.HorizonHolder{session}}.Summary())
 	require.Contains(t, inspect.Horizon{}.Summary(), "not held")
 }
+
+// ReadHorizon reads what Read puts in Snapshot.Horizon, and a snapshot
+// given Config.Horizon takes it as it is instead of reading it again (a
+// fleet's reader reads a database's horizon once for its schemas): here a
+// horizon no database could give, kept whole, while the holder the server
+// shows is not read.
+func TestReadHorizonShared(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	ctx := context.Background()
+	rr := connectAs(t, db.URL, "", "horizon-shared-"+suffix())
+	rr.exec(t, `BEGIN ISOLATION LEVEL REPEATABLE READ`)
+	rr.exec(t, `SELECT count(*) FROM pgbox_outbox`)
+
+	h, err := inspect.ReadHorizon(ctx, db.Pool, everyHolder)
+	require.NoError(t, err)
+	require.Equal(t, inspect.HolderSession, find(t, h, rr.pid).Kind)
+	snap, err := inspect.Read(ctx, db.Pool, everyHolder)
+	require.NoError(t, err)
+	require.Equal(t, inspect.HolderSession, find(t, snap.Horizon, rr.pid).Kind, "Read lists the same holder")
+
+	age := 12345.0
+	given := inspect.Horizon{AgeSeconds: &age, AgeTransactions: 777,
+		Kinds:   []inspect.HorizonKind{{Kind: inspect.HolderPrepared, Holders: 1, AgeTransactions: 777, AgeSeconds: &age}},
+		Holders: []inspect.HorizonHolder{{Kind: inspect.HolderPrepared, Name: "given", AgeTransactions: 777, AgeSeconds: &age}}}
+	cfg := everyHolder
+	cfg.Horizon = &given
+	snap, err = inspect.Read(ctx, db.Pool, cfg)
+	require.NoError(t, err)
+	require.Equal(t, given, snap.Horizon, "the given horizon, not a read one")
+	snap.Horizon.Holders[0].Name = "changed"
+	require.Equal(t, "given", given.Holders[0].Name, "the snapshot has its own copy")
+
+	_, err = inspect.ReadHorizon(ctx, nil, inspect.Config{})
+	require.Error(t, err)
+}

@@ -51,6 +51,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -106,6 +107,14 @@ type Config struct {
 	// (Snapshot.Horizon.Holders, oldest first); the ages and per-kind sums
 	// count them all. Defaults to [HorizonListDefault] (10).
 	HorizonList int
+
+	// Horizon, when set, is taken as the snapshot's xmin horizon
+	// (Snapshot.Horizon) instead of reading it again: the horizon is the
+	// database's, not the schema's, so a caller that reads many schemas
+	// of one database reads it once ([ReadHorizon]) and hands it to each.
+	// Its ages are as of that read. Defaults to nil: each snapshot reads
+	// it.
+	Horizon *Horizon
 
 	// Cutoffs, when set, compares each inbox topic's oldest key with the
 	// topic's cleanup window: cleanup.Cutoffs reads the windows from Kafka
@@ -211,14 +220,47 @@ func readTx(ctx context.Context, db DB, cfg Config) (*Snapshot, error) {
 		return nil, fmt.Errorf("inspect: set statement_timeout, read the database clock: %w", err)
 	}
 	snap.Time = snap.Time.UTC()
-	for _, step := range []func(context.Context, pgx.Tx, Config) error{
+	steps := []func(context.Context, pgx.Tx, Config) error{
 		snap.readLanes, snap.readBacklog, snap.readLaneAges, snap.readParked, snap.readInbox, snap.readDead, snap.readHorizon,
-	} {
+	}
+	if cfg.Horizon != nil {
+		steps = steps[:len(steps)-1]
+		snap.Horizon = *cfg.Horizon
+		snap.Horizon.Kinds = slices.Clone(cfg.Horizon.Kinds)
+		snap.Horizon.Holders = slices.Clone(cfg.Horizon.Holders)
+	}
+	for _, step := range steps {
 		if err := step(ctx, tx, cfg); err != nil {
 			return nil, schemaHint(err)
 		}
 	}
 	return snap, nil
+}
+
+// ReadHorizon reads the current database's xmin horizon alone (what
+// Read puts in Snapshot.Horizon), in a transaction of its own on db,
+// rolled back at the end, bounded by Config.StatementTimeout; the
+// HorizonList of cfg applies, the rest of it is not used. Config.Horizon
+// hands it to the snapshots of the database's schemas.
+func ReadHorizon(ctx context.Context, db DB, cfg Config) (Horizon, error) {
+	if err := cfg.validate(db); err != nil {
+		return Horizon{}, err
+	}
+	cfg = cfg.withDefaults()
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return Horizon{}, fmt.Errorf("inspect: begin: %w (%w)", err, ErrNoConnection)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	timeout := fmt.Sprintf("%dms", max(cfg.StatementTimeout.Milliseconds(), 1))
+	var snap Snapshot
+	if err := tx.QueryRow(ctx, sqlStart, timeout).Scan(&snap.Time); err != nil {
+		return Horizon{}, fmt.Errorf("inspect: set statement_timeout: %w", err)
+	}
+	if err := snap.readHorizon(ctx, tx, cfg); err != nil {
+		return Horizon{}, err
+	}
+	return snap.Horizon, nil
 }
 
 // schemaHint wraps ErrSchemaMissing into "relation does not exist".

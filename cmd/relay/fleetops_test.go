@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -359,7 +361,7 @@ func TestTargetDBShared(t *testing.T) {
 	cf := &consoleFleet{fr: fr, reader: r}
 	got, err := cf.DB("acme")
 	require.NoError(t, err)
-	rd := r.read(t.Context(), fr.listedPools()[0], inspect.Config{})
+	rd := r.read(t.Context(), fr.listedPools()[0], inspect.Config{}, &horizons{by: map[*pgxpool.Pool]*horizonRead{}})
 	require.Equal(t, stateOK, rd.state, rd.detail)
 	again, err := r.dbs.get(acme, db.Pool)
 	require.NoError(t, err)
@@ -367,4 +369,43 @@ func TestTargetDBShared(t *testing.T) {
 	require.Equal(t, readerConns(db.Pool.Config().MaxConns), cap(again.slots))
 	_, err = cf.DB("nobody")
 	require.ErrorIs(t, err, console.ErrUnknownTarget)
+}
+
+// A round of the reader reads each database's xmin horizon once for all
+// of its targets (horizonShare), and every target's snapshot shows it: the
+// session holding the horizon is counted in each.
+func TestFleetReaderSharesHorizon(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	var specs []targetSpec
+	var pool *pgxpool.Pool
+	for i := range 3 {
+		db := testdb.New(t)
+		if pool == nil {
+			pool = db.Pool
+		}
+		specs = append(specs, targetSpec{Name: "t" + strconv.Itoa(i), Schema: db.Schema, DatabaseURL: "db"})
+	}
+	holder, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = tx.Exec(ctx, `SELECT pg_current_xact_id()`)
+	require.NoError(t, err)
+
+	fr := &fleetRun{dbs: map[string]*fleetDB{"db": {url: "db", pool: pool}}, list: specs}
+	r := &fleetReader{fr: fr, dbs: newTargetDBs(fr), last: map[string]targetRead{}}
+	hz := &horizons{by: map[*pgxpool.Pool]*horizonRead{}}
+	for _, tp := range fr.listedPools() {
+		rd := r.read(ctx, tp, inspect.Config{HorizonList: 1000}, hz)
+		require.Equal(t, stateOK, rd.state, rd.detail)
+		held := false // (the reader keeps the sums per kind, not the list: trimSnapshot)
+		for _, k := range rd.snap.Horizon.Kinds {
+			held = held || (k.Kind == inspect.HolderSession && k.Holders >= 1)
+		}
+		require.True(t, held, "target %s: the session holding the horizon is not in it: %+v", tp.spec.Name, rd.snap.Horizon)
+	}
+	require.EqualValues(t, 1, hz.reads.Load(), "one read of the database's horizon for its three targets")
 }
