@@ -38,7 +38,7 @@ const (
 	// targets, read for each of them every round of `relay run`'s reader.
 	versionTableSQL = `SELECT EXISTS (SELECT 1 FROM pg_class c WHERE c.relname = $1 AND c.relkind IN ('r', 'p')
 	AND c.relnamespace = (SELECT n.oid FROM pg_namespace n WHERE n.nspname = current_schema()))`
-	appliedSQL      = `SELECT DISTINCT version_id FROM %s WHERE is_applied AND version_id > 0`
+	appliedSQL = `SELECT DISTINCT version_id FROM %s WHERE is_applied AND version_id > 0`
 
 	schemaLockSQL   = `SELECT pg_advisory_xact_lock($1)`
 	createSchemaSQL = `CREATE SCHEMA IF NOT EXISTS %s`
