@@ -6,7 +6,8 @@ import "time"
 // `relay status --json` prints.
 type Snapshot struct {
 	// Time is the database's clock when the snapshot was taken; every age is
-	// measured from it.
+	// measured from it, but the horizon's when Config.Horizon handed the
+	// snapshot one read earlier (its ages are as of that read).
 	Time time.Time `json:"time"`
 	// ReadSeconds is how long the snapshot took to read.
 	ReadSeconds float64 `json:"read_seconds"`

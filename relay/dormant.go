@@ -40,7 +40,8 @@ import (
 //     outbox: startrows.go), and goes dormant again once idle for
 //     DormantAfter: its heartbeat gives up
 //     its lanes and stops renewing them; its instance row stays, marked
-//     dormant (dormantSQL), renewed every dormantBeat. Writers with
+//     dormant (dormantSQL), renewed every dormantBeat or so
+//     (nextDormantBeat). Writers with
 //     outbox.Config.Notify still notify it (it is a live, sleeping
 //     instance to them); the Fleet's poll finds everybody else's rows. On
 //     waking it heartbeats at once, takes its lanes back and claims.
@@ -57,27 +58,28 @@ import (
 // DormantAfterDefault is FleetConfig.DormantAfter's default.
 const DormantAfterDefault = time.Minute
 
-// dormantBeat is how often at most a dormant instance renews its row;
-// dormantTTL how long the row counts as live without a renewal.
+// dormantBeat is how often, on average, a dormant instance renews its
+// row; dormantTTL how long the row counts as live without a renewal.
 //
-// Each renewal comes after a random wait between half of dormantBeat and
-// dormantBeat (nextDormantBeat), never at a fixed period: a Fleet's idle
-// targets go dormant together (DormantAfter after the same start or the
-// same burst), and at a fixed period they stayed in step, a thousand
-// renewals in the same second every 30 s, each on its target's home
-// connection, so the busy targets of those homes waited behind them
-// (measured at 1,000 schemas: commit→Kafka p50 over 1 s for 2-4 s, every
-// 30 s). Renewing early is always safe: the row lives dormantTTL, three
-// times the longest wait.
+// Each renewal comes a random wait after the last, between two thirds
+// and four thirds of dormantBeat (nextDormantBeat), never at a fixed
+// period: a Fleet's idle targets go dormant together (DormantAfter after
+// the same start or the same burst), and at a fixed period they stayed in
+// step, a thousand renewals in the same second every 30 s, each on its
+// target's home connection beside the busy targets' statements. (No
+// effect on latency was measured: the half-minute stalls of make tenants
+// were autovacuum's, docs/tenants-scale.md.) The row lives dormantTTL,
+// more than twice the longest wait.
+//
 // (A variable for the tests.)
 var dormantBeat = 30 * time.Second
 
 func dormantTTL() time.Duration { return 3 * dormantBeat }
 
 // nextDormantBeat draws the wait before a dormant row's next renewal:
-// uniform in [dormantBeat/2, dormantBeat).
+// uniform in [2/3, 4/3) of dormantBeat, dormantBeat on average.
 func nextDormantBeat() time.Duration {
-	return dormantBeat/2 + rand.N(dormantBeat/2)
+	return dormantBeat*2/3 + rand.N(max(dormantBeat*2/3, 1))
 }
 
 // dormantSQL makes the instance dormant, or renews a dormant one: its

@@ -75,7 +75,7 @@ type FleetConfig struct {
 	// come (a notification, or the Fleet's idle poll, which asks every
 	// idle target of a database in one round trip each PollInterval). A
 	// dormant target costs its database one question a second in a shared
-	// pipeline and one write every 15 to 30 seconds; waking costs it a
+	// pipeline and one write every 30 seconds or so; waking costs it a
 	// heartbeat. Defaults to [DormantAfterDefault] (1 minute); negative:
 	// targets never go dormant.
 	DormantAfter time.Duration

@@ -210,6 +210,11 @@ func (r *fleetReader) read(ctx context.Context, t targetPool, cfg inspect.Config
 // of two (make tenants, pg_stat_statements: 17 reads a second, 9 ms each).
 const horizonShare = 5 * time.Second
 
+// horizonReadTimeout bounds one shared read of a horizon (the query takes
+// milliseconds): a slow one must leave the target that ran it most of its
+// targetReadTimeout, and its database's other targets their own.
+const horizonReadTimeout = time.Second
+
 // horizons is one round's reads of each database's horizon.
 type horizons struct {
 	mu    sync.Mutex
@@ -218,34 +223,45 @@ type horizons struct {
 }
 
 type horizonRead struct {
-	mu sync.Mutex
-	h  *inspect.Horizon
-	at time.Time
+	turn chan struct{}    // one read at a time; a waiter gives up at its own deadline
+	h    *inspect.Horizon // nil after a failed read
+	at   time.Time        // of the last read; zero: none yet
 }
 
-// get returns pool's horizon, read through db unless read less than
-// horizonShare ago; nil when it could not be read (the target's snapshot
-// then reads it, and reports its failure as its own).
+// get returns pool's horizon, read through db unless read (or failed)
+// less than horizonShare ago; nil when it could not be read, or not
+// before ctx ended: the target's snapshot then reads it itself, as
+// without sharing, and reports a failure as its own. A failed read is
+// kept as failed for horizonShare, so the other targets do not each
+// wait for it and try again (the review).
 func (hz *horizons) get(ctx context.Context, pool *pgxpool.Pool, db inspect.DB, cfg inspect.Config) *inspect.Horizon {
 	hz.mu.Lock()
 	hr := hz.by[pool]
 	if hr == nil {
-		hr = &horizonRead{}
+		hr = &horizonRead{turn: make(chan struct{}, 1)}
 		hz.by[pool] = hr
 	}
 	hz.mu.Unlock()
-	hr.mu.Lock()
-	defer hr.mu.Unlock()
-	if hr.h != nil && time.Since(hr.at) < horizonShare {
+	select {
+	case hr.turn <- struct{}{}:
+	case <-ctx.Done():
+		return nil
+	}
+	defer func() { <-hr.turn }()
+	if !hr.at.IsZero() && time.Since(hr.at) < horizonShare {
 		return hr.h
 	}
 	hz.reads.Add(1)
-	h, err := inspect.ReadHorizon(ctx, db, cfg)
-	if err != nil {
-		hr.h = nil
-		return nil
+	rctx, cancel := context.WithTimeout(ctx, horizonReadTimeout)
+	defer cancel()
+	if cfg.StatementTimeout == 0 || cfg.StatementTimeout > horizonReadTimeout {
+		cfg.StatementTimeout = horizonReadTimeout
 	}
-	hr.h, hr.at = &h, time.Now()
+	h, err := inspect.ReadHorizon(rctx, db, cfg)
+	hr.h, hr.at = nil, time.Now()
+	if err == nil {
+		hr.h = &h
+	}
 	return hr.h
 }
 

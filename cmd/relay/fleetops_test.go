@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -408,4 +409,49 @@ func TestFleetReaderSharesHorizon(t *testing.T) {
 		require.True(t, held, "target %s: the session holding the horizon is not in it: %+v", tp.spec.Name, rd.snap.Horizon)
 	}
 	require.EqualValues(t, 1, hz.reads.Load(), "one read of the database's horizon for its three targets")
+}
+
+// stuckDB is an inspect.DB whose Begin waits for its context to end.
+type stuckDB struct{ begins atomic.Int64 }
+
+func (d *stuckDB) Begin(ctx context.Context) (pgx.Tx, error) {
+	d.begins.Add(1)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A horizon read that hangs costs the database's other targets nothing
+// beyond their own deadline, and is tried once (the review): a target
+// waiting for another's shared read gives up at its own deadline, a read
+// is bounded by horizonReadTimeout, and its failure is kept for
+// horizonShare, so the targets after it read their own horizon at once
+// (get returns nil) instead of each waiting for a read of its own.
+func TestFleetReaderHorizonReadHangs(t *testing.T) {
+	t.Parallel()
+	hz := &horizons{by: map[*pgxpool.Pool]*horizonRead{}}
+	pool := &pgxpool.Pool{} // a key only: stuckDB does the reads
+	db := &stuckDB{}
+	first := make(chan *inspect.Horizon, 1)
+	began := time.Now()
+	go func() { first <- hz.get(t.Context(), pool, db, inspect.Config{}) }()
+	for db.begins.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	require.Nil(t, hz.get(ctx, pool, db, inspect.Config{}))
+	require.Less(t, time.Since(start), 600*time.Millisecond, "a waiter gave up only after the hung read ended, not at its own deadline")
+
+	require.Nil(t, <-first)
+	took := time.Since(began)
+	require.GreaterOrEqual(t, took, horizonReadTimeout)
+	require.Less(t, took, horizonReadTimeout+time.Second, "the shared read is bounded by horizonReadTimeout")
+
+	start = time.Now()
+	require.Nil(t, hz.get(t.Context(), pool, db, inspect.Config{}), "the failure is kept")
+	require.Less(t, time.Since(start), 100*time.Millisecond)
+	require.EqualValues(t, 1, hz.reads.Load(), "one read tried in the round, not one per target")
+	require.EqualValues(t, 1, db.begins.Load())
 }
