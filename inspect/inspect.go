@@ -208,18 +208,29 @@ func Read(ctx context.Context, db DB, cfg Config) (*Snapshot, error) {
 	return snap, nil
 }
 
-func readTx(ctx context.Context, db DB, cfg Config) (*Snapshot, error) {
+// begin starts a snapshot's transaction on db (roll it back when done)
+// with Config.StatementTimeout, and returns the database's clock.
+func begin(ctx context.Context, db DB, cfg Config) (pgx.Tx, time.Time, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("inspect: begin: %w (%w)", err, ErrNoConnection)
+		return nil, time.Time{}, fmt.Errorf("inspect: begin: %w (%w)", err, ErrNoConnection)
+	}
+	timeout := fmt.Sprintf("%dms", max(cfg.StatementTimeout.Milliseconds(), 1))
+	var now time.Time
+	if err := tx.QueryRow(ctx, sqlStart, timeout).Scan(&now); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, time.Time{}, fmt.Errorf("inspect: set statement_timeout, read the database clock: %w", err)
+	}
+	return tx, now.UTC(), nil
+}
+
+func readTx(ctx context.Context, db DB, cfg Config) (*Snapshot, error) {
+	tx, now, err := begin(ctx, db, cfg)
+	if err != nil {
+		return nil, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	timeout := fmt.Sprintf("%dms", max(cfg.StatementTimeout.Milliseconds(), 1))
-	snap := &Snapshot{}
-	if err := tx.QueryRow(ctx, sqlStart, timeout).Scan(&snap.Time); err != nil {
-		return nil, fmt.Errorf("inspect: set statement_timeout, read the database clock: %w", err)
-	}
-	snap.Time = snap.Time.UTC()
+	snap := &Snapshot{Time: now}
 	steps := []func(context.Context, pgx.Tx, Config) error{
 		snap.readLanes, snap.readBacklog, snap.readLaneAges, snap.readParked, snap.readInbox, snap.readDead, snap.readHorizon,
 	}
@@ -247,16 +258,12 @@ func ReadHorizon(ctx context.Context, db DB, cfg Config) (Horizon, error) {
 		return Horizon{}, err
 	}
 	cfg = cfg.withDefaults()
-	tx, err := db.Begin(ctx)
+	tx, now, err := begin(ctx, db, cfg)
 	if err != nil {
-		return Horizon{}, fmt.Errorf("inspect: begin: %w (%w)", err, ErrNoConnection)
+		return Horizon{}, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	timeout := fmt.Sprintf("%dms", max(cfg.StatementTimeout.Milliseconds(), 1))
-	var snap Snapshot
-	if err := tx.QueryRow(ctx, sqlStart, timeout).Scan(&snap.Time); err != nil {
-		return Horizon{}, fmt.Errorf("inspect: set statement_timeout: %w", err)
-	}
+	snap := Snapshot{Time: now}
 	if err := snap.readHorizon(ctx, tx, cfg); err != nil {
 		return Horizon{}, err
 	}

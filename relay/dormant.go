@@ -127,9 +127,9 @@ type fleetIdle struct {
 // (Fleet targets only: FleetConfig.DormantAfter).
 func (r *Relay) Dormant() bool { return r.idleState.dormant.Load() }
 
-// dormantBeat makes the instance dormant, or renews its dormant row (at
-// most every dormantBeat: nextDormantBeat). It runs on the heartbeat goroutine, the only one that
-// touches the lease state.
+// dormantBeat makes the instance dormant, or renews its dormant row
+// (every dormantBeat or so: nextDormantBeat). It runs on the heartbeat
+// goroutine, the only one that touches the lease state.
 func (r *Relay) dormantBeat(ctx context.Context) {
 	s := &r.idleState
 	if s.dormant.Load() && time.Since(s.beatAt) < s.beatIn {
@@ -324,8 +324,8 @@ func (f *Fleet) pollLoop(ctx context.Context, pool *pgxpool.Pool, kick <-chan st
 // pollFailed reports a failed round of the Fleet's idle poll as a dormant
 // relay's own failure (Fleet.Targets, the target's state and metrics): its
 // dormant row is renewed, and a failure of its own seen, only every
-// dormantBeat, so a database outage showed up to 30 s late (the review of
-// the idle poll's failures).
+// dormantBeat or so, so a database outage showed up to 30 s late (the
+// review of the idle poll's failures).
 func (r *Relay) pollFailed(err error) {
 	if !r.idleState.dormant.Load() {
 		return // awake: its heartbeat reports its database's failures
