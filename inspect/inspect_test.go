@@ -232,3 +232,49 @@ func TestReadCutoffs(t *testing.T) {
 	require.True(t, orders.Cutoff.Equal(snap.Time.Add(-(2*time.Hour + 10*time.Minute))))
 	require.Contains(t, orders.Note, "overdue")
 }
+
+// TestBacklogEstimateWithoutAnalyze: past the exact limit the backlog
+// follows the rows written since the last ANALYZE (migration 00150 makes
+// the outbox's analyzes rare: after 10,000 changed rows), parked rows not
+// counted; an outbox never analyzed still reports its live rows. (The
+// review of 00150: 8,000 rows were reported as the exact limit, 1,000,
+// until the next analyze.)
+func TestBacklogEstimateWithoutAnalyze(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, analyzed := range []bool{true, false} {
+		db := testdb.New(t)
+		exec(t, db, `ALTER TABLE pgbox_outbox SET (autovacuum_enabled = off)`)
+		if analyzed {
+			outboxRows(t, db, "orders", 1, 20, time.Minute)
+			exec(t, db, `INSERT INTO pgbox_outbox (event_id, slot, topic, key, value, parked_at)
+				SELECT gen_random_uuid(), 3, 'orders', convert_to('p' || i, 'UTF8'), 'v', now() FROM generate_series(1, 500) i`)
+			// The inserts' statistics first: sent after ANALYZE set the live
+			// count, they would be counted twice.
+			require.Eventually(t, func() bool {
+				var n int64
+				require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_stat_get_tuples_inserted('pgbox_outbox'::regclass)`).Scan(&n))
+				return n == 520
+			}, 30*time.Second, 100*time.Millisecond)
+			exec(t, db, `ANALYZE pgbox_outbox`)
+			outboxRows(t, db, "orders", 1, 7980, 0)
+		} else {
+			outboxRows(t, db, "orders", 1, 8000, 0)
+		}
+		// Backends send their statistics a second or so after a transaction
+		// (an idle one, within 10 s).
+		var snap *inspect.Snapshot
+		require.Eventually(t, func() bool {
+			var err error
+			snap, err = inspect.Read(ctx, db.Pool, inspect.Config{})
+			require.NoError(t, err)
+			return snap.Outbox.Unpublished > int64(inspect.ExactLimitDefault)
+		}, 30*time.Second, 200*time.Millisecond, "analyzed %v: the backlog stays at the exact limit", analyzed)
+		require.True(t, snap.Outbox.Estimated)
+		require.InDelta(t, 8000, snap.Outbox.Unpublished, 200, "analyzed %v: parked rows not counted", analyzed)
+		if analyzed {
+			require.Len(t, snap.Topics, 1)
+			require.InDelta(t, 8000, snap.Topics[0].Unpublished, 800)
+		}
+	}
+}

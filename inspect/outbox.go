@@ -14,7 +14,7 @@ import (
 )
 
 // readBacklog counts unparked rows exactly up to the limit, by topic and
-// lane; past it, per topic from planner statistics.
+// lane; past it, per topic from statistics (sqlBacklogLive).
 func (s *Snapshot) readBacklog(ctx context.Context, tx pgx.Tx, cfg Config) error {
 	var n int64
 	if err := tx.QueryRow(ctx, sqlUnpublishedBounded, cfg.ExactLimit).Scan(&n); err != nil {
@@ -37,7 +37,11 @@ func (s *Snapshot) readBacklog(ctx context.Context, tx pgx.Tx, cfg Config) error
 		s.Outbox.Unpublished = n
 		return nil
 	}
-	rows, err := tx.Query(ctx, sqlBacklogEstimate)
+	var live int64
+	if err := tx.QueryRow(ctx, sqlBacklogLive).Scan(&live); err != nil {
+		return fmt.Errorf("inspect: estimate pgbox_outbox backlog: %w", err)
+	}
+	rows, err := tx.Query(ctx, sqlBacklogEstimate, live)
 	if err != nil {
 		return fmt.Errorf("inspect: estimate pgbox_outbox backlog: %w", err)
 	}
@@ -54,7 +58,9 @@ func (s *Snapshot) readBacklog(ctx context.Context, tx pgx.Tx, cfg Config) error
 		sum += b.Unpublished
 	}
 	// At least what was counted: statistics can lag a fast-growing backlog.
-	s.Outbox.Unpublished, s.Outbox.Estimated = max(sum, n), true
+	// The live rows, when the topics' shares miss some (rare topics, an
+	// outbox never analyzed).
+	s.Outbox.Unpublished, s.Outbox.Estimated = max(sum, live, n), true
 	return nil
 }
 

@@ -20,8 +20,8 @@ func reloptions(t *testing.T, db *testdb.DB, table string) []string {
 	return opts
 }
 
-// Migration 00150 makes the tables every claim reads due for autovacuum
-// after 10,000 dead or changed rows rather than 50 (each pass replans every
+// Migration 00150 makes the tables the relay reads at every claim due for
+// autovacuum after 5,000 or 100,000 dead or changed rows rather than 50 (each pass replans every
 // statement over them in every backend); its Down restores PostgreSQL's
 // defaults and keeps the scale factors 00002 set and an operator's own
 // settings.
@@ -33,13 +33,13 @@ func TestQuietAutovacuumThresholds(t *testing.T) {
 	require.NoError(t, migrations.Up(ctx, sqlDB))
 
 	want := map[string][]string{
-		"pgbox_outbox": {"autovacuum_vacuum_threshold=10000", "autovacuum_vacuum_insert_threshold=10000",
-			"autovacuum_analyze_threshold=10000"},
-		"pgbox_relay_lanes":     {"autovacuum_vacuum_threshold=10000", "autovacuum_analyze_threshold=10000"},
-		"pgbox_relay_marker":    {"autovacuum_vacuum_threshold=10000", "autovacuum_analyze_threshold=10000"},
-		"pgbox_relay_instances": {"autovacuum_vacuum_threshold=10000", "autovacuum_analyze_threshold=10000"},
-		"pgbox_relay_history": {"autovacuum_vacuum_threshold=10000", "autovacuum_vacuum_insert_threshold=10000",
-			"autovacuum_analyze_threshold=10000"},
+		"pgbox_outbox": {"autovacuum_vacuum_threshold=5000", "autovacuum_vacuum_insert_threshold=5000",
+			"autovacuum_analyze_threshold=5000"},
+		"pgbox_relay_history": {"autovacuum_vacuum_threshold=5000", "autovacuum_vacuum_insert_threshold=5000",
+			"autovacuum_analyze_threshold=5000"},
+		"pgbox_relay_lanes":     {"autovacuum_vacuum_threshold=100000", "autovacuum_analyze_threshold=100000"},
+		"pgbox_relay_marker":    {"autovacuum_vacuum_threshold=100000", "autovacuum_analyze_threshold=100000"},
+		"pgbox_relay_instances": {"autovacuum_vacuum_threshold=100000", "autovacuum_analyze_threshold=100000"},
 	}
 	outboxScale := []string{"autovacuum_vacuum_scale_factor=0.01", "autovacuum_analyze_scale_factor=0.02", "autovacuum_vacuum_cost_delay=0"}
 	for table, opts := range want {

@@ -13,7 +13,7 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 }
 
 // estimateNote is appended to the help of counts that become estimates.
-var estimateNote = fmt.Sprintf(" Exact up to Config.Inspect.ExactLimit rows (default %d); past it a planner estimate (pg_class.reltuples, pg_stats), see the matching _estimated gauge.", inspect.ExactLimitDefault)
+var estimateNote = fmt.Sprintf(" Exact up to Config.Inspect.ExactLimit rows (default %d); past it an estimate from the statistics (the outbox: its live rows in pg_stat, split by pg_stats; the inbox: the planner's), see the matching _estimated gauge.", inspect.ExactLimitDefault)
 
 // Relay, cleanup, inbox and consumer-adapter counters, read from their Stats().
 var (
