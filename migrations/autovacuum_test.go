@@ -34,9 +34,9 @@ func TestQuietAutovacuumThresholds(t *testing.T) {
 
 	want := map[string][]string{
 		"pgbox_outbox": {"autovacuum_vacuum_threshold=5000", "autovacuum_vacuum_insert_threshold=5000",
-			"autovacuum_analyze_threshold=5000"},
+			"autovacuum_analyze_threshold=10000"},
 		"pgbox_relay_history": {"autovacuum_vacuum_threshold=5000", "autovacuum_vacuum_insert_threshold=5000",
-			"autovacuum_analyze_threshold=5000"},
+			"autovacuum_analyze_threshold=10000"},
 		"pgbox_relay_lanes":     {"autovacuum_vacuum_threshold=100000", "autovacuum_analyze_threshold=100000"},
 		"pgbox_relay_marker":    {"autovacuum_vacuum_threshold=100000", "autovacuum_analyze_threshold=100000"},
 		"pgbox_relay_instances": {"autovacuum_vacuum_threshold=100000", "autovacuum_analyze_threshold=100000"},
