@@ -21,7 +21,6 @@ import (
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/migrations"
 	"github.com/pgbox/pgbox/outbox"
-	"github.com/pgbox/pgbox/relay"
 )
 
 // 00150 runs under load: a relay claiming and publishing, two writers
@@ -45,17 +44,8 @@ func TestQuietAutovacuumUnderLoad(t *testing.T) {
 	require.NoError(t, err)
 
 	cluster := kafkatest.New(t, kfake.SeedTopics(3, "events"))
-	r, err := relay.New(relay.Config{Pool: db.Pool, Brokers: cluster.ListenAddrs(), Kafka: kafkaConfig(), Instance: "a", Lanes: 8,
-		HeartbeatInterval: 100 * time.Millisecond, LeaseTTL: time.Second, PollInterval: 200 * time.Millisecond,
-		MaxBackoff: 500 * time.Millisecond, Channel: "pgbox_" + db.Schema})
-	require.NoError(t, err)
-	rctx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- r.Run(rctx) }()
-	defer func() {
-		stopRelay()
-		require.NoError(t, <-relayDone)
-	}()
+	b := &testBundle{db: db, cluster: cluster, addrs: cluster.ListenAddrs(), topic: "events", channel: "pgbox_" + db.Schema}
+	start(t, b.config("a"))
 
 	var written, maxWriteNs atomic.Int64
 	stopWriters := make(chan struct{})
@@ -86,11 +76,6 @@ func TestQuietAutovacuumUnderLoad(t *testing.T) {
 			}
 		}()
 	}
-	outboxRows := func() int64 {
-		var n int64
-		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox`).Scan(&n))
-		return n
-	}
 	time.Sleep(time.Second) // the relay holds its lanes and publishes
 
 	cases := []struct {
@@ -116,7 +101,7 @@ func TestQuietAutovacuumUnderLoad(t *testing.T) {
 		release := c.hold(t)
 		timer := time.AfterFunc(2*time.Second, release)
 		maxWriteNs.Store(0)
-		w0, o0 := written.Load(), outboxRows()
+		w0, o0 := written.Load(), int64(b.outboxCount(t, "true"))
 		t0 := time.Now()
 		migrated := make(chan error, 1)
 		var stepTook time.Duration
@@ -140,7 +125,7 @@ func TestQuietAutovacuumUnderLoad(t *testing.T) {
 			_, err := tx.Exec(ctx, `LOCK TABLE pgbox_relay_lanes IN SHARE ROW EXCLUSIVE MODE`)
 			return err
 		})
-		w1, o1 := written.Load(), outboxRows()
+		w1, o1 := written.Load(), int64(b.outboxCount(t, "true"))
 		require.NoError(t, <-migrated)
 		took := stepTook
 		timer.Stop()
@@ -169,11 +154,7 @@ func TestQuietAutovacuumUnderLoad(t *testing.T) {
 
 	close(stopWriters)
 	wg.Wait()
-	deadline := time.Now().Add(time.Minute)
-	for outboxRows() > 0 {
-		require.True(t, time.Now().Before(deadline), "every written row is published")
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitFor(t, "every written row published", func() bool { return b.outboxCount(t, "true") == 0 })
 	got := kafkatest.ReadAll(t, cluster.ListenAddrs(), "events", int(written.Load()), 30*time.Second)
 	require.GreaterOrEqual(t, len(got), int(written.Load()))
 }

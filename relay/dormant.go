@@ -234,7 +234,10 @@ func idleQuestion(schema string) string {
 // slow before it polls for itself (emptyPause).
 const slowPolls = 3
 
-// idleLockTimeoutSQL bounds how long a question waits for a lock on its
+// questionSetSQL is what the idle poll's and the watch's questions run
+// under, each sent just before its question.
+//
+// It bounds how long a question waits for a lock on its
 // outbox (ACCESS EXCLUSIVE: a VACUUM FULL, an ALTER, a TRUNCATE of one
 // target): the questions of a pipeline are answered one after the other,
 // so one target's lock would hold up every idle target of the pool until
@@ -250,7 +253,7 @@ const slowPolls = 3
 // poll (10,000 deleted rows of 1 KB: 1,429 pages, 120-180 us a question);
 // the claim index, whose entries for deleted rows the first scan marks
 // dead, reads a few dozen (16-31 us: TestIdleQuestionUsesClaimIndex).
-const idleLockTimeoutSQL = `SELECT set_config('lock_timeout', '100ms', true), set_config('enable_seqscan', 'off', true),
+const questionSetSQL = `SELECT set_config('lock_timeout', '100ms', true), set_config('enable_seqscan', 'off', true),
 	set_config('enable_bitmapscan', 'off', true)`
 
 // pollChunk bounds the questions one pipeline sends.
@@ -444,7 +447,7 @@ func pollPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]st
 	p := pc.StartPipeline(ctx)
 	preparing := make([]string, len(rs)) // the name prepared in this pipeline, if any
 	for i, r := range rs {
-		p.SendQueryParams(idleLockTimeoutSQL, nil, nil, nil, nil)
+		p.SendQueryParams(questionSetSQL, nil, nil, nil, nil)
 		name, ok := prepared[r.cfg.Schema]
 		switch {
 		case ok:
@@ -528,7 +531,7 @@ func pollAnswer(p *pgconn.Pipeline, prepare bool) (rows bool, took time.Duration
 	return rows, took, prepared, err
 }
 
-// questionAnswer reads one pipelined question's answers (idleLockTimeoutSQL's,
+// questionAnswer reads one pipelined question's answers (questionSetSQL's,
 // the question's prepare when prepare is set, then the question's, through
 // read) and its sync: whether the prepare succeeded, or the error (a
 // connection error, or the question's own). After a question's error the

@@ -34,38 +34,32 @@ func TestIdleQuestionUsesClaimIndex(t *testing.T) {
 	exec(`DELETE FROM pgbox_outbox`)
 
 	// What the idle poll sends, in one implicit transaction per target.
-	ask := func() bool {
-		var held bool
+	asked := func(f func(tx pgx.Tx) error) {
 		require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, idleLockTimeoutSQL); err != nil {
+			if _, err := tx.Exec(ctx, questionSetSQL); err != nil {
 				return err
 			}
-			var us int64
-			return tx.QueryRow(ctx, idleQuestion(db.Schema)).Scan(&held, &us)
+			return f(tx)
 		}))
+	}
+	ask := func() (held bool) {
+		var us int64
+		asked(func(tx pgx.Tx) error { return tx.QueryRow(ctx, idleQuestion(db.Schema)).Scan(&held, &us) })
 		return held
 	}
-	var plan strings.Builder
-	require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, idleLockTimeoutSQL); err != nil {
-			return err
-		}
+	var plan string
+	asked(func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, "EXPLAIN (FORMAT TEXT) "+idleQuestion(db.Schema))
 		if err != nil {
 			return err
 		}
-		for rows.Next() {
-			var line string
-			if err := rows.Scan(&line); err != nil {
-				return err
-			}
-			plan.WriteString(line + "\n")
-		}
-		return rows.Err()
-	}))
-	require.Contains(t, plan.String(), "pgbox_outbox_claim_idx", plan.String())
-	require.NotContains(t, plan.String(), "Seq Scan", plan.String())
-	require.NotContains(t, plan.String(), "Bitmap", plan.String())
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		plan = strings.Join(lines, "\n")
+		return err
+	})
+	require.Contains(t, plan, "pgbox_outbox_claim_idx", plan)
+	require.NotContains(t, plan, "Seq Scan", plan)
+	require.NotContains(t, plan, "Bitmap", plan)
 
 	require.False(t, ask(), "deleted rows are not held")
 	exec(`INSERT INTO pgbox_outbox (event_id, slot, topic, key, value) VALUES (gen_random_uuid(), 7, 'orders', 'k', 'v')`)

@@ -148,14 +148,14 @@ func (f *Fleet) watchAll(ctx context.Context, pool *pgxpool.Pool, rs []*Relay) e
 }
 
 // watchPipeline sends one watch question per relay, each behind
-// idleLockTimeoutSQL and followed by a sync (its own implicit transaction:
+// questionSetSQL and followed by a sync (its own implicit transaction:
 // one target's dropped or locked table fails its own question only), and
 // wakes the relays as watchAll says. A connection error is returned.
 func watchPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]string, rs []*Relay) error {
 	p := pc.StartPipeline(ctx)
 	preparing := make([]string, len(rs))
 	for i, r := range rs {
-		p.SendQueryParams(idleLockTimeoutSQL, nil, nil, nil, nil)
+		p.SendQueryParams(questionSetSQL, nil, nil, nil, nil)
 		params := [][]byte{strconv.AppendInt(nil, r.shared.floor.Load(), 10), strconv.AppendInt(nil, watchLimit, 10)}
 		key := watchPreparedKey(r.cfg.Schema)
 		name, ok := prepared[key]
