@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -60,15 +61,41 @@ func TestRunStopsWhileBrokerHangsAtStart(t *testing.T) {
 func TestRunStopsWhileBrokerHangsMidSend(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	// kfake deadlocks its own run loop if it closes while a slept
+	// request is being resumed (a request whose sleep ended at the close
+	// holds the control lock the loop then waits for), so the cleanup,
+	// which runs before the broker closes, stops new sleeps, wakes the
+	// slept requests and waits until every one has left its control
+	// function.
 	release := make(chan struct{})
-	t.Cleanup(func() { close(release) }) // before the broker closes
-	var hang atomic.Bool
+	var mu sync.Mutex
+	hang, sleeping := false, 0
 	var hung atomic.Int64
+	t.Cleanup(func() {
+		mu.Lock()
+		hang = false
+		mu.Unlock()
+		close(release)
+		testutil.Eventually(t, 30*time.Second, "slept requests resumed", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return sleeping == 0
+		})
+	})
 	b.cluster.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
 		b.cluster.KeepControl()
-		if hang.Load() {
+		mu.Lock()
+		sleep := hang
+		if sleep {
+			sleeping++
+		}
+		mu.Unlock()
+		if sleep {
 			hung.Add(1)
 			b.cluster.SleepControl(func() { <-release })
+			mu.Lock()
+			sleeping--
+			mu.Unlock()
 		}
 		return nil, nil, false
 	})
@@ -80,7 +107,9 @@ func TestRunStopsWhileBrokerHangsMidSend(t *testing.T) {
 		b.write(t, msg(b.topic, "k", "before"))
 		require.Len(t, readTopic(t, b, b.topic, 1), 1)
 		testutil.Eventually(t, 30*time.Second, "published counted", func() bool { return r.Stats().Published == 1 })
-		hang.Store(true)
+		mu.Lock()
+		hang = true
+		mu.Unlock()
 		b.write(t, msg("other", "k", "never answered"), msg(b.topic, "k", "never answered"))
 		testutil.Eventually(t, 30*time.Second, "relay waiting on the broker", func() bool { return hung.Load() > 0 })
 	})
