@@ -40,7 +40,7 @@
 --     probe of a slot steps over the dead index entries around it (with
 --     10,000 of them, 0.55-0.75 ms a claim against 0.45 ms vacuumed); the
 --     idle poll's question reads the claim index, not the table
---     (relay/dormant.go, idleLockTimeoutSQL).
+--     (relay/dormant.go, questionSetSQL).
 --   * The insert-only case (a relay down, a backlog growing) is vacuumed
 --     after 5,000 inserts plus 20% of the table, not 1,000, and analyzed
 --     as rarely: relay status and /metrics read a large backlog from the
