@@ -93,6 +93,9 @@ func (r *Relay) takeBatch(ctx context.Context, only *slotSet) (claimed, int64, e
 		r.floors.forget()
 		return claimed{}, gen, err
 	}
+	if !r.caughtUp.Load() && len(c.rows) < r.cfg.BatchSize && !slotCapped(c.rows, r.claimPerSlot()) {
+		r.caughtUp.Store(true)
+	}
 	wasOff := r.floors.off
 	r.floors.claimed(&c, r.claimPerSlot(), r.cfg.BatchSize, start, only == nil)
 	if only == nil {

@@ -104,7 +104,12 @@ type TargetState struct {
 	// Dormant is set while the running relay, idle for DormantAfter, has
 	// given up its lanes until rows come.
 	Dormant bool
-	Stats   outbox.RelayStats
+	// CaughtUp is set once the running relay's claim has found less than
+	// a full batch: the rows its outbox held when it started are claimed
+	// (a relay without lanes, another instance's, claims nothing and is
+	// caught up at its first claim).
+	CaughtUp bool
+	Stats    outbox.RelayStats
 }
 
 // Fleet runs one relay per target in one process: many schemas in one
@@ -475,7 +480,7 @@ func (f *Fleet) serve(ctx context.Context, ft *fleetTarget) {
 func (ft *fleetTarget) report() TargetState {
 	s := TargetState{Name: ft.t.Name, Schema: ft.t.Schema, State: ft.state, Err: ft.err, Since: ft.since}
 	if ft.r != nil {
-		s.Stats, s.Dormant = ft.r.Stats(), ft.r.Dormant()
+		s.Stats, s.Dormant, s.CaughtUp = ft.r.Stats(), ft.r.Dormant(), ft.r.caughtUp.Load()
 		if s.Err == nil && s.State == "running" {
 			s.Err = ft.r.lastErr()
 		}

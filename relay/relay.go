@@ -59,12 +59,16 @@ type Relay struct {
 	id      string // Config.Instance + "#" + random: the owner name in the lease tables
 	log     *slog.Logger
 	running atomic.Bool
-	wake    chan struct{}
-	beat    chan struct{} // an early heartbeat (Kafka reached)
-	count   chan struct{} // a backlog count is due (countLoop)
-	fin     *finishJob    // background delete; owned by the worker goroutine
-	floors  floorState    // where each slot's claim starts; owned by the worker goroutine
-	beats   int           // heartbeats; owned by the heartbeat goroutine
+	// caughtUp is set once a claim has found less than a full batch (no
+	// slot capped): the rows the outbox held when the relay started are
+	// claimed (Fleet.Targets reports it).
+	caughtUp atomic.Bool
+	wake     chan struct{}
+	beat     chan struct{} // an early heartbeat (Kafka reached)
+	count    chan struct{} // a backlog count is due (countLoop)
+	fin      *finishJob    // background delete; owned by the worker goroutine
+	floors   floorState    // where each slot's claim starts; owned by the worker goroutine
+	beats    int           // heartbeats; owned by the heartbeat goroutine
 
 	// leaseUntil is when this instance's leases run out unless renewed: the
 	// start of the last successful heartbeat plus LeaseTTL, as a duration

@@ -25,13 +25,14 @@ otherwise ignored.
 With --targets or --targets-query: serves every target of the list in this process,
 re-reading it every --targets-refresh and on SIGHUP, within --db-conn-budget database
 connections; a target whose schema is missing or behind is refused alone (logged at
-ERROR, checked again at each refresh), those whose outbox holds rows checked first. Every --cleanup-interval each served target is pruned under its
-own cleanup lease, and every --targets-refresh each one's database figures are read for
-/metrics (the fleet's totals, and series of their own for the targets --target-metrics
-chooses), both --targets-concurrency targets at a time. The console (--console-addr)
-then lists every target, the worst first, and serves each target's pages under
-/t/NAME/, over the pools the relay has (no connection of its own), its figures read
-in the background, --targets-concurrency targets at a time.`
+ERROR, checked again at each refresh), those whose outbox holds rows checked and started
+first, the others once those have caught up (5 s at most). Every --cleanup-interval each
+served target is pruned under its own cleanup lease, and every --targets-refresh each
+one's database figures are read for /metrics (the fleet's totals, and series of their
+own for the targets --target-metrics chooses), both --targets-concurrency targets at a
+time. The console (--console-addr) then lists every target, the worst first, and serves
+each target's pages under /t/NAME/, over the pools the relay has (no connection of its
+own), its figures read in the background, --targets-concurrency targets at a time.`
 
 // cmdRun runs the relay, cleanup on its schedule, the metrics feeder and the
 // HTTP server until SIGINT/SIGTERM, then stops them all within
