@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -27,24 +26,9 @@ func TestFleetCaughtUp(t *testing.T) {
 		{Name: "backlog", Pool: ts.shared, Schema: ts.schemas[0].Schema},
 		{Name: "idle", Pool: ts.shared, Schema: ts.schemas[1].Schema}}})
 	require.NoError(t, err)
-	state := func(name string) relay.TargetState {
-		for _, s := range f.Targets() {
-			if s.Name == name {
-				return s
-			}
-		}
-		t.Fatalf("no target %q", name)
-		return relay.TargetState{}
-	}
+	state := func(name string) relay.TargetState { return targetState(t, f, name) }
 	require.False(t, state("backlog").CaughtUp, "before Run")
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	runFleet(t, f)
 	looks := 0
 	for deadline := time.Now().Add(30 * time.Second); ; looks++ {
 		require.True(t, time.Now().Before(deadline), "backlog never caught up")

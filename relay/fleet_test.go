@@ -155,15 +155,7 @@ func TestFleetServesTargets(t *testing.T) {
 			require.Equal(t, ts.schemas[i].Schema, string(m.Value))
 		}
 	}
-	state := func(name string) relay.TargetState {
-		for _, s := range f.Targets() {
-			if s.Name == name {
-				return s
-			}
-		}
-		t.Fatalf("no target %q in %v", name, f.Targets())
-		return relay.TargetState{}
-	}
+	state := func(name string) relay.TargetState { return targetState(t, f, name) }
 	waitFor(t, "the empty schema reported", func() bool { return state("late").State == "needs operator" })
 	require.ErrorIs(t, state("late").Err, relay.ErrNeedsOperator)
 	require.ErrorContains(t, state("late").Err, "migrate")

@@ -189,3 +189,16 @@ func waitAllLanes(t testing.TB, f *relay.Fleet) {
 		return true
 	})
 }
+
+// targetState is f's state of the target name (the test fails if f has
+// none of that name).
+func targetState(t testing.TB, f *relay.Fleet, name string) relay.TargetState {
+	t.Helper()
+	for _, s := range f.Targets() {
+		if s.Name == name {
+			return s
+		}
+	}
+	t.Fatalf("no target %q in %v", name, f.Targets())
+	return relay.TargetState{}
+}
