@@ -144,3 +144,36 @@ func TestAttack150BacklogEstimateAfterOperatorRetry(t *testing.T) {
 		})
 	}
 }
+
+// A TRUNCATE of an analyzed outbox (its live rows set to 0, reltuples
+// kept by the new index's build), then 3,000 rows and 1,500 parked ones
+// written and never analyzed, and the same after the statistics are reset
+// too: the backlog reads at least about 3,000 and at most the 4,500 live
+// rows (parked rows past the exact limit are taken off as the limit: the
+// parked index's reltuples, 0 since the TRUNCATE, is lower), never
+// negative.
+func TestAttack150BacklogEstimateAfterTruncate(t *testing.T) {
+	t.Parallel()
+	for _, reset := range []bool{false, true} {
+		db := testdb.New(t)
+		exec(t, db, `ALTER TABLE pgbox_outbox SET (autovacuum_enabled = off)`)
+		flushed(t, db, `INSERT INTO pgbox_outbox (event_id, slot, topic, value) SELECT gen_random_uuid(), 1, 'orders', 'v' FROM generate_series(1, 20000)`)
+		liveTuples(t, db, 20000)
+		exec(t, db, `ANALYZE pgbox_outbox`)
+		flushed(t, db, `TRUNCATE pgbox_outbox`)
+		if reset {
+			exec(t, db, `SELECT pg_stat_reset_single_table_counters('pgbox_outbox'::regclass)`)
+		}
+		flushed(t, db, `INSERT INTO pgbox_outbox (event_id, slot, topic, value) SELECT gen_random_uuid(), 1, 'orders', 'v' FROM generate_series(1, 3000)`)
+		flushed(t, db, `INSERT INTO pgbox_outbox (event_id, slot, topic, value, parked_at) SELECT gen_random_uuid(), 2, 'orders', 'v', now() FROM generate_series(1, 1500)`)
+		liveTuples(t, db, 4500)
+		snap := readSnap(t, db)
+		t.Logf("reset %v: unpublished %d (real 3,000)", reset, snap.Outbox.Unpublished)
+		require.True(t, snap.Outbox.Estimated)
+		require.GreaterOrEqual(t, snap.Outbox.Unpublished, int64(2700), "reset %v", reset)
+		require.LessOrEqual(t, snap.Outbox.Unpublished, int64(4500), "reset %v", reset)
+		for _, tp := range snap.Topics {
+			require.GreaterOrEqual(t, tp.Unpublished, int64(0))
+		}
+	}
+}
