@@ -434,7 +434,9 @@ func retryParkedRacesClaims(t *testing.T, how string) {
 // (f) The idle question with sequential and bitmap scans off, on an
 // outbox whose claim index is gone (dropped by mistake) or invalid (a
 // failed CREATE INDEX CONCURRENTLY or REINDEX's leftover, here marked so
-// in pg_index), with 8,000 deleted rows: scans "off" is a cost penalty,
+// in pg_index), or rebuilt by REINDEX CONCURRENTLY over and over (its swap
+// locks the index: a question waits up to its lock_timeout, then fails and
+// wakes its target), with 8,000 deleted rows: scans "off" is a cost penalty,
 // not a ban, so the question still answers; the dormant target wakes for
 // rows no one notified and publishes them all.
 func TestAttack150IdleQuestionWithoutClaimIndex(t *testing.T) {
@@ -442,6 +444,7 @@ func TestAttack150IdleQuestionWithoutClaimIndex(t *testing.T) {
 	breaks := map[string]string{
 		"dropped": `DROP INDEX pgbox_outbox_claim_idx`,
 		"invalid": `UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'pgbox_outbox_claim_idx'::regclass`,
+		"reindex": "", // REINDEX INDEX CONCURRENTLY in a loop throughout
 	}
 	for name, brk := range breaks {
 		t.Run(name, func(t *testing.T) {
@@ -451,8 +454,27 @@ func TestAttack150IdleQuestionWithoutClaimIndex(t *testing.T) {
 			const keys = 10
 			createCounters(t, b, keys)
 			deadRows(t, b, 8000)
-			_, err := b.db.Pool.Exec(ctx, brk)
-			require.NoError(t, err)
+			if brk != "" {
+				_, err := b.db.Pool.Exec(ctx, brk)
+				require.NoError(t, err)
+			} else {
+				done := make(chan struct{})
+				var reindexes sync.WaitGroup
+				reindexes.Go(func() {
+					for {
+						select {
+						case <-done:
+							return
+						default:
+						}
+						if _, err := b.db.Pool.Exec(ctx, `REINDEX INDEX CONCURRENTLY pgbox_outbox_claim_idx`); err != nil {
+							t.Errorf("reindex: %v", err)
+							return
+						}
+					}
+				})
+				t.Cleanup(func() { close(done); reindexes.Wait() })
+			}
 			ts := &tenants{addrs: b.addrs, schemas: []*testdb.DB{b.db}, shared: b.db.Pool}
 			f, _ := dormantFleet(t, ts, "fleet")
 			total := 0
