@@ -38,7 +38,7 @@ func (s *Snapshot) readBacklog(ctx context.Context, tx pgx.Tx, cfg Config) error
 		return nil
 	}
 	var live int64
-	if err := tx.QueryRow(ctx, sqlBacklogLive).Scan(&live); err != nil {
+	if err := tx.QueryRow(ctx, sqlBacklogLive, cfg.ExactLimit).Scan(&live); err != nil {
 		return fmt.Errorf("inspect: estimate pgbox_outbox backlog: %w", err)
 	}
 	rows, err := tx.Query(ctx, sqlBacklogEstimate, live)

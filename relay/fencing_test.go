@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/internal/testdb"
@@ -50,7 +51,8 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	var parked []int64
 	require.NoError(t, db.Pool.QueryRow(ctx, finishSQL,
 		[]int64{claimed[0].id},
-		[]int64{claimed[1].id}, []int64{claimed[1].epoch}, []string{"boom"}, 1, []bool{false}, "0s").Scan(&deleted, &parked, nil, nil))
+		[]int64{claimed[1].id}, []int64{claimed[1].epoch}, []string{"boom"}, 1, []bool{false}, "0s",
+		[]pgtype.UUID{{Bytes: claimed[0].eventID, Valid: true}}, []pgtype.UUID{{Bytes: claimed[1].eventID, Valid: true}}).Scan(&deleted, &parked, nil, nil))
 	require.Equal(t, 1, deleted)
 	require.Empty(t, parked)
 	var n int
@@ -71,6 +73,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	require.NotEqual(t, claimed[1].epoch, mine[0].epoch)
 	require.NoError(t, db.Pool.QueryRow(ctx, finishSQL,
 		[]int64{mine[0].id},
-		[]int64{}, []int64{}, []string{}, 1, []bool{}, "0s").Scan(&deleted, &parked, nil, nil))
+		[]int64{}, []int64{}, []string{}, 1, []bool{}, "0s",
+		[]pgtype.UUID{{Bytes: mine[0].eventID, Valid: true}}, []pgtype.UUID{}).Scan(&deleted, &parked, nil, nil))
 	require.Equal(t, 1, deleted)
 }

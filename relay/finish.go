@@ -6,7 +6,17 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
+
+// nonNil is s, or an empty slice for nil (an empty array, not NULL).
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
 
 // Step 3 of a pass: record the sent batch's outcome (delete what Kafka
 // acknowledged, count failures, park) and update the counters.
@@ -14,6 +24,7 @@ import (
 // tally is a sent batch's outcome, as the finish statement takes it.
 type tally struct {
 	okIDs, badIDs, badEpochs []int64
+	okEvents, badEvents      []pgtype.UUID     // the rows' event ids, beside okIDs and badIDs (finishSQL)
 	okTopics                 map[string]uint64 // published rows per topic
 	badErrs                  []string
 	badWaits                 []bool // the topic does not exist: parked after UnknownTopicWindow
@@ -32,6 +43,7 @@ func (r *Relay) tally(rows []row, outcome map[int]error) tally {
 		case !tried: // held back behind a failed row of its key, or stopping
 		case e == nil:
 			t.okIDs = append(t.okIDs, rows[i].id)
+			t.okEvents = append(t.okEvents, pgtype.UUID{Bytes: rows[i].eventID, Valid: true})
 			if t.okTopics == nil {
 				t.okTopics = map[string]uint64{}
 			}
@@ -39,6 +51,7 @@ func (r *Relay) tally(rows []row, outcome map[int]error) tally {
 		case classify(e).fate != fateTransient:
 			waits := r.cfg.UnknownTopicWindow > 0 && classify(e).fate == fateMissingTopic
 			t.badIDs = append(t.badIDs, rows[i].id)
+			t.badEvents = append(t.badEvents, pgtype.UUID{Bytes: rows[i].eventID, Valid: true})
 			t.badEpochs = append(t.badEpochs, rows[i].epoch)
 			t.badErrs = append(t.badErrs, e.Error())
 			t.badWaits = append(t.badWaits, waits)
@@ -110,7 +123,7 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) (int64, error) {
 	var parkedIDs []int64
 	var xid int64
 	if err := r.db.queryRow(fctx, finishSQL, []any{b.okIDs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts,
-		b.badWaits, max(r.cfg.UnknownTopicWindow, 0)}, &deleted, &parkedIDs, &xid, nil); err != nil {
+		b.badWaits, max(r.cfg.UnknownTopicWindow, 0), nonNil(b.okEvents), nonNil(b.badEvents)}, &deleted, &parkedIDs, &xid, nil); err != nil {
 		// The records went out but the rows stay: they will be sent again
 		// (same event ids). That is the at-least-once window.
 		return 0, fmt.Errorf("record outcome of %d rows: %w", b.rows, err)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/internal/slot"
@@ -42,10 +43,11 @@ func (b *floorBundle) drainOnly(only *slotSet) []int64 {
 		var t tally
 		for _, x := range c.rows {
 			t.okIDs = append(t.okIDs, x.id)
+			t.okEvents = append(t.okEvents, pgtype.UUID{Bytes: x.eventID, Valid: true})
 			ids = append(ids, x.id)
 		}
 		var xid int64
-		require.NoError(b.t, b.db.Pool.QueryRow(ctx, finishSQL, t.okIDs, []int64{}, []int64{}, []string{}, 5, []bool{}, "0s").
+		require.NoError(b.t, b.db.Pool.QueryRow(ctx, finishSQL, t.okIDs, []int64{}, []int64{}, []string{}, 5, []bool{}, "0s", t.okEvents, []pgtype.UUID{}).
 			Scan(nil, nil, &xid, nil))
 		b.r.floors.recorded(&c, xid, t.okSet())
 	}

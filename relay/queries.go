@@ -152,10 +152,19 @@ const claimSQL = `SELECT * FROM pgbox_outbox_claim2($1, $2, $3::int[], $4::bigin
 // same). Writers' transactions are not affected: an outbox row is as durable
 // as the business write it commits with.
 //
+// A row is matched by its id and its event id: an id is handed out again
+// when the outbox's sequence goes back (TRUNCATE ... RESTART IDENTITY,
+// setval lower, a DELETE and RESTART) while a batch is in flight, since
+// the writers' trigger moves the sequence forward only to
+// pgbox_relay_marker.seq_hw, which trails what the claims saw; a new row
+// holding a sent row's id was deleted unsent, lost
+// (TestAttack150FinishAfterSequenceResetKeepsNewRows).
+//
 // $1 published ids, $2 failed ids, $3 their epochs, $4 errors, $5 max attempts,
-// $6 failed for a missing topic, $7 unknown-topic window.
+// $6 failed for a missing topic, $7 unknown-topic window, $8 the published
+// rows' event ids, $9 the failed rows' event ids.
 const finishSQL = `WITH del AS (
-	DELETE FROM pgbox_outbox o WHERE o.id = ANY ($1::bigint[])
+	DELETE FROM pgbox_outbox o WHERE o.id = ANY ($1::bigint[]) AND o.event_id = ANY ($8::uuid[])
 	RETURNING o.id
 ), failed AS (
 	UPDATE pgbox_outbox o
@@ -163,8 +172,8 @@ const finishSQL = `WITH del AS (
 	    parked_at = CASE
 	        WHEN f.waits THEN CASE WHEN coalesce(o.failing_since, now()) <= now() - $7::interval THEN now() END
 	        WHEN o.attempts + 1 >= $5 THEN now() END
-	FROM unnest($2::bigint[], $3::bigint[], $4::text[], $6::bool[]) AS f(id, epoch, err, waits), pgbox_relay_lanes l
-	WHERE o.id = f.id AND l.epoch = f.epoch AND l.lane = o.slot % l.lanes
+	FROM unnest($2::bigint[], $3::bigint[], $4::text[], $6::bool[], $9::uuid[]) AS f(id, epoch, err, waits, ev), pgbox_relay_lanes l
+	WHERE o.id = f.id AND o.event_id = f.ev AND l.epoch = f.epoch AND l.lane = o.slot % l.lanes
 	RETURNING o.id, o.parked_at IS NOT NULL AS parked
 )
 SELECT (SELECT count(*) FROM del)::int, coalesce((SELECT array_agg(id) FROM failed WHERE parked), '{}'),
