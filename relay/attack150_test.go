@@ -8,7 +8,6 @@ package relay_test
 import (
 	"context"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,7 +15,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -324,110 +322,6 @@ func TestAttack150RetryParkedRacesClaimsOverDeadRows(t *testing.T) {
 	})
 	t.Logf("%d retried", retried)
 	require.Positive(t, retried)
-	checkAllArrived(t, b, int(written.Load()), 0, "none")
-}
-
-// Not a supported action, kept as the demonstration of a race in
-// pgbox_outbox_claim2 (00140), not of 00150: rows parked by anyone but
-// the lane's relay. "born": a writer commits one counted event in ten
-// already parked (INSERT ... parked_at); "inflight": an UPDATE parks a
-// key's oldest unpublished row every 50 ms. An operator retries every 120
-// ms. The claim reads v_parked (is any keyed row parked?) in a statement
-// of its own, so in a snapshot older than its claim query's: a row parked
-// and a later row of its key committed between the two pass unheld, and
-// the later row is published first (born: 1 run in 16; inflight: about 1
-// in 3). Run with PGBOX_ATTACK150_UNSUPPORTED=1.
-func TestAttack150ExternalParkingRacesClaim(t *testing.T) {
-	if os.Getenv("PGBOX_ATTACK150_UNSUPPORTED") == "" {
-		t.Skip("unsupported parking; PGBOX_ATTACK150_UNSUPPORTED=1 runs it")
-	}
-	t.Parallel()
-	for _, how := range []string{"born", "inflight"} {
-		t.Run(how, func(t *testing.T) {
-			t.Parallel()
-			retryParkedRacesClaims(t, how)
-		})
-	}
-}
-
-func retryParkedRacesClaims(t *testing.T, how string) {
-	ctx := context.Background()
-	b := setup(t, kfake.SeedTopics(3, "pre"))
-	const keys = 10
-	createCounters(t, b, keys)
-	if os.Getenv("PGBOX_ATTACK150_NODEAD") == "" {
-		deadRows(t, b, 8000)
-	}
-	cfg := b.config("a")
-	cfg.BatchSize = 16
-	start(t, cfg)
-	stop, written, wg := startWriters(ctx, t, b, keys, 155)
-	var parked, retried atomic.Int64
-	var ops sync.WaitGroup
-	opsDone := make(chan struct{})
-	ops.Go(func() {
-		rng := rand.New(rand.NewPCG(9, 150))
-		for i := 0; ; i++ {
-			select {
-			case <-opsDone:
-				return
-			default:
-			}
-			key := keyed(rng.IntN(keys))
-			var err error
-			if how == "born" {
-				err = pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-					_, err := tx.Exec(ctx, `WITH c AS (UPDATE counters SET n = n + 1 WHERE key = $1 RETURNING key, n)
-						INSERT INTO pgbox_outbox (topic, key, value, parked_at, last_error)
-						SELECT 'events', convert_to(key, 'UTF8'), convert_to(n::text, 'UTF8'),
-							CASE WHEN $2 % 10 = 0 THEN now() END, CASE WHEN $2 % 10 = 0 THEN 'attack150' END FROM c`, key, i)
-					return err
-				})
-				if err == nil {
-					written.Add(1)
-					if i%10 == 0 {
-						parked.Add(1)
-					}
-				}
-				time.Sleep(5 * time.Millisecond)
-			} else {
-				time.Sleep(50 * time.Millisecond)
-				var tag pgconn.CommandTag
-				tag, err = b.db.Pool.Exec(ctx, `UPDATE pgbox_outbox SET parked_at = now(), last_error = 'attack150'
-					WHERE id = (SELECT min(id) FROM pgbox_outbox WHERE topic = 'events' AND key = convert_to($1, 'UTF8') AND parked_at IS NULL)`, key)
-				parked.Add(tag.RowsAffected())
-			}
-			if err != nil {
-				t.Errorf("park: %v", err)
-				return
-			}
-		}
-	})
-	ops.Go(func() {
-		for {
-			select {
-			case <-opsDone:
-				return
-			case <-time.After(120 * time.Millisecond):
-			}
-			n, err := inspect.RetryParked(ctx, b.db.Pool, inspect.ParkedFilter{})
-			if err != nil {
-				t.Errorf("retry: %v", err)
-				return
-			}
-			retried.Add(n)
-		}
-	})
-	time.Sleep(3 * time.Second)
-	close(opsDone)
-	ops.Wait()
-	stop.Store(true)
-	wg.Wait()
-	n, err := inspect.RetryParked(ctx, b.db.Pool, inspect.ParkedFilter{})
-	require.NoError(t, err)
-	retried.Add(n)
-	t.Logf("%s: %d parked, %d retried", how, parked.Load(), retried.Load())
-	require.Positive(t, parked.Load())
 	checkAllArrived(t, b, int(written.Load()), 0, "none")
 }
 

@@ -129,7 +129,7 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) (int64, error) {
 		return 0, fmt.Errorf("record outcome of %d rows: %w", b.rows, err)
 	}
 	if deleted < len(b.okIDs) {
-		r.log.Info("another instance deleted some of the batch's rows: the lane changed hands during the batch, and the new owner may have sent them again",
+		r.log.Info("some of the batch's rows were gone when it finished: another instance took the lane during the batch (and may have sent them again), or they were deleted outside the relay (a discard, a DELETE or TRUNCATE)",
 			"sent", len(b.okIDs), "deleted", deleted)
 	}
 	lat := time.Since(b.start)

@@ -158,13 +158,18 @@ const claimSQL = `SELECT * FROM pgbox_outbox_claim2($1, $2, $3::int[], $4::bigin
 // the writers' trigger moves the sequence forward only to
 // pgbox_relay_marker.seq_hw, which trails what the claims saw; a new row
 // holding a sent row's id was deleted unsent, lost
-// (TestAttack150FinishAfterSequenceResetKeepsNewRows).
+// (TestAttack150FinishAfterSequenceResetKeepsNewRows). Each id is paired
+// with its own event id (event ids need not be unique): a join over the
+// two arrays, a primary-key probe per row. "event_id = ANY ($8)" beside
+// "id = ANY ($1)" compared every row with every event id of the batch:
+// 10.4 ms against 3.0 ms for 2,000 rows, and 0.74-0.79x the drain rate.
 //
 // $1 published ids, $2 failed ids, $3 their epochs, $4 errors, $5 max attempts,
 // $6 failed for a missing topic, $7 unknown-topic window, $8 the published
 // rows' event ids, $9 the failed rows' event ids.
 const finishSQL = `WITH del AS (
-	DELETE FROM pgbox_outbox o WHERE o.id = ANY ($1::bigint[]) AND o.event_id = ANY ($8::uuid[])
+	DELETE FROM pgbox_outbox o USING unnest($1::bigint[], $8::uuid[]) AS d(id, ev)
+	WHERE o.id = d.id AND o.event_id = d.ev
 	RETURNING o.id
 ), failed AS (
 	UPDATE pgbox_outbox o
