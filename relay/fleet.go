@@ -104,10 +104,10 @@ type TargetState struct {
 	// Dormant is set while the running relay, idle for DormantAfter, has
 	// given up its lanes until rows come.
 	Dormant bool
-	// CaughtUp is set once the running relay's claim has found less than
-	// a full batch: the rows its outbox held when it started are claimed
-	// (a relay without lanes, another instance's, claims nothing and is
-	// caught up at its first claim).
+	// CaughtUp is set once the running relay's claim over every slot of
+	// the lanes it holds has found less than a full batch: the rows its
+	// outbox held when it started are claimed. A relay that holds no lane
+	// (other instances hold them all) is never caught up.
 	CaughtUp bool
 	Stats    outbox.RelayStats
 }

@@ -59,8 +59,9 @@ type Relay struct {
 	id      string // Config.Instance + "#" + random: the owner name in the lease tables
 	log     *slog.Logger
 	running atomic.Bool
-	// caughtUp is set once a claim has found less than a full batch (no
-	// slot capped): the rows the outbox held when the relay started are
+	// caughtUp is set once a claim over every slot of the lanes the relay
+	// holds (at least one) has found less than a full batch (no slot
+	// capped): the rows the outbox held when the relay started are
 	// claimed (Fleet.Targets reports it).
 	caughtUp atomic.Bool
 	wake     chan struct{}

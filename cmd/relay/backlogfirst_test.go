@@ -48,7 +48,10 @@ func TestRunTargetsBacklogFirst(t *testing.T) {
 	file := writeFile(t, "targets.txt", "idle1 "+idle1.Schema+"\nbig "+big.Schema+"\nidle2 "+idle2.Schema+"\n")
 	p := startRelay(t, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_BATCH_SIZE=500"), "run")
 	require.Len(t, eventIDs(t, c, "t-big", 3000), 3000)
-	waitFor(t, "targets checked", 20*time.Second, func() bool { return strings.Contains(p.Output(), `msg="targets checked" served=3`) })
+	waitFor(t, "every target started", 20*time.Second, func() bool {
+		out := p.Output()
+		return logAt(out, `msg="relay started"[^\n]*target=idle1 `) >= 0 && logAt(out, `msg="relay started"[^\n]*target=idle2 `) >= 0
+	})
 	out := p.Output()
 	bigStarted := logAt(out, `msg="relay started"[^\n]*target=big `)
 	caught := logAt(out, `msg="targets with rows caught up: checking the others" component=targets targets=1 `)
