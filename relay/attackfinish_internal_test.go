@@ -372,6 +372,18 @@ func TestAttackFinishNullEventIDRowNotResentForever(t *testing.T) {
 	require.Len(t, rows, 1)
 	g.finish(rows, map[int]error{0: nil})
 	require.Empty(t, g.rows(), "a published row is deleted, NULL event id or not")
+
+	// And one that fails is counted and parked (MaxAttempts 1 here would
+	// otherwise never come: retried, its key held, without end).
+	g.r.cfg.MaxAttempts = 1
+	g.exec(`INSERT INTO pgbox_outbox (event_id, topic, key, value) VALUES (NULL, 't', 'k', 'v')`)
+	rows = g.claim()
+	require.Len(t, rows, 1)
+	g.finish(rows, map[int]error{0: sarama.ErrInvalidRecord})
+	left := g.rows()
+	require.Len(t, left, 1)
+	require.Equal(t, 1, left[0].Attempts)
+	require.True(t, left[0].Parked)
 }
 
 // (1, cost) The finish is a hot path: its delete must keep an index scan on
@@ -455,11 +467,13 @@ var finishVariants = map[string]string{
 	AND o.event_id = ($8::uuid[])[array_position($1::bigint[], o.id)]`,
 }
 
+// finishVariant is finishSQL with its delete's condition replaced by del's.
 func finishVariant(t *testing.T, del string) string {
 	t.Helper()
-	const cur = `DELETE FROM pgbox_outbox o WHERE o.id = ANY ($1::bigint[]) AND o.event_id = ANY ($8::uuid[])`
-	require.Contains(t, finishSQL, cur)
-	return strings.Replace(finishSQL, cur, del, 1)
+	i := strings.Index(finishSQL, "DELETE FROM pgbox_outbox o")
+	j := strings.Index(finishSQL, "\n\tRETURNING o.id")
+	require.True(t, i >= 0 && j > i, "finishSQL's delete")
+	return finishSQL[:i] + del + finishSQL[j:]
 }
 
 // The cost of each form of the delete, 2,000 published rows out of a
