@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -40,6 +41,20 @@ func deadRows(t *testing.T, b *testBundle, n int) {
 	require.NoError(t, err)
 	_, err = b.db.Pool.Exec(ctx, `DELETE FROM pgbox_outbox WHERE topic = 'pre'`)
 	require.NoError(t, err)
+}
+
+// attackKeys is how many keys the counted writers of these tests write.
+const attackKeys = 10
+
+// deadRowsBundle is a test bundle (topic "pre" seeded) with counters for
+// attackKeys keys and dead deleted, unvacuumed rows in its outbox
+// (deadRows).
+func deadRowsBundle(t *testing.T, dead int) *testBundle {
+	t.Helper()
+	b := setup(t, kfake.SeedTopics(3, "pre"))
+	createCounters(t, b, attackKeys)
+	deadRows(t, b, dead)
+	return b
 }
 
 // sqlWriters are counted writers (order_test.go's counters: the key's row
@@ -146,11 +161,9 @@ func TestAttack150OtherWritersOverDeadRows(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			b := setup(t, kfake.SeedTopics(3, "pre"))
-			const keys = 10
-			createCounters(t, b, keys)
+			b := deadRowsBundle(t, 8000)
+			const keys = attackKeys
 			createBusiness(t, b)
-			deadRows(t, b, 8000)
 			var f *relay.Fleet
 			if mode == "relay" {
 				cfg := b.config("a")
@@ -194,10 +207,8 @@ func TestAttack150SequenceResetOverDeadRows(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			b := setup(t, kfake.SeedTopics(3, "pre"))
-			const keys = 10
-			createCounters(t, b, keys)
-			deadRows(t, b, 8000)
+			b := deadRowsBundle(t, 8000)
+			const keys = attackKeys
 			start(t, b.config("a"))
 			stop, written, wg := startWriters(ctx, t, b, keys, 150)
 			waitFor(t, "traffic", func() bool { return written.Load() > 200 })
@@ -226,10 +237,8 @@ func TestAttack150SequenceResetOverDeadRows(t *testing.T) {
 func TestAttack150KilledOverDeadRowsMarkerEmptied(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, kfake.SeedTopics(3, "pre"))
-	const keys, childBatch = 10, 32
-	createCounters(t, b, keys)
-	deadRows(t, b, 8000)
+	b := deadRowsBundle(t, 8000)
+	const keys, childBatch = attackKeys, 32
 	child, exited := startChild(t, b, childBatch)
 	waitFor(t, "child holds lanes", func() bool { return lanesOwnedBy(t, b, "child") == 8 })
 	stop, written, wg := startWriters(ctx, t, b, keys, 152)
@@ -252,10 +261,8 @@ func TestAttack150KilledOverDeadRowsMarkerEmptied(t *testing.T) {
 func TestAttack150HeldSnapshotOverDeadRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, kfake.SeedTopics(3, "pre"))
-	const keys = 10
-	createCounters(t, b, keys)
-	deadRows(t, b, 6000)
+	b := deadRowsBundle(t, 6000)
+	const keys = attackKeys
 	_, release := b.db.HoldSnapshot(t, "pg_dump")
 	start(t, b.config("a"))
 	stop, written, wg := startWriters(ctx, t, b, keys, 153)
@@ -283,11 +290,9 @@ func TestAttack150HeldSnapshotOverDeadRows(t *testing.T) {
 func TestAttack150RetryParkedRacesClaimsOverDeadRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, kfake.SeedTopics(3, "pre"))
+	b := deadRowsBundle(t, 8000)
 	b.topic = "late" // the counted writers' and checkAllArrived's topic
-	const keys = 10
-	createCounters(t, b, keys)
-	deadRows(t, b, 8000)
+	const keys = attackKeys
 	cfg := b.config("a")
 	cfg.BatchSize = 16
 	cfg.UnknownTopicWindow = 300 * time.Millisecond
@@ -344,10 +349,8 @@ func TestAttack150IdleQuestionWithoutClaimIndex(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			b := setup(t, kfake.SeedTopics(3, "pre"))
-			const keys = 10
-			createCounters(t, b, keys)
-			deadRows(t, b, 8000)
+			b := deadRowsBundle(t, 8000)
+			const keys = attackKeys
 			if brk != "" {
 				_, err := b.db.Pool.Exec(ctx, brk)
 				require.NoError(t, err)
@@ -407,6 +410,50 @@ func stuckRows(t *testing.T, b *testBundle) {
 }
 
 // blockingHook holds the first batch that carries a record of key until
+// sequenceResets hand a batch's ids out again: TRUNCATE ... RESTART
+// IDENTITY, and a DELETE with the sequence set back to 1.
+var sequenceResets = []string{
+	`TRUNCATE pgbox_outbox RESTART IDENTITY`,
+	`DELETE FROM pgbox_outbox; SELECT setval('pgbox_outbox_id_seq', 1, false)`,
+}
+
+// holdThenReset starts a relay from cfg whose publish hook holds its first
+// batch of key "old", writes (write) the old rows and, once that batch is
+// held, runs reset on b's outbox. The caller writes the rows that take
+// the ids again, then closes the hook's release.
+func holdThenReset(t *testing.T, b *testBundle, cfg relay.Config, reset string, write func()) *blockingHook {
+	t.Helper()
+	hook := &blockingHook{key: "old", held: make(chan struct{}), release: make(chan struct{})}
+	cfg.PublishHook = hook
+	start(t, cfg)
+	write()
+	select {
+	case <-hook.held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no batch of key old")
+	}
+	_, err := b.db.Pool.Exec(context.Background(), reset)
+	require.NoError(t, err)
+	return hook
+}
+
+// valuesArrived reads b's topic until want distinct values of the records
+// match accepts have arrived, or within has passed, and returns how often
+// each arrived.
+func valuesArrived(t *testing.T, b *testBundle, want int, within time.Duration, match func(*sarama.ConsumerMessage) bool) map[string]int {
+	t.Helper()
+	got := map[string]int{}
+	for deadline := time.Now().Add(within); time.Now().Before(deadline) && len(got) < want; {
+		for _, m := range readTopic(t, b, b.topic, 1) {
+			if match(m) {
+				got[string(m.Value)]++
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return got
+}
+
 // release is closed; held is closed when it does.
 type blockingHook struct {
 	key     string
@@ -442,28 +489,16 @@ func (h *blockingHook) StartPublish(ctx context.Context, recs []outbox.PublishRe
 // it must not delete the new rows, which were never sent.
 func TestAttack150FinishAfterSequenceResetKeepsNewRows(t *testing.T) {
 	t.Parallel()
-	for _, reset := range []string{
-		`TRUNCATE pgbox_outbox RESTART IDENTITY`,
-		`DELETE FROM pgbox_outbox; SELECT setval('pgbox_outbox_id_seq', 1, false)`,
-	} {
+	for _, reset := range sequenceResets {
 		t.Run(reset[:8], func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			b := setup(t)
-			hook := &blockingHook{key: "old", held: make(chan struct{}), release: make(chan struct{})}
-			cfg := b.config("a")
-			cfg.PublishHook = hook
-			start(t, cfg)
-			for i := range 10 {
-				b.write(t, msg(b.topic, "old", strconv.Itoa(i)))
-			}
-			select {
-			case <-hook.held:
-			case <-time.After(30 * time.Second):
-				t.Fatal("no batch of key old")
-			}
-			_, err := b.db.Pool.Exec(ctx, reset)
-			require.NoError(t, err)
+			hook := holdThenReset(t, b, b.config("a"), reset, func() {
+				for i := range 10 {
+					b.write(t, msg(b.topic, "old", strconv.Itoa(i)))
+				}
+			})
 			for i := range 10 {
 				b.write(t, msg(b.topic, "new", strconv.Itoa(i)))
 			}
@@ -474,16 +509,7 @@ func TestAttack150FinishAfterSequenceResetKeepsNewRows(t *testing.T) {
 			require.NoError(t, err)
 			t.Logf("the new rows' ids: %v", ids)
 			close(hook.release)
-			got := map[string]int{}
-			deadline := time.Now().Add(15 * time.Second)
-			for time.Now().Before(deadline) && len(got) < 10 {
-				for _, m := range readTopic(t, b, b.topic, 1) {
-					if string(m.Key) == "new" {
-						got[string(m.Value)]++
-					}
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
+			got := valuesArrived(t, b, 10, 15*time.Second, func(m *sarama.ConsumerMessage) bool { return string(m.Key) == "new" })
 			require.Len(t, got, 10, "every new row published (left in the outbox: %d)", b.outboxCount(t, "true"))
 		})
 	}

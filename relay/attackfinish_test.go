@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/outbox"
@@ -25,32 +26,18 @@ import (
 // they were parked, and never published); every new row is published.
 func TestAttackFinishFailedBatchAfterResetParksNoNewRow(t *testing.T) {
 	t.Parallel()
-	for _, reset := range []string{
-		`TRUNCATE pgbox_outbox RESTART IDENTITY`,
-		`DELETE FROM pgbox_outbox; SELECT setval('pgbox_outbox_id_seq', 1, false)`,
-	} {
+	for _, reset := range sequenceResets {
 		t.Run(reset[:8], func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			b := setup(t)
-			hook := &blockingHook{key: "old", held: make(chan struct{}), release: make(chan struct{})}
 			cfg := b.config("a")
-			cfg.PublishHook = hook
 			cfg.MaxAttempts = 1
 			cfg.UnknownTopicWindow = relay.NoUnknownTopicWindow
-			start(t, cfg)
 			var old []outbox.Message
 			for i := range 10 {
 				old = append(old, msg("no-such-topic", "old", strconv.Itoa(i)))
 			}
-			b.write(t, old...)
-			select {
-			case <-hook.held:
-			case <-time.After(30 * time.Second):
-				t.Fatal("no batch of key old")
-			}
-			_, err := b.db.Pool.Exec(ctx, reset)
-			require.NoError(t, err)
+			hook := holdThenReset(t, b, cfg, reset, func() { b.write(t, old...) })
 			for i := range 10 {
 				// The old rows' key: the same slot, so the same lane and
 				// epoch as the failed batch (another lane's epoch would
@@ -59,16 +46,7 @@ func TestAttackFinishFailedBatchAfterResetParksNoNewRow(t *testing.T) {
 			}
 			require.Equal(t, 1, b.outboxCount(t, "id = 1"), "a new row took id 1 again")
 			close(hook.release)
-			got := map[string]int{}
-			deadline := time.Now().Add(30 * time.Second)
-			for time.Now().Before(deadline) && len(got) < 10 {
-				for _, m := range readTopic(t, b, b.topic, 1) {
-					if strings.HasPrefix(string(m.Value), "new-") {
-						got[string(m.Value)]++
-					}
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
+			got := valuesArrived(t, b, 10, 30*time.Second, func(m *sarama.ConsumerMessage) bool { return strings.HasPrefix(string(m.Value), "new-") })
 			require.Len(t, got, 10, "every new row published (parked: %d, with attempts: %d)",
 				b.outboxCount(t, "parked_at IS NOT NULL"), b.outboxCount(t, "attempts > 0"))
 			require.Zero(t, b.outboxCount(t, "parked_at IS NOT NULL OR attempts > 0"), "no failure recorded on a row that was never sent")
