@@ -543,6 +543,10 @@ func (fr *fleetRun) reconcile(ctx context.Context, list []targetSpec) {
 	down := map[string]error{} // databases that did not answer a check this round
 	changed = false
 	var lastApply time.Time
+	applyNow := func() {
+		fr.apply(ctx)
+		changed, lastApply = false, time.Now()
+	}
 	todo, rows := fr.checkOrder(ctx, list)
 	var chk checker
 	defer chk.close()
@@ -555,8 +559,7 @@ func (fr *fleetRun) reconcile(ctx context.Context, list []targetSpec) {
 			// The targets with rows first, alone for a while: the others'
 			// checks and starts wait until they have caught up.
 			if changed {
-				fr.apply(ctx)
-				changed, lastApply = false, time.Now()
+				applyNow()
 			}
 			fr.awaitCaughtUp(ctx, backlogged)
 			backlogged = nil
@@ -601,8 +604,7 @@ func (fr *fleetRun) reconcile(ctx context.Context, list []targetSpec) {
 		}
 		// Targets start as they pass, not after the whole list's checks.
 		if changed && time.Since(lastApply) > time.Second {
-			fr.apply(ctx)
-			changed, lastApply = false, time.Now()
+			applyNow()
 		}
 	}
 	if changed {
