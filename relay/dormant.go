@@ -90,9 +90,21 @@ func nextDormantBeat() time.Duration {
 // instance that has not reached Kafka never sleeps); the next heartbeat
 // sets kafka_ready again.
 //
+// It also writes the console's history sample for the target (historySQL
+// writes it while the target is awake, at every backlog count): a sample
+// with no topic's rows, which the chart draws as zero backlog and nothing
+// published, rather than no data for as long as the target sleeps. A
+// dormant target's outbox held no unparked row at its last poll, and rows
+// wake it within a PollInterval. The samples of the last two hours are
+// kept, as historySQL keeps them.
+//
 // $1 instance, $2 dormant row TTL, $3 release grace.
 const dormantSQL = `WITH rel AS (
 	UPDATE pgbox_relay_lanes SET expires_at = least(expires_at, now() + $3::interval) WHERE owner = $1
+), hist AS (
+	INSERT INTO pgbox_relay_history (topic, backlog, published) VALUES ('', 0, 0)
+), old AS (
+	DELETE FROM pgbox_relay_history WHERE at < now() - interval '2 hours'
 )
 INSERT INTO pgbox_relay_instances (instance, expires_at, kafka_ready, sleeping) VALUES ($1, now() + $2::interval, false, true)
 ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at,
