@@ -3,7 +3,9 @@
 // [cleanup.Cleaner], [inbox.Inbox] and consumer adapter and, read at scrape
 // time through [inspect.Read], the outbox backlog, lane owners, parked rows,
 // each consumer's oldest inbox key per topic against its cleanup cutoff,
-// dead letters, and the age of the xmin horizon per kind of holder.
+// dead letters, and the age of the xmin horizon per kind of holder. Over a
+// fleet's targets ([Config.Fleet]) it exports their totals and maxima, and
+// the figures and detail of a few chosen targets, labelled target.
 //
 // It registers nothing globally: a service builds a [Collector] with [New]
 // and adds it to its own registry ([prometheus.NewRegistry], or the default
@@ -52,8 +54,9 @@ type Config struct {
 	Targets Targets
 	// Fleet is a fleet's targets as last read: the fleet's totals of the
 	// database figures, and the series of the targets it chooses, labelled
-	// target (see [Fleet]). It replaces DB: set one or the other. Defaults
-	// to nil: not exported.
+	// target, with their detail per topic, lane and consumer (see
+	// [Fleet]). It replaces DB: set one or the other. Defaults to nil: not
+	// exported.
 	Fleet Fleet
 	// Cleaner's counters and its last pass's windows, which also give the
 	// inbox cutoff metrics. Defaults to nil.

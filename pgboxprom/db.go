@@ -3,6 +3,7 @@ package pgboxprom
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"time"
 
@@ -41,7 +42,7 @@ func (c *Collector) collectDB(ch chan<- prometheus.Metric) {
 		snap.ApplyCutoffs(cleanerCutoffs(c.cfg.Cleaner.Stats()), "from the cleaner's last pass")
 	}
 	exportOutbox(ch, snap)
-	exportInbox(ch, snap)
+	exportInbox(ch, dbDetail, snap)
 	exportHorizon(ch, snap)
 }
 
@@ -63,30 +64,15 @@ func boolf(b bool) float64 {
 	return 0
 }
 
+// exportOutbox exports the database's outbox: its detail under the
+// single-database names, its oldest row, lane owners and unowned lanes.
 func exportOutbox(ch chan<- prometheus.Metric, snap *inspect.Snapshot) {
-	for _, b := range snap.Topics {
-		lane := ""
-		if b.Lane >= 0 {
-			lane = itoa(b.Lane)
-		}
-		gauge(ch, dUnpublished, float64(b.Unpublished), b.Topic, lane)
-	}
-	gauge(ch, dUnpubEst, boolf(snap.Outbox.Estimated))
-	for _, p := range snap.ParkedTopics {
-		gauge(ch, dParkedRow, float64(p.Count), p.Topic)
-	}
+	exportOutboxDetail(ch, dbDetail, snap)
 	oldest := 0.0
 	if snap.Outbox.OldestAge != nil {
 		oldest = *snap.Outbox.OldestAge
 	}
 	gauge(ch, dOldest, oldest)
-	for _, l := range snap.LaneAges {
-		age := 0.0
-		if l.OldestAge != nil {
-			age = *l.OldestAge
-		}
-		gauge(ch, dLaneAge, age, itoa(l.Lane))
-	}
 	unowned := 0
 	dormant := snap.DormantOnly() // no lane is held, and nothing waits for one
 	for _, l := range snap.Lanes {
@@ -99,19 +85,53 @@ func exportOutbox(ch chan<- prometheus.Metric, snap *inspect.Snapshot) {
 	gauge(ch, dUnowned, float64(unowned))
 }
 
-func exportInbox(ch chan<- prometheus.Metric, snap *inspect.Snapshot) {
+// exportOutboxDetail exports a database's backlog per topic and lane
+// (and whether it is an estimate), its parked rows per topic and each
+// lane's oldest row, under ds's names, each series's label values
+// following lead's.
+func exportOutboxDetail(ch chan<- prometheus.Metric, ds *detailDescs, snap *inspect.Snapshot, lead ...string) {
+	for _, b := range snap.Topics {
+		lane := ""
+		if b.Lane >= 0 {
+			lane = itoa(b.Lane)
+		}
+		gauge(ch, ds.unpublished, float64(b.Unpublished), lv(lead, b.Topic, lane)...)
+	}
+	gauge(ch, ds.unpubEst, boolf(snap.Outbox.Estimated), lead...)
+	for _, p := range snap.ParkedTopics {
+		gauge(ch, ds.parked, float64(p.Count), lv(lead, p.Topic)...)
+	}
+	for _, l := range snap.LaneAges {
+		age := 0.0
+		if l.OldestAge != nil {
+			age = *l.OldestAge
+		}
+		gauge(ch, ds.laneAge, age, lv(lead, itoa(l.Lane))...)
+	}
+}
+
+// exportInbox exports a database's inbox keys, their oldest, the cleanup
+// windows and cutoffs per consumer and topic, and its dead letters, under
+// ds's names, each series's label values following lead's.
+func exportInbox(ch chan<- prometheus.Metric, ds *detailDescs, snap *inspect.Snapshot, lead ...string) {
 	for _, in := range snap.Inbox {
-		gauge(ch, dInboxKeys, float64(in.Keys), in.Consumer, in.Topic)
-		gauge(ch, dInboxKeyEst, boolf(in.Estimated), in.Consumer, in.Topic)
-		gauge(ch, dInboxAge, in.OldestAge, in.Consumer, in.Topic)
+		pair := lv(lead, in.Consumer, in.Topic)
+		gauge(ch, ds.inboxKeys, float64(in.Keys), pair...)
+		gauge(ch, ds.inboxKeyEst, boolf(in.Estimated), pair...)
+		gauge(ch, ds.inboxAge, in.OldestAge, pair...)
 		if in.Window != nil {
-			gauge(ch, dInboxWindow, *in.Window, in.Consumer, in.Topic)
+			gauge(ch, ds.inboxWindow, *in.Window, pair...)
 		}
 		if in.Cutoff != nil {
-			gauge(ch, dInboxCut, float64(in.Cutoff.UnixNano())/1e9, in.Consumer, in.Topic)
+			gauge(ch, ds.inboxCut, float64(in.Cutoff.UnixNano())/1e9, pair...)
 		}
 	}
 	for _, d := range snap.Dead {
-		gauge(ch, dDeadRows, float64(d.Count), d.Consumer, d.Topic)
+		gauge(ch, ds.dead, float64(d.Count), lv(lead, d.Consumer, d.Topic)...)
 	}
+}
+
+// lv is the label values lead then vs, in a slice of their own.
+func lv(lead []string, vs ...string) []string {
+	return append(slices.Clip(lead), vs...)
 }

@@ -73,6 +73,20 @@ var (
 	dScrapeOK = desc("pgbox_scrape_database_snapshot_ok", "1 if the scrape read the whole snapshot; 0 if a read failed or hit the statement timeout (the database metrics are then missing from this scrape).")
 )
 
+// detailDescs are the families of a database's detail per topic, lane and
+// consumer (exportOutboxDetail, exportInbox): the single database's
+// (dbDetail), or a fleet's chosen targets' under names of their own with a
+// target label first (targetDetail).
+type detailDescs struct {
+	unpublished, unpubEst, parked, laneAge                        *prometheus.Desc
+	inboxKeys, inboxKeyEst, inboxAge, inboxWindow, inboxCut, dead *prometheus.Desc
+}
+
+var dbDetail = &detailDescs{
+	unpublished: dUnpublished, unpubEst: dUnpubEst, parked: dParkedRow, laneAge: dLaneAge,
+	inboxKeys: dInboxKeys, inboxKeyEst: dInboxKeyEst, inboxAge: dInboxAge, inboxWindow: dInboxWindow, inboxCut: dInboxCut, dead: dDeadRows,
+}
+
 var allDescs = []*prometheus.Desc{
 	dPublished, dRetried, dParked, dBatches, dLatMax, dRelayBack, dLanesHeld, dInstances, dBelow, dFloorOff, dTargets,
 	dCleanDeleted, dCleanTopic, dCleanPasses, dCleanLocked, dCleanErrors, dCleanSkipped, dCleanLast, dCleanMargin,

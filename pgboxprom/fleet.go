@@ -18,7 +18,10 @@ import (
 // so a [Fleet] hands the collector what it last read of each target (read
 // on its own schedule, its own concurrency), and says which targets get
 // series of their own. The collector exports the fleet's totals and
-// maxima always, the chosen targets' series labelled target="NAME".
+// maxima always, the chosen targets' series labelled target="NAME": their
+// figures, and the detail of their database metrics per topic, lane and
+// consumer (a target's backlog per topic and lane, its inbox keys per
+// consumer and topic…) under pgbox_target_ names of their own.
 
 // Fleet is what the collector reads of a fleet's targets beyond their
 // counts per state ([Targets]): each target's relay counters and its last
@@ -58,8 +61,11 @@ type FleetTarget struct {
 	// this process); nil when the fleet does not prune it. Its last pass's
 	// windows give the target's inbox cutoffs, as [Config.Cleaner]'s do.
 	Cleanup *cleanup.Stats
-	// Series: export the target's own series. The Fleet chooses which (a
-	// few of the worst, or all): the totals count every target.
+	// Series: export the target's own series, its Snapshot's detail per
+	// topic, lane and consumer among them (its Topics, LaneAges,
+	// ParkedTopics, Inbox and Dead: a Fleet may keep those lists for these
+	// targets only). The Fleet chooses which (a few of the worst, or all):
+	// the totals count every target.
 	Series bool
 }
 
@@ -99,11 +105,32 @@ var (
 	dTargetCleanMargin  = desc("pgbox_target_inbox_retention_margin_seconds", "A target's least inbox retention margin over its topics after its last pass (window minus the oldest key's age; negative: overdue keys); chosen targets only.", "target")
 )
 
+// A chosen target's detail per topic, lane and consumer: the families of
+// the single database's detail (pgbox_outbox_unpublished_rows{topic,lane},
+// pgbox_inbox_keys{consumer,topic}…), as last read, under names of their
+// own with a target label first. The single-database names cannot take
+// the label (some are the fleet's maxima); where a target's total already
+// has the name, the detail's says what it is per (_topic_).
+var targetDetail = &detailDescs{
+	unpublished: desc("pgbox_target_outbox_topic_unpublished_rows", "A target's unpublished, unparked outbox rows by topic and lane, as last read (as pgbox_outbox_unpublished_rows: estimates are per topic, with lane=\"\"); chosen targets only.", "target", "topic", "lane"),
+	unpubEst:    desc("pgbox_target_outbox_unpublished_rows_estimated", "1 when a target's outbox counts (pgbox_target_outbox_unpublished_rows, …_topic_unpublished_rows) are planner estimates, 0 when exact, as last read; chosen targets only.", "target"),
+	parked:      desc("pgbox_target_outbox_topic_parked_rows", "A target's parked outbox rows by topic, as last read; chosen targets only.", "target", "topic"),
+	laneAge:     desc("pgbox_target_outbox_lane_oldest_unpublished_age_seconds", "Age of a target's oldest unpublished, unparked outbox row in each lane (0 when none), as last read; chosen targets only.", "target", "lane"),
+	inboxKeys:   desc("pgbox_target_inbox_keys", "A target's inbox keys by consumer and source topic, as last read (exact up to the read's ExactLimit, an estimate past it); chosen targets only.", "target", "consumer", "topic"),
+	inboxKeyEst: desc("pgbox_target_inbox_keys_estimated", "1 when a target's pgbox_target_inbox_keys for this consumer and topic is a planner estimate, 0 when exact; chosen targets only.", "target", "consumer", "topic"),
+	inboxAge:    desc("pgbox_target_inbox_topic_oldest_key_age_seconds", "Age of a target's oldest inbox key by consumer and source topic, as last read; chosen targets only.", "target", "consumer", "topic"),
+	inboxWindow: desc("pgbox_target_inbox_cleanup_window_seconds", "How long cleanup keeps a target's keys of the topic: its cleaner's last pass's window when it has one, else the read's; absent when unknown; chosen targets only.", "target", "consumer", "topic"),
+	inboxCut:    desc("pgbox_target_inbox_cleanup_cutoff_timestamp_seconds", "A target's cleanup cutoff (Unix time: its read's time minus the window): keys older are due for deletion; chosen targets only.", "target", "consumer", "topic"),
+	dead:        desc("pgbox_target_consumer_topic_dead_letter_rows", "A target's dead letters by consumer and topic, as last read; chosen targets only.", "target", "consumer", "topic"),
+}
+
 var fleetDescs = []*prometheus.Desc{
 	dFleetUnpublished, dFleetParked, dFleetDead, dFleetInboxAge, dFleetRead, dFleetReadAge,
 	dTargetPublished, dTargetRetried, dTargetParkedTotal, dTargetLanesHeld, dTargetUp,
 	dTargetUnpublished, dTargetOldest, dTargetParked, dTargetDead, dTargetUnowned, dTargetInboxAge,
 	dTargetCleanPasses, dTargetCleanErrors, dTargetCleanDeleted, dTargetCleanLast, dTargetCleanMargin,
+	targetDetail.unpublished, targetDetail.unpubEst, targetDetail.parked, targetDetail.laneAge,
+	targetDetail.inboxKeys, targetDetail.inboxKeyEst, targetDetail.inboxAge, targetDetail.inboxWindow, targetDetail.inboxCut, targetDetail.dead,
 }
 
 // inboxPair is an inbox's consumer and source topic.
@@ -115,15 +142,22 @@ type inboxTotal struct {
 	window *float64 // the shortest known
 }
 
-// addInbox adds a target's inbox entries to totals, its windows from its
-// cleaner's last pass when it has one.
-func addInbox(totals map[inboxPair]inboxTotal, s *inspect.Snapshot, cs *cleanup.Stats) {
-	if cs != nil && len(s.Inbox) > 0 {
-		c := *s
-		c.Inbox = slices.Clone(s.Inbox)
-		c.ApplyCutoffs(cleanerCutoffs(*cs), "from the cleaner's last pass")
-		s = &c
+// withCleanerCutoffs returns s with the inbox windows and cutoffs of a
+// target's cleaner's last pass when it has one (cs not nil): a copy, its
+// inbox entries cloned, for the Fleet hands every scrape the same
+// snapshot, and scrapes may run at once.
+func withCleanerCutoffs(s *inspect.Snapshot, cs *cleanup.Stats) *inspect.Snapshot {
+	if cs == nil || len(s.Inbox) == 0 {
+		return s
 	}
+	c := *s
+	c.Inbox = slices.Clone(s.Inbox)
+	c.ApplyCutoffs(cleanerCutoffs(*cs), "from the cleaner's last pass")
+	return &c
+}
+
+// addInbox adds a target's inbox entries to totals.
+func addInbox(totals map[inboxPair]inboxTotal, s *inspect.Snapshot) {
 	for _, in := range s.Inbox {
 		k := inboxPair{in.Consumer, in.Topic}
 		t := totals[k]
@@ -190,6 +224,9 @@ func (c *Collector) collectFleet(ch chan<- prometheus.Metric) {
 			t.Read = ReadPending // unset, or not one of the results
 		}
 		reads[t.Read]++
+		if t.Snapshot != nil { // t is a copy: the Fleet's snapshot stays as read
+			t.Snapshot = withCleanerCutoffs(t.Snapshot, t.Cleanup)
+		}
 		if t.Series {
 			exportTarget(ch, t)
 		}
@@ -198,7 +235,7 @@ func (c *Collector) collectFleet(ch chan<- prometheus.Metric) {
 			continue
 		}
 		f := figures(s)
-		addInbox(inbox, s, t.Cleanup)
+		addInbox(inbox, s)
 		total.unpublished += f.unpublished
 		total.parked += f.parked
 		total.dead += f.dead
@@ -251,7 +288,10 @@ func (c *Collector) collectFleet(ch chan<- prometheus.Metric) {
 	}
 }
 
-// exportTarget exports one target's own series.
+// exportTarget exports one target's own series: its relay and cleanup
+// counters, its database's figures and their detail per topic, lane and
+// consumer (its snapshot's inbox windows already from its cleaner's last
+// pass).
 func exportTarget(ch chan<- prometheus.Metric, t FleetTarget) {
 	if r := t.Relay; r != nil {
 		counter(ch, dTargetPublished, float64(r.Published), t.Name)
@@ -286,4 +326,6 @@ func exportTarget(ch chan<- prometheus.Metric, t FleetTarget) {
 	gauge(ch, dTargetDead, float64(f.dead), t.Name)
 	gauge(ch, dTargetUnowned, float64(f.unowned), t.Name)
 	gauge(ch, dTargetInboxAge, f.inboxAge, t.Name)
+	exportOutboxDetail(ch, targetDetail, t.Snapshot, t.Name)
+	exportInbox(ch, targetDetail, t.Snapshot, t.Name)
 }

@@ -1,9 +1,11 @@
 package pgboxprom_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/cleanup"
@@ -144,4 +146,112 @@ func TestFleetInboxCutoffsAndCleanup(t *testing.T) {
 
 	_, err := pgboxprom.New(pgboxprom.Config{Fleet: f, FleetCleaner: cleanerOf(totals), Cleaner: &cleanup.Cleaner{}})
 	require.ErrorContains(t, err, "Cleaner and FleetCleaner are both set")
+}
+
+// A chosen target's detail per topic, lane and consumer, under names of
+// its own labelled target: its backlog per topic and lane, parked rows per
+// topic, each lane's oldest row, inbox keys, oldest keys, windows and
+// cutoffs (from its cleaner's last pass) per consumer and topic, dead
+// letters per consumer and topic. A target not chosen has none of it; the
+// Fleet's snapshots are not written, by scrapes running at once either.
+func TestFleetChosenTargetDetail(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	age := func(s float64) *float64 { return &s }
+	acmeSnap := func() *inspect.Snapshot {
+		s := &inspect.Snapshot{Time: now, LaneCount: 2}
+		s.Outbox = inspect.OutboxTotals{Unpublished: 9, Parked: 3, OldestAge: age(40)}
+		s.Topics = []inspect.TopicBacklog{{Topic: "orders", Lane: 0, Unpublished: 4}, {Topic: "orders", Lane: 1, Unpublished: 2}, {Topic: "invoices", Lane: 1, Unpublished: 3}}
+		s.LaneAges = []inspect.LaneAge{{Lane: 0, OldestAge: age(40)}, {Lane: 1, OldestAge: age(15)}}
+		s.ParkedTopics = []inspect.TopicCount{{Topic: "orders", Count: 2}, {Topic: "invoices", Count: 1}}
+		s.Inbox = []inspect.InboxTopic{
+			{Consumer: "svc", Topic: "orders", Keys: 5, OldestAge: 5000},
+			{Consumer: "svc", Topic: "invoices", Keys: 70_000, Estimated: true, OldestAge: 20},
+		}
+		s.Dead = []inspect.DeadCount{{Consumer: "svc", Topic: "orders", Count: 1}, {Consumer: "billing", Topic: "invoices", Count: 4}}
+		return s
+	}
+	estimated := func() *inspect.Snapshot { // past ExactLimit: per topic, lane=""
+		s := &inspect.Snapshot{Time: now, LaneCount: 1}
+		s.Outbox = inspect.OutboxTotals{Unpublished: 300_000, Estimated: true}
+		s.Topics = []inspect.TopicBacklog{{Topic: "invoices", Lane: -1, Unpublished: 300_000, Estimated: true}}
+		s.LaneAges = []inspect.LaneAge{{Lane: 0}}
+		return s
+	}
+	pass := &cleanup.Stats{Passes: 1, LastPass: now.Add(-time.Minute), Topics: map[string]cleanup.TopicStats{
+		"orders": {Window: time.Hour, OldestAge: 5000 * time.Second, Margin: -1400 * time.Second, Last: cleanup.TopicReport{Topic: "orders", Timed: true, Window: time.Hour}},
+	}}
+	f := fleetOf{
+		{Name: "acme", Read: pgboxprom.ReadOK, Snapshot: acmeSnap(), Cleanup: pass, Series: true},
+		{Name: "globex", Read: pgboxprom.ReadOK, Snapshot: acmeSnap(), Cleanup: pass},
+		{Name: "initech", Read: pgboxprom.ReadOK, Snapshot: estimated(), Series: true},
+	}
+	col := newCollector(t, pgboxprom.Config{Fleet: f})
+
+	// Scrapes at once, as Prometheus and a second scraper may: the race
+	// detector sees any write to the shared snapshots.
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(col))
+	errs := make(chan error, 4)
+	for range cap(errs) {
+		go func() {
+			_, err := reg.Gather()
+			errs <- err
+		}()
+	}
+	for range cap(errs) {
+		require.NoError(t, <-errs)
+	}
+	m := gather(t, col)
+
+	cutoff := now.Add(-time.Hour)
+	detail := map[string]float64{
+		`pgbox_target_outbox_topic_unpublished_rows{lane="0",target="acme",topic="orders"}`:     4,
+		`pgbox_target_outbox_topic_unpublished_rows{lane="1",target="acme",topic="orders"}`:     2,
+		`pgbox_target_outbox_topic_unpublished_rows{lane="1",target="acme",topic="invoices"}`:   3,
+		`pgbox_target_outbox_topic_unpublished_rows{lane="",target="initech",topic="invoices"}`: 300_000,
+		`pgbox_target_outbox_unpublished_rows_estimated{target="acme"}`:                         0,
+		`pgbox_target_outbox_unpublished_rows_estimated{target="initech"}`:                      1,
+		`pgbox_target_outbox_topic_parked_rows{target="acme",topic="orders"}`:                   2,
+		`pgbox_target_outbox_topic_parked_rows{target="acme",topic="invoices"}`:                 1,
+		`pgbox_target_outbox_lane_oldest_unpublished_age_seconds{lane="0",target="acme"}`:       40,
+		`pgbox_target_outbox_lane_oldest_unpublished_age_seconds{lane="1",target="acme"}`:       15,
+		`pgbox_target_outbox_lane_oldest_unpublished_age_seconds{lane="0",target="initech"}`:    0,
+
+		`pgbox_target_inbox_keys{consumer="svc",target="acme",topic="orders"}`:                             5,
+		`pgbox_target_inbox_keys{consumer="svc",target="acme",topic="invoices"}`:                           70_000,
+		`pgbox_target_inbox_keys_estimated{consumer="svc",target="acme",topic="orders"}`:                   0,
+		`pgbox_target_inbox_keys_estimated{consumer="svc",target="acme",topic="invoices"}`:                 1,
+		`pgbox_target_inbox_topic_oldest_key_age_seconds{consumer="svc",target="acme",topic="orders"}`:     5000,
+		`pgbox_target_inbox_topic_oldest_key_age_seconds{consumer="svc",target="acme",topic="invoices"}`:   20,
+		`pgbox_target_inbox_cleanup_window_seconds{consumer="svc",target="acme",topic="orders"}`:           3600,
+		`pgbox_target_inbox_cleanup_cutoff_timestamp_seconds{consumer="svc",target="acme",topic="orders"}`: float64(cutoff.UnixNano()) / 1e9,
+		`pgbox_target_consumer_topic_dead_letter_rows{consumer="svc",target="acme",topic="orders"}`:        1,
+		`pgbox_target_consumer_topic_dead_letter_rows{consumer="billing",target="acme",topic="invoices"}`:  4,
+	}
+	promtest.Require(t, m, detail)
+	// Nothing more of the detail: no window nor cutoff the cleaner did not
+	// give (invoices), none for globex (not chosen).
+	families := []string{"pgbox_target_outbox_topic_unpublished_rows{", "pgbox_target_outbox_unpublished_rows_estimated{",
+		"pgbox_target_outbox_topic_parked_rows{", "pgbox_target_outbox_lane_oldest_unpublished_age_seconds{",
+		"pgbox_target_inbox_keys{", "pgbox_target_inbox_keys_estimated{", "pgbox_target_inbox_topic_oldest_key_age_seconds{",
+		"pgbox_target_inbox_cleanup_window_seconds{", "pgbox_target_inbox_cleanup_cutoff_timestamp_seconds{",
+		"pgbox_target_consumer_topic_dead_letter_rows{"}
+	for name := range m {
+		for _, fam := range families {
+			if strings.HasPrefix(name, fam) {
+				require.Contains(t, detail, name, "only the chosen targets' detail")
+			}
+		}
+		require.NotContains(t, name, `target="globex"`, "globex is not chosen")
+	}
+	// The totals still count globex's detail, windows from its cleaner.
+	promtest.Require(t, m, map[string]float64{
+		`pgbox_inbox_cleanup_window_seconds{consumer="svc",topic="orders"}`: 3600,
+		"pgbox_fleet_outbox_parked_rows":                                    6,
+		"pgbox_fleet_consumer_dead_letter_rows":                             10,
+	})
+	require.Equal(t, acmeSnap(), f[0].Snapshot, "the Fleet's snapshot is not written")
+	require.Equal(t, acmeSnap(), f[1].Snapshot)
+	require.Equal(t, estimated(), f[2].Snapshot)
 }

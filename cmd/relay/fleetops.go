@@ -40,8 +40,10 @@ type targetSeries struct {
 
 // targetMetricsDefault is --target-metrics: the ten worst targets, in the
 // order `relay status` lists them. Ten keeps a fleet of any size to a few
-// hundred series (about a dozen per target) and shows whom an alert on
-// the fleet's totals is about; a list of ten or fewer gets every target's.
+// hundred series (up to 17 per target, and its detail: one per lane, per
+// topic and lane with a backlog, per topic with parked rows, a few per
+// consumer and topic) and shows whom an alert on the fleet's totals is
+// about; a list of ten or fewer gets every target's.
 const targetMetricsDefault = "top:10"
 
 // targetMetricsTopMax bounds top:N.
@@ -86,7 +88,7 @@ func (o *options) bindTargetMetrics(s *settings, has map[string]bool) {
 		return
 	}
 	value(s, &o.TargetMetrics, groupTargets, "target-metrics", "PGBOX_TARGET_METRICS", targetMetricsDefault,
-		"with --targets or --targets-query, which targets /metrics gives series of their own (labelled target): none, all, or top:N, the N worst as `relay status` orders them, beside the fleet's totals; off reads no target's database for /metrics (no totals either)",
+		"with --targets or --targets-query, which targets /metrics gives series of their own (labelled target: their figures, and their detail per topic, lane and consumer): none, all, or top:N, the N worst as `relay status` orders them, beside the fleet's totals; off reads no target's database for /metrics (no totals either)",
 		fmt.Sprintf(`"none", "all", "top:N" with N from 1 to %d, or "off"`, targetMetricsTopMax), parseTargetSeries)
 }
 
@@ -122,6 +124,9 @@ type fleetReader struct {
 
 	mu   sync.Mutex
 	last map[string]targetRead // by target name
+	// chosen is the targets the last scrape gave series of their own:
+	// their next reads keep the detail per topic and lane (keepsDetail).
+	chosen map[string]bool
 }
 
 func newFleetReader(fr *fleetRun, cleaner *fleetCleanup) *fleetReader {
@@ -175,7 +180,7 @@ func (r *fleetReader) round(ctx context.Context) {
 	hz := &horizons{by: map[*pgxpool.Pool]*horizonRead{}}
 	onTargets(ctx, len(targets), r.limit, func(i int) {
 		t := targets[i]
-		rd := r.read(ctx, t, cfg, hz)
+		rd := r.read(ctx, t, cfg, hz, r.keepsDetail(t.spec.Name, len(targets)))
 		if ctx.Err() != nil {
 			return // shutting down: not the target's failure
 		}
@@ -189,8 +194,9 @@ func (r *fleetReader) round(ctx context.Context) {
 }
 
 // read reads one target's state and figures, within targetReadTimeout;
-// its database's horizon comes from hz.
-func (r *fleetReader) read(ctx context.Context, t targetPool, cfg inspect.Config, hz *horizons) targetRead {
+// its database's horizon comes from hz. detail keeps the snapshot's
+// detail per topic and lane (trimSnapshot).
+func (r *fleetReader) read(ctx context.Context, t targetPool, cfg inspect.Config, hz *horizons, detail bool) targetRead {
 	db, err := r.dbs.get(t.spec, t.pool)
 	if err != nil {
 		return targetRead{state: stateUnreachable, detail: err.Error(), at: time.Now()}
@@ -198,8 +204,28 @@ func (r *fleetReader) read(ctx context.Context, t targetPool, cfg inspect.Config
 	tctx, cancel := context.WithTimeout(ctx, targetReadTimeout)
 	defer cancel()
 	cfg.Horizon = hz.get(tctx, t.pool, db, cfg)
-	state, detail, snap := readTarget(tctx, db, t.spec, cfg)
-	return targetRead{state: state, detail: detail, snap: trimSnapshot(snap), at: time.Now()}
+	state, msg, snap := readTarget(tctx, db, t.spec, cfg)
+	return targetRead{state: state, detail: msg, snap: trimSnapshot(snap, detail), at: time.Now()}
+}
+
+// keepsDetail reports whether a read of the target keeps its detail per
+// topic and lane, which /metrics exports for the targets chosen for series
+// of their own (pgboxprom's pgbox_target_outbox_topic_unpublished_rows…):
+// with --target-metrics all, with top:N over N targets or fewer, and for
+// the targets the last scrape chose. A target chosen anew gets its detail
+// from its next read; the others' reads stay small.
+func (r *fleetReader) keepsDetail(name string, listed int) bool {
+	switch {
+	case r.series.all:
+		return true
+	case r.series.top == 0:
+		return false
+	case listed <= r.series.top:
+		return true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.chosen[name]
 }
 
 // horizonShare is how long a round of the reader shares one read of a
@@ -284,14 +310,18 @@ func (r *fleetReader) summaries() map[string]console.FleetSummary {
 // trimSnapshot keeps what the metrics and the ranking read of a snapshot:
 // the totals, lanes, instances (whether they are all dormant), inbox ages,
 // dead letters and the horizon per kind, not the lists (parked rows,
-// holders, the backlog per topic and lane), so that thousands of them stay
-// small.
-func trimSnapshot(s *inspect.Snapshot) *inspect.Snapshot {
+// holders and, unless detail, the backlog per topic and lane, each lane's
+// oldest row and the parked rows per topic), so that thousands of them
+// stay small.
+func trimSnapshot(s *inspect.Snapshot, detail bool) *inspect.Snapshot {
 	if s == nil {
 		return nil
 	}
 	c := *s
-	c.Topics, c.LaneAges, c.ParkedTopics, c.Parked = nil, nil, nil, nil
+	if !detail {
+		c.Topics, c.LaneAges, c.ParkedTopics = nil, nil, nil
+	}
+	c.Parked = nil
 	c.Horizon.Holders = nil
 	return &c
 }
@@ -339,9 +369,14 @@ func (r *fleetReader) FleetTargets() []pgboxprom.FleetTarget {
 		index[t.spec.Name] = len(out)
 		out = append(out, ft)
 	}
+	chosen := map[string]bool{}
 	for _, name := range r.series.choose(lines, targets) {
 		out[index[name]].Series = true
+		chosen[name] = true
 	}
+	r.mu.Lock()
+	r.chosen = chosen
+	r.mu.Unlock()
 	return out
 }
 

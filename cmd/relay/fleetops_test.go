@@ -147,6 +147,10 @@ func TestTargetMetricsTopN(t *testing.T) {
 			}
 		}
 		require.LessOrEqual(t, len(targets), c.series.top, "%s: at most N targets with series", c.series)
+		for name := range targets {
+			require.True(t, r.keepsDetail(name, n), "%s: %s's next read keeps its detail", c.series, name)
+		}
+		require.False(t, r.keepsDetail("t0007", n), "%s: not chosen, its reads stay small", c.series)
 		require.LessOrEqual(t, series, 12*c.series.top, "%s: a dozen series per chosen target at most", c.series)
 		if c.want != nil {
 			require.Len(t, targets, len(c.want))
@@ -160,6 +164,35 @@ func TestTargetMetricsTopN(t *testing.T) {
 		require.Equal(t, float64(9001), totals["pgbox_outbox_oldest_unpublished_age_seconds"], "the worst")
 		require.Equal(t, float64(0), totals["pgbox_scrape_database_up"], "a target's database unreachable")
 	}
+}
+
+// The reader keeps the detail per topic and lane (which /metrics exports
+// for the chosen targets only) of the targets the last scrape chose, of
+// every target with all or with top:N over N targets or fewer, and of no
+// other: thousands of reads stay small.
+func TestReaderKeepsChosenDetail(t *testing.T) {
+	t.Parallel()
+	snap := &inspect.Snapshot{Topics: []inspect.TopicBacklog{{Topic: "t", Lane: 0, Unpublished: 1}}, LaneAges: []inspect.LaneAge{{Lane: 0}},
+		ParkedTopics: []inspect.TopicCount{{Topic: "t", Count: 1}}, Parked: []inspect.ParkedRow{{ID: 1}}}
+	kept := trimSnapshot(snap, true)
+	require.Equal(t, snap.Topics, kept.Topics)
+	require.Equal(t, snap.LaneAges, kept.LaneAges)
+	require.Equal(t, snap.ParkedTopics, kept.ParkedTopics)
+	require.Nil(t, kept.Parked, "the parked rows' list: relay status's, not the metrics'")
+	trimmed := trimSnapshot(snap, false)
+	require.Nil(t, trimmed.Topics)
+	require.Nil(t, trimmed.LaneAges)
+	require.Nil(t, trimmed.ParkedTopics)
+	require.Len(t, snap.Parked, 1, "the read itself is not written")
+
+	r := &fleetReader{series: targetSeries{top: 2}, chosen: map[string]bool{"acme": true}}
+	require.True(t, r.keepsDetail("acme", 5), "chosen by the last scrape")
+	require.False(t, r.keepsDetail("globex", 5))
+	require.True(t, r.keepsDetail("globex", 2), "top:2 over two targets: every one is chosen")
+	r.series = targetSeries{all: true}
+	require.True(t, r.keepsDetail("globex", 5000))
+	r.series = targetSeries{}
+	require.False(t, r.keepsDetail("acme", 1), "none")
 }
 
 // The budget keeps room for one cleanup pass and lends more passes what
@@ -259,6 +292,7 @@ func TestRunTargetsMetrics(t *testing.T) {
 	park(t, globex, "t-globex", time.Hour, "too large")
 	park(t, globex, "t-globex", time.Hour, "too large")
 	dead(t, initech, "svc", "orders")
+	dead(t, globex, "svc", "orders")
 	for name, db := range map[string]*testdb.DB{"acme": acme, "globex": globex, "initech": initech} {
 		writeRows(t, db, "t-"+name, 0, 5)
 	}
@@ -267,13 +301,14 @@ func TestRunTargetsMetrics(t *testing.T) {
 	base := "http://" + p.HTTPAddr(t)
 	require.Len(t, eventIDs(t, c, "t-acme", 5), 5)
 	var m string
-	waitFor(t, "the figures read after the drain", 30*time.Second, func() bool {
+	waitFor(t, "the figures read after the drain, the chosen target's detail from its read after the scrape that chose it", 30*time.Second, func() bool {
 		m = metricsOf(t, base)
 		return strings.Contains(m, `pgbox_fleet_targets_read{result="ok"} 3`) && strings.Contains(m, "pgbox_fleet_outbox_unpublished_rows 0") &&
-			strings.Contains(m, `pgbox_target_relay_published_total{target="globex"} 5`)
+			strings.Contains(m, `pgbox_target_relay_published_total{target="globex"} 5`) &&
+			strings.Contains(m, `pgbox_target_outbox_topic_parked_rows{target="globex"`)
 	})
 	require.Contains(t, m, "pgbox_fleet_outbox_parked_rows 2")
-	require.Contains(t, m, "pgbox_fleet_consumer_dead_letter_rows 1")
+	require.Contains(t, m, "pgbox_fleet_consumer_dead_letter_rows 2")
 	require.Contains(t, m, "pgbox_outbox_oldest_unpublished_age_seconds 0")
 	require.Contains(t, m, "pgbox_relay_lanes_unowned 0")
 	require.Contains(t, m, "pgbox_scrape_database_up 1")
@@ -281,6 +316,13 @@ func TestRunTargetsMetrics(t *testing.T) {
 	require.Contains(t, m, `pgbox_target_outbox_parked_rows{target="globex"} 2`)
 	require.Contains(t, m, `pgbox_target_database_up{target="globex"} 1`)
 	require.Equal(t, map[string]bool{"globex": true}, targetSeriesIn(m), "top:1: the target with parked rows only")
+	// The chosen target's detail per topic, lane and consumer; none of the others'.
+	require.Contains(t, m, `pgbox_target_outbox_topic_parked_rows{target="globex",topic="t-globex"} 2`)
+	require.Contains(t, m, `pgbox_target_outbox_unpublished_rows_estimated{target="globex"} 0`)
+	require.Contains(t, m, `pgbox_target_outbox_lane_oldest_unpublished_age_seconds{lane="0",target="globex"} 0`)
+	require.Contains(t, m, `pgbox_target_consumer_topic_dead_letter_rows{consumer="svc",target="globex",topic="orders"} 1`)
+	require.NotContains(t, m, `target="acme"`)
+	require.NotContains(t, m, `target="initech"`)
 	require.Contains(t, m, "pgbox_relay_published_total 15", "the fleet's counters")
 	require.Equal(t, 0, p.stop(t), p.Output())
 }
@@ -362,7 +404,7 @@ func TestTargetDBShared(t *testing.T) {
 	cf := &consoleFleet{fr: fr, reader: r}
 	got, err := cf.DB("acme")
 	require.NoError(t, err)
-	rd := r.read(t.Context(), fr.listedPools()[0], inspect.Config{}, &horizons{by: map[*pgxpool.Pool]*horizonRead{}})
+	rd := r.read(t.Context(), fr.listedPools()[0], inspect.Config{}, &horizons{by: map[*pgxpool.Pool]*horizonRead{}}, false)
 	require.Equal(t, stateOK, rd.state, rd.detail)
 	again, err := r.dbs.get(acme, db.Pool)
 	require.NoError(t, err)
@@ -400,7 +442,7 @@ func TestFleetReaderSharesHorizon(t *testing.T) {
 	r := &fleetReader{fr: fr, dbs: newTargetDBs(fr), last: map[string]targetRead{}}
 	hz := &horizons{by: map[*pgxpool.Pool]*horizonRead{}}
 	for _, tp := range fr.listedPools() {
-		rd := r.read(ctx, tp, inspect.Config{HorizonList: 1000}, hz)
+		rd := r.read(ctx, tp, inspect.Config{HorizonList: 1000}, hz, false)
 		require.Equal(t, stateOK, rd.state, rd.detail)
 		held := false // (the reader keeps the sums per kind, not the list: trimSnapshot)
 		for _, k := range rd.snap.Horizon.Kinds {

@@ -29,8 +29,8 @@ ERROR, checked again at each refresh), those whose outbox holds rows checked and
 first, the others once those have caught up (5 s at most). Every --cleanup-interval each
 served target is pruned under its own cleanup lease, and every --targets-refresh each
 one's database figures are read for /metrics (the fleet's totals, and series of their
-own for the targets --target-metrics chooses), both --targets-concurrency targets at a
-time. The console (--console-addr) then lists every target, the worst first, and serves
+own for the targets --target-metrics chooses: their figures, and their detail per topic,
+lane and consumer), both --targets-concurrency targets at a time. The console (--console-addr) then lists every target, the worst first, and serves
 each target's pages under /t/NAME/, over the pools the relay has (no connection of its
 own), its figures read in the background, --targets-concurrency targets at a time.`
 
