@@ -19,9 +19,12 @@
 -- before that snapshot is seen parked by both, a row parked after it is
 -- claimed and published before any later row of its key. The same for
 -- pgbox_outbox_below_floor (00120), the sweep's look, where the stale
--- answer could only call a sweep for nothing. Same work per call: one
--- probe of the parked rows, as before. Down restores 00140's claim and
--- 00120's below_floor.
+-- answer could only call a sweep for nothing, and for pgbox_outbox_claim
+-- (00100), which the previous release's relays call during an upgrade
+-- (the review of 00160). Same work per call: one probe of the parked
+-- rows, as before. And a parked row whose key, topic or slot is changed
+-- by hand records its rewind (below). Down restores 00140's claim, 00120's
+-- below_floor and 00100's claim, and drops that trigger.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION pgbox_outbox_claim2(p_instance text, p_lanes int, p_slots int[], p_floors bigint[],
                                     p_floor_epochs bigint[], p_ident text, p_seq_seen bigint,
@@ -195,7 +198,96 @@ END
 $fn$;
 -- +goose StatementEnd
 
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION pgbox_outbox_claim(p_instance text, p_lanes int, p_slots int[], p_floors bigint[],
+                                   p_floor_epochs bigint[], p_per_slot int, p_batch int)
+RETURNS TABLE (id bigint, event_id uuid, slot smallint, topic text, key bytea, value bytea, headers jsonb,
+               created_at timestamptz, attempts int, epoch bigint, floor bigint,
+               seq_last bigint, snap_xmin bigint, db_started bigint)
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $fn$
+DECLARE
+    o_slots  int[];
+    o_epochs bigint[];
+    o_floors bigint[];
+    v_seq    bigint;
+    rw       record;
+    i        int;
+BEGIN
+    SELECT coalesce(array_agg(g.s ORDER BY g.ord), '{}'), coalesce(array_agg(l.epoch ORDER BY g.ord), '{}'),
+           coalesce(array_agg(CASE WHEN l.epoch = g.fe THEN g.f ELSE 0 END ORDER BY g.ord), '{}')
+      INTO o_slots, o_epochs, o_floors
+      FROM unnest(p_slots, p_floors, p_floor_epochs) WITH ORDINALITY AS g(s, f, fe, ord)
+      JOIN pgbox_relay_lanes l ON l.lane = g.s % l.lanes
+     WHERE l.owner = p_instance AND l.expires_at > now() AND l.lanes = p_lanes;
+
+    IF EXISTS (SELECT 1 FROM pgbox_outbox_rewinds) THEN
+        FOR rw IN WITH d AS (DELETE FROM pgbox_outbox_rewinds r WHERE r.slot = ANY (o_slots) RETURNING r.slot, r.from_id)
+                  SELECT d.slot, min(d.from_id) AS from_id FROM d GROUP BY d.slot LOOP
+            i := array_position(o_slots, rw.slot::int);
+            o_floors[i] := least(o_floors[i], rw.from_id);
+        END LOOP;
+    END IF;
+
+    -- Every row with an id up to v_seq got its transaction id before this
+    -- read (outbox.Write takes the transaction id first), so below the
+    -- transaction id of any statement that starts after this one: the
+    -- relay pairs v_seq with its next finish statement's (relay/floor.go).
+    SELECT CASE WHEN s.seqcache = 1 AND has_sequence_privilege(s.seqrelid, 'SELECT, USAGE')
+                THEN pg_sequence_last_value(s.seqrelid) END INTO v_seq
+      FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence('pgbox_outbox', 'id')::regclass;
+
+    -- Only when a keyed row is parked does a claimed row need the probe for
+    -- a parked row holding it: asked in the claiming statement (pk), in its
+    -- snapshot (00160).
+    RETURN QUERY
+    WITH pk AS MATERIALIZED (
+        SELECT EXISTS (SELECT 1 FROM pgbox_outbox p WHERE p.parked_at IS NOT NULL AND p.key IS NOT NULL) AS any
+    )
+    (SELECT NULL::bigint, NULL::uuid, u.s::smallint, NULL::text, NULL::bytea, NULL::bytea, NULL::jsonb,
+            NULL::timestamptz, NULL::int, u.e, u.f, v_seq,
+            pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+            (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint
+       FROM unnest(o_slots, o_epochs, o_floors) AS u(s, e, f))
+    UNION ALL
+    (SELECT c.id, c.event_id, c.slot, c.topic, c.key, c.value, c.headers, c.created_at, c.attempts, s.e,
+            NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint
+       FROM pk, unnest(o_slots, o_epochs, o_floors) WITH ORDINALITY AS s(s, e, f, ord)
+      CROSS JOIN LATERAL (
+            SELECT c.id, c.event_id, c.slot, c.topic, c.key, c.value, c.headers, c.created_at, c.attempts
+              FROM pgbox_outbox c
+             WHERE (c.slot, c.id) >= (s.s::smallint, s.f) AND c.slot <= s.s
+               AND c.parked_at IS NULL
+               AND (NOT pk.any OR c.key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM pgbox_outbox p
+                     WHERE p.parked_at IS NOT NULL AND p.key IS NOT NULL
+                       AND p.topic = c.topic AND sha256(p.key) = sha256(c.key) AND p.key = c.key AND p.id < c.id))
+             ORDER BY c.slot, c.id
+             LIMIT p_per_slot) c
+      LIMIT p_batch);
+END
+$fn$;
+-- +goose StatementEnd
+
+-- A parked row whose key, topic or slot is changed by hand (a key
+-- "fixed", cleared) no longer holds the rows of its old key, as if it had
+-- been retried: record its rewind as 00120's triggers do when it is
+-- unparked or deleted, so the rows it held are claimed again at once. The
+-- floors had passed them: without it they waited for the sweep, which
+-- published them and reported a hole in the floor's rule that was none
+-- (an ERROR, RowsBelowFloor, the PgboxRelayRowsBelowFloor alert; the
+-- review of 00160).
+CREATE TRIGGER pgbox_outbox_rewind_rekeyed AFTER UPDATE OF key, topic, slot ON pgbox_outbox
+    FOR EACH ROW WHEN (OLD.parked_at IS NOT NULL AND (OLD.key IS DISTINCT FROM NEW.key OR OLD.topic IS DISTINCT FROM NEW.topic
+                                                     OR OLD.slot IS DISTINCT FROM NEW.slot))
+    EXECUTE FUNCTION pgbox_outbox_rewind();
+ALTER TABLE pgbox_outbox ENABLE ALWAYS TRIGGER pgbox_outbox_rewind_rekeyed;
+
 -- +goose Down
+DROP TRIGGER pgbox_outbox_rewind_rekeyed ON pgbox_outbox;
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION pgbox_outbox_claim2(p_instance text, p_lanes int, p_slots int[], p_floors bigint[],
                                     p_floor_epochs bigint[], p_ident text, p_seq_seen bigint,
@@ -365,6 +457,79 @@ BEGIN
                     WHERE p.parked_at IS NOT NULL AND p.key IS NOT NULL
                       AND p.topic = c.topic AND sha256(p.key) = sha256(c.key) AND p.key = c.key AND p.id < c.id)));
     RETURN v_out;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION pgbox_outbox_claim(p_instance text, p_lanes int, p_slots int[], p_floors bigint[],
+                                   p_floor_epochs bigint[], p_per_slot int, p_batch int)
+RETURNS TABLE (id bigint, event_id uuid, slot smallint, topic text, key bytea, value bytea, headers jsonb,
+               created_at timestamptz, attempts int, epoch bigint, floor bigint,
+               seq_last bigint, snap_xmin bigint, db_started bigint)
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $fn$
+DECLARE
+    o_slots  int[];
+    o_epochs bigint[];
+    o_floors bigint[];
+    v_seq    bigint;
+    v_parked boolean;
+    rw       record;
+    i        int;
+BEGIN
+    SELECT coalesce(array_agg(g.s ORDER BY g.ord), '{}'), coalesce(array_agg(l.epoch ORDER BY g.ord), '{}'),
+           coalesce(array_agg(CASE WHEN l.epoch = g.fe THEN g.f ELSE 0 END ORDER BY g.ord), '{}')
+      INTO o_slots, o_epochs, o_floors
+      FROM unnest(p_slots, p_floors, p_floor_epochs) WITH ORDINALITY AS g(s, f, fe, ord)
+      JOIN pgbox_relay_lanes l ON l.lane = g.s % l.lanes
+     WHERE l.owner = p_instance AND l.expires_at > now() AND l.lanes = p_lanes;
+
+    IF EXISTS (SELECT 1 FROM pgbox_outbox_rewinds) THEN
+        FOR rw IN WITH d AS (DELETE FROM pgbox_outbox_rewinds r WHERE r.slot = ANY (o_slots) RETURNING r.slot, r.from_id)
+                  SELECT d.slot, min(d.from_id) AS from_id FROM d GROUP BY d.slot LOOP
+            i := array_position(o_slots, rw.slot::int);
+            o_floors[i] := least(o_floors[i], rw.from_id);
+        END LOOP;
+    END IF;
+
+    -- Every row with an id up to v_seq got its transaction id before this
+    -- read (outbox.Write takes the transaction id first), so below the
+    -- transaction id of any statement that starts after this one: the
+    -- relay pairs v_seq with its next finish statement's (relay/floor.go).
+    SELECT CASE WHEN s.seqcache = 1 AND has_sequence_privilege(s.seqrelid, 'SELECT, USAGE')
+                THEN pg_sequence_last_value(s.seqrelid) END INTO v_seq
+      FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence('pgbox_outbox', 'id')::regclass;
+
+    -- Only when a keyed row is parked does a claimed row need the probe for
+    -- a parked row holding it.
+    v_parked := EXISTS (SELECT 1 FROM pgbox_outbox p WHERE p.parked_at IS NOT NULL AND p.key IS NOT NULL);
+
+    RETURN QUERY
+    (SELECT NULL::bigint, NULL::uuid, u.s::smallint, NULL::text, NULL::bytea, NULL::bytea, NULL::jsonb,
+            NULL::timestamptz, NULL::int, u.e, u.f, v_seq,
+            pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+            (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint
+       FROM unnest(o_slots, o_epochs, o_floors) AS u(s, e, f))
+    UNION ALL
+    (SELECT c.id, c.event_id, c.slot, c.topic, c.key, c.value, c.headers, c.created_at, c.attempts, s.e,
+            NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint
+       FROM unnest(o_slots, o_epochs, o_floors) WITH ORDINALITY AS s(s, e, f, ord)
+      CROSS JOIN LATERAL (
+            SELECT c.id, c.event_id, c.slot, c.topic, c.key, c.value, c.headers, c.created_at, c.attempts
+              FROM pgbox_outbox c
+             WHERE (c.slot, c.id) >= (s.s::smallint, s.f) AND c.slot <= s.s
+               AND c.parked_at IS NULL
+               AND (NOT v_parked OR c.key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM pgbox_outbox p
+                     WHERE p.parked_at IS NOT NULL AND p.key IS NOT NULL
+                       AND p.topic = c.topic AND sha256(p.key) = sha256(c.key) AND p.key = c.key AND p.id < c.id))
+             ORDER BY c.slot, c.id
+             LIMIT p_per_slot) c
+      LIMIT p_batch);
 END
 $fn$;
 -- +goose StatementEnd

@@ -152,6 +152,12 @@ const claimSQL = `SELECT * FROM pgbox_outbox_claim2($1, $2, $3::int[], $4::bigin
 // same). Writers' transactions are not affected: an outbox row is as durable
 // as the business write it commits with.
 //
+// A failed row that someone parked while the relay was sending it (an
+// operator, a script's UPDATE of parked_at) stays parked, with its own
+// timestamp: before, the failure's CASE, which has no ELSE, unparked it
+// (TestAttack160FinishKeepsAParkFromOutside). Only the rows this statement
+// parks (parked_at = now(), its transaction's time) are returned as parked.
+//
 // A row is matched by its id and its event id: an id is handed out again
 // when the outbox's sequence goes back (TRUNCATE ... RESTART IDENTITY,
 // setval lower, a DELETE and RESTART) while a batch is in flight, since
@@ -183,13 +189,13 @@ const finishSQL = `WITH del AS (
 ), failed AS (
 	UPDATE pgbox_outbox o
 	SET attempts = o.attempts + 1, last_error = f.err, failing_since = coalesce(o.failing_since, now()),
-	    parked_at = CASE
+	    parked_at = coalesce(o.parked_at, CASE
 	        WHEN f.waits THEN CASE WHEN coalesce(o.failing_since, now()) <= now() - $7::interval THEN now() END
-	        WHEN o.attempts + 1 >= $5 THEN now() END
+	        WHEN o.attempts + 1 >= $5 THEN now() END)
 	FROM unnest($2::bigint[], $3::bigint[], $4::text[], $6::bool[], $9::uuid[]) AS f(id, epoch, err, waits, ev), pgbox_relay_lanes l
 	WHERE o.id = f.id AND coalesce(o.event_id, '00000000-0000-0000-0000-000000000000') = f.ev
 	  AND l.epoch = f.epoch AND l.lane = o.slot % l.lanes
-	RETURNING o.id, o.parked_at IS NOT NULL AS parked
+	RETURNING o.id, o.parked_at = now() AS parked
 )
 SELECT (SELECT count(*) FROM del)::int, coalesce((SELECT array_agg(id) FROM failed WHERE parked), '{}'),
 	pg_current_xact_id()::text::bigint, set_config('synchronous_commit', 'off', true)`
