@@ -67,8 +67,8 @@ func TestAttack160bLegacyClaimAppliesTheRekeyRewind(t *testing.T) {
 	require.Equal(t, []int64{held}, ids, "the rewind brought the held row back")
 	require.Equal(t, parked, floor)
 	var left int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox_rewinds`).Scan(&left))
-	require.Zero(t, left, "the v0.1.0 claim consumed it")
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox_rewinds WHERE slot = $1`, slot).Scan(&left))
+	require.Zero(t, left, "the v0.1.0 claim consumed its slot's rewind (the new key's slot's stays for its owner)")
 	ids, _ = legacy()
 	require.Empty(t, ids)
 }
@@ -106,7 +106,7 @@ func TestAttack160bRewindTriggerWritesItsOwnSchema(t *testing.T) {
 		_, err = b.Pool.Exec(ctx, c.sql) // b's session: search_path is b's schema
 		require.NoError(t, err, c.what)
 		gotA, gotB := count(a)-beforeA, count(b)-beforeB
-		require.Equal(t, []int{1, 0}, []int{gotA, gotB},
+		require.True(t, gotA >= 1 && gotB == 0,
 			"%s on %s from a session whose search_path is %s: rewinds written to %s: %d, to %s: %d",
 			c.what, a.Schema, b.Schema, a.Schema, gotA, b.Schema, gotB)
 	}

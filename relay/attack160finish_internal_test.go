@@ -5,6 +5,7 @@ package relay
 // retry and holds its key's later rows, as a row the relay parked does".
 
 import (
+	"context"
 	"testing"
 
 	"github.com/IBM/sarama"
@@ -37,4 +38,7 @@ func TestAttack160FinishKeepsAParkFromOutside(t *testing.T) {
 	require.Equal(t, 2, got[0].Attempts, "the failure is counted")
 	require.True(t, got[0].Parked, "the operator's park stays: the row waits for a retry")
 	require.Empty(t, g.claim(), "the next claim leaves the parked row alone")
+	var lastErr string
+	require.NoError(t, g.db.Pool.QueryRow(context.Background(), `SELECT last_error FROM pgbox_outbox WHERE id = $1`, rows[0].id).Scan(&lastErr))
+	require.Equal(t, "parked by an operator", lastErr, "the operator's reason stays")
 }

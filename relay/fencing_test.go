@@ -52,7 +52,7 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, finishSQL,
 		[]int64{claimed[0].id},
 		[]int64{claimed[1].id}, []int64{claimed[1].epoch}, []string{"boom"}, 1, []bool{false}, "0s",
-		[]pgtype.UUID{{Bytes: claimed[0].eventID, Valid: true}}, []pgtype.UUID{{Bytes: claimed[1].eventID, Valid: true}}).Scan(&deleted, &parked, nil, nil))
+		[]pgtype.UUID{{Bytes: claimed[0].eventID, Valid: true}}, []pgtype.UUID{{Bytes: claimed[1].eventID, Valid: true}}).Scan(&deleted, &parked, nil, nil, nil))
 	require.Equal(t, 1, deleted)
 	require.Empty(t, parked)
 	var n int
@@ -74,6 +74,6 @@ func TestFencedFinishAfterLaneMoved(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, finishSQL,
 		[]int64{mine[0].id},
 		[]int64{}, []int64{}, []string{}, 1, []bool{}, "0s",
-		[]pgtype.UUID{{Bytes: mine[0].eventID, Valid: true}}, []pgtype.UUID{}).Scan(&deleted, &parked, nil, nil))
+		[]pgtype.UUID{{Bytes: mine[0].eventID, Valid: true}}, []pgtype.UUID{}).Scan(&deleted, &parked, nil, nil, nil))
 	require.Equal(t, 1, deleted)
 }

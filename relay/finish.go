@@ -121,9 +121,10 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) (int64, error) {
 	defer stopping()
 	var deleted int
 	var parkedIDs []int64
+	var held int // failed rows parked by someone else while the batch was out
 	var xid int64
 	if err := r.db.queryRow(fctx, finishSQL, []any{b.okIDs, b.badIDs, b.badEpochs, b.badErrs, r.cfg.MaxAttempts,
-		b.badWaits, max(r.cfg.UnknownTopicWindow, 0), nonNil(b.okEvents), nonNil(b.badEvents)}, &deleted, &parkedIDs, &xid, nil); err != nil {
+		b.badWaits, max(r.cfg.UnknownTopicWindow, 0), nonNil(b.okEvents), nonNil(b.badEvents)}, &deleted, &parkedIDs, &held, &xid, nil); err != nil {
 		// The records went out but the rows stay: they will be sent again
 		// (same event ids). That is the at-least-once window.
 		return 0, fmt.Errorf("record outcome of %d rows: %w", b.rows, err)
@@ -137,7 +138,7 @@ func (r *Relay) finish(ctx context.Context, b *finishedBatch) (int64, error) {
 	parked := len(parkedIDs)
 	r.published.Add(uint64(len(b.okIDs)))
 	r.countPublished(b.okTopics)
-	r.retried.Add(uint64(len(b.badIDs) - parked))
+	r.retried.Add(uint64(len(b.badIDs) - parked - held))
 	r.parked.Add(uint64(parked))
 	r.batches.Add(1)
 	r.latLast.Store(int64(lat))

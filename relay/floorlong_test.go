@@ -48,7 +48,7 @@ func (b *floorBundle) drainOnly(only *slotSet) []int64 {
 		}
 		var xid int64
 		require.NoError(b.t, b.db.Pool.QueryRow(ctx, finishSQL, t.okIDs, []int64{}, []int64{}, []string{}, 5, []bool{}, "0s", t.okEvents, []pgtype.UUID{}).
-			Scan(nil, nil, &xid, nil))
+			Scan(nil, nil, nil, &xid, nil))
 		b.r.floors.recorded(&c, xid, t.okSet())
 	}
 }

@@ -131,7 +131,8 @@ const claimSQL = `SELECT * FROM pgbox_outbox_claim2($1, $2, $3::int[], $4::bigin
 // deleted; rows that failed permanently get attempts + 1 and their error, and
 // are parked at MaxAttempts, except rows whose topic does not exist ($6
 // true): they are parked once their failures began ($7, UnknownTopicWindow)
-// ago. It returns how many rows it deleted, the ids it parked and its own
+// ago. It returns how many rows it deleted, the ids it parked, how many
+// failed rows someone else had parked meanwhile, and its own
 // transaction id (the floor's rule pairs it with the claim's sequence read:
 // floor.go).
 //
@@ -154,9 +155,11 @@ const claimSQL = `SELECT * FROM pgbox_outbox_claim2($1, $2, $3::int[], $4::bigin
 //
 // A failed row that someone parked while the relay was sending it (an
 // operator, a script's UPDATE of parked_at) stays parked, with its own
-// timestamp: before, the failure's CASE, which has no ELSE, unparked it
+// timestamp and last_error (the failure still counts an attempt): before, the failure's CASE, which has no ELSE, unparked it
 // (TestAttack160FinishKeepsAParkFromOutside). Only the rows this statement
-// parks (parked_at = now(), its transaction's time) are returned as parked.
+// parks (parked_at = now(), its transaction's time) are returned as parked;
+// the rows parked by someone else are counted apart (they wait for an
+// operator, not for a later pass: TestAttack160bRowParkedFromOutsideIsNotCountedRetried).
 //
 // A row is matched by its id and its event id: an id is handed out again
 // when the outbox's sequence goes back (TRUNCATE ... RESTART IDENTITY,
@@ -188,14 +191,15 @@ const finishSQL = `WITH del AS (
 	RETURNING o.id
 ), failed AS (
 	UPDATE pgbox_outbox o
-	SET attempts = o.attempts + 1, last_error = f.err, failing_since = coalesce(o.failing_since, now()),
+	SET attempts = o.attempts + 1, last_error = CASE WHEN o.parked_at IS NULL THEN f.err ELSE o.last_error END,
+	    failing_since = coalesce(o.failing_since, now()),
 	    parked_at = coalesce(o.parked_at, CASE
 	        WHEN f.waits THEN CASE WHEN coalesce(o.failing_since, now()) <= now() - $7::interval THEN now() END
 	        WHEN o.attempts + 1 >= $5 THEN now() END)
 	FROM unnest($2::bigint[], $3::bigint[], $4::text[], $6::bool[], $9::uuid[]) AS f(id, epoch, err, waits, ev), pgbox_relay_lanes l
 	WHERE o.id = f.id AND coalesce(o.event_id, '00000000-0000-0000-0000-000000000000') = f.ev
 	  AND l.epoch = f.epoch AND l.lane = o.slot % l.lanes
-	RETURNING o.id, o.parked_at = now() AS parked
+	RETURNING o.id, o.parked_at = now() AS parked, o.parked_at IS DISTINCT FROM now() AND o.parked_at IS NOT NULL AS held
 )
 SELECT (SELECT count(*) FROM del)::int, coalesce((SELECT array_agg(id) FROM failed WHERE parked), '{}'),
-	pg_current_xact_id()::text::bigint, set_config('synchronous_commit', 'off', true)`
+	(SELECT count(*) FROM failed WHERE held)::int, pg_current_xact_id()::text::bigint, set_config('synchronous_commit', 'off', true)`
