@@ -89,6 +89,20 @@ func TestAttack160cMassRekeyCost(t *testing.T) {
 	require.NoError(t, err)
 	var epoch int64
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT epoch FROM pgbox_relay_lanes WHERE lane = 0`).Scan(&epoch))
+	for _, seen := range []int{0, n} {
+		start = time.Now()
+		rows, err := db.Pool.Query(ctx, `SELECT id FROM pgbox_outbox_claim2('old', 16,
+			(SELECT array_agg(g) FROM generate_series(0, 255) g), array_fill(1000000::bigint, ARRAY[256]),
+			(SELECT array_agg(epoch ORDER BY g) FROM generate_series(0, 255) g JOIN pgbox_relay_lanes ON lane = g % 16),
+			NULL, 0, $1, 0, '{}', false, 100, 1000)`, seen)
+		require.NoError(t, err)
+		for rows.Next() {
+		}
+		require.NoError(t, rows.Err())
+		rows.Close()
+		t.Logf("claim2 of all 256 slots after the mass rekey, rewinds seen up to %d: %v", seen, time.Since(start))
+		require.Less(t, time.Since(start), 10*time.Second)
+	}
 	for i := 0; i < 2; i++ {
 		start = time.Now()
 		rows, err := db.Pool.Query(ctx, `SELECT id FROM pgbox_outbox_claim('old', 16, ARRAY[0], ARRAY[1000000::bigint], ARRAY[$1::bigint], 100, 100)`, epoch)

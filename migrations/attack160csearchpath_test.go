@@ -115,3 +115,42 @@ func TestAttack160cInsertSearchPathCapturesUserSchema(t *testing.T) {
 	require.NoError(t, pub.QueryRowContext(ctx, `SELECT last_value FROM public.pgbox_outbox_id_seq`).Scan(&last))
 	require.LessOrEqual(t, id, last, "public's row got id %d: above its own sequence's %d (taken from %s's)", id, last, role)
 }
+
+// A schema whose name needs quoting (mixed case) as the
+// migration's search_path: FROM CURRENT keeps the quoted name, and a
+// retry from a session whose search_path is public (no pgbox there)
+// writes the rewind to that schema. PASSES.
+func TestAttack160cRewindSearchPathQuotedSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, u := testdb.CreateDatabase(t, "t_db_")
+	open := func(path string) *sql.DB {
+		t.Helper()
+		v, err := url.Parse(u)
+		require.NoError(t, err)
+		q := v.Query()
+		q.Set("search_path", path)
+		v.RawQuery = q.Encode()
+		db, err := sql.Open("pgx", v.String())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	}
+	qs := pgx.Identifier{"Tenant_One"}.Sanitize()
+	pub := open("public")
+	_, err := pub.ExecContext(ctx, `CREATE SCHEMA `+qs)
+	require.NoError(t, err)
+	require.NoError(t, migrations.Up(ctx, open(qs)))
+	var id int64
+	require.NoError(t, pub.QueryRowContext(ctx, `INSERT INTO `+qs+`.pgbox_outbox (topic, key, value, parked_at) VALUES ('t', 'k', 'v', now()) RETURNING id`).Scan(&id))
+	for _, q := range []string{
+		`UPDATE ` + qs + `.pgbox_outbox SET key = 'fixed' WHERE id = $1`,
+		`UPDATE ` + qs + `.pgbox_outbox SET parked_at = NULL WHERE id = $1`,
+	} {
+		_, err = pub.ExecContext(ctx, q, id)
+		require.NoError(t, err, q)
+	}
+	var n int
+	require.NoError(t, pub.QueryRowContext(ctx, `SELECT count(*) FROM `+qs+`.pgbox_outbox_rewinds WHERE from_id = $1`, id).Scan(&n))
+	require.GreaterOrEqual(t, n, 2)
+}
