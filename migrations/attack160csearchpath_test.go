@@ -25,7 +25,8 @@ import (
 // writes its rewind into that schema's table: public's relays never see
 // it (the held rows wait for the sweep, counted below a floor), the other
 // schema's relays rescan for nothing. The case f621cc3 set out to fix
-// (attack160b's), through the captured path. FAILS on f621cc3. (00120's
+// (attack160b's), through the captured path. FAILS on f621cc3; PASSES on
+// 6b5bbfe (no SET: the session's path, public, was followed). (00120's
 // pgbox_outbox_fill_slot and pgbox_outbox_xid_first capture the same
 // path; SECURITY DEFINER makes their "$user" the owner's: same schema.)
 // A fix: set the function's search_path to the migration's
@@ -52,7 +53,7 @@ func TestAttack160cRewindSearchPathCapturesUserSchema(t *testing.T) {
 	require.NoError(t, def.QueryRowContext(ctx, `SELECT current_user`).Scan(&role))
 	require.NoError(t, migrations.Up(ctx, def), "default search_path: pgbox goes to public")
 	var cfg string
-	require.NoError(t, def.QueryRowContext(ctx, `SELECT array_to_string(proconfig, ',') FROM pg_proc WHERE oid = 'public.pgbox_outbox_rewind()'::regprocedure`).Scan(&cfg))
+	require.NoError(t, def.QueryRowContext(ctx, `SELECT coalesce(array_to_string(proconfig, ','), '') FROM pg_proc WHERE oid = 'public.pgbox_outbox_rewind()'::regprocedure`).Scan(&cfg))
 	t.Logf("public.pgbox_outbox_rewind() proconfig: %s", cfg)
 
 	// A second pgbox in a schema named after the role.
