@@ -6,6 +6,7 @@ package relay
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/stretchr/testify/require"
@@ -58,4 +59,28 @@ func TestAttack160cFinishCountsEachFailedRowOnce(t *testing.T) {
 	st = g.r.Stats()
 	require.EqualValues(t, 4, st.Published)
 	require.EqualValues(t, 1, st.Retried)
+}
+
+// The relay's own finish and f621cc3's rewind function: a keyless row
+// whose event_id is NULL (the column's NOT NULL dropped; finishSQL matches
+// such a row through coalesce) is parked from outside while its send
+// succeeds. The finish deletes it (the record is in Kafka), 00120's
+// delete trigger runs pgbox_outbox_rewind(), which now calls
+// pgbox_outbox_slot(NULL, NULL): "upper bound of FOR loop cannot be
+// null". The whole batch's outcome is lost and it is sent again at every
+// pass. FAILS on f621cc3 (migrations' TestAttack160cRewindOfKeylessRowWithoutEventID
+// is the same defect in SQL).
+func TestAttack160cFinishOfKeylessRowWithoutEventID(t *testing.T) {
+	t.Parallel()
+	g := newFinishRig(t, 5, 0)
+	g.exec(`ALTER TABLE pgbox_outbox ALTER COLUMN event_id DROP NOT NULL`)
+	g.exec(`INSERT INTO pgbox_outbox (topic, key, value, event_id, slot) VALUES ('t', NULL, 'v', NULL, 7)`)
+	rows := g.claim()
+	require.Len(t, rows, 1)
+	g.exec(`UPDATE pgbox_outbox SET parked_at = now() WHERE id = $1`, rows[0].id)
+	tl := g.r.tally(rows, map[int]error{0: nil})
+	b := finishedBatch{tally: tl, rows: len(rows), start: time.Now(), claimed: time.Now(), sent: time.Now()}
+	_, err := g.r.finish(context.Background(), &b)
+	require.NoError(t, err, "recording a published row that was parked from outside")
+	require.Empty(t, g.rows())
 }
