@@ -22,10 +22,9 @@
 -- answer could only call a sweep for nothing, and for pgbox_outbox_claim
 -- (00100), which the previous release's relays call during an upgrade
 -- (the review of 00160). Same work per call: one probe of the parked
--- rows, as before. And a row whose key, topic or slot is changed by hand
--- records its rewind (below). Down restores 00140's claim, 00120's
--- below_floor, 00100's claim and 00120's rewind function, and drops the
--- trigger.
+-- rows, as before. And the trigger functions' search_path is pinned to
+-- the migration's schema (below). Down restores 00140's claim, 00120's
+-- below_floor and 00100's claim.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION pgbox_outbox_claim2(p_instance text, p_lanes int, p_slots int[], p_floors bigint[],
                                     p_floor_epochs bigint[], p_ident text, p_seq_seen bigint,
@@ -273,60 +272,30 @@ END
 $fn$;
 -- +goose StatementEnd
 
--- A row whose key, topic or slot is changed by hand (a key "fixed" or
--- cleared) no longer holds, or is no longer held by, the rows of its old
--- key, as if a parked row had been retried: record its rewind as 00120's
--- triggers do when a parked row is unparked or deleted, so what it held,
--- and the row itself, are claimed again at once. The floors had passed
--- them: without it they waited for the sweep, which published them and
--- reported a hole in the floor's rule that was none (an ERROR,
--- RowsBelowFloor, the PgboxRelayRowsBelowFloor alert; the reviews of
--- 00160). Any row, parked or not: a held row rekeyed is free too.
---
--- And every rewind now covers the slot the row's key maps to
--- (pgbox_outbox_slot) when its slot column says another, before and
--- after the change: a row's key changed but not its slot sits in its old
--- key's slot while the rows it holds are in its new key's, so a retry's
--- rewind of its own slot alone left them below their floor. The function
--- also reads its tables through the search_path of the migration, as
--- 00120's other trigger functions do (SET search_path FROM CURRENT): a
--- statement on the outbox from a session whose search_path names another
--- schema (a schema-qualified UPDATE) wrote its rewind there, or failed.
+-- The writers' and the rewinds' trigger functions (00120) read their
+-- tables through the search_path they were created with, stored as written
+-- (SET search_path FROM CURRENT, or none for pgbox_outbox_rewind): a
+-- migration run with PostgreSQL's default path stored "$user", public, and
+-- once a schema named after the calling role held pgbox tables too, every
+-- INSERT into this schema's outbox took its ids from that schema's
+-- sequence, and a retry's rewind went to that schema's table; the rewind
+-- function, with no setting at all, wrote to whatever the session's path
+-- named (an UPDATE of another_schema.pgbox_outbox from a session set to
+-- this one). Pinned to the schema this migration runs in, where 00002 and
+-- 00120 created the tables (the reviews of 00160).
 -- +goose StatementBegin
-CREATE OR REPLACE FUNCTION pgbox_outbox_rewind() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $fn$
+DO $do$
 BEGIN
-    IF TG_OP = 'UPDATE' THEN
-        INSERT INTO pgbox_outbox_rewinds (slot, from_id)
-        SELECT DISTINCT s, least(OLD.id, NEW.id)
-          FROM unnest(ARRAY[OLD.slot, pgbox_outbox_slot(OLD.key, OLD.event_id),
-                            NEW.slot, pgbox_outbox_slot(NEW.key, NEW.event_id)]) AS u(s)
-         WHERE s IS NOT NULL;
-    ELSE
-        INSERT INTO pgbox_outbox_rewinds (slot, from_id)
-        SELECT DISTINCT s, OLD.id
-          FROM unnest(ARRAY[OLD.slot, pgbox_outbox_slot(OLD.key, OLD.event_id)]) AS u(s)
-         WHERE s IS NOT NULL;
-    END IF;
-    RETURN NULL;
+    EXECUTE format('ALTER FUNCTION pgbox_outbox_xid_first() SET search_path = %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION pgbox_outbox_fill_slot() SET search_path = %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION pgbox_outbox_rewind() SET search_path = %I, pg_temp', current_schema());
 END
-$fn$;
+$do$;
 -- +goose StatementEnd
-CREATE TRIGGER pgbox_outbox_rewind_rekeyed AFTER UPDATE OF key, topic, slot ON pgbox_outbox
-    FOR EACH ROW WHEN (OLD.key IS DISTINCT FROM NEW.key OR OLD.topic IS DISTINCT FROM NEW.topic OR OLD.slot IS DISTINCT FROM NEW.slot)
-    EXECUTE FUNCTION pgbox_outbox_rewind();
-ALTER TABLE pgbox_outbox ENABLE ALWAYS TRIGGER pgbox_outbox_rewind_rekeyed;
 
 -- +goose Down
-DROP TRIGGER pgbox_outbox_rewind_rekeyed ON pgbox_outbox;
--- +goose StatementBegin
-CREATE OR REPLACE FUNCTION pgbox_outbox_rewind() RETURNS trigger LANGUAGE plpgsql AS $fn$
-BEGIN
-    INSERT INTO pgbox_outbox_rewinds (slot, from_id) VALUES (OLD.slot, OLD.id);
-    RETURN NULL;
-END
-$fn$;
--- +goose StatementEnd
-ALTER FUNCTION pgbox_outbox_rewind() RESET search_path;
+-- The trigger functions keep their pinned search_path: it names the
+-- schema their tables are in, which is what 00120 meant them to read.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION pgbox_outbox_claim2(p_instance text, p_lanes int, p_slots int[], p_floors bigint[],
                                     p_floor_epochs bigint[], p_ident text, p_seq_seen bigint,

@@ -19,18 +19,16 @@ func (g *finishRig) rewinds() int {
 	return n
 }
 
-// Which statements write a rewind through 00120's triggers and 00160's
-// rekeyed one: a parked row unparked or deleted, and any row given another
-// key, topic or slot (one rewind per slot among its old and new slots and
-// the slots its old and new keys map to: at least one). Not an INSERT
-// (parked or not, slot filled by the BEFORE INSERT trigger or given), not
-// an UPDATE setting key, topic and slot to their own values, not the
-// relay's finish (its SET names attempts, last_error, failing_since and
-// parked_at only) whether it parks the row, keeps a park made from
-// outside, or counts a failure; a MERGE that changes a parked row's key
-// does. (The review wrote it for 6b5bbfe, where an unparked row's key
-// changed wrote none and a parked row's one: the rewind then covered its
-// own slot only.)
+// Which statements write a rewind through 00120's triggers: a parked row
+// unparked or deleted, one rewind each. Not an INSERT (parked or not, slot
+// filled by the BEFORE INSERT trigger or given), not an UPDATE of a row's
+// key, topic or slot, parked or not (a rekeyed parked row's held rows go
+// out at the sweep: docs/outbox-sql.md), not the relay's finish (its SET
+// names attempts, last_error, failing_since and parked_at only) whether it
+// parks the row, keeps a park made from outside, or counts a failure.
+// (The review wrote it for 00160 with a rekey trigger, since dropped: a
+// writer's own insert-then-update stalled every claim behind its
+// transaction, TestAttack160cWriterRekeyInOpenTransactionStallsClaims.)
 func TestAttack160bRewindTriggersFireOnlyWhereTheyShould(t *testing.T) {
 	t.Parallel()
 	g := newFinishRig(t, 2, 0)
@@ -38,10 +36,6 @@ func TestAttack160bRewindTriggersFireOnlyWhereTheyShould(t *testing.T) {
 		t.Helper()
 		before := g.rewinds()
 		g.exec(sql, args...)
-		if want < 0 { // at least one
-			require.Positive(t, g.rewinds()-before, what)
-			return
-		}
 		require.Equal(t, want, g.rewinds()-before, what)
 	}
 	step("insert parked, slot filled", 0, `INSERT INTO pgbox_outbox (topic, key, value, parked_at) VALUES ('t', 'p1', 'parked', now())`)
@@ -49,16 +43,16 @@ func TestAttack160bRewindTriggersFireOnlyWhereTheyShould(t *testing.T) {
 	step("insert parked, keyless", 0, `INSERT INTO pgbox_outbox (topic, value, parked_at) VALUES ('t', 'parked', now())`)
 	step("key, topic, slot set to themselves", 0, `UPDATE pgbox_outbox SET key = key, topic = topic, slot = slot WHERE value = 'parked'`)
 	step("key set to NULL on a keyless parked row", 0, `UPDATE pgbox_outbox SET key = NULL WHERE key IS NULL AND value = 'parked'`)
-	step("an unparked row's key changed", -1, `INSERT INTO pgbox_outbox (topic, key, value) VALUES ('t', 'u', 'live');
+	step("an unparked row's key changed", 0, `INSERT INTO pgbox_outbox (topic, key, value) VALUES ('t', 'u', 'live');
 		UPDATE pgbox_outbox SET key = 'u2', topic = 't2', slot = 7 WHERE value = 'live'`)
 	g.exec(`DELETE FROM pgbox_outbox WHERE value = 'live'`)
-	step("a parked row's key changed", -1, `UPDATE pgbox_outbox SET key = 'p1b' WHERE key = 'p1'`)
-	step("a parked row moved to another slot", -1, `UPDATE pgbox_outbox SET slot = (slot + 1) % 256 WHERE key = 'p2'`)
-	step("merge changing a parked row's key", -1, `MERGE INTO pgbox_outbox o USING (SELECT 'p1b'::bytea AS k) s ON o.key = s.k
+	step("a parked row's key changed", 0, `UPDATE pgbox_outbox SET key = 'p1b' WHERE key = 'p1'`)
+	step("a parked row moved to another slot", 0, `UPDATE pgbox_outbox SET slot = (slot + 1) % 256 WHERE key = 'p2'`)
+	step("merge changing a parked row's key", 0, `MERGE INTO pgbox_outbox o USING (SELECT 'p1b'::bytea AS k) s ON o.key = s.k
 		WHEN MATCHED THEN UPDATE SET key = 'p1c'`)
-	step("merge changing a parked row's topic", -1, `MERGE INTO pgbox_outbox o USING (SELECT 'p1c'::bytea AS k) s ON o.key = s.k
+	step("merge changing a parked row's topic", 0, `MERGE INTO pgbox_outbox o USING (SELECT 'p1c'::bytea AS k) s ON o.key = s.k
 		WHEN MATCHED THEN UPDATE SET topic = 'other'`)
-	step("key changed and unparked at once (two triggers)", -1, `UPDATE pgbox_outbox SET key = 'p1d', parked_at = NULL WHERE key = 'p1c'`)
+	step("key changed and unparked at once", 1, `UPDATE pgbox_outbox SET key = 'p1d', parked_at = NULL WHERE key = 'p1c'`)
 	g.exec(`DELETE FROM pgbox_outbox`)
 
 	// The relay's finish: a failure counted (attempt 1 of 2), then parked
