@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -32,95 +31,15 @@ func TestAttack160LegacyClaimSeesParkedRowsInItsOwnSnapshot(t *testing.T) {
 	// The control: the same attack on the same schema against 00160's claim
 	// finds nothing (TestClaimSeesParkedRowsInItsOwnSnapshot shows it
 	// reproduces on 00150's).
-	const claim2 = `SELECT key, convert_from(value, 'UTF8') FROM pgbox_outbox_claim2('x', 16,
-		(SELECT array_agg(g) FROM generate_series(0, 255) g), array_fill(0::bigint, ARRAY[256]), array_fill(0::bigint, ARRAY[256]),
-		NULL, 0, 0, 0, '{}', false, 100, 1000) WHERE id IS NOT NULL`
-	for _, c := range []struct{ name, claim string }{{"pgbox_outbox_claim2", claim2}, {"pgbox_outbox_claim", legacy}} {
+	for _, c := range []struct{ name, claim string }{{"pgbox_outbox_claim2", claim2SQL}, {"pgbox_outbox_claim", legacy}} {
 		for _, how := range []string{"insert", "update"} {
 			t.Run(c.name+"/"+how, func(t *testing.T) {
 				t.Parallel()
-				out, tries := parkedPairRaceOn(t, c.claim, how)
+				out, tries := parkedPairRaceOn(t, 0, c.claim, how)
 				require.Zero(t, out, "%s: a row left its key's parked earlier row behind in %d of %d tries", c.name, out, tries)
 			})
 		}
 	}
-}
-
-// parkedPairRaceOn is parkedPairRace (parkedrace_test.go) on the latest
-// schema with the claim statement claim (key and value of the claimed rows).
-func parkedPairRaceOn(t *testing.T, claim, how string) (out, tries int) {
-	t.Helper()
-	ctx := context.Background()
-	db := testdb.New(t)
-	for _, s := range []string{
-		`ALTER TABLE pgbox_outbox SET (autovacuum_enabled = off)`,
-		`INSERT INTO pgbox_relay_lanes (lane, lanes, owner, expires_at) SELECT g, 16, 'x', now() + interval '1 hour' FROM generate_series(0, 15) g`,
-		`INSERT INTO pgbox_outbox (topic, key, value, parked_at) SELECT 'dead', convert_to('d' || g, 'UTF8'), 'v', now() FROM generate_series(1, 60000) g`,
-	} {
-		_, err := db.Pool.Exec(ctx, s)
-		require.NoError(t, err)
-	}
-	hold, err := db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = hold.Rollback(ctx) })
-	var n int
-	require.NoError(t, hold.QueryRow(ctx, `SELECT count(*) FROM pgbox_outbox`).Scan(&n))
-	_, err = db.Pool.Exec(ctx, `UPDATE pgbox_outbox SET key = NULL WHERE topic = 'dead'`)
-	require.NoError(t, err)
-
-	took := time.Hour
-	for range 3 {
-		t0 := time.Now()
-		_, err = db.Pool.Exec(ctx, claim)
-		require.NoError(t, err)
-		took = min(took, time.Since(t0))
-	}
-	const pair = `INSERT INTO pgbox_outbox (topic, key, value, parked_at)
-		VALUES ('t', convert_to($1, 'UTF8'), 'earlier', $2), ('t', convert_to($1, 'UTF8'), 'later', NULL)`
-	for tries = range 30 {
-		type claimed struct {
-			earlier, later bool
-			err            error
-		}
-		done := make(chan claimed, 1)
-		key := fmt.Sprintf("k%d", tries)
-		var earlier int64
-		if how == "update" {
-			require.NoError(t, db.Pool.QueryRow(ctx, pair+` RETURNING id`, key, nil).Scan(&earlier))
-		}
-		go func() {
-			rows, err := db.Pool.Query(ctx, claim)
-			if err != nil {
-				done <- claimed{err: err}
-				return
-			}
-			var c claimed
-			var k []byte
-			var v string
-			_, c.err = pgx.ForEachRow(rows, []any{&k, &v}, func() error {
-				c.earlier = c.earlier || (string(k) == key && v == "earlier")
-				c.later = c.later || (string(k) == key && v == "later")
-				return nil
-			})
-			done <- c
-		}()
-		time.Sleep(took * time.Duration(1+tries%5) / 10)
-		if how == "update" {
-			_, err = db.Pool.Exec(ctx, `UPDATE pgbox_outbox SET parked_at = now(), last_error = 'parked by a script' WHERE id = $1`, earlier)
-		} else {
-			_, err = db.Pool.Exec(ctx, pair, key, time.Now())
-		}
-		require.NoError(t, err)
-		c := <-done
-		require.NoError(t, c.err)
-		if c.later && !c.earlier {
-			out++
-		}
-		_, err = db.Pool.Exec(ctx, `DELETE FROM pgbox_outbox WHERE topic = 't'`)
-		require.NoError(t, err)
-	}
-	t.Logf("%s: claim %v, the later row out first in %d of %d tries", how, took, out, tries+1)
-	return out, tries + 1
 }
 
 // Review of 00160: Down then Up again, twice, on a schema with rows, parked

@@ -50,10 +50,24 @@ func TestClaimSeesParkedRowsInItsOwnSnapshot(t *testing.T) {
 	}
 }
 
+// claim2SQL claims every slot of the lanes 'x' holds through
+// pgbox_outbox_claim2, returning the claimed rows' keys and values.
+const claim2SQL = `SELECT key, convert_from(value, 'UTF8') FROM pgbox_outbox_claim2('x', 16,
+	(SELECT array_agg(g) FROM generate_series(0, 255) g), array_fill(0::bigint, ARRAY[256]), array_fill(0::bigint, ARRAY[256]),
+	NULL, 0, 0, 0, '{}', false, 100, 1000) WHERE id IS NOT NULL`
+
 // parkedPairRace runs the attack (how: "insert" or "update") on a schema
-// migrated to version and returns in how many of its tries the claim
-// returned a key's later row without its earlier one (parked).
+// migrated to version (0: every migration) with pgbox_outbox_claim2, and
+// returns in how many of its tries the claim returned a key's later row
+// without its earlier one (parked).
 func parkedPairRace(t *testing.T, version int64, how string) (out, tries int) {
+	t.Helper()
+	return parkedPairRaceOn(t, version, claim2SQL, how)
+}
+
+// parkedPairRaceOn is parkedPairRace with the claim statement claim (the
+// claimed rows' keys and values, for lanes 'x' holds).
+func parkedPairRaceOn(t *testing.T, version int64, claim, how string) (out, tries int) {
 	t.Helper()
 	ctx := context.Background()
 	db := testdb.Empty(t)
@@ -84,9 +98,6 @@ func parkedPairRace(t *testing.T, version int64, how string) (out, tries int) {
 	_, err = db.Pool.Exec(ctx, `UPDATE pgbox_outbox SET key = NULL WHERE topic = 'dead'`)
 	require.NoError(t, err)
 
-	const claim = `SELECT key, convert_from(value, 'UTF8') FROM pgbox_outbox_claim2('x', 16,
-		(SELECT array_agg(g) FROM generate_series(0, 255) g), array_fill(0::bigint, ARRAY[256]), array_fill(0::bigint, ARRAY[256]),
-		NULL, 0, 0, 0, '{}', false, 100, 1000) WHERE id IS NOT NULL`
 	// How long the claim takes here (the least of three, planned), so the
 	// pair commits inside its question, not after its claim query began;
 	// the tries spread over the first half of that.

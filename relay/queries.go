@@ -155,11 +155,13 @@ const claimSQL = `SELECT * FROM pgbox_outbox_claim2($1, $2, $3::int[], $4::bigin
 //
 // A failed row that someone parked while the relay was sending it (an
 // operator, a script's UPDATE of parked_at) stays parked, with its own
-// timestamp and last_error (the failure still counts an attempt): before, the failure's CASE, which has no ELSE, unparked it
+// timestamp and last_error (the failure still counts an attempt): before,
+// the failure's CASE, which has no ELSE, unparked it
 // (TestAttack160FinishKeepsAParkFromOutside). Only the rows this statement
-// parks (parked_at = now(), its transaction's time) are returned as parked;
-// the rows parked by someone else are counted apart (they wait for an
-// operator, not for a later pass: TestAttack160bRowParkedFromOutsideIsNotCountedRetried).
+// parks (parked_at = now(), its transaction's time) are returned as
+// parked; the rows parked by someone else are counted apart (they wait
+// for an operator, not for a later pass:
+// TestAttack160bRowParkedFromOutsideIsNotCountedRetried).
 //
 // A row is matched by its id and its event id: an id is handed out again
 // when the outbox's sequence goes back (TRUNCATE ... RESTART IDENTITY,
