@@ -3,7 +3,6 @@ package migrations_test
 import (
 	"context"
 	"database/sql"
-	"net/url"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -36,18 +35,7 @@ func TestAttack160cRewindSearchPathCapturesUserSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, u := testdb.CreateDatabase(t, "t_db_")
-	open := func(path string) *sql.DB {
-		t.Helper()
-		v, err := url.Parse(u)
-		require.NoError(t, err)
-		q := v.Query()
-		q.Set("search_path", path)
-		v.RawQuery = q.Encode()
-		db, err := sql.Open("pgx", v.String())
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = db.Close() })
-		return db
-	}
+	open := func(path string) *sql.DB { return openSearchPath(t, u, path) }
 	def := open(`"$user",public`)
 	var role string
 	require.NoError(t, def.QueryRowContext(ctx, `SELECT current_user`).Scan(&role))
@@ -85,18 +73,7 @@ func TestAttack160cInsertSearchPathCapturesUserSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, u := testdb.CreateDatabase(t, "t_db_")
-	open := func(path string) *sql.DB {
-		t.Helper()
-		v, err := url.Parse(u)
-		require.NoError(t, err)
-		q := v.Query()
-		q.Set("search_path", path)
-		v.RawQuery = q.Encode()
-		db, err := sql.Open("pgx", v.String())
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = db.Close() })
-		return db
-	}
+	open := func(path string) *sql.DB { return openSearchPath(t, u, path) }
 	def := open(`"$user",public`)
 	var role string
 	require.NoError(t, def.QueryRowContext(ctx, `SELECT current_user`).Scan(&role))
@@ -125,18 +102,7 @@ func TestAttack160cRewindSearchPathQuotedSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, u := testdb.CreateDatabase(t, "t_db_")
-	open := func(path string) *sql.DB {
-		t.Helper()
-		v, err := url.Parse(u)
-		require.NoError(t, err)
-		q := v.Query()
-		q.Set("search_path", path)
-		v.RawQuery = q.Encode()
-		db, err := sql.Open("pgx", v.String())
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = db.Close() })
-		return db
-	}
+	open := func(path string) *sql.DB { return openSearchPath(t, u, path) }
 	qs := pgx.Identifier{"Tenant_One"}.Sanitize()
 	pub := open("public")
 	_, err := pub.ExecContext(ctx, `CREATE SCHEMA `+qs)

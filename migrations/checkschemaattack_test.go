@@ -26,9 +26,16 @@ import (
 // openPath opens dbURL with search_path the quoted schema.
 func openPath(t *testing.T, dbURL, schema string) *sql.DB {
 	t.Helper()
+	return openSearchPath(t, dbURL, pgx.Identifier{schema}.Sanitize())
+}
+
+// openSearchPath opens dbURL with its search_path set to path, as written
+// (`"$user",public`, a quoted schema).
+func openSearchPath(t *testing.T, dbURL, path string) *sql.DB {
+	t.Helper()
 	cfg, err := pgx.ParseConfig(dbURL)
 	require.NoError(t, err)
-	cfg.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
+	cfg.RuntimeParams["search_path"] = path
 	db := stdlib.OpenDB(*cfg)
 	t.Cleanup(func() { _ = db.Close() })
 	return db

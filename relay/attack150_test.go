@@ -310,21 +310,10 @@ func TestAttack150RetryParkedRacesClaimsOverDeadRows(t *testing.T) {
 	})
 	waitFor(t, "rows parked", func() bool { return b.outboxCount(t, "parked_at IS NOT NULL") >= keys/2 })
 	kafkatest.CreateTopic(t, b.addrs, "late", 3, nil)
-	var retried int64
-	for range 20 {
-		n, err := inspect.RetryParked(ctx, b.db.Pool, inspect.ParkedFilter{})
-		require.NoError(t, err)
-		retried += n
-		time.Sleep(100 * time.Millisecond)
-	}
+	retried := retryParkedRounds(ctx, t, b, 20)
 	stop.Store(true)
 	wg.Wait()
-	waitFor(t, "no row parked", func() bool {
-		n, err := inspect.RetryParked(ctx, b.db.Pool, inspect.ParkedFilter{})
-		require.NoError(t, err)
-		retried += n
-		return n == 0 && b.outboxCount(t, "parked_at IS NOT NULL") == 0
-	})
+	retried += retryParkedUntilNone(ctx, t, b)
 	t.Logf("%d retried", retried)
 	require.Positive(t, retried)
 	checkAllArrived(t, b, int(written.Load()), 0, "none")
@@ -513,4 +502,30 @@ func TestAttack150FinishAfterSequenceResetKeepsNewRows(t *testing.T) {
 			require.Len(t, got, 10, "every new row published (left in the outbox: %d)", b.outboxCount(t, "true"))
 		})
 	}
+}
+
+// retryParkedRounds retries every parked row (an operator's `relay parked
+// retry`) rounds times, 100 ms apart, and returns how many it retried.
+func retryParkedRounds(ctx context.Context, t *testing.T, b *testBundle, rounds int) (retried int64) {
+	t.Helper()
+	for range rounds {
+		n, err := inspect.RetryParked(ctx, b.db.Pool, inspect.ParkedFilter{})
+		require.NoError(t, err)
+		retried += n
+		time.Sleep(100 * time.Millisecond)
+	}
+	return retried
+}
+
+// retryParkedUntilNone retries parked rows until none is left and returns
+// how many it retried.
+func retryParkedUntilNone(ctx context.Context, t *testing.T, b *testBundle) (retried int64) {
+	t.Helper()
+	waitFor(t, "no row parked", func() bool {
+		n, err := inspect.RetryParked(ctx, b.db.Pool, inspect.ParkedFilter{})
+		require.NoError(t, err)
+		retried += n
+		return n == 0 && b.outboxCount(t, "parked_at IS NOT NULL") == 0
+	})
+	return retried
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/migrations"
 )
@@ -88,21 +87,10 @@ func parkWhileRelayRuns(t *testing.T) {
 			time.Sleep(3 * time.Millisecond)
 		}
 	})
-	var retried int64
-	for range 25 {
-		n, err := inspect.RetryParked(ctx, b.db.Pool, inspect.ParkedFilter{})
-		require.NoError(t, err)
-		retried += n
-		time.Sleep(100 * time.Millisecond)
-	}
+	retried := retryParkedRounds(ctx, t, b, 25)
 	stop.Store(true)
 	wg.Wait()
-	waitFor(t, "no row parked", func() bool {
-		n, err := inspect.RetryParked(ctx, b.db.Pool, inspect.ParkedFilter{})
-		require.NoError(t, err)
-		retried += n
-		return n == 0 && b.outboxCount(t, "parked_at IS NOT NULL") == 0
-	})
+	retried += retryParkedUntilNone(ctx, t, b)
 	t.Logf("%d written, %d parked by the script, %d retried", written.Load(), scripted.Load(), retried)
 	require.Positive(t, scripted.Load())
 	checkAllArrived(t, b, int(written.Load()), 0, "none")
@@ -153,21 +141,10 @@ func TestAttack160DownUpUnderRunningRelay(t *testing.T) {
 	})
 	waitFor(t, "rows parked", func() bool { return b.outboxCount(t, "parked_at IS NOT NULL") >= keys/2 })
 	kafkatest.CreateTopic(t, b.addrs, "late", 3, nil)
-	var retried int64
-	for range 8 {
-		n, err := inspect.RetryParked(ctx, b.db.Pool, inspect.ParkedFilter{})
-		require.NoError(t, err)
-		retried += n
-		time.Sleep(100 * time.Millisecond)
-	}
+	retried := retryParkedRounds(ctx, t, b, 8)
 	stop.Store(true)
 	wg.Wait()
-	waitFor(t, "no row parked", func() bool {
-		n, err := inspect.RetryParked(ctx, b.db.Pool, inspect.ParkedFilter{})
-		require.NoError(t, err)
-		retried += n
-		return n == 0 && b.outboxCount(t, "parked_at IS NOT NULL") == 0
-	})
+	retried += retryParkedUntilNone(ctx, t, b)
 	var v int64
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT max(version_id) FROM pgbox_migrations`).Scan(&v))
 	require.EqualValues(t, 160, v, "the schema ends at 00160")
