@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/internal/backoff"
-	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
 // What an idle target of a Fleet costs its database.
@@ -31,11 +30,12 @@ import (
 //
 //   - The idle poll is the Fleet's. Every PollInterval one goroutine per
 //     pool asks every idle target of that pool the same question
-//     (idleQuestion) in one pipeline on one connection, each question its
-//     own implicit transaction (one target's dropped schema fails its own
-//     question only), and wakes the targets that hold rows, failed or
-//     answered slowly. A thousand idle schemas cost one round trip a
-//     second, and read-only transactions write no WAL.
+//     (idleQuestion) in one pipeline on one connection, 32 questions to a
+//     read-only implicit transaction (one target's dropped schema fails
+//     its own question only: questions.go), and wakes the targets that
+//     hold rows, failed or answered slowly. A thousand idle schemas cost
+//     one round trip and about 32 transactions a second, which write no
+//     WAL.
 //   - A target starts dormant (unless the statistics show rows in its
 //     outbox: startrows.go), and goes dormant again once idle for
 //     DormantAfter: its heartbeat gives up
@@ -247,16 +247,17 @@ func idleQuestion(schema string) string {
 const slowPolls = 3
 
 // questionSetSQL is what the idle poll's and the watch's questions run
-// under, each sent just before its question.
+// under, sent at the start of each group of questions (questions.go).
 //
 // It bounds how long a question waits for a lock on its
 // outbox (ACCESS EXCLUSIVE: a VACUUM FULL, an ALTER, a TRUNCATE of one
 // target): the questions of a pipeline are answered one after the other,
 // so one target's lock would hold up every idle target of the pool until
 // the poll's timeout, and then wake them all. A question that times out
-// fails alone: its target is woken and claims for itself. It is LOCAL: it
-// ends with the question's own implicit transaction (its Sync), so a
-// pooler's server connection keeps no setting.
+// fails alone: its target is woken and claims for itself, and the rest of
+// its group are asked again. It is LOCAL: it ends with the group's
+// implicit transaction (its Sync), so a pooler's server connection keeps
+// no setting.
 //
 // It also turns sequential and bitmap scans off for the question, as the
 // claim does: an outbox's deleted rows stay until autovacuum comes
@@ -450,53 +451,28 @@ var (
 
 const idlePreparedMax = 2000
 
-// pollPipeline sends one question per relay, each followed by a sync (its
-// own implicit transaction), and wakes the relays whose answer is not a
-// quick "no rows". prepared names the questions already prepared on pc;
-// those it prepares are added; nil: every question is unnamed. A
-// connection error is returned (the connection is closed by then).
+// pollPipeline asks each relay its idle question (askGrouped), and wakes
+// the relays whose answer is not a quick "no rows". prepared names the
+// questions already prepared on pc; those it prepares are added; nil:
+// every question is unnamed. A connection error is returned (the
+// connection is closed by then).
 func pollPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]string, rs []*Relay) error {
-	p := pc.StartPipeline(ctx)
-	preparing := make([]string, len(rs)) // the name prepared in this pipeline, if any
-	for i, r := range rs {
-		p.SendQueryParams(questionSetSQL, nil, nil, nil, nil)
-		name, ok := prepared[r.cfg.Schema]
-		switch {
-		case ok:
-			p.SendQueryPrepared(name, nil, nil, nil)
-		case prepared != nil && len(prepared) < idlePreparedMax:
-			preparing[i] = "pgbox_idle_" + strconv.FormatInt(idleNames.Add(1), 10)
-			p.SendPrepare(preparing[i], idleQuestion(r.cfg.Schema), nil)
-			p.SendQueryPrepared(preparing[i], nil, nil, nil)
-		default:
-			p.SendQueryParams(idleQuestion(r.cfg.Schema), nil, nil, nil, nil)
-		}
-		p.SendPipelineSync()
-	}
-	if err := p.Flush(); err != nil {
-		_ = p.Close()
-		return err
-	}
 	type answer struct {
-		rows, failed bool
-		took         time.Duration
+		rows bool
+		took time.Duration
 	}
+	preparing := make([]string, len(rs)) // the name prepared in this pipeline, if any
 	answers := make([]answer, len(rs))
-	for i, r := range rs {
-		rows, took, madeIt, qerr := pollAnswer(p, preparing[i] != "")
-		if qerr != nil && !isPgError(qerr) {
-			_ = p.Close()
-			return qerr
-		}
-		switch {
-		case madeIt:
-			prepared[r.cfg.Schema] = preparing[i]
-		case pgerr.Code(qerr) == pgerr.CodeInvalidSQLStatementName:
-			delete(prepared, r.cfg.Schema) // gone (a pooler's DISCARD ALL): prepared again next time
-		}
-		answers[i] = answer{rows: rows, failed: qerr != nil, took: took}
-	}
-	if err := p.Close(); err != nil {
+	errs, err := askGrouped(ctx, pc, rs, func(p *pgconn.Pipeline, i int) {
+		s := rs[i].cfg.Schema
+		preparing[i] = sendQuestion(p, prepared, s, "pgbox_idle_", idleQuestion(s), nil, nil)
+	}, func(p *pgconn.Pipeline, i int) error {
+		return readQuestion(p, prepared, rs[i].cfg.Schema, preparing[i], func() (err error) {
+			answers[i].rows, answers[i].took, err = pollResult(p)
+			return err
+		})
+	})
+	if err != nil {
 		return err
 	}
 	took := make([]time.Duration, len(answers))
@@ -506,7 +482,7 @@ func pollPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]st
 	slices.Sort(took)
 	median := took[len(took)/2]
 	for i, r := range rs {
-		a := answers[i]
+		a, failed := answers[i], errs[i] != nil
 		// Slow: reading dead rows a held horizon keeps (the relay then
 		// claims at its own polls for a while: nothingToClaim), not a
 		// loaded server, which slows every answer alike. Only an answer
@@ -518,56 +494,19 @@ func pollPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]st
 		slow := false
 		if a.took > max(cmp.Or(r.emptySlow, emptySlow), 4*median) {
 			slow = r.idleState.slowRun.Add(1) >= slowPolls
-		} else if !a.failed {
+		} else if !failed {
 			r.idleState.slowRun.Store(0)
 		}
 		if slow {
 			r.idleState.slowRun.Store(0)
 			r.idleState.slow.Store(true)
 		}
-		if a.rows || a.failed || slow {
+		if a.rows || failed || slow {
 			r.markAllDirty()
 			r.wakeUp()
 		}
 	}
 	return nil
-}
-
-// pollAnswer reads one idle question's answers (questionAnswer): whether
-// the outbox holds rows and what the question cost the server.
-func pollAnswer(p *pgconn.Pipeline, prepare bool) (rows bool, took time.Duration, prepared bool, err error) {
-	prepared, err = questionAnswer(p, prepare, "idle poll", func() (err error) {
-		rows, took, err = pollResult(p)
-		return err
-	})
-	return rows, took, prepared, err
-}
-
-// questionAnswer reads one pipelined question's answers (questionSetSQL's,
-// the question's prepare when prepare is set, then the question's, through
-// read) and its sync: whether the prepare succeeded, or the error (a
-// connection error, or the question's own). After a question's error the
-// server skips the rest up to the sync. The idle poll and the busy targets'
-// watch (sharedwatch.go) read their answers so.
-func questionAnswer(p *pgconn.Pipeline, prepare bool, what string, read func() error) (prepared bool, err error) {
-	if _, _, err = pollResult(p); err == nil && prepare {
-		err = pollPrepared(p)
-		prepared = err == nil
-	}
-	if err == nil {
-		err = read()
-	}
-	if err != nil && !isPgError(err) {
-		return false, err
-	}
-	res, serr := p.GetResults()
-	if serr != nil {
-		return false, serr
-	}
-	if _, ok := res.(*pgconn.PipelineSync); !ok {
-		return false, fmt.Errorf("relay: %s: expected a sync, got %T", what, res)
-	}
-	return prepared, err
 }
 
 // pollPrepared reads a prepare's result.

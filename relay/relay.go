@@ -47,6 +47,7 @@ type Relay struct {
 	watchers     *atomic.Int64
 	watchRate    int
 	shared       *sharedWatch // the pool's watch asks for it (nil: it watches itself)
+	askAlone     atomic.Bool  // its last question of the Fleet's failed: asked in a group of its own (questions.go)
 	laned        func()       // called once its lanes are prepared at start (nil: nothing to call)
 	// emptyPausedUntil: nothingToClaim does not ask until then; owned by
 	// the work loop.

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgbox/pgbox/internal/backoff"
-	"github.com/pgbox/pgbox/internal/pgerr"
 )
 
 // The busy targets' watch, shared per pool.
@@ -27,7 +26,8 @@ import (
 // (make tenants, 101 schemas). So a Fleet's relay, while it watches, only
 // publishes its floor (sharedWatch) and waits: one goroutine per pool asks
 // every watching target of the pool its watchSQL question in one pipeline
-// on one connection (as the idle poll asks the idle ones, dormant.go), and
+// on one connection, 32 to a transaction (as the idle poll asks the idle
+// ones: questions.go), and
 // wakes those that have rows above their floor, with their slots marked.
 // The watches a second stay those WatchRate allows, but a round trip and a
 // connection serve them all. What the watch finds, and when, only shortens
@@ -147,64 +147,32 @@ func (f *Fleet) watchAll(ctx context.Context, pool *pgxpool.Pool, rs []*Relay) e
 	return f.askOn(ctx, pool, watchHome, rs, watchPipeline)
 }
 
-// watchPipeline sends one watch question per relay, each behind
-// questionSetSQL and followed by a sync (its own implicit transaction:
-// one target's dropped or locked table fails its own question only), and
+// watchPipeline asks each relay its watch question (askGrouped), and
 // wakes the relays as watchAll says. A connection error is returned.
 func watchPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]string, rs []*Relay) error {
-	p := pc.StartPipeline(ctx)
-	preparing := make([]string, len(rs))
-	for i, r := range rs {
-		p.SendQueryParams(questionSetSQL, nil, nil, nil, nil)
-		params := [][]byte{strconv.AppendInt(nil, r.shared.floor.Load(), 10), strconv.AppendInt(nil, watchLimit, 10)}
-		key := watchPreparedKey(r.cfg.Schema)
-		name, ok := prepared[key]
-		switch {
-		case ok:
-			p.SendQueryPrepared(name, params, nil, nil)
-		case prepared != nil && len(prepared) < idlePreparedMax:
-			preparing[i] = "pgbox_watch_" + strconv.FormatInt(idleNames.Add(1), 10)
-			p.SendPrepare(preparing[i], watchQuestion(r.cfg.Schema), []uint32{pgtype.Int8OID, pgtype.Int4OID})
-			p.SendQueryPrepared(preparing[i], params, nil, nil)
-		default:
-			p.SendQueryParams(watchQuestion(r.cfg.Schema), params, []uint32{pgtype.Int8OID, pgtype.Int4OID}, nil, nil)
-		}
-		p.SendPipelineSync()
-	}
-	if err := p.Flush(); err != nil {
-		_ = p.Close()
-		return err
-	}
 	type answer struct {
-		top    int64
-		slots  []int32
-		failed bool
+		top   int64
+		slots []int32
 	}
+	preparing := make([]string, len(rs))
 	answers := make([]answer, len(rs))
-	for i, r := range rs {
-		a := &answers[i]
-		var madeIt bool
-		var qerr error
-		a.top, a.slots, madeIt, qerr = watchAnswer(p, preparing[i] != "")
-		if qerr != nil && !isPgError(qerr) {
-			_ = p.Close()
-			return qerr
-		}
-		key := watchPreparedKey(r.cfg.Schema)
-		switch {
-		case madeIt:
-			prepared[key] = preparing[i]
-		case pgerr.Code(qerr) == pgerr.CodeInvalidSQLStatementName:
-			delete(prepared, key) // gone (a pooler's DISCARD ALL): prepared again next time
-		}
-		a.failed = qerr != nil
-	}
-	if err := p.Close(); err != nil {
+	errs, err := askGrouped(ctx, pc, rs, func(p *pgconn.Pipeline, i int) {
+		r := rs[i]
+		params := [][]byte{strconv.AppendInt(nil, r.shared.floor.Load(), 10), strconv.AppendInt(nil, watchLimit, 10)}
+		preparing[i] = sendQuestion(p, prepared, watchPreparedKey(r.cfg.Schema), "pgbox_watch_", watchQuestion(r.cfg.Schema),
+			params, []uint32{pgtype.Int8OID, pgtype.Int4OID})
+	}, func(p *pgconn.Pipeline, i int) error {
+		return readQuestion(p, prepared, watchPreparedKey(rs[i].cfg.Schema), preparing[i], func() (err error) {
+			answers[i].top, answers[i].slots, err = watchResult(p)
+			return err
+		})
+	})
+	if err != nil {
 		return err
 	}
 	for i, r := range rs {
 		switch a := answers[i]; {
-		case a.failed:
+		case errs[i] != nil:
 			r.markAllDirty()
 			r.wakeUp()
 		case len(a.slots) > 0 && r.shared.on.Load():
@@ -218,16 +186,6 @@ func watchPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]s
 		}
 	}
 	return nil
-}
-
-// watchAnswer reads one watch question's answers (questionAnswer): the
-// newest id and the slots.
-func watchAnswer(p *pgconn.Pipeline, prepare bool) (top int64, slots []int32, prepared bool, err error) {
-	prepared, err = questionAnswer(p, prepare, "busy targets' watch", func() (err error) {
-		top, slots, err = watchResult(p)
-		return err
-	})
-	return top, slots, prepared, err
 }
 
 // watchResult reads a watch question's row: the newest id and the slots.
