@@ -101,6 +101,8 @@ type targetRead struct {
 	state, detail string
 	snap          *inspect.Snapshot
 	at            time.Time
+	sig           string    // its tables' statistics when read (tableSignatures; "": unknown)
+	full          time.Time // when it was last read in full (carried over since, when before at)
 }
 
 // fleetReader reads every listed target's figures in rounds, at most
@@ -121,6 +123,10 @@ type fleetReader struct {
 	limit   int
 	lanes   int
 	log     *logger
+
+	// fullReads and carried count the targets read in full and carried
+	// over (carryOver), for the log and the tests.
+	fullReads, carried atomic.Int64
 
 	mu   sync.Mutex
 	last map[string]targetRead // by target name
@@ -178,9 +184,17 @@ func (r *fleetReader) round(ctx context.Context) {
 	r.mu.Unlock()
 	cfg := inspect.Config{Lanes: r.lanes, StatementTimeout: targetReadTimeout / 2, Logger: r.log}
 	hz := &horizons{by: map[*pgxpool.Pool]*horizonRead{}}
+	sigs := r.signatures(ctx, targets)
+	full0, carried0 := r.fullReads.Load(), r.carried.Load()
 	onTargets(ctx, len(targets), r.limit, func(i int) {
 		t := targets[i]
-		rd := r.read(ctx, t, cfg, hz, r.keepsDetail(t.spec.Name, len(targets)))
+		detail := r.keepsDetail(t.spec.Name, len(targets))
+		rd, ok := r.carryOver(ctx, t, sigs[t.spec.Name], cfg, hz, detail)
+		if !ok {
+			rd = r.read(ctx, t, cfg, hz, detail)
+			rd.sig, rd.full = sigs[t.spec.Name], rd.at
+			r.fullReads.Add(1)
+		}
 		if ctx.Err() != nil {
 			return // shutting down: not the target's failure
 		}
@@ -191,6 +205,166 @@ func (r *fleetReader) round(ctx context.Context) {
 			r.log.Debug("target's figures not read", "target", t.spec.Name, "schema", t.spec.Schema, "state", rd.state, "detail", rd.detail)
 		}
 	})
+	r.log.Debug("figures' round", "targets", len(targets), "read", r.fullReads.Load()-full0, "carried over", r.carried.Load()-carried0)
+}
+
+// A round reads a target again only when something may have changed:
+// at 5,000 targets a round of `relay status` snapshots took minutes, and
+// most of them were idle tenants whose figures had not moved. A target is
+// carried over, its last read kept with its ages moved on (aged) and its
+// database's horizon the round's, when all of these hold:
+//
+//   - its last read was in full less than carryMax rounds ago;
+//   - its tables' statistics (tableSignatures: rows inserted, updated and
+//     deleted, live rows, the tables themselves) are what they were at
+//     that read, the relay's heartbeat tables aside;
+//   - that read found it clean: state ok, no unpublished or parked row,
+//     no dead letter, no lane held (an awake target's heartbeat writes
+//     its lanes anyway);
+//   - /metrics does not export its detail (keepsDetail).
+//
+// PostgreSQL's statistics lag a write by up to a few seconds (a backend
+// sends them at most once a second, and after 10 s idle): a row written
+// just before a round may be carried over once, and is read at the next
+// round. With track_counts off the statistics never move, so every target
+// is read in full.
+const carryMax = 10
+
+// tableSignaturesSQL is, per schema of $1, what the statistics say of its
+// pgbox tables but the heartbeat's (pgbox_relay_instances and
+// pgbox_relay_history, written by a dormant target every 30 s or so, and
+// not in the figures). No row when track_counts is off.
+const tableSignaturesSQL = `SELECT s.schemaname, concat_ws(':', count(*), sum(s.n_tup_ins), sum(s.n_tup_upd), sum(s.n_tup_del),
+	sum(s.n_live_tup), sum(s.relid::oid::int8))
+FROM pg_stat_user_tables s
+WHERE current_setting('track_counts')::bool AND s.schemaname = ANY ($1::text[])
+  AND s.relname LIKE 'pgbox\_%' AND s.relname NOT IN ('pgbox_relay_instances', 'pgbox_relay_history')
+GROUP BY s.schemaname`
+
+// signatures reads tableSignaturesSQL once per database for targets: the
+// signature of each target by name (none for a database that failed).
+func (r *fleetReader) signatures(ctx context.Context, targets []targetPool) map[string]string {
+	byPool := map[*pgxpool.Pool][]targetPool{}
+	for _, t := range targets {
+		if t.pool != nil && t.spec.Schema != "" {
+			byPool[t.pool] = append(byPool[t.pool], t)
+		}
+	}
+	out := map[string]string{}
+	for pool, ts := range byPool {
+		sig, err := r.readSignatures(ctx, pool, ts)
+		if err != nil {
+			r.log.Debug("statistics not read: every target of the database is read in full", "database", pool.Config().ConnConfig.Database, "error", err)
+			continue
+		}
+		for _, t := range ts {
+			if v, ok := sig[t.spec.Schema]; ok {
+				out[t.spec.Name] = v
+			}
+		}
+	}
+	return out
+}
+
+func (r *fleetReader) readSignatures(ctx context.Context, pool *pgxpool.Pool, ts []targetPool) (map[string]string, error) {
+	db, err := r.dbs.get(ts[0].spec, pool)
+	if err != nil {
+		return nil, err
+	}
+	schemas := make([]string, len(ts))
+	for i, t := range ts {
+		schemas[i] = t.spec.Schema
+	}
+	tctx, cancel := context.WithTimeout(ctx, targetReadTimeout)
+	defer cancel()
+	tx, err := db.Begin(tctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(tctx, tableSignaturesSQL, schemas)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for rows.Next() {
+		var schema, sig string
+		if err := rows.Scan(&schema, &sig); err != nil {
+			return nil, err
+		}
+		out[schema] = sig
+	}
+	return out, rows.Err()
+}
+
+// carryOver is the target's last read carried over to now, when it may be
+// (see carryMax): false means read it.
+func (r *fleetReader) carryOver(ctx context.Context, t targetPool, sig string, cfg inspect.Config, hz *horizons, detail bool) (targetRead, bool) {
+	r.mu.Lock()
+	last, ok := r.last[t.spec.Name]
+	r.mu.Unlock()
+	now := time.Now()
+	if !ok || detail || sig == "" || last.sig != sig || last.state != stateOK || last.snap == nil || !clean(last.snap) ||
+		now.Sub(last.full) >= carryMax*r.every {
+		return targetRead{}, false
+	}
+	db, err := r.dbs.get(t.spec, t.pool)
+	if err != nil {
+		return targetRead{}, false
+	}
+	tctx, cancel := context.WithTimeout(ctx, targetReadTimeout)
+	defer cancel()
+	snap := aged(last.snap, now.Sub(last.at))
+	if h := hz.get(tctx, t.pool, db, cfg); h != nil {
+		snap.Horizon = *h
+		snap.Horizon.Kinds = slices.Clone(h.Kinds)
+		snap.Horizon.Holders = nil
+	} else {
+		return targetRead{}, false // the horizon must be this round's: read in full, which reports why not
+	}
+	r.carried.Add(1)
+	last.snap, last.at = snap, now
+	return last, true
+}
+
+// clean reports whether a read found nothing waiting and no lane held.
+func clean(s *inspect.Snapshot) bool {
+	if s.Outbox.Unpublished != 0 || s.Outbox.Parked != 0 {
+		return false
+	}
+	for _, d := range s.Dead {
+		if d.Count != 0 {
+			return false
+		}
+	}
+	for _, l := range s.Lanes {
+		if l.Held {
+			return false
+		}
+	}
+	return true
+}
+
+// aged is s as read d later, its tables unchanged: its time and every
+// age (the inbox's oldest keys, their cutoffs and margins) move on by d.
+// A clean snapshot has no outbox age.
+func aged(s *inspect.Snapshot, d time.Duration) *inspect.Snapshot {
+	c := *s
+	c.Time = s.Time.Add(d)
+	c.Inbox = slices.Clone(s.Inbox)
+	for i := range c.Inbox {
+		in := &c.Inbox[i]
+		in.OldestAge += d.Seconds()
+		if in.Cutoff != nil {
+			cut := in.Cutoff.Add(d)
+			in.Cutoff = &cut
+		}
+		if in.Margin != nil {
+			m := *in.Margin - d.Seconds()
+			in.Margin = &m
+		}
+	}
+	return &c
 }
 
 // read reads one target's state and figures, within targetReadTimeout;

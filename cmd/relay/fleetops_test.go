@@ -23,6 +23,8 @@ import (
 	"github.com/pgbox/pgbox/internal/kafkatest"
 	"github.com/pgbox/pgbox/internal/promtest"
 	"github.com/pgbox/pgbox/internal/testdb"
+	"github.com/pgbox/pgbox/internal/testutil"
+	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/pgboxprom"
 	"github.com/pgbox/pgbox/relay"
 )
@@ -499,4 +501,139 @@ func TestFleetReaderHorizonReadHangs(t *testing.T) {
 	require.Less(t, time.Since(start), 100*time.Millisecond)
 	require.EqualValues(t, 1, hz.reads.Load(), "one read tried in the round, not one per target")
 	require.EqualValues(t, 1, db.begins.Load())
+}
+
+// A round reads again only the targets that may have changed: a clean
+// target (nothing unpublished, parked or dead, no lane held) whose tables'
+// statistics have not moved is carried over, its figures kept and its
+// time moved on; a target with a backlog is read every round; a row
+// written to a clean target is read once the statistics show it; and a
+// target is read in full at least every carryMax rounds.
+func TestFleetReaderCarriesOverUnchangedTargets(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	var specs []targetSpec
+	var dbs []*testdb.DB
+	for i := range 3 {
+		db := testdb.New(t)
+		dbs = append(dbs, db)
+		specs = append(specs, targetSpec{Name: "t" + strconv.Itoa(i), Schema: db.Schema, DatabaseURL: "db"})
+	}
+	pool := dbs[0].Pool
+	write := func(db *testdb.DB) {
+		require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			return outbox.Write(ctx, tx, outbox.Message{Topic: "w", Value: []byte("x")})
+		}))
+		// The statistics of the write reach pg_stat_user_tables once its
+		// backend sends them: wait for them, as the reader would.
+		c, err := db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer c.Release()
+		_, err = c.Exec(ctx, `SELECT pg_stat_force_next_flush()`)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			var n int64
+			require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'pgbox_outbox'`, db.Schema).Scan(&n))
+			return n > 0
+		}, 10*time.Second, 20*time.Millisecond, "the write's statistics")
+	}
+	write(dbs[2]) // t2 has a backlog from the start
+
+	logs := &testutil.SyncBuffer{}
+	fr := &fleetRun{dbs: map[string]*fleetDB{"db": {url: "db", pool: pool}}, list: specs}
+	r := &fleetReader{fr: fr, dbs: newTargetDBs(fr), last: map[string]targetRead{}, every: time.Hour, limit: 2,
+		log: newLogger(logs, "text", "debug")}
+	round := func() (full, carried int64) {
+		f0, c0 := r.fullReads.Load(), r.carried.Load()
+		r.round(ctx)
+		return r.fullReads.Load() - f0, r.carried.Load() - c0
+	}
+	unpublished := func(name string) int64 {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		rd := r.last[name]
+		require.Equal(t, stateOK, rd.state, "%s: %s", name, rd.detail)
+		require.NotNil(t, rd.snap, name)
+		return rd.snap.Outbox.Unpublished
+	}
+
+	full, carried := round()
+	require.Equal(t, [2]int64{3, 0}, [2]int64{full, carried}, "the first round reads every target")
+	require.Equal(t, []int64{0, 0, 1}, []int64{unpublished("t0"), unpublished("t1"), unpublished("t2")})
+	r.mu.Lock()
+	before := r.last["t0"]
+	r.mu.Unlock()
+	require.NotEmpty(t, before.sig, "the statistics were read")
+
+	full, carried = round()
+	require.Equal(t, [2]int64{1, 2}, [2]int64{full, carried}, "the clean targets are carried over, the one with a backlog read")
+	r.mu.Lock()
+	after := r.last["t0"]
+	r.mu.Unlock()
+	require.True(t, after.at.After(before.at), "a carried-over read is stamped with the round's time")
+	require.True(t, after.snap.Time.After(before.snap.Time), "and its snapshot's time moved on")
+	require.Equal(t, before.full, after.full, "but it was last read in full at the first round")
+
+	write(dbs[0])
+	full, carried = round()
+	require.Equal(t, [2]int64{2, 1}, [2]int64{full, carried}, "the target written to is read again")
+	require.Equal(t, []int64{1, 0, 1}, []int64{unpublished("t0"), unpublished("t1"), unpublished("t2")})
+
+	// carryMax rounds of the refresh after its last full read, a target
+	// is read in full whatever its statistics say.
+	r.every = time.Millisecond
+	time.Sleep(carryMax * time.Millisecond)
+	full, carried = round()
+	require.Equal(t, [2]int64{3, 0}, [2]int64{full, carried}, "every target read in full after carryMax rounds")
+	require.Contains(t, logs.String(), "figures' round")
+}
+
+// A carried-over read is the last one moved on: its inbox ages grow by the
+// time since, and its horizon is the round's (a round that could not read
+// it reads the target in full). A target whose detail /metrics exports,
+// or whose statistics moved, is read.
+func TestFleetReaderCarriedOverIsCurrent(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	in := 100.0
+	window, margin := 3600.0, 3500.0
+	cut := time.Unix(1000, 0)
+	s := &inspect.Snapshot{Time: time.Unix(5000, 0), Inbox: []inspect.InboxTopic{{Consumer: "c", Topic: "t", OldestAge: in, Window: &window, Cutoff: &cut, Margin: &margin}}}
+	a := aged(s, 10*time.Second)
+	require.Equal(t, time.Unix(5010, 0), a.Time)
+	require.Equal(t, 110.0, a.Inbox[0].OldestAge)
+	require.Equal(t, time.Unix(1010, 0), *a.Inbox[0].Cutoff)
+	require.Equal(t, 3490.0, *a.Inbox[0].Margin)
+	require.Equal(t, 100.0, s.Inbox[0].OldestAge, "the last read is not written")
+	require.Equal(t, 3500.0, *s.Inbox[0].Margin, "the last read is not written")
+
+	db, other := testdb.New(t), testdb.New(t)
+	specs := []targetSpec{{Name: "idle", Schema: db.Schema, DatabaseURL: "db"}, {Name: "chosen", Schema: other.Schema, DatabaseURL: "db"}}
+	fr := &fleetRun{dbs: map[string]*fleetDB{"db": {url: "db", pool: db.Pool}}, list: specs}
+	r := &fleetReader{fr: fr, dbs: newTargetDBs(fr), last: map[string]targetRead{}, every: time.Hour, limit: 1,
+		log: newLogger(&testutil.SyncBuffer{}, "text", "debug"), series: targetSeries{top: 1}, chosen: map[string]bool{"chosen": true}}
+	r.round(ctx)
+	require.EqualValues(t, 2, r.fullReads.Load())
+	r.round(ctx)
+	require.EqualValues(t, 3, r.fullReads.Load(), "the chosen target read again")
+	require.EqualValues(t, 1, r.carried.Load(), "the idle one carried over")
+
+	// The round's horizon, whatever the last full read saw.
+	tp := fr.listedPools()[0]
+	r.mu.Lock()
+	sig := r.last["idle"].sig
+	r.mu.Unlock()
+	age := 42.0
+	round := inspect.Horizon{Kinds: []inspect.HorizonKind{{Kind: inspect.HolderSession, Holders: 7, AgeSeconds: &age}}}
+	hz := &horizons{by: map[*pgxpool.Pool]*horizonRead{db.Pool: {turn: make(chan struct{}, 1), h: &round, at: time.Now()}}}
+	rd, ok := r.carryOver(ctx, tp, sig, inspect.Config{}, hz, false)
+	require.True(t, ok, "carried over")
+	require.Equal(t, round.Kinds, rd.snap.Horizon.Kinds, "the round's horizon")
+	_, ok = r.carryOver(ctx, tp, sig+"x", inspect.Config{}, hz, false)
+	require.False(t, ok, "statistics moved: read")
+	_, ok = r.carryOver(ctx, tp, sig, inspect.Config{}, hz, true)
+	require.False(t, ok, "detail exported: read")
+	hz.by[db.Pool].h = nil // the round could not read the horizon
+	_, ok = r.carryOver(ctx, tp, sig, inspect.Config{}, hz, false)
+	require.False(t, ok, "no horizon this round: read in full")
 }
