@@ -247,17 +247,17 @@ func idleQuestion(schema string) string {
 const slowPolls = 3
 
 // questionSetSQL is what the idle poll's and the watch's questions run
-// under, sent at the start of each group of questions (questions.go).
+// under when asked alone (questions.go: a group of more than one runs
+// under questionGroupSetSQL, tighter).
 //
 // It bounds how long a question waits for a lock on its
 // outbox (ACCESS EXCLUSIVE: a VACUUM FULL, an ALTER, a TRUNCATE of one
 // target): the questions of a pipeline are answered one after the other,
 // so one target's lock would hold up every idle target of the pool until
 // the poll's timeout, and then wake them all. A question that times out
-// fails alone: its target is woken and claims for itself, and the rest of
-// its group are asked again. It is LOCAL: it ends with the group's
-// implicit transaction (its Sync), so a pooler's server connection keeps
-// no setting.
+// fails alone: its target is woken and claims for itself. It is LOCAL: it
+// ends with the question's implicit transaction (its Sync), so a pooler's
+// server connection keeps no setting.
 //
 // It also turns sequential and bitmap scans off for the question, as the
 // claim does: an outbox's deleted rows stay until autovacuum comes
@@ -500,6 +500,9 @@ func pollPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]st
 		if slow {
 			r.idleState.slowRun.Store(0)
 			r.idleState.slow.Store(true)
+		}
+		if a.took > cmp.Or(r.emptySlow, emptySlow) {
+			r.askAlone.Store(true) // its locks must not last a slow question in a group (questions.go)
 		}
 		if a.rows || failed || slow {
 			r.markAllDirty()

@@ -101,7 +101,11 @@ func TestQuestionsFailAloneInAGroup(t *testing.T) {
 		for i, r := range rs {
 			require.Equal(t, i == 3 || i == 40, r.askAlone.Load(), "%s: relay %d asked alone next", tc.name, i)
 		}
-		groups := groupQuestions(rs, []int{0, 1, 2, 3, 4, 5, 40, 41})
+		alone := make([]bool, len(rs))
+		for i, r := range rs {
+			alone[i] = r.askAlone.Load()
+		}
+		groups := groupQuestions(alone, []int{0, 1, 2, 3, 4, 5, 40, 41}, questionGroup)
 		require.Equal(t, [][]int{{3}, {40}, {0, 1, 2, 4, 5, 41}}, groups, "%s: the failed ones in groups of their own", tc.name)
 
 		// Next round: the lock gone, the locked target is answered and
@@ -153,4 +157,35 @@ func TestQuestionsTookIsEachQuestions(t *testing.T) {
 			require.Less(t, d, 100*time.Millisecond, "question %d after or before the slow one", i)
 		}
 	}
+}
+
+// A group runs READ COMMITTED whatever the session's default, so each of
+// its questions reads in a snapshot of its own (a repeatable read default
+// gave a group one snapshot: TestQuestionsAttackGroupSnapshotUnderRepeatableRead,
+// which the group's statement_timeout also covers now).
+func TestQuestionsGroupIsReadCommitted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g := newQuestionRig(t)
+	_, err := g.pc.Exec(ctx, `SET default_transaction_isolation = 'repeatable read'`).ReadAll()
+	require.NoError(t, err)
+	rs := g.relays(3, nil)
+	got := make([]string, len(rs))
+	errs, err := askGrouped(ctx, g.pc, rs, func(p *pgconn.Pipeline, i int) {
+		p.SendQueryParams(`SELECT current_setting('transaction_isolation')`, nil, nil, nil, nil)
+	}, func(p *pgconn.Pipeline, i int) error {
+		res, err := p.GetResults()
+		if err != nil {
+			return err
+		}
+		rr := res.(*pgconn.ResultReader)
+		for rr.NextRow() {
+			got[i] = string(rr.Values()[0])
+		}
+		_, err = rr.Close()
+		return err
+	})
+	require.NoError(t, err)
+	require.Equal(t, make([]error, len(rs)), errs)
+	require.Equal(t, []string{"read committed", "read committed", "read committed"}, got)
 }
