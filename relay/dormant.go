@@ -469,6 +469,9 @@ func pollPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]st
 	}, func(p *pgconn.Pipeline, i int) error {
 		return readQuestion(p, prepared, rs[i].cfg.Schema, preparing[i], func() (err error) {
 			answers[i].rows, answers[i].took, err = pollResult(p)
+			if err == nil {
+				rs[i].askTook.Store(int64(answers[i].took))
+			}
 			return err
 		})
 	})
@@ -500,9 +503,6 @@ func pollPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]st
 		if slow {
 			r.idleState.slowRun.Store(0)
 			r.idleState.slow.Store(true)
-		}
-		if a.took > cmp.Or(r.emptySlow, emptySlow) {
-			r.askAlone.Store(true) // its locks must not last a slow question in a group (questions.go)
 		}
 		if a.rows || failed || slow {
 			r.markAllDirty()

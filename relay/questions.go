@@ -1,9 +1,11 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -23,35 +25,53 @@ import (
 // target's watch is asked up to 50 times a second.
 //
 // A group is one transaction, so what one question does reaches the
-// others (the review of the groups, questionsattack_internal_test.go):
+// others (two reviews of the groups: questionsattack_internal_test.go and
+// questionsq2attack_internal_test.go):
 //
 //   - Its locks (AccessShareLock on each target's outbox and index) last
-//     until the group's sync. So in a group a question waits at most 2 ms
-//     for a lock and runs at most 20 ms (questionGroupSetSQL), where a
-//     question alone waits 100 ms and runs as long as it takes: past
-//     either, it is asked again alone, in the same call. A DDL of a target
-//     asked earlier in the group then waits 20 ms at most, not for
-//     another target's lock wait or slow question; and a user's
+//     until the group's sync. So a group is closed once the answers its
+//     targets took last time (Relay.askTook; askUnknown for a target not
+//     answered yet) add up to groupBudget (20 ms), and in a group a
+//     question waits at most 2 ms for a lock and runs at most 20 ms
+//     (questionGroupSetSQL), where a question alone waits 100 ms and runs
+//     as long as it takes: past either, it is asked again alone in the
+//     same call. So a group holds its targets' locks for about 40 ms at
+//     most (its budget, and one question past its estimate); a DDL of a
+//     target asked earlier in a group waits that long at most, not for
+//     another target's lock wait or slow question (a group of 31 questions
+//     of 9 ms each held its first target's lock 280 ms); and a user's
 //     transaction that locks two targets' outboxes never waits on a group
 //     for its deadlock_timeout (1 s), so its deadlock check cannot find
 //     the group in a cycle (a group that waited 100 ms for one target
 //     while holding another's made PostgreSQL abort the user's
 //     transaction).
-//   - Each question reads in its own snapshot: the group runs READ
-//     COMMITTED whatever the session's default (a repeatable read default,
-//     from ALTER ROLE or ALTER DATABASE, gave the group one snapshot: a row
-//     committed while an earlier question ran went unseen).
+//   - Every group, a question alone too, runs READ COMMITTED whatever the
+//     session's default: a repeatable read default (ALTER ROLE or ALTER
+//     DATABASE) gave a group one snapshot, so a row committed while an
+//     earlier question ran went unseen; a serializable read-only
+//     deferrable default made a question wait for a safe snapshot as long
+//     as another database's serializable transaction ran, and the whole
+//     pipeline with it.
 //   - A question's error aborts its group: the server skips the rest up
-//     to the sync, and askGrouped asks those again in another pipeline
-//     (in groups of one once two groups of a pipeline failed: every
-//     question failing asked the last of 70 fifty times), so one target's
-//     dropped table fails its own question only. A target whose question
-//     failed (or, dormant.go, was slow) is asked alone (a group of its
-//     own) until one is answered, so a target that keeps failing costs
-//     the others one round trip, not a second one every round.
+//     to the sync. askGrouped asks those again, each alone, in another
+//     pipeline, so one target's dropped table fails its own question only,
+//     and no question is sent more than twice a call (a question alone
+//     is never skipped nor late). A target whose question failed, went
+//     past the group's timeouts or took longer than emptySlow is asked
+//     alone (a group of its own) next time too, until an answer is quick:
+//     a target that keeps failing or is slow costs the others one round
+//     trip, not a second one every round.
 
-// questionGroup is how many questions share an implicit transaction.
+// questionGroup is the most questions that share an implicit transaction.
 const questionGroup = 32
+
+// groupBudget is how long a group's answers may take by their estimates
+// (the answers' last times); askUnknown is the estimate for a target not
+// answered yet (a first round asks groups of 4).
+const (
+	groupBudget = 20 * time.Millisecond
+	askUnknown  = 5 * time.Millisecond
+)
 
 // questionGroupSetSQL is questionSetSQL for a group of more than one
 // question: a 2 ms lock_timeout and a 20 ms statement_timeout (see above).
@@ -60,32 +80,37 @@ const questionGroup = 32
 const questionGroupSetSQL = `SELECT set_config('lock_timeout', '2ms', true), set_config('statement_timeout', '20ms', true),
 	set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
 
-// readCommittedSQL starts a group: it takes no snapshot, so it may.
+// readCommittedSQL starts every group: it takes no snapshot, so it may.
 const readCommittedSQL = `SET TRANSACTION ISOLATION LEVEL READ COMMITTED`
 
 // askGrouped asks rs their questions in one pipeline on pc, in groups as
 // above: send queues relay i's question (and its prepare, if any), read
-// reads its answers (the prepare's first) and returns its error. It
-// returns each question's error (nil: answered; a server's error), or an
-// error of the connection (then the pipeline is closed).
+// reads its answers (the prepare's first), records the server's time on
+// it in rs[i].askTook when it has it, and returns its error. It returns
+// each question's error (nil: answered; a server's error), or an error
+// of the connection (then the pipeline is closed).
 func askGrouped(ctx context.Context, pc *pgconn.PgConn, rs []*Relay,
 	send func(p *pgconn.Pipeline, i int), read func(p *pgconn.Pipeline, i int) error) ([]error, error) {
 	errs := make([]error, len(rs))
 	alone := make([]bool, len(rs)) // asked alone in this call
+	late := make([]bool, len(rs))  // past a group's timeouts in this call
+	est := make([]time.Duration, len(rs))
 	for i, r := range rs {
 		alone[i] = r.askAlone.Load()
+		if est[i] = time.Duration(r.askTook.Load()); est[i] <= 0 {
+			est[i] = askUnknown
+		}
 	}
 	todo := make([]int, len(rs))
 	for i := range todo {
 		todo[i] = i
 	}
-	size := questionGroup
 	for len(todo) > 0 {
-		groups := groupQuestions(alone, todo, size)
+		groups := groupQuestions(alone, est, todo)
 		p := pc.StartPipeline(ctx)
 		for _, g := range groups {
+			p.SendQueryParams(readCommittedSQL, nil, nil, nil, nil)
 			if len(g) > 1 {
-				p.SendQueryParams(readCommittedSQL, nil, nil, nil, nil)
 				p.SendQueryParams(questionGroupSetSQL, nil, nil, nil, nil)
 			} else {
 				p.SendQueryParams(questionSetSQL, nil, nil, nil, nil)
@@ -100,48 +125,46 @@ func askGrouped(ctx context.Context, pc *pgconn.PgConn, rs []*Relay,
 			return nil, err
 		}
 		todo = todo[:0:0]
-		aborted := 0
 		for _, g := range groups {
-			again, late, err := readGroup(p, g, read, errs)
+			again, lateOne, err := readGroup(p, g, read, errs)
 			if err != nil {
 				_ = p.Close()
 				return nil, err
 			}
-			if len(again) > 0 {
-				aborted++
+			if lateOne >= 0 {
+				late[lateOne] = true
 			}
-			if late >= 0 {
-				alone[late] = true // past the group's timeouts: asked again alone
+			for _, i := range again {
+				alone[i] = true // skipped or late: asked again alone
 			}
 			todo = append(todo, again...)
 		}
 		if err := p.Close(); err != nil {
 			return nil, err
 		}
-		if aborted > 1 {
-			size = 1
-		}
 	}
 	for i, r := range rs {
-		r.askAlone.Store(errs[i] != nil)
+		r.askAlone.Store(errs[i] != nil || late[i] || time.Duration(r.askTook.Load()) > cmp.Or(r.emptySlow, emptySlow))
 	}
 	return errs, nil
 }
 
-// groupQuestions splits todo (indexes into rs) into groups of at most
-// size, those asked alone in groups of their own.
-func groupQuestions(alone []bool, todo []int, size int) [][]int {
+// groupQuestions splits todo (indexes) into groups of at most
+// questionGroup whose estimates add up to groupBudget at most (a group
+// holds at least one), those asked alone in groups of their own.
+func groupQuestions(alone []bool, est []time.Duration, todo []int) [][]int {
 	var groups [][]int
 	var cur []int
+	var sum time.Duration
 	for _, i := range todo {
 		if alone[i] {
 			groups = append(groups, []int{i})
 			continue
 		}
-		cur = append(cur, i)
-		if len(cur) == size {
-			groups, cur = append(groups, cur), nil
+		if len(cur) > 0 && (len(cur) == questionGroup || sum+est[i] > groupBudget) {
+			groups, cur, sum = append(groups, cur), nil, 0
 		}
+		cur, sum = append(cur, i), sum+est[i]
 	}
 	if len(cur) > 0 {
 		groups = append(groups, cur)
@@ -165,12 +188,8 @@ func readGroup(p *pgconn.Pipeline, g []int, read func(p *pgconn.Pipeline, i int)
 			}
 		}
 	}
-	setting := 1
-	if len(g) > 1 {
-		setting = 2
-	}
 	var serr error
-	for range setting {
+	for range 2 { // readCommittedSQL's, then the settings'
 		if _, _, serr = pollResult(p); serr != nil {
 			break
 		}

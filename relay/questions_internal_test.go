@@ -105,8 +105,15 @@ func TestQuestionsFailAloneInAGroup(t *testing.T) {
 		for i, r := range rs {
 			alone[i] = r.askAlone.Load()
 		}
-		groups := groupQuestions(alone, []int{0, 1, 2, 3, 4, 5, 40, 41}, questionGroup)
+		est := make([]time.Duration, len(rs))
+		for i := range est {
+			est[i] = time.Millisecond
+		}
+		groups := groupQuestions(alone, est, []int{0, 1, 2, 3, 4, 5, 40, 41})
 		require.Equal(t, [][]int{{3}, {40}, {0, 1, 2, 4, 5, 41}}, groups, "%s: the failed ones in groups of their own", tc.name)
+		est[1], est[2] = 10*time.Millisecond, 9*time.Millisecond
+		require.Equal(t, [][]int{{3}, {0, 1, 2}, {40}, {4, 5, 41}}, groupQuestions(alone, est, []int{0, 1, 2, 3, 4, 5, 40, 41}),
+			"%s: a group closed at groupBudget by its answers' last times", tc.name)
 
 		// Next round: the lock gone, the locked target is answered and
 		// joins the groups again; the missing one fails alone again.

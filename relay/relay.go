@@ -47,7 +47,8 @@ type Relay struct {
 	watchers     *atomic.Int64
 	watchRate    int
 	shared       *sharedWatch // the pool's watch asks for it (nil: it watches itself)
-	askAlone     atomic.Bool  // its last question of the Fleet's failed: asked in a group of its own (questions.go)
+	askAlone     atomic.Bool  // its last question of the Fleet's failed, was late or slow: asked in a group of its own (questions.go)
+	askTook      atomic.Int64 // the server's time on its last answered question of the Fleet's, in ns (0: none yet)
 	laned        func()       // called once its lanes are prepared at start (nil: nothing to call)
 	// emptyPausedUntil: nothingToClaim does not ask until then; owned by
 	// the work loop.

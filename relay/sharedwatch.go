@@ -43,8 +43,11 @@ type sharedWatch struct {
 
 // watchQuestion is watchSQL for the pool's watch: the schema is named, as
 // the question travels without the set_config of the relay's statements.
+// It also returns the microseconds the server spent on it, which size the
+// groups it is asked in (questions.go).
 func watchQuestion(schema string) string {
-	return `SELECT coalesce(max(id), 0)::bigint, coalesce(array_agg(DISTINCT slot), '{}')::int[]
+	return `SELECT coalesce(max(id), 0)::bigint, coalesce(array_agg(DISTINCT slot), '{}')::int[],
+	(extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000000)::bigint
 FROM (SELECT id, slot FROM ` + pgx.Identifier{schema, "pgbox_outbox"}.Sanitize() + ` WHERE id > $1 AND parked_at IS NULL ORDER BY id LIMIT $2) w`
 }
 
@@ -163,7 +166,11 @@ func watchPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]s
 			params, []uint32{pgtype.Int8OID, pgtype.Int4OID})
 	}, func(p *pgconn.Pipeline, i int) error {
 		return readQuestion(p, prepared, watchPreparedKey(rs[i].cfg.Schema), preparing[i], func() (err error) {
-			answers[i].top, answers[i].slots, err = watchResult(p)
+			var took time.Duration
+			answers[i].top, answers[i].slots, took, err = watchResult(p)
+			if err == nil {
+				rs[i].askTook.Store(int64(took))
+			}
 			return err
 		})
 	})
@@ -188,32 +195,35 @@ func watchPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]s
 	return nil
 }
 
-// watchResult reads a watch question's row: the newest id and the slots.
-func watchResult(p *pgconn.Pipeline) (top int64, slots []int32, err error) {
+// watchResult reads a watch question's row: the newest id, the slots and
+// the server's time on the question.
+func watchResult(p *pgconn.Pipeline) (top int64, slots []int32, took time.Duration, err error) {
 	res, err := p.GetResults()
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, 0, err
 	}
 	rr, ok := res.(*pgconn.ResultReader)
 	if !ok {
-		return 0, nil, fmt.Errorf("relay: busy targets' watch: unexpected pipeline result %T", res)
+		return 0, nil, 0, fmt.Errorf("relay: busy targets' watch: unexpected pipeline result %T", res)
 	}
 	for rr.NextRow() {
 		v := rr.Values()
-		if len(v) != 2 {
+		if len(v) != 3 {
 			continue
 		}
 		if top, err = strconv.ParseInt(string(v[0]), 10, 64); err == nil {
 			slots, err = parseIntArray(v[1])
 		}
+		us, _ := strconv.ParseInt(string(v[2]), 10, 64)
+		took = time.Duration(us) * time.Microsecond
 	}
 	if _, cerr := rr.Close(); cerr != nil {
-		return 0, nil, cerr
+		return 0, nil, 0, cerr
 	}
 	if err != nil {
-		return 0, nil, fmt.Errorf("relay: busy targets' watch: %w", err)
+		return 0, nil, 0, fmt.Errorf("relay: busy targets' watch: %w", err)
 	}
-	return top, slots, nil
+	return top, slots, took, nil
 }
 
 // parseIntArray reads an int[] in text form ({1,2,3}).
