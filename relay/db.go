@@ -263,7 +263,7 @@ func forget(c *pgx.Conn, name string) {
 // costs the transaction's round trips, once).
 const preparedMax = 4096
 
-// connSet is conn's set in m (preparedOn, idlePreparedOn), made if need
+// connSet is conn's set in m (preparedOn, idlePreparedOn, isolationOn), made if need
 // be; only the goroutine holding the connection touches it.
 func connSet[V any](m *sync.Map, conn any) map[string]V {
 	v, ok := m.Load(conn)
@@ -280,6 +280,7 @@ func forgetAll() {
 	preparedNew.Store(0)
 	preparedOn.Clear()
 	idlePreparedOn.Clear()
+	isolationOn.Clear()
 }
 
 // begin runs fn in a transaction, committed when fn returns nil.

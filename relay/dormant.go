@@ -470,7 +470,7 @@ func pollPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]st
 		return readQuestion(p, prepared, rs[i].cfg.Schema, preparing[i], func() (err error) {
 			answers[i].rows, answers[i].took, err = pollResult(p)
 			if err == nil {
-				rs[i].askTook.Store(int64(answers[i].took))
+				rs[i].answeredIn(answers[i].took)
 			}
 			return err
 		})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -51,7 +52,10 @@ import (
 //     earlier question ran went unseen; a serializable read-only
 //     deferrable default made a question wait for a safe snapshot as long
 //     as another database's serializable transaction ran, and the whole
-//     pipeline with it.
+//     pipeline with it. A group starts with readCommittedSQL only on a
+//     connection whose default is another (isolationOn): a pipeline's
+//     implicit transaction is no transaction block, so the statement
+//     works but logs a WARNING, at every group.
 //   - A question's error aborts its group: the server skips the rest up
 //     to the sync. askGrouped asks those again, each alone, in another
 //     pipeline, so one target's dropped table fails its own question only,
@@ -80,8 +84,39 @@ const (
 const questionGroupSetSQL = `SELECT set_config('lock_timeout', '2ms', true), set_config('statement_timeout', '20ms', true),
 	set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
 
-// readCommittedSQL starts every group: it takes no snapshot, so it may.
+// readCommittedSQL starts every group on a connection whose default
+// isolation is not READ COMMITTED: it takes no snapshot, so it may.
 const readCommittedSQL = `SET TRANSACTION ISOLATION LEVEL READ COMMITTED`
+
+// isolationOn keeps, per connection (*pgconn.PgConn), whether its
+// session's default isolation is another than READ COMMITTED (key ""),
+// read once (needsReadCommitted). The default is the role's and the
+// database's, the same on every server connection a pooler hands out; a
+// session that changes its own default later (SET on a pool's connection
+// by the application) is not seen until the connection is replaced.
+var isolationOn sync.Map
+
+// needsReadCommitted reports whether pc's groups must start with
+// readCommittedSQL: true unless pc's default isolation is READ COMMITTED
+// (or when it could not be read). A connection error is returned. (SHOW
+// takes no snapshot: a query would wait for a safe snapshot under a
+// serializable read-only deferrable default.)
+func needsReadCommitted(ctx context.Context, pc *pgconn.PgConn) (bool, error) {
+	m := connSet[bool](&isolationOn, pc)
+	if v, ok := m[""]; ok {
+		return v, nil
+	}
+	res := pc.ExecParams(ctx, `SHOW default_transaction_isolation`, nil, nil, nil, nil).Read()
+	if res.Err != nil {
+		if !isPgError(res.Err) {
+			return false, res.Err
+		}
+		return true, nil
+	}
+	v := len(res.Rows) != 1 || string(res.Rows[0][0]) != "read committed"
+	m[""] = v
+	return v, nil
+}
 
 // askGrouped asks rs their questions in one pipeline on pc, in groups as
 // above: send queues relay i's question (and its prepare, if any), read
@@ -101,6 +136,10 @@ func askGrouped(ctx context.Context, pc *pgconn.PgConn, rs []*Relay,
 			est[i] = askUnknown
 		}
 	}
+	rc, err := needsReadCommitted(ctx, pc)
+	if err != nil {
+		return nil, err
+	}
 	todo := make([]int, len(rs))
 	for i := range todo {
 		todo[i] = i
@@ -109,7 +148,9 @@ func askGrouped(ctx context.Context, pc *pgconn.PgConn, rs []*Relay,
 		groups := groupQuestions(alone, est, todo)
 		p := pc.StartPipeline(ctx)
 		for _, g := range groups {
-			p.SendQueryParams(readCommittedSQL, nil, nil, nil, nil)
+			if rc {
+				p.SendQueryParams(readCommittedSQL, nil, nil, nil, nil)
+			}
 			if len(g) > 1 {
 				p.SendQueryParams(questionGroupSetSQL, nil, nil, nil, nil)
 			} else {
@@ -126,7 +167,7 @@ func askGrouped(ctx context.Context, pc *pgconn.PgConn, rs []*Relay,
 		}
 		todo = todo[:0:0]
 		for _, g := range groups {
-			again, lateOne, err := readGroup(p, g, read, errs)
+			again, lateOne, err := readGroup(p, g, rc, read, errs)
 			if err != nil {
 				_ = p.Close()
 				return nil, err
@@ -148,6 +189,11 @@ func askGrouped(ctx context.Context, pc *pgconn.PgConn, rs []*Relay,
 	}
 	return errs, nil
 }
+
+// answeredIn records the server's time on the relay's last answered
+// question: at least 1 ns, as an answer may take less than the
+// microsecond the questions measure in, and 0 is "not answered yet".
+func (r *Relay) answeredIn(took time.Duration) { r.askTook.Store(max(int64(took), 1)) }
 
 // groupQuestions splits todo (indexes) into groups of at most
 // questionGroup whose estimates add up to groupBudget at most (a group
@@ -172,7 +218,8 @@ func groupQuestions(alone []bool, est []time.Duration, todo []int) [][]int {
 	return groups
 }
 
-// readGroup reads group g's answers: its setting statements', each
+// readGroup reads group g's answers: its setting statements' (rc:
+// readCommittedSQL first), each
 // question's through read (its error into errs), then the sync's. It
 // returns the questions to ask again: the rest of the group, which the
 // server skipped after a question's error, and in a group of more than
@@ -180,7 +227,7 @@ func groupQuestions(alone []bool, est []time.Duration, todo []int) [][]int {
 // (lock_timeout, statement_timeout or a cancel: its error not recorded),
 // which late also names (-1: none). An error of a setting statement, or of
 // the sync (the transaction's end), is every unanswered question's.
-func readGroup(p *pgconn.Pipeline, g []int, read func(p *pgconn.Pipeline, i int) error, errs []error) (again []int, late int, err error) {
+func readGroup(p *pgconn.Pipeline, g []int, rc bool, read func(p *pgconn.Pipeline, i int) error, errs []error) (again []int, late int, err error) {
 	fail := func(err error) {
 		for _, i := range g {
 			if errs[i] == nil {
@@ -188,8 +235,12 @@ func readGroup(p *pgconn.Pipeline, g []int, read func(p *pgconn.Pipeline, i int)
 			}
 		}
 	}
+	settings := 1
+	if rc {
+		settings = 2 // readCommittedSQL's, then the settings'
+	}
 	var serr error
-	for range 2 { // readCommittedSQL's, then the settings'
+	for range settings {
 		if _, _, serr = pollResult(p); serr != nil {
 			break
 		}

@@ -169,7 +169,7 @@ func watchPipeline(ctx context.Context, pc *pgconn.PgConn, prepared map[string]s
 			var took time.Duration
 			answers[i].top, answers[i].slots, took, err = watchResult(p)
 			if err == nil {
-				rs[i].askTook.Store(int64(took))
+				rs[i].answeredIn(took)
 			}
 			return err
 		})
