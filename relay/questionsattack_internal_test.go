@@ -51,6 +51,22 @@ func (g *questionRig) waitSleeping(t *testing.T, pid uint32) {
 	}, 10*time.Second, time.Millisecond, "the slow question runs")
 }
 
+// lockOutbox takes db's outbox ACCESS EXCLUSIVE, as a DDL does, within
+// lockTimeout (a SET LOCAL lock_timeout value), and rolls back: how long it
+// waited, and its error.
+func lockOutbox(ctx context.Context, db *testdb.DB, lockTimeout string) (waited time.Duration, err error) {
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+lockTimeout+`'`); err != nil {
+			return err
+		}
+		start := time.Now()
+		_, err := tx.Exec(ctx, `LOCK TABLE pgbox_outbox IN ACCESS EXCLUSIVE MODE`)
+		waited = time.Since(start)
+		return err
+	})
+	return waited, err
+}
+
 func writeRow(t *testing.T, db *testdb.DB) {
 	t.Helper()
 	ctx := context.Background()
@@ -408,16 +424,7 @@ func TestQuestionsAttackSlowQuestionHoldsItsGroupsLocks(t *testing.T) {
 		go func() { done <- tc.pipeline(ctx, g.pc, g.prepared, rs) }()
 		g.waitSleeping(t, g.pc.PID())
 		// a's question was answered before the slow one started.
-		var waited time.Duration
-		err := pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '300ms'`); err != nil {
-				return err
-			}
-			start := time.Now()
-			_, err := tx.Exec(ctx, `LOCK TABLE pgbox_outbox IN ACCESS EXCLUSIVE MODE`)
-			waited = time.Since(start)
-			return err
-		})
+		waited, err := lockOutbox(ctx, a, "300ms")
 		require.NoError(t, <-done, tc.name)
 		require.NoError(t, err, "%s: a DDL of target 0, whose question was answered, gave up after %v waiting for another target's question (target 0's lock held to the group's sync)",
 			tc.name, waited.Round(time.Millisecond))
@@ -581,16 +588,7 @@ func TestQuestionsAttackLockWaitHoldsItsGroupsLocks(t *testing.T) {
 			err := g.pool.QueryRow(ctx, `SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1`, g.pc.PID()).Scan(&wt)
 			return err == nil && wt != nil && *wt == "Lock"
 		}, 10*time.Second, 500*time.Microsecond, "l's question waits for its lock")
-		var waited time.Duration
-		err = pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '50ms'`); err != nil {
-				return err
-			}
-			start := time.Now()
-			_, err := tx.Exec(ctx, `LOCK TABLE pgbox_outbox IN ACCESS EXCLUSIVE MODE`)
-			waited = time.Since(start)
-			return err
-		})
+		waited, err := lockOutbox(ctx, a, "50ms")
 		require.NoError(t, <-done, tc.name)
 		require.NoError(t, holder.Rollback(ctx))
 		require.Equal(t, []int{1}, wokenOf(rs), "%s: l's question failed", tc.name)

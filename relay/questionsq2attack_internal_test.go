@@ -276,16 +276,7 @@ func TestQuestionsQ2GroupHoldsLocksForTheSumOfItsQuestions(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- tc.pipeline(ctx, g.pc, g.prepared, rs) }()
 			g.waitSleeping(t, g.pc.PID())
-			var waited time.Duration
-			err := pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '100ms'`); err != nil {
-					return err
-				}
-				start := time.Now()
-				_, err := tx.Exec(ctx, `LOCK TABLE pgbox_outbox IN ACCESS EXCLUSIVE MODE`)
-				waited = time.Since(start)
-				return err
-			})
+			waited, err := lockOutbox(ctx, a, "100ms")
 			require.NoError(t, <-done, tc.name)
 			wokenOf(rs)
 			require.NoError(t, err, "%s round %d: a DDL of target 0 gave up after %v: its lock held by a group of 9 ms questions (askAlone %v)",
