@@ -183,25 +183,14 @@ func TestQuestionsAttackEveryQuestionFails(t *testing.T) {
 	// Counted through askGrouped itself: the first round sends each
 	// question until it fails; the next sends each once.
 	rs := g.relays(n, at)
-	sent := make([]int, n)
-	ask := func() []error {
-		errs, err := askGrouped(ctx, g.pc, rs, func(p *pgconn.Pipeline, i int) {
-			sent[i]++
-			p.SendQueryParams(idleQuestion(rs[i].cfg.Schema), nil, nil, nil, nil)
-		}, func(p *pgconn.Pipeline, i int) error {
-			_, _, err := pollResult(p)
-			return err
-		})
-		require.NoError(t, err)
-		return errs
-	}
-	for i, err := range ask() {
+	errs, sent, _, _ := askCounted(t, g, rs)
+	for i, err := range errs {
 		require.Equal(t, pgerr.CodeUndefinedTable, pgerr.Code(err), "question %d", i)
 	}
 	t.Logf("first round: %v sends", sent)
 	require.LessOrEqual(t, slices.Max(sent), 2, "once two groups of a pipeline failed, the rest are asked alone: each question sent twice at most")
-	clear(sent)
-	for i, err := range ask() {
+	errs, sent, _, _ = askCounted(t, g, rs)
+	for i, err := range errs {
 		require.Error(t, err, "question %d", i)
 	}
 	for i, c := range sent {
@@ -214,22 +203,11 @@ func TestQuestionsAttackEveryQuestionFails(t *testing.T) {
 // second pipeline for questions its failure skipped).
 func TestQuestionsAttackNeverRecoversCostsOnce(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	g := newQuestionRig(t)
 	missing := "pgbox_no_such_schema_never_" + fmt.Sprint(time.Now().UnixNano())
 	rs := g.relays(40, map[int]string{5: missing, 6: g.rows.Schema, 39: g.rows.Schema})
-	sent := make([]int, len(rs))
-	rows := make([]bool, len(rs))
 	for round := 0; round < 5; round++ {
-		clear(sent)
-		errs, err := askGrouped(ctx, g.pc, rs, func(p *pgconn.Pipeline, i int) {
-			sent[i]++
-			p.SendQueryParams(idleQuestion(rs[i].cfg.Schema), nil, nil, nil, nil)
-		}, func(p *pgconn.Pipeline, i int) (err error) {
-			rows[i], _, err = pollResult(p)
-			return err
-		})
-		require.NoError(t, err)
+		errs, sent, rows, _ := askCounted(t, g, rs)
 		for i := range rs {
 			require.Equal(t, i == 5, errs[i] != nil, "round %d: question %d", round, i)
 			if i == 6 || i == 39 {

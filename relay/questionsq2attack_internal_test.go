@@ -181,20 +181,20 @@ func TestQuestionsQ2SyncErrorKeepsThePipeline(t *testing.T) {
 var _ = pgconn.PipelineSync{}
 
 // askCounted runs askGrouped over rs with the idle question, counting
-// each question's sends and the pipelines.
-func askCounted(t *testing.T, g *questionRig, rs []*Relay) (errs []error, sent []int, took time.Duration) {
+// each question's sends; rows are the answers, took the call's time.
+func askCounted(t *testing.T, g *questionRig, rs []*Relay) (errs []error, sent []int, rows []bool, took time.Duration) {
 	t.Helper()
-	sent = make([]int, len(rs))
+	sent, rows = make([]int, len(rs)), make([]bool, len(rs))
 	start := time.Now()
 	errs, err := askGrouped(context.Background(), g.pc, rs, func(p *pgconn.Pipeline, i int) {
 		sent[i]++
 		p.SendQueryParams(idleQuestion(rs[i].cfg.Schema), nil, nil, nil, nil)
-	}, func(p *pgconn.Pipeline, i int) error {
-		_, _, err := pollResult(p)
+	}, func(p *pgconn.Pipeline, i int) (err error) {
+		rows[i], _, err = pollResult(p)
 		return err
 	})
 	require.NoError(t, err)
-	return errs, sent, time.Since(start)
+	return errs, sent, rows, time.Since(start)
 }
 
 // The size = 1 fallback counts the groups aborted in one pipeline: with
@@ -214,7 +214,7 @@ func TestQuestionsQ2OneGroupEveryQuestionFails(t *testing.T) {
 			at[i] = fmt.Sprintf("pgbox_no_such_schema_one_%d_%d", i, time.Now().UnixNano())
 		}
 		rs := g.relays(n, at)
-		errs, sent, _ := askCounted(t, g, rs)
+		errs, sent, _, _ := askCounted(t, g, rs)
 		for i, err := range errs {
 			require.Error(t, err, "question %d", i)
 		}
@@ -243,7 +243,7 @@ func TestQuestionsQ2OneGroupEveryQuestionLate(t *testing.T) {
 		at[i] = slow.Schema
 	}
 	rs := g.relays(n, at)
-	errs, sent, took := askCounted(t, g, rs)
+	errs, sent, _, took := askCounted(t, g, rs)
 	for i, err := range errs {
 		require.NoError(t, err, "question %d", i)
 	}
