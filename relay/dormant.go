@@ -30,12 +30,12 @@ import (
 //
 //   - The idle poll is the Fleet's. Every PollInterval one goroutine per
 //     pool asks every idle target of that pool the same question
-//     (idleQuestion) in one pipeline on one connection, 32 questions to a
-//     read-only implicit transaction (one target's dropped schema fails
-//     its own question only: questions.go), and wakes the targets that
-//     hold rows, failed or answered slowly. A thousand idle schemas cost
-//     one round trip and about 32 transactions a second, which write no
-//     WAL.
+//     (idleQuestion) in one pipeline on one connection, up to 32
+//     questions to a read-only implicit transaction (one target's dropped
+//     schema fails its own question only: questions.go), and wakes the
+//     targets that hold rows, failed or answered slowly. A thousand idle
+//     schemas cost one round trip and some 32 transactions a second,
+//     which write no WAL.
 //   - A target starts dormant (unless the statistics show rows in its
 //     outbox: startrows.go), and goes dormant again once idle for
 //     DormantAfter: its heartbeat gives up

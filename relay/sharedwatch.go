@@ -26,8 +26,8 @@ import (
 // (make tenants, 101 schemas). So a Fleet's relay, while it watches, only
 // publishes its floor (sharedWatch) and waits: one goroutine per pool asks
 // every watching target of the pool its watchSQL question in one pipeline
-// on one connection, 32 to a transaction (as the idle poll asks the idle
-// ones: questions.go), and
+// on one connection, up to 32 to a transaction (as the idle poll asks the
+// idle ones: questions.go), and
 // wakes those that have rows above their floor, with their slots marked.
 // The watches a second stay those WatchRate allows, but a round trip and a
 // connection serve them all. What the watch finds, and when, only shortens
