@@ -101,7 +101,7 @@ type targetRead struct {
 	state, detail string
 	snap          *inspect.Snapshot
 	at            time.Time
-	sig           string    // its tables' statistics when read (tableSignatures; "": unknown)
+	sig           string    // its tables' statistics when read (tableSignaturesSQL; "": unknown)
 	full          time.Time // when it was last read in full (carried over since, when before at)
 }
 
@@ -110,7 +110,8 @@ type targetRead struct {
 // never more than half the time: after a round that took longer than the
 // refresh, it waits as long as the round took), each through its targetDB
 // (at most readerConns of its pool's connections, the console's pages
-// included). /metrics (FleetTargets: the served targets) and the console's
+// included); a clean target whose tables have not changed is carried over
+// rather than read again (carryOver). /metrics (FleetTargets: the served targets) and the console's
 // fleet overview (summaries: every target, a refused one's figures saying
 // why) show what the last rounds read: a scrape or a page load costs the
 // databases nothing.
