@@ -12,6 +12,25 @@ import (
 	"github.com/pgbox/pgbox/migrations"
 )
 
+// twoPgboxes is a fresh database with pgbox migrated under the default
+// search_path ("$user",public: into public), then a second pgbox in a
+// schema named after the migrating role (rs, quoted): open opens the
+// database with a search_path, def is the default path's.
+func twoPgboxes(t *testing.T) (open func(path string) *sql.DB, def *sql.DB, role, rs string) {
+	t.Helper()
+	ctx := context.Background()
+	_, u := testdb.CreateDatabase(t, "t_db_")
+	open = func(path string) *sql.DB { return openSearchPath(t, u, path) }
+	def = open(`"$user",public`)
+	require.NoError(t, def.QueryRowContext(ctx, `SELECT current_user`).Scan(&role))
+	require.NoError(t, migrations.Up(ctx, def), "default search_path: pgbox goes to public")
+	rs = pgx.Identifier{role}.Sanitize()
+	_, err := def.ExecContext(ctx, `CREATE SCHEMA `+rs)
+	require.NoError(t, err)
+	require.NoError(t, migrations.Up(ctx, open(rs)))
+	return open, def, role, rs
+}
+
 // SET search_path FROM CURRENT captures the migration session's
 // search_path as written, not the schema the migration created its
 // tables in. Migrated with PostgreSQL's default search_path ("$user",
@@ -34,26 +53,15 @@ import (
 func TestAttack160cRewindSearchPathCapturesUserSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	_, u := testdb.CreateDatabase(t, "t_db_")
-	open := func(path string) *sql.DB { return openSearchPath(t, u, path) }
-	def := open(`"$user",public`)
-	var role string
-	require.NoError(t, def.QueryRowContext(ctx, `SELECT current_user`).Scan(&role))
-	require.NoError(t, migrations.Up(ctx, def), "default search_path: pgbox goes to public")
+	open, def, role, rs := twoPgboxes(t)
 	var cfg string
 	require.NoError(t, def.QueryRowContext(ctx, `SELECT coalesce(array_to_string(proconfig, ','), '') FROM pg_proc WHERE oid = 'public.pgbox_outbox_rewind()'::regprocedure`).Scan(&cfg))
 	t.Logf("public.pgbox_outbox_rewind() proconfig: %s", cfg)
 
-	// A second pgbox in a schema named after the role.
-	rs := pgx.Identifier{role}.Sanitize()
-	_, err := def.ExecContext(ctx, `CREATE SCHEMA `+rs)
-	require.NoError(t, err)
-	require.NoError(t, migrations.Up(ctx, open(rs)))
-
 	pub := open("public")
 	var id int64
 	require.NoError(t, pub.QueryRowContext(ctx, `INSERT INTO public.pgbox_outbox (topic, key, value, parked_at) VALUES ('t', 'k', 'v', now()) RETURNING id`).Scan(&id))
-	_, err = pub.ExecContext(ctx, `UPDATE public.pgbox_outbox SET parked_at = NULL WHERE id = $1`, id)
+	_, err := pub.ExecContext(ctx, `UPDATE public.pgbox_outbox SET parked_at = NULL WHERE id = $1`, id)
 	require.NoError(t, err)
 	var inPublic, inRole int
 	require.NoError(t, pub.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM public.pgbox_outbox_rewinds), (SELECT count(*) FROM `+rs+`.pgbox_outbox_rewinds)`).Scan(&inPublic, &inRole))
@@ -72,18 +80,9 @@ func TestAttack160cRewindSearchPathCapturesUserSchema(t *testing.T) {
 func TestAttack160cInsertSearchPathCapturesUserSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	_, u := testdb.CreateDatabase(t, "t_db_")
-	open := func(path string) *sql.DB { return openSearchPath(t, u, path) }
-	def := open(`"$user",public`)
-	var role string
-	require.NoError(t, def.QueryRowContext(ctx, `SELECT current_user`).Scan(&role))
-	require.NoError(t, migrations.Up(ctx, def))
-	rs := pgx.Identifier{role}.Sanitize()
-	_, err := def.ExecContext(ctx, `CREATE SCHEMA `+rs)
-	require.NoError(t, err)
+	open, _, role, rs := twoPgboxes(t)
 	other := open(rs)
-	require.NoError(t, migrations.Up(ctx, other))
-	_, err = other.ExecContext(ctx, `INSERT INTO pgbox_outbox (topic, key, value) SELECT 't', 'k', 'v' FROM generate_series(1, 1000)`)
+	_, err := other.ExecContext(ctx, `INSERT INTO pgbox_outbox (topic, key, value) SELECT 't', 'k', 'v' FROM generate_series(1, 1000)`)
 	require.NoError(t, err)
 
 	pub := open("public")

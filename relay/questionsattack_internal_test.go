@@ -343,36 +343,43 @@ func TestQuestionsAttackSchemaDroppedAndRecreated(t *testing.T) {
 	}
 }
 
+// pollAndWatchAtOnce runs rounds of the idle poll on g's connection and,
+// at once, of the busy watch on another connection of g's pool (its own
+// prepared statements), over the same relays (-race); it requires both to
+// return no error and returns the watch's connection.
+func (g *questionRig) pollAndWatchAtOnce(t *testing.T, rs []*Relay, rounds int) *pgconn.PgConn {
+	t.Helper()
+	ctx := context.Background()
+	c2, err := g.pool.Acquire(ctx)
+	require.NoError(t, err)
+	t.Cleanup(c2.Release)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	wg.Go(func() {
+		for i := 0; i < rounds && errs[0] == nil; i++ {
+			errs[0] = pollPipeline(ctx, g.pc, g.prepared, rs)
+		}
+	})
+	wg.Go(func() {
+		prepared := map[string]string{}
+		for i := 0; i < rounds && errs[1] == nil; i++ {
+			errs[1] = watchPipeline(ctx, c2.Conn().PgConn(), prepared, rs)
+		}
+	})
+	wg.Wait()
+	require.NoError(t, errs[0], "the idle poll")
+	require.NoError(t, errs[1], "the watch")
+	return c2.Conn().PgConn()
+}
+
 // The poll's and the watch's goroutines of one pool ask and set askAlone
 // at once, on two connections (-race).
 func TestQuestionsAttackPollAndWatchAtOnce(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	g := newQuestionRig(t)
-	c2, err := g.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer c2.Release()
 	missing := "pgbox_no_such_schema_race_" + fmt.Sprint(time.Now().UnixNano())
 	rs := g.relays(50, map[int]string{7: missing, 8: g.rows.Schema, 40: missing})
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		for i := 0; i < 20 && errs[0] == nil; i++ {
-			errs[0] = pollPipeline(ctx, g.pc, g.prepared, rs)
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		prepared := map[string]string{}
-		for i := 0; i < 20 && errs[1] == nil; i++ {
-			errs[1] = watchPipeline(ctx, c2.Conn().PgConn(), prepared, rs)
-		}
-	}()
-	wg.Wait()
-	require.NoError(t, errs[0])
-	require.NoError(t, errs[1])
+	g.pollAndWatchAtOnce(t, rs, 20)
 	require.Equal(t, []int{7, 8, 40}, wokenOf(rs))
 	require.Equal(t, []int{7, 40}, askAloneOf(rs))
 }

@@ -291,36 +291,14 @@ func TestQuestionsQ2GroupHoldsLocksForTheSumOfItsQuestions(t *testing.T) {
 // (or slow, or failing) is woken, both connections end idle.
 func TestQuestionsQ2PollAndWatchLateAtOnce(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	g := newQuestionRig(t)
-	c2, err := g.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer c2.Release()
 	slow := slowOutbox(t, 0.025)
 	missing := "pgbox_no_such_schema_q2race_" + fmt.Sprint(time.Now().UnixNano())
 	rs := g.relays(70, map[int]string{3: slow.Schema, 7: missing, 8: g.rows.Schema, 40: slow.Schema, 41: g.rows.Schema, 69: missing})
-	errs := make([]error, 2)
-	done := make(chan struct{}, 2)
-	go func() {
-		defer func() { done <- struct{}{} }()
-		for i := 0; i < 10 && errs[0] == nil; i++ {
-			errs[0] = pollPipeline(ctx, g.pc, g.prepared, rs)
-		}
-	}()
-	go func() {
-		defer func() { done <- struct{}{} }()
-		prepared := map[string]string{}
-		for i := 0; i < 10 && errs[1] == nil; i++ {
-			errs[1] = watchPipeline(ctx, c2.Conn().PgConn(), prepared, rs)
-		}
-	}()
-	<-done
-	<-done
-	require.NoError(t, errs[0])
-	require.NoError(t, errs[1])
+	watch := g.pollAndWatchAtOnce(t, rs, 10)
 	require.Equal(t, []int{3, 7, 8, 40, 41, 69}, wokenOf(rs))
 	require.Equal(t, byte('I'), g.pc.TxStatus())
-	require.Equal(t, byte('I'), c2.Conn().PgConn().TxStatus())
+	require.Equal(t, byte('I'), watch.TxStatus())
 }
 
 // The slow verdict across the re-asks: a 30 ms question is canceled at its
