@@ -40,7 +40,8 @@ import (
 // whichever target's home is taken), so a pool of fewer than four has
 // none; a pool of six or more keeps one more, the watch's (watchHome).
 // While an acquire has waited
-// more than homeWait for the pool, no home keeps a connection given back:
+// more than homeWait for the pool (half of its time, if bounded more
+// tightly: waitBefore), no home keeps a connection given back:
 // the pool hands it to the one waiting. A target whose statements hang
 // holds its home's connection and others, and what is left may be
 // another home's, which that home's busy targets would keep using (the
@@ -159,7 +160,8 @@ func (h *homes) take(i int, now time.Time) (c *pgxpool.Conn, back <-chan struct{
 
 // acquire is a connection of pool: home i's when free (i >= 0), or once
 // the statement on it ends if that is within homeTurn of its start and of
-// the acquire's, else the pool's; once it has waited homeWait for the pool, counted in
+// the acquire's, else the pool's; once it has waited for the pool
+// homeWait (or half of what ctx leaves it, waitBefore), counted in
 // waiting. A nil h has no homes.
 func (h *homes) acquire(ctx context.Context, pool *pgxpool.Pool, i int) (*pgxpool.Conn, error) {
 	if h == nil {
@@ -196,7 +198,7 @@ func (h *homes) acquire(ctx context.Context, pool *pgxpool.Pool, i int) (*pgxpoo
 		}
 		t.Stop()
 	}
-	actx, cancel := context.WithTimeout(ctx, homeWait)
+	actx, cancel := context.WithTimeout(ctx, waitBefore(ctx, time.Now()))
 	c, err := pool.Acquire(actx)
 	cancel()
 	if err == nil || ctx.Err() != nil || actx.Err() == nil {
@@ -205,6 +207,21 @@ func (h *homes) acquire(ctx context.Context, pool *pgxpool.Pool, i int) (*pgxpoo
 	h.waiting.Add(1)
 	defer h.waiting.Add(-1)
 	return pool.Acquire(ctx)
+}
+
+// waitBefore is how long an acquire waits for the pool before it counts
+// in waiting: homeWait, or half of what is left of ctx when that is
+// less. An acquire bounded more tightly than homeWait (a heartbeat's,
+// LeaseTTL/2: 0.5 s at a LeaseTTL of 1 s) never counted, so the homes
+// kept their connections while it timed out again and again, and a hung
+// target's home-mate lost its lease for good (its heartbeat could never
+// take a connection: 1 run in 15 of TestHomesAttackLockedTargetStarvesHomeMates
+// on a loaded machine, TestHomesGiveWayToABoundedAcquire).
+func waitBefore(ctx context.Context, now time.Time) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return min(homeWait, dl.Sub(now)/2)
+	}
+	return homeWait
 }
 
 // keep takes c back for home i, or reports false: c goes back to the pool.

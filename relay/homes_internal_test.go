@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -206,4 +207,73 @@ func TestHomesKeepOneForTheWatch(t *testing.T) {
 	}
 	h.tidy(time.Now().Add(homeIdle), false)
 	require.Nil(t, h.watch.c, "given back once unused for homeIdle, as the others")
+}
+
+// An acquire bounded more tightly than homeWait (a heartbeat's is
+// LeaseTTL/2) still makes the homes give way. The pool's connections:
+// home 0's out for good (a hung statement), two more held (the hung
+// target's others), home 1's kept by a busy home-mate. Before waitBefore,
+// the bounded acquire timed out before it counted in waiting, so home 1
+// never gave its connection back, again and again: a hung target's
+// home-mate lost its lease for good.
+func TestHomesGiveWayToABoundedAcquire(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := poolOf(t, 4)
+	h := newHomes(pool)
+	require.NotNil(t, h)
+	t.Cleanup(func() { h.tidy(time.Now(), true) })
+	hung, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	require.True(t, h.keep(0, hung))
+	out, _, _ := h.take(0, time.Now().Add(-homeTurn))
+	require.Same(t, hung, out)
+	t.Cleanup(func() { h.keep(0, out) }) // before the homes' tidy and the pool's Close
+	for range 2 {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		t.Cleanup(c.Release)
+	}
+
+	// Home 1's busy target: statements of 5 ms back to back.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			c, err := h.acquire(ctx, pool, 1)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+			if !h.keep(1, c) {
+				c.Release()
+			}
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+
+	for i := range 3 {
+		bctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
+		c, err := h.acquire(bctx, pool, 0)
+		cancel()
+		require.NoError(t, err, "acquire %d, bounded to 400 ms, on a pool whose one free connection a busy home keeps", i)
+		c.Release()
+	}
+}
+
+func TestWaitBefore(t *testing.T) {
+	now := time.Now()
+	require.Equal(t, homeWait, waitBefore(context.Background(), now), "unbounded: homeWait")
+	long, cancel := context.WithDeadline(context.Background(), now.Add(10*homeWait))
+	defer cancel()
+	require.Equal(t, homeWait, waitBefore(long, now), "bounded beyond homeWait: homeWait")
+	short, cancel2 := context.WithDeadline(context.Background(), now.Add(homeWait/2))
+	defer cancel2()
+	require.Equal(t, homeWait/4, waitBefore(short, now), "bounded to less: half of it")
 }

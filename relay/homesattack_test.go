@@ -214,6 +214,11 @@ func TestHomesAttackLockedTargetStarvesHomeMates(t *testing.T) {
 					problems = append(problems, p)
 				}
 			}
+			if len(problems) > 0 { // what each target was doing
+				for _, st := range f.Targets() {
+					t.Logf("target %s: %s err=%v dormant=%v caughtUp=%v stats=%+v", st.Name, st.State, st.Err, st.Dormant, st.CaughtUp, st.Stats)
+				}
+			}
 			require.Empty(t, problems, "targets sharing a pool with %d hung target(s) (MaxConns %d, MaxConnsPerTarget %d) must keep publishing; pool: %d of %d acquired",
 				tc.locked, tc.maxConns, tc.cap, pool.Stat().AcquiredConns(), pool.Stat().MaxConns())
 		})
