@@ -543,6 +543,7 @@ type activeResult struct {
 	Load             string
 	Proc             procSample    // the relay, at the end of the window
 	CPU              float64       // the relay's CPU over the window, in cores
+	Busy             float64       // the machine's CPUs busy over the window (every process), 0-1
 	For              time.Duration // the measured window
 	Top              []stmtCalls   // the statements that took the server most time in the window (writers' included)
 }
@@ -569,8 +570,11 @@ func (tn *tenants) active(ctx context.Context, targets []tenantTarget) activeRes
 	r := activeResult{Targets: len(targets), Load: loadAverage()}
 	st0 := tn.statements(ctx)
 	from, cpu0, seq0 := time.Now(), tn.cpuTicks(), tn.seq.Load()
+	busy0, all0 := machineTicks(t)
 	tn.sleep(ctx, sc.ActiveFor)
 	to, cpu1, seq1 := time.Now(), tn.cpuTicks(), tn.seq.Load()
+	busy1, all1 := machineTicks(t)
+	r.Busy = float64(busy1-busy0) / float64(max(all1-all0, 1))
 	r.For = to.Sub(from)
 	r.Top, _ = topStatements(st0, tn.statements(ctx), 20, true)
 	r.Proc = tn.procSample()
@@ -773,6 +777,28 @@ func (tn *tenants) cpuTicks() int64 {
 	require.NoError(tn.t, err1)
 	require.NoError(tn.t, err2)
 	return ut + st
+}
+
+// machineTicks is the machine's CPU time so far, busy and in all, summed
+// over its CPUs (/proc/stat's cpu line; idle and iowait are not busy).
+func machineTicks(t *testing.T) (busy, all int64) {
+	b, err := os.ReadFile("/proc/stat")
+	require.NoError(t, err)
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	require.True(t, len(f) > 5 && f[0] == "cpu", "/proc/stat: %s", line)
+	for i, v := range f[1:] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		require.NoError(t, err, "/proc/stat: %s", line)
+		if i >= 7 { // guest and guest_nice are counted in user and nice already
+			break
+		}
+		all += n
+		if i != 3 && i != 4 { // idle, iowait
+			busy += n
+		}
+	}
+	return busy, all
 }
 
 // procSample is the relay's memory: RSS from /proc, the Go heap from its
