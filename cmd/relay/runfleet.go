@@ -312,7 +312,7 @@ func cmdRunTargets(ctx context.Context, a *app) error {
 		return err
 	}
 	rc.Pool = nil
-	f, err := relay.NewFleet(relay.FleetConfig{Relay: rc, DormantAfter: o.Targets.fleetDormantAfter()})
+	f, err := relay.NewFleet(relay.FleetConfig{Relay: rc, DormantAfter: o.Targets.fleetDormantAfter(), WatchRate: o.Targets.WatchRate})
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,7 @@ import (
 func init() {
 	flagChecks["db-conn-budget"] = flagCheck{check: checkDBConnBudget, bad: "0"}
 	flagChecks["dormant-after"] = flagCheck{check: checkDormantAfter, bad: "-1s"}
+	flagChecks["watch-rate"] = flagCheck{check: checkWatchRate, bad: "0"}
 }
 
 // fleetEnv is runEnv for `relay run` with a target list: DATABASE_URL is
@@ -623,6 +624,42 @@ func checkDormantAfter(t *testing.T, set setFn) {
 	require.Equal(t, 4, lanes, p.Output())
 	require.False(t, dormant)
 	require.Equal(t, 0, p.stop(t), p.Output())
+}
+
+// --watch-rate: at 1 a second, the one busy target's rows, committed every
+// 50 ms without a notification, are found by a watch a second (a few
+// batches, rows sharing a record timestamp); at 5,000, every 2 ms (about
+// a batch a row).
+func checkWatchRate(t *testing.T, set setFn) {
+	c := kafkatest.New(t)
+	db := testdb.New(t)
+	file := writeFile(t, "targets.txt", "a "+db.Schema+"\n")
+	batches := func(rate string) int {
+		topic := "w" + rate
+		kafkatest.CreateTopic(t, c.ListenAddrs(), topic, 1, nil)
+		// The every-slot probe (PollInterval) finds the first row, then
+		// only the watch finds rows while they come.
+		a, e := with(set, rate, fleetEnv(t, c, "PGBOX_TARGETS="+file, "PGBOX_POLL_INTERVAL=5s"), "run")
+		p := startRelay(t, e, a...)
+		writeRows(t, db, topic, 0, 1)
+		require.Len(t, eventIDs(t, c, topic, 1), 1, p.Output())
+		for i := 1; i <= 60; i++ {
+			time.Sleep(50 * time.Millisecond)
+			writeRows(t, db, topic, i, 1)
+		}
+		recs := kafkatest.ReadAll(t, c.ListenAddrs(), topic, 61, 60*time.Second)
+		require.Len(t, recs, 61, p.Output())
+		require.Equal(t, 0, p.stop(t), p.Output())
+		at := map[int64]bool{}
+		for _, r := range recs[1:] {
+			at[r.Timestamp.UnixMilli()] = true
+		}
+		return len(at)
+	}
+	slow, fast := batches("1"), batches("5000")
+	t.Logf("record batches for 60 rows: %d at 1 watch a second, %d at 5,000", slow, fast)
+	require.LessOrEqual(t, slow, 12, "60 rows over 3 s, watched once a second")
+	require.GreaterOrEqual(t, fast, 30, "60 rows over 3 s, watched every 2 ms")
 }
 
 // After a restart the targets whose outbox holds rows are checked (and

@@ -59,6 +59,8 @@ type targetOptions struct {
 	// DormantAfter is --dormant-after (0: never; relay.FleetConfig's
 	// negative).
 	DormantAfter time.Duration
+	// WatchRate is --watch-rate (relay.FleetConfig.WatchRate).
+	WatchRate int
 
 	// fromFile is the file as validate read it: the first load uses it.
 	fromFile []targetSpec
@@ -82,6 +84,8 @@ func (t *targetOptions) bind(s *settings, has map[string]bool) {
 	if has[groupRelay] {
 		s.duration(&t.DormantAfter, g, "dormant-after", "PGBOX_DORMANT_AFTER", relay.DormantAfterDefault, 0,
 			"with --targets or --targets-query, how long a target finds no rows before it goes dormant: it gives up its lanes and stops renewing leases until a notification or the idle poll finds rows (0: never)")
+		s.integer(&t.WatchRate, g, "watch-rate", "PGBOX_WATCH_RATE", relay.WatchRateDefault, 1, 1_000_000,
+			"with --targets or --targets-query, the most watch questions a second the busy targets are asked in all (a busy target is asked for new rows every 2 ms, or every busy targets / --watch-rate when that is longer): higher finds their rows sooner, for more work on the databases")
 		s.integer(&t.ConnBudget, g, "db-conn-budget", "PGBOX_DB_CONN_BUDGET", dbConnBudgetDefault, 1, 100_000,
 			"with --targets or --targets-query, the most database connections `relay run` opens in all: each database's pool (at most --db-max-conns, at least 2) and its LISTEN connection, one to check targets, one to --control-url, and 3 for a cleanup pass (with --cleanup-interval; more passes at once while the budget has room)")
 	}
