@@ -408,7 +408,7 @@ func (f *Fleet) askOn(ctx context.Context, pool *pgxpool.Pool, home int, rs []*R
 	f.mu.Lock()
 	h := f.homes[pool]
 	f.mu.Unlock()
-	c, err := h.acquire(actx, pool, home) // counted as waiting after waitBefore (homes.go)
+	c, err := h.acquire(actx, pool, home) // counted as waiting after homeWait for the pool (homes.go)
 	if err != nil {
 		return err
 	}

@@ -40,8 +40,8 @@ import (
 // whichever target's home is taken), so a pool of fewer than four has
 // none; a pool of six or more keeps one more, the watch's (watchHome).
 // While an acquire has waited
-// more than homeWait for the pool (half of its time, if bounded more
-// tightly: waitBefore), no home keeps a connection given back:
+// more than homeWait for the pool (a lease statement: half of its
+// bound, if less; waitBefore), no home keeps a connection given back:
 // the pool hands it to the one waiting. A target whose statements hang
 // holds its home's connection and others, and what is left may be
 // another home's, which that home's busy targets would keep using (the
@@ -161,8 +161,8 @@ func (h *homes) take(i int, now time.Time) (c *pgxpool.Conn, back <-chan struct{
 // acquire is a connection of pool: home i's when free (i >= 0), or once
 // the statement on it ends if that is within homeTurn of its start and of
 // the acquire's, else the pool's; once it has waited for the pool
-// homeWait (or half of what ctx leaves it, waitBefore), counted in
-// waiting. A nil h has no homes.
+// homeWait (a lease statement: half of what ctx leaves it, if less;
+// waitBefore), counted in waiting. A nil h has no homes.
 func (h *homes) acquire(ctx context.Context, pool *pgxpool.Pool, i int) (*pgxpool.Conn, error) {
 	if h == nil {
 		return pool.Acquire(ctx)
@@ -210,18 +210,32 @@ func (h *homes) acquire(ctx context.Context, pool *pgxpool.Pool, i int) (*pgxpoo
 }
 
 // waitBefore is how long an acquire waits for the pool before it counts
-// in waiting: homeWait, or half of what is left of ctx when that is
-// less. An acquire bounded more tightly than homeWait (a heartbeat's,
-// LeaseTTL/2: 0.5 s at a LeaseTTL of 1 s) never counted, so the homes
-// kept their connections while it timed out again and again, and a hung
-// target's home-mate lost its lease for good (its heartbeat could never
-// take a connection: 1 run in 15 of TestHomesAttackLockedTargetStarvesHomeMates
-// on a loaded machine, TestHomesGiveWayToABoundedAcquire).
+// in waiting: homeWait; for a lease statement (leaseStatement: a
+// heartbeat, a dormant target's renewal), bounded by LeaseTTL/2, half of
+// what is left of its bound when that is less. Such a statement bounded
+// more tightly than homeWait (0.5 s at a LeaseTTL of 1 s) never counted,
+// so the homes kept their connections while it timed out again and again,
+// and a hung target's home-mate lost its lease for good (1 run in 15 of
+// TestHomesAttackLockedTargetStarvesHomeMates on a loaded machine;
+// TestHomesGiveWayToABoundedAcquire). Other statements keep homeWait
+// whatever their bound: giving way sooner undoes the homes (above), and
+// one of them timing out costs a retry, not the lease (helper-43's review:
+// the backlog count, bounded by HeartbeatInterval, counted after 50 ms at
+// 100 ms, TestHomesWaitShortBoundGivesWayBeforeTheRejected100ms).
 func waitBefore(ctx context.Context, now time.Time) time.Duration {
-	if dl, ok := ctx.Deadline(); ok {
+	if dl, ok := ctx.Deadline(); ok && ctx.Value(leaseKey{}) != nil {
 		return min(homeWait, dl.Sub(now)/2)
 	}
 	return homeWait
+}
+
+// leaseKey marks a lease statement's context (leaseStatement).
+type leaseKey struct{}
+
+// leaseStatement is ctx for a statement that keeps the instance's lease:
+// the homes give way to it sooner (waitBefore).
+func leaseStatement(ctx context.Context) context.Context {
+	return context.WithValue(ctx, leaseKey{}, true)
 }
 
 // keep takes c back for home i, or reports false: c goes back to the pool.

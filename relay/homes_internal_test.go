@@ -209,8 +209,8 @@ func TestHomesKeepOneForTheWatch(t *testing.T) {
 	require.Nil(t, h.watch.c, "given back once unused for homeIdle, as the others")
 }
 
-// An acquire bounded more tightly than homeWait (a heartbeat's is
-// LeaseTTL/2) still makes the homes give way. The pool's connections:
+// A lease statement bounded more tightly than homeWait (a heartbeat's
+// bound is LeaseTTL/2) still makes the homes give way. The pool's connections:
 // home 0's out for good (a hung statement), two more held (the hung
 // target's others), home 1's kept by a busy home-mate. Before waitBefore,
 // the bounded acquire timed out before it counted in waiting, so home 1
@@ -259,21 +259,32 @@ func TestHomesGiveWayToABoundedAcquire(t *testing.T) {
 	defer func() { close(stop); wg.Wait() }()
 
 	for i := range 3 {
-		bctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
+		bctx, cancel := context.WithTimeout(leaseStatement(ctx), 400*time.Millisecond)
 		c, err := h.acquire(bctx, pool, 0)
 		cancel()
-		require.NoError(t, err, "acquire %d, bounded to 400 ms, on a pool whose one free connection a busy home keeps", i)
+		require.NoError(t, err, "lease statement %d, bounded to 400 ms, on a pool whose one free connection a busy home keeps", i)
 		c.Release()
 	}
 }
 
 func TestWaitBefore(t *testing.T) {
 	now := time.Now()
-	require.Equal(t, homeWait, waitBefore(context.Background(), now), "unbounded: homeWait")
-	long, cancel := context.WithDeadline(context.Background(), now.Add(10*homeWait))
-	defer cancel()
-	require.Equal(t, homeWait, waitBefore(long, now), "bounded beyond homeWait: homeWait")
-	short, cancel2 := context.WithDeadline(context.Background(), now.Add(homeWait/2))
-	defer cancel2()
-	require.Equal(t, homeWait/4, waitBefore(short, now), "bounded to less: half of it")
+	bg := context.Background()
+	require.Equal(t, homeWait, waitBefore(bg, now), "unbounded: homeWait")
+	require.Equal(t, homeWait, waitBefore(leaseStatement(bg), now), "an unbounded lease statement: homeWait")
+	for _, c := range []struct {
+		name  string
+		ctx   context.Context
+		bound time.Duration
+		want  time.Duration
+	}{
+		{"a statement bounded beyond homeWait", bg, 10 * homeWait, homeWait},
+		{"a statement bounded to less (the backlog count's)", bg, homeWait / 10, homeWait},
+		{"a lease statement bounded beyond homeWait", leaseStatement(bg), 10 * homeWait, homeWait},
+		{"a lease statement bounded to less: half of it", leaseStatement(bg), homeWait / 2, homeWait / 4},
+	} {
+		ctx, cancel := context.WithDeadline(c.ctx, now.Add(c.bound))
+		require.Equal(t, c.want, waitBefore(ctx, now), c.name)
+		cancel()
+	}
 }

@@ -385,9 +385,10 @@ func (r *Relay) heartbeatLoop(ctx context.Context, stop context.CancelCauseFunc)
 // slower than the lease is worthless, so it may not hang; nor is it cut
 // off when Run stops, since the server could commit it after the release
 // that follows (releaseSQL), leaving the instance row behind: Run waits
-// for it instead (at most LeaseTTL/2).
+// for it instead (at most LeaseTTL/2). A Fleet's homes give way to it
+// after half of that at most (leaseStatement).
 func (r *Relay) beatContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL/2)
+	return context.WithTimeout(leaseStatement(context.WithoutCancel(ctx)), r.cfg.LeaseTTL/2)
 }
 
 func (r *Relay) heartbeat(ctx context.Context) error {
