@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -210,56 +209,16 @@ func TestHomesKeepOneForTheWatch(t *testing.T) {
 }
 
 // A lease statement bounded more tightly than homeWait (a heartbeat's
-// bound is LeaseTTL/2) still makes the homes give way. The pool's connections:
-// home 0's out for good (a hung statement), two more held (the hung
-// target's others), home 1's kept by a busy home-mate. Before waitBefore,
-// the bounded acquire timed out before it counted in waiting, so home 1
+// bound is LeaseTTL/2) still makes the homes give way: on a pool whose one
+// free connection a busy home keeps (waitAttackPool), before waitBefore
+// the bounded acquire timed out before it counted in waiting, so the home
 // never gave its connection back, again and again: a hung target's
 // home-mate lost its lease for good.
 func TestHomesGiveWayToABoundedAcquire(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := poolOf(t, 4)
-	h := newHomes(pool)
-	require.NotNil(t, h)
-	t.Cleanup(func() { h.tidy(time.Now(), true) })
-	hung, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	require.True(t, h.keep(0, hung))
-	out, _, _ := h.take(0, time.Now().Add(-homeTurn))
-	require.Same(t, hung, out)
-	t.Cleanup(func() { h.keep(0, out) }) // before the homes' tidy and the pool's Close
-	for range 2 {
-		c, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		t.Cleanup(c.Release)
-	}
-
-	// Home 1's busy target: statements of 5 ms back to back.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			c, err := h.acquire(ctx, pool, 1)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			time.Sleep(5 * time.Millisecond)
-			if !h.keep(1, c) {
-				c.Release()
-			}
-		}
-	})
-	defer func() { close(stop); wg.Wait() }()
-
+	pool, h, _, _ := waitAttackPool(t)
 	for i := range 3 {
-		bctx, cancel := context.WithTimeout(leaseStatement(ctx), 400*time.Millisecond)
+		bctx, cancel := context.WithTimeout(leaseStatement(context.Background()), 400*time.Millisecond)
 		c, err := h.acquire(bctx, pool, 0)
 		cancel()
 		require.NoError(t, err, "lease statement %d, bounded to 400 ms, on a pool whose one free connection a busy home keeps", i)

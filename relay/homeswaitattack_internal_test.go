@@ -41,31 +41,23 @@ func waitAttackPool(t *testing.T) (pool *pgxpool.Pool, h *homes, refused, rounds
 		t.Cleanup(c.Release)
 	}
 	refused, rounds = &atomic.Int64{}, &atomic.Int64{}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
+	done := spin(func() bool {
+		c, err := h.acquire(ctx, pool, 1)
+		if err != nil {
+			if ctx.Err() == nil {
+				t.Error(err)
 			}
-			c, err := h.acquire(ctx, pool, 1)
-			if err != nil {
-				if ctx.Err() == nil {
-					t.Error(err)
-				}
-				return
-			}
-			time.Sleep(5 * time.Millisecond)
-			if !h.keep(1, c) {
-				refused.Add(1)
-				c.Release()
-			}
-			rounds.Add(1)
+			return false
 		}
+		time.Sleep(5 * time.Millisecond)
+		if !h.keep(1, c) {
+			refused.Add(1)
+			c.Release()
+		}
+		rounds.Add(1)
+		return true
 	})
-	t.Cleanup(func() { close(stop); stopBusy(); wg.Wait() })
+	t.Cleanup(func() { stopBusy(); done() })
 	time.Sleep(20 * time.Millisecond) // home 1 has its connection
 	return pool, h, refused, rounds
 }
@@ -79,19 +71,7 @@ func waitAttackPool(t *testing.T) (pool *pgxpool.Pool, h *homes, refused, rounds
 func TestHomesWaitExpiredBoundNeverCounts(t *testing.T) {
 	pool, h, refused, _ := waitAttackPool(t)
 	var seen atomic.Int32
-	done := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			if h.waiting.Load() != 0 {
-				seen.Add(1)
-			}
-		}
-	}()
+	done := spyWaiting(h, func() { seen.Add(1) })
 	for _, d := range []time.Duration{-time.Second, -time.Nanosecond, 0} {
 		ctx, cancel := context.WithTimeout(leaseStatement(context.Background()), d)
 		require.LessOrEqual(t, waitBefore(ctx, time.Now()), time.Duration(0), "over: %s", d)
@@ -110,7 +90,7 @@ func TestHomesWaitExpiredBoundNeverCounts(t *testing.T) {
 	time.AfterFunc(20*time.Millisecond, cancel)
 	_, err := h.acquire(past, pool, 0)
 	require.Error(t, err)
-	close(done)
+	done()
 	require.Zero(t, seen.Load(), "an acquire already over never counts in waiting")
 	require.Zero(t, h.waiting.Load())
 	require.Zero(t, refused.Load(), "no home gave its connection back")
@@ -126,6 +106,37 @@ func TestHomesWaitExpiredBoundNeverCounts(t *testing.T) {
 		require.Zero(t, h.waiting.Load(), "counted down once the acquire returns")
 	}
 	t.Logf("home 1's connection given back %d times by 200 acquires bounded under 2 ms", refused.Load())
+}
+
+// spyWaiting calls counted each time it reads h.waiting other than 0,
+// reading without pause until the returned func is called.
+func spyWaiting(h *homes, counted func()) (done func()) {
+	return spin(func() bool {
+		if h.waiting.Load() != 0 {
+			counted()
+		}
+		return true
+	})
+}
+
+// spin runs body in a goroutine of its own again and again, until it
+// returns false or done is called (which waits for it to end).
+func spin(body func() bool) (done func()) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if !body() {
+				return
+			}
+		}
+	})
+	return func() { close(stop); wg.Wait() }
 }
 
 // pastDeadline is a ctx whose deadline has gone while it is not yet done
@@ -224,22 +235,10 @@ func TestHomesWaitShortBoundGivesWayBeforeTheRejected100ms(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	var counted atomic.Int64 // ns after start when waiting first read > 0
-	done := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			if h.waiting.Load() > 0 && counted.Load() == 0 {
-				counted.Store(int64(time.Since(start)))
-			}
-		}
-	}()
+	done := spyWaiting(h, func() { counted.CompareAndSwap(0, int64(time.Since(start))) })
 	c, err := h.acquire(ctx, pool, 0)
 	took := time.Since(start)
-	close(done)
+	done()
 	if err == nil {
 		c.Release()
 	}
