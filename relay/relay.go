@@ -386,7 +386,8 @@ func (r *Relay) heartbeatLoop(ctx context.Context, stop context.CancelCauseFunc)
 // off when Run stops, since the server could commit it after the release
 // that follows (releaseSQL), leaving the instance row behind: Run waits
 // for it instead (at most LeaseTTL/2). A Fleet's homes give way to it
-// after half of that at most (leaseStatement).
+// once it has waited half of what is left of that, or homeWait if less
+// (leaseStatement, waitBefore).
 func (r *Relay) beatContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(leaseStatement(context.WithoutCancel(ctx)), r.cfg.LeaseTTL/2)
 }
