@@ -116,10 +116,10 @@ bench: ## benchmarks, printed as a table against the same run's baselines
 		$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -timeout 60m $(PKG) \
 		| $(GO) run ./internal/tools/benchtable
 
-# The relay drain benchmark of an older commit beside today's, in one
+# The relay drain and latency benchmarks of an older commit beside today's, in one
 # sitting: `make bench-against COMMIT=f0acb98` (scripts/bench-against.sh builds
 # both relay binaries, the old one from a temporary git worktree).
-bench-against: ## relay drain of COMMIT's relay beside today's and the baseline loop
+bench-against: ## relay drain (beside the baseline loop) and commit→Kafka p50/p99 of COMMIT's relay beside today's
 	@test -n "$(COMMIT)" || { echo "usage: make bench-against COMMIT=<commit>" >&2; exit 2; }
 	@GO="$(GO)" BENCHTIME="$(if $(filter 1x,$(BENCHTIME)),3x,$(BENCHTIME))" scripts/bench-against.sh $(COMMIT)
 

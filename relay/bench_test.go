@@ -42,25 +42,27 @@ func BenchmarkLatency(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			var all, steady []time.Duration
 			for range b.N {
-				run, _ := latencyRun(b, mode == "notify", 8, 1000, 5*time.Second)
+				run, _ := latencyRun(b, nil, mode == "notify", 8, 1000, 5*time.Second)
 				all = append(all, run...)
 				steady = append(steady, run[1000:]...) // after the first second
 			}
 			slices.Sort(all)
 			slices.Sort(steady)
-			pct := func(d []time.Duration, p float64) float64 {
-				return float64(d[min(len(d)-1, int(p*float64(len(d))))]) / 1e6
-			}
 			b.ReportMetric(float64(len(all))/5/float64(b.N), "msgs/s")
-			b.ReportMetric(pct(all, 0.50), "p50-ms")
-			b.ReportMetric(pct(all, 0.99), "p99-ms")
+			b.ReportMetric(quantileMs(all, 0.50), "p50-ms")
+			b.ReportMetric(quantileMs(all, 0.99), "p99-ms")
 			b.ReportMetric(float64(all[len(all)-1])/1e6, "max-ms")
 			// Without the first second: for "poll", the idle relay's first
 			// PollInterval wait is over and BusyPollInterval applies.
-			b.ReportMetric(pct(steady, 0.99), "steady-p99-ms")
+			b.ReportMetric(quantileMs(steady, 0.99), "steady-p99-ms")
 			b.ReportMetric(float64(steady[len(steady)-1])/1e6, "steady-max-ms")
 		})
 	}
+}
+
+// quantileMs is the q quantile of sorted d, in milliseconds.
+func quantileMs(d []time.Duration, q float64) float64 {
+	return float64(d[min(len(d)-1, int(q*float64(len(d))))]) / 1e6
 }
 
 // BenchmarkWriterTax: what the wake-up costs the writers (issue 14). One
@@ -81,7 +83,7 @@ func BenchmarkWriterTax(b *testing.B) {
 			for i := range b.N {
 				for j := range 2 {
 					notify := (i+j)%2 == 0
-					lat, rate := latencyRun(b, notify, writers, 1000, 5*time.Second)
+					lat, rate := latencyRun(b, nil, notify, writers, 1000, 5*time.Second)
 					if notify {
 						on, onRate = append(on, lat...), onRate+rate
 						onSteady = append(onSteady, lat[1000:]...)
@@ -94,7 +96,7 @@ func BenchmarkWriterTax(b *testing.B) {
 			for _, d := range [][]time.Duration{on, off, onSteady, offSteady} {
 				slices.Sort(d)
 			}
-			p99 := func(d []time.Duration) float64 { return float64(d[min(len(d)-1, len(d)*99/100)]) / 1e6 }
+			p99 := func(d []time.Duration) float64 { return quantileMs(d, 0.99) }
 			b.ReportMetric(onRate/float64(b.N), "notify-writer-tx/s")
 			b.ReportMetric(offRate/float64(b.N), "off-writer-tx/s")
 			b.ReportMetric(onRate/offRate, "x-baseline")
@@ -110,12 +112,13 @@ func BenchmarkWriterTax(b *testing.B) {
 // latencyRun has writers commit rate single-message transactions a second,
 // on a fixed schedule, for dur, with a relay running, and returns each
 // message's commit-to-received latency and the rate the writers reached
-// (below rate when commits fall behind the schedule).
-func latencyRun(b *testing.B, notify bool, writers, rate int, dur time.Duration) ([]time.Duration, float64) {
+// (below rate when commits fall behind the schedule). The relay is side
+// (a binary, BenchmarkLatencyBinaries) or, when side is nil, the library
+// in this process with PollInterval 1 s, HeartbeatInterval 2 s, LeaseTTL 6 s.
+func latencyRun(b *testing.B, side drainSide, notify bool, writers, rate int, dur time.Duration) ([]time.Duration, float64) {
 	ctx := context.Background()
 	tb := benchBundle(b)
 	pool := delayproxy.Pool(b, tb.db.Pool) // through the proxy in make bench-remote
-	cfg := tb.configWithPool(pool, "bench")
 	// The writers have a pool of their own, as a service and its relay do:
 	// on a shared one the relay's statements waited for the connections the
 	// writers' first transactions were opening (a tail of 100 ms in the
@@ -126,11 +129,17 @@ func latencyRun(b *testing.B, notify bool, writers, rate int, dur time.Duration)
 	}
 	b.Cleanup(wp.Close)
 	writerPool := delayproxy.Pool(b, wp)
-	cfg.PollInterval = time.Second
-	cfg.HeartbeatInterval = 2 * time.Second
-	cfg.LeaseTTL = 6 * time.Second
-	rr := start(b, cfg)
-	waitFor(b, "lanes", func() bool { return rr.r.Stats().Lanes == 8 })
+	var rr *running
+	if side == nil {
+		cfg := tb.configWithPool(pool, "bench")
+		cfg.PollInterval = time.Second
+		cfg.HeartbeatInterval = 2 * time.Second
+		cfg.LeaseTTL = 6 * time.Second
+		rr = start(b, cfg)
+		waitFor(b, "lanes", func() bool { return rr.r.Stats().Lanes == 8 })
+	} else {
+		defer side(b, tb, pool)()
+	}
 	w, err := outbox.NewWriter(outbox.Config{Notify: notify, Channel: tb.channel})
 	if err != nil {
 		b.Fatal(err)
@@ -147,7 +156,7 @@ func latencyRun(b *testing.B, notify bool, writers, rate int, dur time.Duration)
 	}
 	defer consumer.Close()
 	parts, _ := consumer.Partitions(tb.topic)
-	var got atomic.Int64
+	var got, warmGot atomic.Int64
 	var mu sync.Mutex
 	for _, p := range parts {
 		pc, err := consumer.ConsumePartition(tb.topic, p, sarama.OffsetOldest)
@@ -160,7 +169,8 @@ func latencyRun(b *testing.B, notify bool, writers, rate int, dur time.Duration)
 				now := time.Now().UnixNano()
 				i, err := strconv.Atoi(string(m.Value))
 				if err != nil || i < 0 {
-					continue // a warm-up record
+					warmGot.Add(1) // a warm-up record
+					continue
 				}
 				mu.Lock()
 				if received[i] == 0 {
@@ -182,7 +192,7 @@ func latencyRun(b *testing.B, notify bool, writers, rate int, dur time.Duration)
 		warm[k] = outbox.Message{Topic: tb.topic, Key: fmt.Appendf(nil, "warm-up-%d", k), Value: []byte("-1")}
 	}
 	tb.write(b, warm...)
-	waitFor(b, "warm-up published", func() bool { return rr.r.Stats().Published == warmUp })
+	waitFor(b, "warm-up received", func() bool { return warmGot.Load() >= warmUp })
 
 	// Writers on a fixed schedule: message i is due at start + i/rate.
 	startAt := time.Now().Add(100 * time.Millisecond)
@@ -215,8 +225,8 @@ func latencyRun(b *testing.B, notify bool, writers, rate int, dur time.Duration)
 	}
 	writerRate := float64(total) / time.Unix(0, lastCommit).Sub(startAt).Seconds()
 	waitFor(b, "all received", func() bool { return got.Load() == int64(total) })
-	if n := rr.r.Stats().Published; n < uint64(total) {
-		b.Logf("relay counted %d published", n)
+	if rr != nil && rr.r.Stats().Published < uint64(total) {
+		b.Logf("relay counted %d published", rr.r.Stats().Published)
 	}
 	out := make([]time.Duration, 0, total)
 	mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -273,20 +274,7 @@ const relaysEnv = "PGBOX_BENCH_RELAYS"
 //
 //	scripts/bench-against.sh f0acb98
 func BenchmarkDrainBinaries(b *testing.B) {
-	spec := os.Getenv(relaysEnv)
-	if spec == "" {
-		b.Skip(relaysEnv + " is not set: run scripts/bench-against.sh <commit>")
-	}
-	type bin struct{ label, path string }
-	var bins []bin
-	for _, kv := range strings.Split(spec, ",") {
-		label, path, ok := strings.Cut(kv, "=")
-		if !ok || label == "" || path == "" {
-			b.Fatalf("%s=%q: want label=path,label=path", relaysEnv, spec)
-		}
-		bins = append(bins, bin{label, path})
-	}
-	bins[0].label = "pgbox"
+	bins := benchRelays(b)
 	for _, keys := range []int{1000, 0, 10} {
 		name := "keys=" + strconv.Itoa(keys)
 		if keys == 0 {
@@ -319,12 +307,65 @@ func BenchmarkDrainBinaries(b *testing.B) {
 	}
 }
 
+// benchBin is a relay binary of PGBOX_BENCH_RELAYS.
+type benchBin struct{ label, path string }
+
+// benchRelays are the binaries PGBOX_BENCH_RELAYS names, the first
+// labelled pgbox (this tree's); without it the benchmark is skipped.
+func benchRelays(b *testing.B) []benchBin {
+	spec := os.Getenv(relaysEnv)
+	if spec == "" {
+		b.Skip(relaysEnv + " is not set: run scripts/bench-against.sh <commit>")
+	}
+	var bins []benchBin
+	for _, kv := range strings.Split(spec, ",") {
+		label, path, ok := strings.Cut(kv, "=")
+		if !ok || label == "" || path == "" {
+			b.Fatalf("%s=%q: want label=path,label=path", relaysEnv, spec)
+		}
+		bins = append(bins, benchBin{label, path})
+	}
+	bins[0].label = "pgbox"
+	return bins
+}
+
+// BenchmarkLatencyBinaries is BenchmarkLatency's "notify" run over relay
+// binaries: the relay of an older commit beside today's, each a real
+// process with default settings on a fresh schema, taking turns run by
+// run, 8 writers committing 1,000 single-message transactions a second
+// for 5 s with outbox Notify, commit to a consumer's receipt. It reports
+// "<label>-p50-ms" and "<label>-p99-ms" per binary, the first label as
+// pgbox, and "pgbox-vs-<label>-p99-ratio" (below 1: today's is faster).
+// Without PGBOX_BENCH_RELAYS it is skipped.
+//
+//	scripts/bench-against.sh f0acb98
+func BenchmarkLatencyBinaries(b *testing.B) {
+	bins := benchRelays(b)
+	all := make([][]time.Duration, len(bins))
+	for i := range b.N {
+		for j := range bins {
+			k := (j + i) % len(bins) // each run starts with another binary
+			run, _ := latencyRun(b, drainBinary(bins[k].path), true, 8, 1000, 5*time.Second)
+			all[k] = append(all[k], run...)
+		}
+	}
+	for i, bn := range bins {
+		slices.Sort(all[i])
+		b.ReportMetric(quantileMs(all[i], 0.50), bn.label+"-p50-ms")
+		b.ReportMetric(quantileMs(all[i], 0.99), bn.label+"-p99-ms")
+	}
+	for i, bn := range bins[1:] {
+		b.ReportMetric(quantileMs(all[0], 0.99)/quantileMs(all[i+1], 0.99), "pgbox-vs-"+bn.label+"-p99-ratio")
+	}
+}
+
 // drainBinary runs the relay binary at path on tb's schema with default
-// settings (no cleanup schedule, no HTTP server) until stopped.
+// settings (no cleanup schedule, no HTTP server; tb's LISTEN channel)
+// until stopped.
 func drainBinary(path string) drainSide {
 	return func(b *testing.B, tb *testBundle, _ *pgxpool.Pool) func() {
 		cmd := exec.Command(path, "run", "--database-url", tb.db.URL, "--kafka-brokers", strings.Join(tb.addrs, ","),
-			"--cleanup-interval", "0s", "--http-addr", "")
+			"--cleanup-interval", "0s", "--http-addr", "", "--channel", tb.channel)
 		cmd.Env = testutil.CleanEnv()
 		var out testutil.SyncBuffer
 		cmd.Stdout, cmd.Stderr = &out, &out

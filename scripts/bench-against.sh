@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench-against.sh <commit> — the relay drain benchmark of an older commit
-# beside today's, in one sitting (issue 26: a 45% drain regression showed only
+# bench-against.sh <commit> — the relay drain and latency benchmarks of an
+# older commit beside today's, in one sitting (issue 26: a 45% drain regression showed only
 # when someone compared by hand).
 #
 # Builds the relay binary of <commit> from this repository's own history (a
@@ -8,8 +8,11 @@
 # the relay binary of the working tree, then runs relay.BenchmarkDrainBinaries:
 # both binaries and the hand-written baseline loop (DELETE … RETURNING +
 # produce) drain the same backlogs, taking turns, at 1,000 keys, unique keys
-# and 10 keys; benchtable prints the rates and ratios. Nothing is written
-# into the checkout.
+# and 10 keys; then relay.BenchmarkLatencyBinaries: both binaries, taking
+# turns, serve 8 writers committing 1,000 single-message transactions a
+# second for 5 s (outbox Notify), commit to a consumer's receipt, p50 and
+# p99. benchtable prints the rates, latencies and ratios. Nothing is
+# written into the checkout.
 #
 #   scripts/bench-against.sh f0acb98             # BENCHTIME=3x by default
 #   BENCHTIME=5x scripts/bench-against.sh HEAD~10
@@ -51,5 +54,5 @@ build "$root" "$tmp/relay-today"
 
 url=${DATABASE_URL:-$(scripts/devdb.sh url)}
 DATABASE_URL="$url" PGBOX_BENCH_RELAYS="today=$tmp/relay-today,$label=$tmp/relay-$label" \
-	"$GO" test -run '^$' -bench '^BenchmarkDrainBinaries$' -benchtime "${BENCHTIME:-3x}" -timeout 120m ./relay/ |
+	"$GO" test -run '^$' -bench '^Benchmark(Drain|Latency)Binaries$' -benchtime "${BENCHTIME:-3x}" -timeout 120m ./relay/ |
 	"$GO" run ./internal/tools/benchtable
