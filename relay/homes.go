@@ -41,8 +41,9 @@ import (
 // none; a pool of six or more keeps one more, the watch's (watchHome).
 // While an acquire has waited
 // more than homeWait for the pool (a lease statement: half of its
-// bound, if less; waitBefore), no home keeps a connection given back:
-// the pool hands it to the one waiting. A target whose statements hang
+// bound, if less; waitBefore), no home keeps a connection given back,
+// and those resting in their homes go back to the pool when it starts
+// counting: the pool hands them to the one waiting. A target whose statements hang
 // holds its home's connection and others, and what is left may be
 // another home's, which that home's busy targets would keep using (the
 // first version starved the hung target's home-mates so, 1 run in 3).
@@ -206,7 +207,31 @@ func (h *homes) acquire(ctx context.Context, pool *pgxpool.Pool, i int) (*pgxpoo
 	}
 	h.waiting.Add(1)
 	defer h.waiting.Add(-1)
+	h.giveBackIdle()
 	return pool.Acquire(ctx)
+}
+
+// giveBackIdle gives the pool every home connection not out, for an
+// acquire that counts in waiting: the pool hands one to it. (Only the
+// connections given back after it counted went to the pool; one resting
+// in a quiet home stayed there until tidy found it idle for homeIdle, up
+// to two seconds more, TestHomesGiveAQuietHomesConnectionToAWaiter.)
+func (h *homes) giveBackIdle() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.giveBack(func(*home) bool { return true })
+}
+
+// giveBack releases the connections not out for which idle says so.
+// h.mu is held.
+func (h *homes) giveBack(idle func(*home) bool) {
+	for i := watchHome; i < len(h.slots); i++ {
+		s := h.slot(i)
+		if s != nil && s.c != nil && !s.out && idle(s) {
+			s.c.Release()
+			*s = home{}
+		}
+	}
 }
 
 // waitBefore is how long an acquire waits for the pool before it counts
@@ -272,13 +297,7 @@ func (h *homes) tidy(now time.Time, closing bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closed = h.closed || closing
-	for i := watchHome; i < len(h.slots); i++ {
-		s := h.slot(i)
-		if s != nil && s.c != nil && !s.out && (h.closed || now.Sub(s.idleAt) >= homeIdle) {
-			s.c.Release()
-			*s = home{}
-		}
-	}
+	h.giveBack(func(s *home) bool { return h.closed || now.Sub(s.idleAt) >= homeIdle })
 }
 
 // acquire is a connection for d's statement: its home's when free.

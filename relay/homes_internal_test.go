@@ -247,3 +247,40 @@ func TestWaitBefore(t *testing.T) {
 		cancel()
 	}
 }
+
+// TestHomesGiveAQuietHomesConnectionToAWaiter: an acquire that waits for a
+// pool whose only connection not out rests in a quiet home gets it once
+// it counts in waiting (homeWait), not when tidy (homesLoop's, every
+// homeIdle; none runs here) finds it idle.
+func TestHomesGiveAQuietHomesConnectionToAWaiter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := poolOf(t, 4)
+	h := newHomes(pool)
+	require.NotNil(t, h)
+	t.Cleanup(func() { h.tidy(time.Now(), true) })
+	hung, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	require.True(t, h.keep(0, hung))
+	out, _, _ := h.take(0, time.Now().Add(-homeTurn)) // home 0's statement runs past homeTurn
+	require.Same(t, hung, out)
+	t.Cleanup(func() { h.keep(0, out) })
+	quiet, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	quietConn := quiet.Conn()
+	require.True(t, h.keep(1, quiet), "home 1 keeps its connection, and nobody uses it")
+	for range 2 {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		t.Cleanup(c.Release)
+	}
+	actx, cancel := context.WithTimeout(ctx, 5*homeWait)
+	defer cancel()
+	c, err := h.acquire(actx, pool, 0)
+	require.NoError(t, err, "home 0's target, on a pool whose one connection not out rests in home 1")
+	defer c.Release()
+	require.Same(t, quietConn, c.Conn(), "it got home 1's connection")
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	require.Nil(t, h.slots[1].c, "home 1 no longer has it")
+}
