@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -34,6 +36,9 @@ type tenantsReport struct {
 	Misrouted   []string
 	LoadStart   string
 	LoadEnd     string
+	// Settings are the PGBOX_* variables of the environment, which the
+	// relay processes read (a flag the scenario passes beats them).
+	Settings []string
 
 	httpAddr string // the running relay's /metrics
 }
@@ -82,7 +87,11 @@ func (r *tenantsReport) markdown() string {
 		sc.Budget, n, sc.Schemas, sc.DBs, sc.DBSchemas)
 	p("(%d targets migrated with `relay migrate up --targets` in %v). ", n+1, r.Migrate.Round(time.Second))
 	p("**The baseline**: a plain `relay run --database-url … --schema solo` on one schema of the large database. ")
-	p("Both run with default settings otherwise, on a private PostgreSQL cluster and a kfake broker process; one ran at a time.\n\n")
+	settings := "default settings otherwise"
+	if len(r.Settings) > 0 {
+		settings = "default settings otherwise, but for these from the environment: `" + strings.Join(r.Settings, "`, `") + "`"
+	}
+	p("Both run with %s, on a private PostgreSQL cluster and a kfake broker process; one ran at a time.\n\n", settings)
 
 	p("| phase | figure | fleet | baseline | fleet / baseline | load average |\n|---|---|---|---|---|---|\n")
 	idleS := id.For.Seconds()
@@ -205,4 +214,35 @@ func stmtText(q string) string {
 		q = q[:strings.LastIndexAny(q[:120], " (,")+1] + "…"
 	}
 	return q
+}
+
+// relaySettings are the PGBOX_* variables of env, sorted, the values of
+// those that may hold a secret left out.
+func relaySettings(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		name, value, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "PGBOX_") {
+			continue
+		}
+		for _, secret := range []string{"URL", "PASSWORD", "SECRET", "SASL", "TOKEN", "KEY"} {
+			if strings.Contains(name, secret) {
+				value = "…"
+			}
+		}
+		out = append(out, name+"="+value)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestRelaySettings(t *testing.T) {
+	got := relaySettings([]string{"PATH=/bin", "PGBOX_WATCH_RATE=50000", "PGBOX_DATABASE_URL=postgres://u:pw@h/db", "PGBOX_KAFKA_SASL_PASSWORD=pw", "DATABASE_URL=x"})
+	want := []string{"PGBOX_DATABASE_URL=…", "PGBOX_KAFKA_SASL_PASSWORD=…", "PGBOX_WATCH_RATE=50000"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("relaySettings = %q, want %q", got, want)
+	}
+	if got := relaySettings([]string{"PATH=/bin"}); got != nil {
+		t.Fatalf("relaySettings without PGBOX_ = %q, want none", got)
+	}
 }

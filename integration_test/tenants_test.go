@@ -356,6 +356,7 @@ func (tn *tenants) close() {
 func (tn *tenants) run(ctx context.Context) *tenantsReport {
 	t, sc, rep := tn.t, tn.sc, tn.rep
 	rep.LoadStart = loadAverage()
+	rep.Settings = relaySettings(os.Environ())
 	keys, slots := tenantsKeys()
 	// The two backlogs, written while no relay runs.
 	backlog := func(tg tenantTarget) *burstRange {
