@@ -40,21 +40,22 @@ func backends(h *homes) map[int]*pgx.Conn {
 }
 
 // Attack 1: a pool of 8 (five homes and the watch's) whose homes' targets
-// are busy (a 2 ms statement every 12 ms) and whose watch asks every
-// 50 ms; the two connections outside the homes are held. One acquire of
+// are busy (a 1 ms statement every 31 ms) and whose watch asks every
+// 51 ms; the two connections outside the homes are held. One acquire of
 // the pool's (the idle poll's: no home) waits, counts in waiting, uses
 // its connection for 2 ms and gives it back.
 //
-// Must hold: the homes keep their backends, but for one at most (the one
-// whose connection went to the waiter may come back to another; two are
-// allowed for a keep refused in the instant before the waiter had its
-// connection).
+// Must hold: one home loses its connection to it (two are allowed: a
+// keep refused in the instant before the waiter had its connection).
 //
 // On 57bb2e9: giveBackIdle gives the pool every home connection between
-// two statements (most of them, and the watch's), for one acquire; the
+// two statements (5-6 of 6, the watch's among them), for one acquire; the
 // targets then take them from the pool in any order, and most homes
-// (4-6 of 6) end up on another backend. Without the h.giveBackIdle() call:
-// 0-1.
+// (logged: 3-5 of 6) end up on another backend. Without the
+// h.giveBackIdle() call: 1 home loses its connection, and takes it back
+// (9 runs in 10; in 1 of 10 under -race four keeps were refused before
+// the waiter had its connection: the pre-existing rule's window), and so
+// with giveBackIdle giving back one (10 runs in 10).
 func TestHomesGiveBackOneWaiterMovesOneHome(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	pool := poolOf(t, 8)
@@ -76,8 +77,21 @@ func TestHomesGiveBackOneWaiterMovesOneHome(t *testing.T) {
 		t.Cleanup(c.Release)
 	}
 	var dones []func()
+	var watching atomic.Bool
+	var lostMu sync.Mutex
+	lost := map[int]bool{} // homes found without a connection while watching
 	loop := func(i int, idle time.Duration) {
 		dones = append(dones, spin(func() bool {
+			if watching.Load() {
+				h.mu.Lock()
+				empty := h.slot(i).c == nil
+				h.mu.Unlock()
+				if empty {
+					lostMu.Lock()
+					lost[i] = true
+					lostMu.Unlock()
+				}
+			}
 			c, err := h.acquire(ctx, pool, i)
 			if err != nil {
 				if ctx.Err() == nil {
@@ -85,7 +99,7 @@ func TestHomesGiveBackOneWaiterMovesOneHome(t *testing.T) {
 				}
 				return false
 			}
-			time.Sleep(2 * time.Millisecond)
+			time.Sleep(time.Millisecond)
 			if !h.keep(i, c) {
 				c.Release()
 			}
@@ -98,7 +112,7 @@ func TestHomesGiveBackOneWaiterMovesOneHome(t *testing.T) {
 		}))
 	}
 	for i := range h.slots {
-		loop(i, 10*time.Millisecond)
+		loop(i, 30*time.Millisecond)
 	}
 	loop(watchHome, 50*time.Millisecond)
 	t.Cleanup(func() {
@@ -110,6 +124,7 @@ func TestHomesGiveBackOneWaiterMovesOneHome(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	before := backends(h)
 	require.Len(t, before, 6, "every home and the watch's have a connection")
+	watching.Store(true)
 
 	actx, cancel := context.WithTimeout(ctx, 5*homeWait)
 	defer cancel()
@@ -118,6 +133,7 @@ func TestHomesGiveBackOneWaiterMovesOneHome(t *testing.T) {
 	time.Sleep(2 * time.Millisecond)
 	c.Release()
 	time.Sleep(300 * time.Millisecond) // the homes' targets take their connections again
+	watching.Store(false)
 	require.Zero(t, h.waiting.Load())
 	after := backends(h)
 	var moved []int
@@ -126,10 +142,12 @@ func TestHomesGiveBackOneWaiterMovesOneHome(t *testing.T) {
 			moved = append(moved, i)
 		}
 	}
-	t.Logf("homes on another backend (or none) after one acquire counted in waiting: %v (%d of %d; %d is the watch's)",
-		moved, len(moved), len(before), watchHome)
-	require.LessOrEqual(t, len(moved), 2,
-		"one acquire counting in waiting moved %d homes of %d to another backend (%v): it needed one connection", len(moved), len(before), moved)
+	lostMu.Lock()
+	defer lostMu.Unlock()
+	t.Logf("one acquire counted in waiting: %d homes of %d lost their connection %v, %d on another backend (or none) after %v (%d is the watch's)",
+		len(lost), len(before), lost, len(moved), moved, watchHome)
+	require.LessOrEqual(t, len(lost), 2,
+		"one acquire counting in waiting took the connections of %d homes of %d (%v): it needed one", len(lost), len(before), lost)
 }
 
 // Attack 2: the watch's home (watchHome) exists so that the watch, which
