@@ -42,8 +42,8 @@ import (
 // While an acquire has waited
 // more than homeWait for the pool (a lease statement: half of its
 // bound, if less; waitBefore), no home keeps a connection given back,
-// and those resting in their homes go back to the pool when it starts
-// counting: the pool hands them to the one waiting. A target whose statements hang
+// and one resting in its home goes back to the pool when it starts
+// counting (giveBackIdle): the pool hands it to the one waiting. A target whose statements hang
 // holds its home's connection and others, and what is left may be
 // another home's, which that home's busy targets would keep using (the
 // first version starved the hung target's home-mates so, 1 run in 3).
@@ -211,15 +211,33 @@ func (h *homes) acquire(ctx context.Context, pool *pgxpool.Pool, i int) (*pgxpoo
 	return pool.Acquire(ctx)
 }
 
-// giveBackIdle gives the pool every home connection not out, for an
-// acquire that counts in waiting: the pool hands one to it. (Only the
-// connections given back after it counted went to the pool; one resting
-// in a quiet home stayed there until tidy found it idle for homeIdle, up
-// to two seconds more, TestHomesGiveAQuietHomesConnectionToAWaiter.)
+// giveBackIdle gives the pool one home connection not out, for an
+// acquire that counts in waiting: the pool hands it to the one waiting.
+// (Only the connections given back after it counted went to the pool; one
+// resting in a quiet home stayed there until tidy found it idle for
+// homeIdle, up to two seconds more, TestHomesGiveAQuietHomesConnectionToAWaiter.)
+// One: the targets' home that has rested longest, the watch's only when
+// none rests. Giving every one back moved most homes to other backends
+// for one acquire (the targets take them from the pool in any order;
+// TestHomesGiveBackOneWaiterMovesOneHome), the watch's first, whose
+// questions for every busy target are prepared on its backend
+// (TestHomesGiveBackSparesTheWatch).
 func (h *homes) giveBackIdle() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.giveBack(func(*home) bool { return true })
+	var s *home // the targets' home resting longest; else the watch's
+	for i := range h.slots {
+		if o := &h.slots[i]; o.c != nil && !o.out && (s == nil || o.idleAt.Before(s.idleAt)) {
+			s = o
+		}
+	}
+	if s == nil && h.watch != nil && h.watch.c != nil && !h.watch.out {
+		s = h.watch
+	}
+	if s != nil {
+		s.c.Release()
+		*s = home{}
+	}
 }
 
 // giveBack releases the connections not out for which idle says so.
