@@ -240,18 +240,6 @@ func (h *homes) giveBackIdle() {
 	}
 }
 
-// giveBack releases the connections not out for which idle says so.
-// h.mu is held.
-func (h *homes) giveBack(idle func(*home) bool) {
-	for i := watchHome; i < len(h.slots); i++ {
-		s := h.slot(i)
-		if s != nil && s.c != nil && !s.out && idle(s) {
-			s.c.Release()
-			*s = home{}
-		}
-	}
-}
-
 // waitBefore is how long an acquire waits for the pool before it counts
 // in waiting: homeWait; for a lease statement (leaseStatement: a
 // heartbeat, a dormant target's renewal), bounded by LeaseTTL/2, half of
@@ -315,7 +303,13 @@ func (h *homes) tidy(now time.Time, closing bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.closed = h.closed || closing
-	h.giveBack(func(s *home) bool { return h.closed || now.Sub(s.idleAt) >= homeIdle })
+	for i := watchHome; i < len(h.slots); i++ {
+		s := h.slot(i)
+		if s != nil && s.c != nil && !s.out && (h.closed || now.Sub(s.idleAt) >= homeIdle) {
+			s.c.Release()
+			*s = home{}
+		}
+	}
 }
 
 // acquire is a connection for d's statement: its home's when free.
