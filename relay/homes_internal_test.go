@@ -112,6 +112,38 @@ func poolOf(t *testing.T, conns int32) *pgxpool.Pool {
 	return pool
 }
 
+// restHome puts one of pool's connections in home i of h, resting, and
+// returns it.
+func restHome(t *testing.T, pool *pgxpool.Pool, h *homes, i int) *pgx.Conn {
+	t.Helper()
+	c, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	conn := c.Conn()
+	require.True(t, h.keep(i, c))
+	return conn
+}
+
+// hangHome puts one of pool's connections in home i of h, out with a
+// statement that has run homeTurn (a target waiting for it goes to the
+// pool), until the test ends.
+func hangHome(t *testing.T, pool *pgxpool.Pool, h *homes, i int) {
+	t.Helper()
+	conn := restHome(t, pool, h, i)
+	out, _, _ := h.take(i, time.Now().Add(-homeTurn))
+	require.Same(t, conn, out.Conn())
+	t.Cleanup(func() { h.keep(i, out) })
+}
+
+// holdConns takes n of pool's connections until the test ends.
+func holdConns(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	for range n {
+		c, err := pool.Acquire(context.Background())
+		require.NoError(t, err)
+		t.Cleanup(c.Release)
+	}
+}
+
 // A target whose home-mate is running a statement waits for the home's
 // connection rather than taking one of the pool's (the pool keeps only
 // two besides the homes, often both taken, and another backend means the
@@ -259,21 +291,9 @@ func TestHomesGiveAQuietHomesConnectionToAWaiter(t *testing.T) {
 	h := newHomes(pool)
 	require.NotNil(t, h)
 	t.Cleanup(func() { h.tidy(time.Now(), true) })
-	hung, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	require.True(t, h.keep(0, hung))
-	out, _, _ := h.take(0, time.Now().Add(-homeTurn)) // home 0's statement runs past homeTurn
-	require.Same(t, hung, out)
-	t.Cleanup(func() { h.keep(0, out) })
-	quiet, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	quietConn := quiet.Conn()
-	require.True(t, h.keep(1, quiet), "home 1 keeps its connection, and nobody uses it")
-	for range 2 {
-		c, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		t.Cleanup(c.Release)
-	}
+	hangHome(t, pool, h, 0)
+	quietConn := restHome(t, pool, h, 1) // and nobody uses it
+	holdConns(t, pool, 2)
 	actx, cancel := context.WithTimeout(ctx, 5*homeWait)
 	defer cancel()
 	c, err := h.acquire(actx, pool, 0)

@@ -64,18 +64,11 @@ func TestHomesGiveBackOneWaiterMovesOneHome(t *testing.T) {
 	require.Len(t, h.slots, 5)
 	t.Cleanup(func() { h.tidy(time.Now(), true) })
 	for i := watchHome; i < len(h.slots); i++ {
-		if i == -1 {
-			continue
+		if i != -1 {
+			restHome(t, pool, h, i)
 		}
-		c, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		require.True(t, h.keep(i, c))
 	}
-	for range 2 {
-		c, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		t.Cleanup(c.Release)
-	}
+	holdConns(t, pool, 2)
 	var dones []func()
 	var watching atomic.Bool
 	var lostMu sync.Mutex
@@ -171,22 +164,11 @@ func TestHomesGiveBackSparesTheWatch(t *testing.T) {
 	require.NotNil(t, h.watch)
 	require.Len(t, h.slots, 3)
 	t.Cleanup(func() { h.tidy(time.Now(), true) })
-	hung, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	require.True(t, h.keep(0, hung))
-	out, _, _ := h.take(0, time.Now().Add(-homeTurn))
-	require.Same(t, hung, out)
-	t.Cleanup(func() { h.keep(0, out) })
+	hangHome(t, pool, h, 0)
 	for _, i := range []int{1, 2, watchHome} {
-		c, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		require.True(t, h.keep(i, c))
+		restHome(t, pool, h, i)
 	}
-	for range 2 {
-		c, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		t.Cleanup(c.Release)
-	}
+	holdConns(t, pool, 2)
 	before := backends(h)
 	actx, cancel := context.WithTimeout(ctx, 5*homeWait)
 	defer cancel()

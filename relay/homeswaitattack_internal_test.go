@@ -29,17 +29,8 @@ func waitAttackPool(t *testing.T) (pool *pgxpool.Pool, h *homes, refused, rounds
 	h = newHomes(pool)
 	require.NotNil(t, h)
 	t.Cleanup(func() { h.tidy(time.Now(), true) })
-	hung, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	require.True(t, h.keep(0, hung))
-	out, _, _ := h.take(0, time.Now().Add(-homeTurn))
-	require.Same(t, hung, out)
-	t.Cleanup(func() { h.keep(0, out) })
-	for range 2 {
-		c, err := pool.Acquire(ctx)
-		require.NoError(t, err)
-		t.Cleanup(c.Release)
-	}
+	hangHome(t, pool, h, 0)
+	holdConns(t, pool, 2)
 	refused, rounds = &atomic.Int64{}, &atomic.Int64{}
 	done := spin(func() bool {
 		c, err := h.acquire(ctx, pool, 1)
