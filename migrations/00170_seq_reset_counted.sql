@@ -31,11 +31,16 @@
 -- read per claim statement, twice; nothing for writers, unless the
 -- sequence was set back.
 --
--- Down restores 00160's claim and 00120's trigger function.
-CREATE SEQUENCE pgbox_outbox_seq_resets;
+-- Down restores 00160's claim and 00120's trigger function, and keeps the
+-- count and its function (00120's Down drops them): a claim that started
+-- with this body while Down commits still finds them (dropped, it failed
+-- with "function does not exist", which the relay takes for a schema
+-- behind its binary and stops: TestAttack160DownUpUnderRunningRelay). So
+-- Up creates them only if they are missing.
+CREATE SEQUENCE IF NOT EXISTS pgbox_outbox_seq_resets;
 
 -- +goose StatementBegin
-CREATE FUNCTION pgbox_outbox_seq_resets() RETURNS bigint LANGUAGE sql VOLATILE SECURITY DEFINER AS $fn$
+CREATE OR REPLACE FUNCTION pgbox_outbox_seq_resets() RETURNS bigint LANGUAGE sql VOLATILE SECURITY DEFINER AS $fn$
     SELECT coalesce(pg_sequence_last_value('pgbox_outbox_seq_resets'::regclass), 0)
 $fn$;
 -- +goose StatementEnd
@@ -441,5 +446,3 @@ BEGIN
 END
 $do$;
 -- +goose StatementEnd
-DROP FUNCTION pgbox_outbox_seq_resets();
-DROP SEQUENCE pgbox_outbox_seq_resets;
