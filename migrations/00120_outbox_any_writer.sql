@@ -372,9 +372,6 @@ $fn$;
 -- +goose StatementEnd
 
 -- +goose Down
--- 00170's count of sequence resets, which 00170's Down keeps.
-DROP FUNCTION IF EXISTS pgbox_outbox_seq_resets();
-DROP SEQUENCE IF EXISTS pgbox_outbox_seq_resets;
 DROP FUNCTION pgbox_outbox_below_floor(int[], bigint[]);
 DROP TRIGGER pgbox_outbox_rewind_unparked ON pgbox_outbox;
 DROP TRIGGER pgbox_outbox_rewind_deleted ON pgbox_outbox;

@@ -22,9 +22,9 @@ import (
 // writer's row while it is uncommitted: the row waited for the sweep
 // (here an hour), and a key's later row went out before it
 // (TestAttack150SequenceResetOverDeadRows/setval, under make test in stop
-// 51). Migration 00170 counts every move forward of a reset sequence and
-// the relay forgets its floors when the count changes. FAILS on dd543d8
-// (00160): the first row is never published.
+// 51). The relay now records each sample at most at the seq_hw its claim
+// left (floor.go's recorded; migration 00170's header). FAILS on dd543d8:
+// the second writer's row is never published.
 func TestSequenceResetUnderALateClaimKeepsFirstRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
