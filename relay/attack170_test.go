@@ -14,7 +14,10 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgbox/pgbox/relay"
 )
 
 // settledAboveHW runs a relay on b until it has settled a sequence value S
@@ -43,6 +46,45 @@ func settledAboveHW(t *testing.T, b *testBundle) (last, hw int64) {
 	}
 	time.Sleep(time.Second) // claims settle the last sample, floors move up to seq_hw+1
 	return seq()
+}
+
+// hwAttack starts a relay on a new bundle, its sweep an hour away (a row
+// left below the floors stays there), and settles a sequence value above
+// seq_hw (settledAboveHW).
+func hwAttack(t *testing.T) (b *testBundle, cfg relay.Config, last, hw int64) {
+	t.Helper()
+	b = setup(t)
+	cfg = b.config("a")
+	cfg.SweepInterval = time.Hour
+	start(t, cfg)
+	last, hw = settledAboveHW(t, b)
+	return b, cfg, last, hw
+}
+
+// queueClaimBlocker queues a request for the lock every claim takes first
+// behind the claim holding it now (which waits on something else): once
+// that claim has ended, no claim reads the sequence until blocker ends.
+// locked returns once the request is granted.
+func queueClaimBlocker(t *testing.T, b *testBundle) (blocker pgx.Tx, locked func()) {
+	t.Helper()
+	ctx := context.Background()
+	blocker, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = blocker.Rollback(ctx) })
+	var pid int32
+	require.NoError(t, blocker.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	got := make(chan error, 1)
+	go func() {
+		_, err := blocker.Exec(ctx, `LOCK TABLE pgbox_outbox_rewinds IN EXCLUSIVE MODE`)
+		got <- err
+	}()
+	waitFor(t, "the blocker queues behind the waiting claim", func() bool {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE pid = $1 AND wait_event_type = 'Lock'`, pid).Scan(&n))
+		return n > 0
+	})
+	return blocker, func() { t.Helper(); require.NoError(t, <-got) }
 }
 
 // blockClaims holds the lock every claim takes first (after any claim in
@@ -85,11 +127,7 @@ func arrivedKey(t *testing.T, b *testBundle, key string, want int, within time.D
 func TestAttack170ResetAtOrAboveSeqHWIsNotCounted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	cfg := b.config("a")
-	cfg.SweepInterval = time.Hour
-	start(t, cfg)
-	last, hw := settledAboveHW(t, b)
+	b, cfg, last, hw := hwAttack(t)
 
 	release := blockClaims(t, b)
 	_, err := b.db.Pool.Exec(ctx, `SELECT setval('pgbox_outbox_id_seq', $1)`, hw)
@@ -131,11 +169,7 @@ func TestAttack170ResetAtOrAboveSeqHWIsNotCounted(t *testing.T) {
 func TestAttack170ResetBetweenStatementTriggerAndIDs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	cfg := b.config("a")
-	cfg.SweepInterval = time.Hour
-	start(t, cfg)
-	last, hw := settledAboveHW(t, b)
+	b, cfg, last, hw := hwAttack(t)
 
 	release := blockClaims(t, b)
 	gate, err := b.db.Pool.Acquire(ctx)
@@ -202,11 +236,7 @@ func TestAttack170ResetBetweenStatementTriggerAndIDs(t *testing.T) {
 func TestAttack170CountReadAfterSequenceLosesARow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	cfg := b.config("a")
-	cfg.SweepInterval = time.Hour
-	start(t, cfg)
-	last, hw := settledAboveHW(t, b)
+	b, cfg, last, hw := hwAttack(t)
 
 	writer, err := b.db.Pool.Begin(ctx)
 	require.NoError(t, err)
@@ -240,22 +270,9 @@ func TestAttack170CountReadAfterSequenceLosesARow(t *testing.T) {
 	// Claims wait (the lock a claim takes first) once the waiting claim
 	// has ended: none reads the sequence lower than that claim's sample
 	// before the writers below carry it past.
-	blocker, err := b.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = blocker.Rollback(ctx) }()
-	blocked := make(chan error, 1)
-	go func() {
-		_, err := blocker.Exec(ctx, `LOCK TABLE pgbox_outbox_rewinds IN EXCLUSIVE MODE`)
-		blocked <- err
-	}()
-	waitFor(t, "the blocker queues behind the waiting claim", func() bool {
-		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE query LIKE 'LOCK TABLE pgbox_outbox_rewinds%' AND wait_event_type = 'Lock'`).Scan(&n))
-		return n > 0
-	})
+	blocker, blocked := queueClaimBlocker(t, b)
 	require.NoError(t, locker.Rollback(ctx))
-	require.NoError(t, <-blocked)
+	blocked()
 	// The waiting claim took the first row; its batch is recorded (the
 	// next claim records it before it waits on the blocker).
 	require.Len(t, arrivedKey(t, b, "first", 1, 10*time.Second), 1)

@@ -2,11 +2,9 @@ package relay_test
 
 import (
 	"context"
-	"strconv"
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -28,32 +26,7 @@ import (
 func TestSequenceResetUnderALateClaimKeepsFirstRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	cfg := b.config("a")
-	cfg.SweepInterval = time.Hour
-	start(t, cfg)
-	seq := func() (last, hw int64) {
-		t.Helper()
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_sequence_last_value('pgbox_outbox_id_seq'),
-			(SELECT seq_hw FROM pgbox_relay_marker)`).Scan(&last, &hw))
-		return last, hw
-	}
-	drained := func() bool { return b.outboxCount(t, "true") == 0 }
-	// The relay settles a sequence value above seq_hw (claims raise it only
-	// once it trails by more than 64).
-	for i := range 100 {
-		b.write(t, msg(b.topic, "warm", strconv.Itoa(i)))
-	}
-	waitFor(t, "drained", drained)
-	for i := 0; ; i++ {
-		if last, hw := seq(); last-hw >= 8 {
-			break
-		}
-		b.write(t, msg(b.topic, "warm", "more-"+strconv.Itoa(i)))
-		waitFor(t, "drained", drained)
-	}
-	time.Sleep(5 * cfg.PollInterval) // claims settle the last sample
-	_, hw := seq()
+	b, cfg, _, hw := hwAttack(t)
 
 	holder, err := b.db.Pool.Begin(ctx)
 	require.NoError(t, err)
@@ -95,22 +68,9 @@ func TestSequenceResetUnderALateClaimKeepsFirstRows(t *testing.T) {
 	// Claims wait (the lock a claim takes first) once the waiting claim
 	// has ended: so none reads the sequence before the next writer moves
 	// it past what that claim read.
-	blocker, err := b.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = blocker.Rollback(ctx) }()
-	locked := make(chan error, 1)
-	go func() {
-		_, err := blocker.Exec(ctx, `LOCK TABLE pgbox_outbox_rewinds IN EXCLUSIVE MODE`)
-		locked <- err
-	}()
-	waitFor(t, "the blocker queues behind the waiting claim", func() bool {
-		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE query LIKE 'LOCK TABLE pgbox_outbox_rewinds%' AND wait_event_type = 'Lock'`).Scan(&n))
-		return n > 0
-	})
+	blocker, blocked := queueClaimBlocker(t, b)
 	require.NoError(t, holder.Commit(ctx)) // the claim goes on, raises seq_hw, ends
-	require.NoError(t, <-locked)
+	blocked()
 	var hwNow int64
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT seq_hw FROM pgbox_relay_marker`).Scan(&hwNow))
 	require.Greater(t, hwNow, hw+900, "the waiting claim raised seq_hw to what it read before the reset")
@@ -120,13 +80,10 @@ func TestSequenceResetUnderALateClaimKeepsFirstRows(t *testing.T) {
 	require.Greater(t, nextID, hwNow, "the next writer's trigger moved the sequence past the raised seq_hw")
 	require.NoError(t, blocker.Commit(ctx))
 	t.Logf("seq_hw %d, then %d; the writers' rows %d, %d and %d", hw, hwNow, firstID, secondID, nextID)
-	arrived := func(key string, within time.Duration) map[string]int {
-		return valuesArrived(t, b, 1, within, func(m *sarama.ConsumerMessage) bool { return string(m.Key) == key })
-	}
-	require.Len(t, arrived("first", 15*time.Second), 1)
-	require.Len(t, arrived("next", 15*time.Second), 1)
+	require.Len(t, arrivedKey(t, b, "first", 1, 15*time.Second), 1)
+	require.Len(t, arrivedKey(t, b, "next", 1, 15*time.Second), 1)
 	time.Sleep(5 * cfg.PollInterval) // claims move the floors
 	require.NoError(t, second.Commit(ctx))
-	require.Len(t, arrived("second", 10*time.Second), 1,
+	require.Len(t, arrivedKey(t, b, "second", 1, 10*time.Second), 1,
 		"the second writer's row published (left in the outbox: %d)", b.outboxCount(t, "true"))
 }
