@@ -379,7 +379,10 @@ DROP FUNCTION pgbox_outbox_rewind();
 DROP FUNCTION pgbox_outbox_claim2(text, int, int[], bigint[], bigint[], text, bigint, bigint, bigint, bigint[],
                                   boolean, int, int);
 DROP INDEX pgbox_outbox_rewinds_created_idx;
+-- What 00170's Down keeps (see there); the trigger goes with the table.
+DROP SEQUENCE IF EXISTS pgbox_relay_seq_hw;
 DROP TABLE pgbox_relay_marker;
+DROP FUNCTION IF EXISTS pgbox_relay_marker_hw();
 DROP TRIGGER pgbox_outbox_fill_slot ON pgbox_outbox;
 DROP FUNCTION pgbox_outbox_fill_slot();
 ALTER TABLE pgbox_outbox ALTER COLUMN event_id DROP DEFAULT;
