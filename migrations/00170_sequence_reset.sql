@@ -51,10 +51,17 @@
 -- relay.TestAttack170bSetvalNotCalledForwardIsSetBack). A sequence not yet
 -- called is read as n - 1 (its next id is n).
 --
+-- 4. A reset between the rows of one multi-row statement: 2.'s move
+-- forward to what the statement saw was below the ids its own earlier rows
+-- took, and the statement failed on the primary key
+-- (relay.TestAttack170bResetBetweenRowsOfOneStatement): it moves past the
+-- outbox's highest id too (the earlier rows are visible to the trigger).
+--
 -- The review of a first version (which counted resets for the claim to
--- notice) found 2 and the case above seq_hw; the review of the second found
--- 1 and 3. Writers pay one sequence read per statement more; claims
--- nothing (their UPDATE of the marker, every 64 ids or so, fires the copy).
+-- notice) found 2 and the case above seq_hw; the review of the second
+-- found 1, 3 and 4. Writers pay one sequence read per statement more;
+-- claims nothing (their UPDATE of the marker, every 64 ids or so, fires
+-- the copy).
 --
 -- Down restores 00120's trigger functions and keeps the copy, its trigger
 -- and function (00120's Down drops them): a writer that started with this
@@ -137,8 +144,13 @@ BEGIN
             -- (2. above): forward again, as that trigger does, under its
             -- lock, to at least what the statement saw.
             PERFORM pg_advisory_xact_lock('pgbox_outbox_id_seq'::regclass::oid::int, 120);
+            -- And above the ids this statement's earlier rows took (after
+            -- seen, before the reset; visible here), and committed rows':
+            -- greatest(seen, seq_hw) alone handed them out again
+            -- (relay.TestAttack170bResetBetweenRowsOfOneStatement).
             hw := greatest(seen, coalesce((SELECT m.seq_hw FROM pgbox_relay_marker m), 0),
-                           coalesce(pg_sequence_last_value('pgbox_relay_seq_hw'::regclass), 0));
+                           coalesce(pg_sequence_last_value('pgbox_relay_seq_hw'::regclass), 0),
+                           (SELECT max(o.id) FROM pgbox_outbox o));
             v := pg_sequence_last_value('pgbox_outbox_id_seq'::regclass);
             IF v IS NULL THEN
                 SELECT s.last_value - 1 INTO v FROM pgbox_outbox_id_seq s;

@@ -192,7 +192,7 @@ func TestAttack170ResetBetweenStatementTriggerAndIDs(t *testing.T) {
 	waitFor(t, "the writer's statement waits after its trigger ran", func() bool {
 		var n int
 		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE query LIKE 'INSERT INTO pgbox_outbox%' AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n))
+			WHERE query LIKE 'INSERT INTO pgbox_outbox%''slow''%' AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n))
 		return n > 0
 	})
 	_, err = b.db.Pool.Exec(ctx, `SELECT setval('pgbox_outbox_id_seq', 5)`)

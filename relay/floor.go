@@ -48,10 +48,11 @@ import (
 //
 // A sequence set back (setval, RESTART, TRUNCATE ... RESTART IDENTITY)
 // hands ids out again. The writers' triggers move it forward to at least
-// pgbox_relay_marker.seq_hw (migrations 00120, 00170), which claims raise
-// to what they read (trailing by up to 64), and a sample counts only up to
-// the seq_hw its claim left (recorded): so what the floors settle is never
-// handed out again.
+// pgbox_relay_marker.seq_hw (migrations 00120, 00170; read outside any
+// snapshot, at any isolation level), which claims raise to what they read
+// (trailing by up to 64), and a sample counts only up to the seq_hw its
+// claim left (recorded): so what the floors settle is never handed out
+// again.
 //
 // The claim function checks, before it reads any row, that nothing under
 // the relay changed (claimSQL): the crash marker (crash recovery and a
@@ -380,9 +381,10 @@ func (f *floorState) recorded(c *claimed, xid int64, published map[int64]bool) {
 		(len(f.pending) == 0 || f.pending[len(f.pending)-1].xid < xid) {
 		// Never above the seq_hw the claim left: the writers' triggers
 		// never hand out an id at or below it again (they move a reset
-		// sequence forward to at least the seq_hw they read, and a writer
-		// that read an older one took its transaction id before this
-		// claim committed, so below xid). Ids above it may be handed out
+		// sequence forward to at least the seq_hw they read, outside any
+		// snapshot, after taking their transaction id: a writer that read
+		// an older one took its transaction id before this claim raised
+		// it, so below xid; migration 00170). Ids above it may be handed out
 		// again (a reset to at or above seq_hw, a writer that read seq_hw
 		// just before a claim that had read the sequence before the reset
 		// raised it), and a settled bound above it let the floors pass
