@@ -10,11 +10,13 @@ package relay_test
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgbox/pgbox/relay"
@@ -85,6 +87,46 @@ func queueClaimBlocker(t *testing.T, b *testBundle) (blocker pgx.Tx, locked func
 		return n > 0
 	})
 	return blocker, func() { t.Helper(); require.NoError(t, <-got) }
+}
+
+// insertGate is the advisory lock key resetDuringInsert's next statement
+// waits on (a lock is the database's, the tests' schemas share it).
+var insertGate atomic.Int64
+
+// resetDuringInsert runs on exec an INSERT ... SELECT of rows rows of key
+// whose row number wait is slow to compute (it waits on an advisory lock a
+// session holds), sets the sequence back to 5 while it waits, and returns
+// the statement's error.
+func resetDuringInsert(t *testing.T, b *testBundle, exec interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, key string, rows, wait int) error {
+	t.Helper()
+	ctx := context.Background()
+	lockKey := 170170 + insertGate.Add(1)
+	gate, err := b.db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer gate.Release()
+	_, err = gate.Exec(ctx, `SELECT pg_advisory_lock($1)`, lockKey)
+	require.NoError(t, err)
+	defer func() { _, _ = gate.Exec(ctx, `SELECT pg_advisory_unlock_all()`) }()
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := exec.Exec(ctx, `INSERT INTO pgbox_outbox (topic, key, value)
+			SELECT $1, $2, g::text::bytea FROM generate_series(1, $3::int) g
+			 WHERE CASE WHEN g = $4 THEN pg_advisory_xact_lock_shared($5)::text = '' ELSE true END`, b.topic, key, rows, wait, lockKey)
+		wrote <- err
+	}()
+	waitFor(t, "the statement waits at row "+strconv.Itoa(wait), func() bool {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, lockKey).Scan(&n))
+		return n > 0
+	})
+	_, err = b.db.Pool.Exec(ctx, `SELECT setval('pgbox_outbox_id_seq', 5)`)
+	require.NoError(t, err)
+	_, err = gate.Exec(ctx, `SELECT pg_advisory_unlock($1)`, lockKey)
+	require.NoError(t, err)
+	return <-wrote
 }
 
 // blockClaims holds the lock every claim takes first (after any claim in
@@ -172,34 +214,10 @@ func TestAttack170ResetBetweenStatementTriggerAndIDs(t *testing.T) {
 	b, cfg, last, hw := hwAttack(t)
 
 	release := blockClaims(t, b)
-	gate, err := b.db.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer gate.Release()
-	const lockKey = 170170
-	_, err = gate.Exec(ctx, `SELECT pg_advisory_lock($1)`, lockKey)
-	require.NoError(t, err)
-	defer func() { _, _ = gate.Exec(ctx, `SELECT pg_advisory_unlock_all()`) }()
 	writer, err := b.db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = writer.Rollback(ctx) }()
-	wrote := make(chan error, 1)
-	go func() {
-		_, err := writer.Exec(ctx, `INSERT INTO pgbox_outbox (topic, key, value)
-			SELECT $1, 'slow', g::text::bytea FROM generate_series(1, 200) g
-			 WHERE CASE WHEN g = 1 THEN pg_advisory_xact_lock_shared($2)::text = '' ELSE true END`, b.topic, lockKey)
-		wrote <- err
-	}()
-	waitFor(t, "the writer's statement waits after its trigger ran", func() bool {
-		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE query LIKE 'INSERT INTO pgbox_outbox%''slow''%' AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n))
-		return n > 0
-	})
-	_, err = b.db.Pool.Exec(ctx, `SELECT setval('pgbox_outbox_id_seq', 5)`)
-	require.NoError(t, err)
-	_, err = gate.Exec(ctx, `SELECT pg_advisory_unlock($1)`, lockKey)
-	require.NoError(t, err)
-	require.NoError(t, <-wrote)
+	require.NoError(t, resetDuringInsert(t, b, writer, "slow", 200, 1))
 	var now, low int64
 	require.NoError(t, writer.QueryRow(ctx, `SELECT pg_sequence_last_value('pgbox_outbox_id_seq'),
 		(SELECT count(*) FROM pgbox_outbox WHERE key = 'slow' AND id <= $1)`, hw).Scan(&now, &low))

@@ -181,31 +181,8 @@ func TestAttack170bResetBetweenRowsOfOneStatement(t *testing.T) {
 		SELECT $1, 'before', g::text::bytea FROM generate_series(1, 50) g`, b.topic)
 	require.NoError(t, err)
 
-	gate, err := b.db.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer gate.Release()
-	const lockKey = 170171
-	_, err = gate.Exec(ctx, `SELECT pg_advisory_lock($1)`, lockKey)
-	require.NoError(t, err)
-	defer func() { _, _ = gate.Exec(ctx, `SELECT pg_advisory_unlock_all()`) }()
-	wrote := make(chan error, 1)
-	go func() {
-		// Row 1 takes its id and is inserted; row 2 waits (a slow SELECT).
-		_, err := b.db.Pool.Exec(ctx, `INSERT INTO pgbox_outbox (topic, key, value)
-			SELECT $1, 'between', g::text::bytea FROM generate_series(1, 5) g
-			 WHERE CASE WHEN g = 2 THEN pg_advisory_xact_lock_shared($2)::text = '' ELSE true END`, b.topic, lockKey)
-		wrote <- err
-	}()
-	waitFor(t, "the statement waits after its first row", func() bool {
-		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE query LIKE 'INSERT INTO pgbox_outbox%''between''%' AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n))
-		return n > 0
-	})
-	_, err = b.db.Pool.Exec(ctx, `SELECT setval('pgbox_outbox_id_seq', 5)`)
-	require.NoError(t, err)
-	_, err = gate.Exec(ctx, `SELECT pg_advisory_unlock($1)`, lockKey)
-	require.NoError(t, err)
-	require.NoError(t, <-wrote, "a multi-row INSERT whose sequence was set back between its rows")
+	// Row 1 takes its id and is inserted; row 2 waits (a slow SELECT).
+	require.NoError(t, resetDuringInsert(t, b, b.db.Pool, "between", 5, 2),
+		"a multi-row INSERT whose sequence was set back between its rows")
 	require.Equal(t, 5, b.outboxCount(t, "key = 'between' AND id > 50"))
 }
