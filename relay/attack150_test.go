@@ -21,6 +21,7 @@ import (
 
 	"github.com/pgbox/pgbox/inspect"
 	"github.com/pgbox/pgbox/internal/kafkatest"
+	"github.com/pgbox/pgbox/internal/pgerr"
 	"github.com/pgbox/pgbox/internal/testdb"
 	"github.com/pgbox/pgbox/outbox"
 	"github.com/pgbox/pgbox/relay"
@@ -218,7 +219,17 @@ func TestAttack150SequenceResetOverDeadRows(t *testing.T) {
 			wg.Wait()
 			waitFor(t, "drained", func() bool { return b.outboxCount(t, "true") == 0 })
 			deadRows(t, b, 6000) // more, on the drained outbox
-			_, err := b.db.Pool.Exec(ctx, reset)
+			// TRUNCATE ... RESTART IDENTITY can deadlock with a claim (it
+			// locks the outbox, then the sequence; the claim reads the
+			// sequence, then the outbox) and PostgreSQL may cancel either:
+			// the operator's statement then fails and is run again, as here
+			// (seen once in make test, 2026-11-29; docs/operations.md).
+			var err error
+			for try := 0; try < 5; try++ {
+				if _, err = b.db.Pool.Exec(ctx, reset); pgerr.Code(err) != pgerr.CodeDeadlockDetected {
+					break
+				}
+			}
 			require.NoError(t, err)
 			before := written.Load()
 			stop, written2, wg := startWriters(ctx, t, b, keys, 151)
