@@ -96,10 +96,13 @@ func parkWhileRelayRuns(t *testing.T) {
 	checkAllArrived(t, b, int(written.Load()), 0, "none")
 }
 
-// 00160 rolled back and applied again, over and over (migrations' Down and
-// Up, as `relay migrate down --force` and `relay migrate up` would),
-// beneath a running relay: its claims switch between 00140's body and
-// 00160's mid-run (the signature is the same). The rows parked are the
+// The newest migration rolled back and applied again, over and over
+// (migrations' Down and Up, as `relay migrate down --force` and `relay
+// migrate up` would), beneath a running relay and writers. Written for
+// 00160, whose swaps switch the claims between 00140's body and 00160's
+// mid-run (the signature is the same); with 00170 the writers' trigger
+// functions switch between 00120's bodies and 00170's, and no writer may
+// fail for it (00170's Down drops nothing they use). The rows parked are the
 // relay's own (a topic that does not exist yet, then an operator's
 // retries, as TestAttack150RetryParkedRacesClaimsOverDeadRows). Parking
 // from outside the relay is 00140's race, which each Down brings back: a
@@ -108,7 +111,7 @@ func parkWhileRelayRuns(t *testing.T) {
 // runs steadily on 00150 nor in 9 on 00160; presumably every claim recompiled
 // after a swap plans its row statement between its question and its rows,
 // which widens the window). Every event arrives, each key
-// in commit order, no duplicate, and the schema ends at 00160.
+// in commit order, no duplicate, and the schema ends at the newest migration.
 func TestAttack160DownUpUnderRunningRelay(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
